@@ -1,0 +1,1 @@
+//! Test doubles and the conformance suite (filled in below).

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the system tools cairn's tests and benchmarks drive. Idempotent: does nothing
+# when every tool is already present. Needs root (or sudo) for apt-get.
+set -euo pipefail
+
+# tool-on-PATH  debian-package
+needed=(
+  "nbdkit nbdkit"
+  "nbdinfo libnbd-bin"
+  "nbdfuse nbdfuse"
+  "qemu-img qemu-utils"
+  "fio fio"
+  "fusermount3 fuse3"
+  "mkfs.ext4 e2fsprogs"
+  "mkfs.xfs xfsprogs"
+  "losetup mount"
+  "/usr/bin/python3 python3"
+  "mdadm mdadm"
+  "cryptsetup cryptsetup-bin"
+  "lvm lvm2"
+)
+
+missing=()
+for pair in "${needed[@]}"; do
+  tool=${pair%% *}; pkg=${pair##* }
+  if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$tool" ] && [ ! -x "/sbin/$tool" ]; then
+    missing+=("$pkg")
+  fi
+done
+# nbdsh ships as a python module in python3-libnbd (the nbdsh binary is in libnbd-bin).
+if ! /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1; then missing+=(python3-libnbd); fi
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all system tools present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# --no-install-recommends keeps mdadm/lvm2 from pulling in services we never start.
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"
