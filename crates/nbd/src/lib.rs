@@ -1,1 +1,9 @@
-//! NBD protocol.
+//! cairn's NBD protocol: the wire format ([`proto`]), the server ([`server`]) and a client
+//! ([`client`]) used by tests and, later, by remote members.
+//!
+//! The crate knows nothing of RAID, LUKS or LVM: it serves any [`cairn_block::BlockDevice`].
+
+pub mod proto;
+pub mod server;
+
+pub use server::{nbd_errno, Export, Listen, Listeners, Server, ServerConfig, ShutdownHandle};

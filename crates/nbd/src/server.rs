@@ -1,0 +1,1307 @@
+//! The NBD server.
+//!
+//! ```text
+//!   accept thread ── poll(listeners) ──> one thread per connection: handshake
+//!                                             │
+//!                  transmission: N workers share the connection ──────────────┐
+//!     worker: lock reader → header (+ payload) → unlock → device I/O → lock writer → reply
+//! ```
+//!
+//! Workers take turns reading requests, so a request is executed by the thread that read
+//! it (no hand-off between a reader thread and a pool), and replies go out in completion
+//! order. Requests are validated here, once (`check_io` and the flag rules of
+//! proto.md); the device below only asserts. A bad request gets the protocol's error and
+//! the connection goes on; only a broken stream (bad magic, EOF) or DISC ends it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cairn_block::{check_io, BlockDevice, ErrorKind, Extent, IoKind, Support, WriteFlags};
+
+use crate::proto::*;
+
+/// One export: a device under a name.
+#[derive(Debug, Clone)]
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub device: Arc<dyn BlockDevice>,
+    pub read_only: bool,
+}
+
+/// Where to listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl FromStr for Listen {
+    type Err = String;
+    /// `unix:PATH` or `tcp:ADDR:PORT` (`tcp:[::1]:10809` for IPv6).
+    fn from_str(s: &str) -> Result<Listen, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path, e.g. unix:/run/cairn/nbd.sock".into());
+            }
+            return Ok(Listen::Unix(PathBuf::from(path)));
+        }
+        if let Some(addr) = s.strip_prefix("tcp:") {
+            return addr.parse::<SocketAddr>().map(Listen::Tcp).map_err(|e| {
+                format!("tcp:{addr}: {e} (expected ADDR:PORT, e.g. tcp:127.0.0.1:10809)")
+            });
+        }
+        Err(format!("{s:?}: expected unix:PATH or tcp:ADDR:PORT"))
+    }
+}
+
+impl fmt::Display for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
+            Listen::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+impl Listen {
+    /// An NBD URI for `export` at this address, as libnbd tools take it.
+    pub fn uri(&self, export: &str) -> String {
+        match self {
+            Listen::Unix(p) => format!("nbd+unix:///{export}?socket={}", p.display()),
+            Listen::Tcp(a) => format!("nbd://{a}/{export}"),
+        }
+    }
+}
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub exports: Vec<Export>,
+    /// Export answered for the empty name. `None` picks the only export when there is one.
+    pub default_export: Option<String>,
+    /// Worker threads per connection (requests one connection runs at once).
+    pub threads_per_connection: usize,
+    /// Connections beyond this many are closed at once.
+    pub max_connections: usize,
+    /// How long a shutdown waits for connections to finish in-flight requests.
+    pub shutdown_grace: Duration,
+}
+
+impl ServerConfig {
+    pub fn new(exports: Vec<Export>) -> ServerConfig {
+        ServerConfig {
+            exports,
+            default_export: None,
+            threads_per_connection: 4,
+            max_connections: 1024,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a configuration is refused.
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ConfigError {}
+
+/// What the server knows about an export, computed once.
+#[derive(Debug)]
+struct ExportEntry {
+    export: Export,
+    size: u64,
+    min_block: u32,
+    preferred_block: u32,
+    max_block: u32,
+    /// Transmission flags before the per-connection ones (DF).
+    flags: u16,
+}
+
+impl ExportEntry {
+    fn new(export: Export) -> ExportEntry {
+        let g = export.device.geometry();
+        let caps = export.device.capabilities();
+        let read_only = export.read_only || caps.read_only;
+        let min_block = g.logical_block_size.max(1);
+        let max_block = {
+            let m = g.max_io_size.clamp(min_block, MAX_SAFE_PAYLOAD);
+            m - m % min_block
+        };
+        // proto.md: preferred is a power of two, >= min. A full stripe that is not a power
+        // of two (three data disks) falls back to the chunk, which still avoids
+        // read-modify-write below.
+        let preferred_block = [g.optimal_io_size, g.physical_block_size, min_block]
+            .into_iter()
+            .find(|v| v.is_power_of_two() && *v >= min_block && *v <= max_block)
+            .unwrap_or(min_block.next_power_of_two());
+        let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_CACHE;
+        // All connections share one device and one flush path, so FLUSH and FUA on any
+        // connection cover writes completed on every connection.
+        flags |= FLAG_CAN_MULTI_CONN;
+        if read_only {
+            flags |= FLAG_READ_ONLY;
+        } else {
+            flags |= FLAG_SEND_WRITE_ZEROES;
+            if caps.discard != Support::None {
+                flags |= FLAG_SEND_TRIM;
+            }
+            if caps.write_zeroes == Support::Native {
+                flags |= FLAG_SEND_FAST_ZERO;
+            }
+        }
+        let export = Export {
+            read_only,
+            ..export
+        };
+        ExportEntry {
+            size: g.size,
+            min_block,
+            preferred_block,
+            max_block,
+            flags,
+            export,
+        }
+    }
+}
+
+/// Shared server state: exports, shutdown flag, live connections.
+#[derive(Debug)]
+struct Shared {
+    exports: Vec<Arc<ExportEntry>>,
+    default_export: Option<usize>,
+    threads: usize,
+    max_connections: usize,
+    grace: Duration,
+    shutdown: AtomicBool,
+    next_id: AtomicU64,
+    /// Live connections, for shutdown: a handle that can stop their reads.
+    conns: Mutex<HashMap<u64, Box<dyn SocketCtl>>>,
+}
+
+impl Shared {
+    fn find(&self, name: &str) -> Option<Arc<ExportEntry>> {
+        if name.is_empty() {
+            return self.default_export.map(|i| self.exports[i].clone());
+        }
+        self.exports.iter().find(|e| e.export.name == name).cloned()
+    }
+}
+
+/// Stops a connection's reads from another thread.
+trait SocketCtl: Send + fmt::Debug {
+    fn shutdown_read(&self);
+}
+
+impl SocketCtl for UnixStream {
+    fn shutdown_read(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Read);
+    }
+}
+impl SocketCtl for TcpStream {
+    fn shutdown_read(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Read);
+    }
+}
+
+/// A cloneable handle that asks a running server to stop.
+#[derive(Debug, Clone)]
+pub struct ShutdownHandle(Arc<Shared>);
+
+impl ShutdownHandle {
+    /// Stops accepting, stops reading new requests, lets in-flight ones answer, flushes.
+    pub fn shutdown(&self) {
+        if self.0.shutdown.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for c in self.0.conns.lock().expect("conns lock").values() {
+            c.shutdown_read();
+        }
+    }
+    pub fn is_shutdown(&self) -> bool {
+        self.0.shutdown.load(Ordering::SeqCst)
+    }
+}
+
+/// Bound listening sockets, ready for [`Server::serve`].
+#[derive(Debug)]
+pub struct Listeners {
+    items: Vec<(Listen, BoundListener)>,
+}
+
+#[derive(Debug)]
+enum BoundListener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+impl Listeners {
+    /// The addresses actually bound (a `tcp:…:0` request shows its real port).
+    pub fn addresses(&self) -> Vec<Listen> {
+        self.items.iter().map(|(l, _)| l.clone()).collect()
+    }
+}
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        for (l, _) in &self.items {
+            if let Listen::Unix(p) = l {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+/// An NBD server over a fixed set of exports.
+#[derive(Debug)]
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    pub fn new(config: ServerConfig) -> Result<Server, ConfigError> {
+        if config.exports.is_empty() {
+            return Err(ConfigError("no exports to serve".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for e in &config.exports {
+            if e.name.is_empty() || e.name.len() > MAX_STRING || e.name.contains('\0') {
+                return Err(ConfigError(format!(
+                    "export name {:?} must be 1 to {MAX_STRING} bytes without NUL",
+                    e.name
+                )));
+            }
+            if !seen.insert(e.name.clone()) {
+                return Err(ConfigError(format!(
+                    "export name {:?} is used twice",
+                    e.name
+                )));
+            }
+        }
+        let default_export = match &config.default_export {
+            Some(name) => Some(
+                config
+                    .exports
+                    .iter()
+                    .position(|e| &e.name == name)
+                    .ok_or_else(|| {
+                        ConfigError(format!("default export {name:?} is not an export"))
+                    })?,
+            ),
+            None if config.exports.len() == 1 => Some(0),
+            None => None,
+        };
+        let exports = config
+            .exports
+            .into_iter()
+            .map(|e| Arc::new(ExportEntry::new(e)))
+            .collect();
+        Ok(Server {
+            shared: Arc::new(Shared {
+                exports,
+                default_export,
+                threads: config.threads_per_connection.max(1),
+                max_connections: config.max_connections.max(1),
+                grace: config.shutdown_grace,
+                shutdown: AtomicBool::new(false),
+                next_id: AtomicU64::new(1),
+                conns: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shared.clone())
+    }
+
+    /// Binds every address. A stale Unix socket file (nobody listening) is replaced; a
+    /// live one is an error.
+    pub fn bind(&self, listen: &[Listen]) -> io::Result<Listeners> {
+        let mut items = Vec::new();
+        for l in listen {
+            match l {
+                Listen::Unix(path) => {
+                    if let Ok(meta) = std::fs::symlink_metadata(path) {
+                        if !meta.file_type().is_socket() {
+                            return Err(io::Error::new(
+                                io::ErrorKind::AlreadyExists,
+                                format!("{} exists and is not a socket", path.display()),
+                            ));
+                        }
+                        if UnixStream::connect(path).is_ok() {
+                            return Err(io::Error::new(
+                                io::ErrorKind::AddrInUse,
+                                format!("{}: another server is listening there", path.display()),
+                            ));
+                        }
+                        std::fs::remove_file(path)?;
+                    }
+                    let lst = UnixListener::bind(path).map_err(|e| {
+                        io::Error::new(e.kind(), format!("bind {}: {e}", path.display()))
+                    })?;
+                    // Owner only: the socket gives raw access to the data.
+                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                    lst.set_nonblocking(true)?;
+                    items.push((l.clone(), BoundListener::Unix(lst)));
+                }
+                Listen::Tcp(addr) => {
+                    let lst = TcpListener::bind(addr)
+                        .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
+                    lst.set_nonblocking(true)?;
+                    let real = lst.local_addr()?;
+                    items.push((Listen::Tcp(real), BoundListener::Tcp(lst)));
+                }
+            }
+        }
+        Ok(Listeners { items })
+    }
+
+    /// Accepts connections until shutdown, then waits (up to the grace period) for
+    /// connections to finish, and flushes every writable export.
+    pub fn serve(&self, listeners: Listeners) -> io::Result<()> {
+        let mut handles: Vec<thread::JoinHandle<()>> = Vec::new();
+        let mut fds: Vec<libc::pollfd> = listeners
+            .items
+            .iter()
+            .map(|(_, l)| libc::pollfd {
+                fd: match l {
+                    BoundListener::Unix(u) => u.as_raw_fd(),
+                    BoundListener::Tcp(t) => t.as_raw_fd(),
+                },
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        while !self.shared.shutdown.load(Ordering::SeqCst) {
+            handles.retain(|h| !h.is_finished());
+            let nfds = libc::nfds_t::try_from(fds.len()).unwrap_or(0);
+            // SAFETY: fds is a live, correctly sized array of pollfd for the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, 200) };
+            if n <= 0 {
+                continue;
+            }
+            for (i, (_, l)) in listeners.items.iter().enumerate() {
+                if fds[i].revents == 0 {
+                    continue;
+                }
+                fds[i].revents = 0;
+                loop {
+                    let accepted = match l {
+                        BoundListener::Unix(u) => u.accept().map(|(s, _)| Conn::unix(s)),
+                        BoundListener::Tcp(t) => t.accept().map(|(s, a)| Conn::tcp(s, a)),
+                    };
+                    match accepted {
+                        Ok(Ok(conn)) => {
+                            if let Some(h) = self.spawn_connection(conn, handles.len()) {
+                                handles.push(h);
+                            }
+                        }
+                        Ok(Err(e)) => tracing::warn!("setting up a connection: {e}"),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => {
+                            tracing::warn!("accept: {e}");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        tracing::info!("shutting down: finishing in-flight requests");
+        let deadline = Instant::now() + self.shared.grace;
+        while handles.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        for e in &self.shared.exports {
+            if !e.export.read_only {
+                if let Err(err) = e.export.device.flush() {
+                    tracing::error!("flushing export {}: {err}", e.export.name);
+                }
+            }
+        }
+        drop(listeners);
+        Ok(())
+    }
+
+    fn spawn_connection(&self, conn: Conn, live: usize) -> Option<thread::JoinHandle<()>> {
+        if live >= self.shared.max_connections {
+            tracing::warn!("{}: refused, {} connections already", conn.peer, live);
+            return None;
+        }
+        let shared = self.shared.clone();
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let builder = thread::Builder::new().name(format!("nbd-conn-{id}"));
+        let res = builder.spawn(move || {
+            shared
+                .conns
+                .lock()
+                .expect("conns lock")
+                .insert(id, conn.ctl);
+            // A shutdown that raced with the insert would miss this connection.
+            if shared.shutdown.load(Ordering::SeqCst) {
+                if let Some(c) = shared.conns.lock().expect("conns lock").get(&id) {
+                    c.shutdown_read();
+                }
+            }
+            tracing::debug!("{}: connected", conn.peer);
+            serve_connection(&shared, conn.reader, conn.writer, &conn.peer);
+            shared.conns.lock().expect("conns lock").remove(&id);
+        });
+        match res {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::error!("cannot start a connection thread: {e}");
+                None
+            }
+        }
+    }
+
+    /// Serves one already-connected byte stream to completion on the calling thread (the
+    /// transmission phase still uses the configured worker count). For tests and fuzzing.
+    pub fn serve_stream(
+        &self,
+        reader: Box<dyn Read + Send>,
+        writer: Box<dyn Write + Send>,
+        peer: &str,
+    ) {
+        serve_connection(&self.shared, reader, writer, peer);
+    }
+}
+
+/// An accepted socket split into independent read and write handles.
+struct Conn {
+    reader: Box<dyn Read + Send>,
+    writer: Box<dyn Write + Send>,
+    ctl: Box<dyn SocketCtl>,
+    peer: String,
+}
+
+impl Conn {
+    fn unix(s: UnixStream) -> io::Result<Conn> {
+        s.set_nonblocking(false)?;
+        let peer = format!("unix:fd{}", s.as_raw_fd());
+        Ok(Conn {
+            reader: Box::new(s.try_clone()?),
+            writer: Box::new(s.try_clone()?),
+            ctl: Box::new(s),
+            peer,
+        })
+    }
+    fn tcp(s: TcpStream, addr: SocketAddr) -> io::Result<Conn> {
+        s.set_nonblocking(false)?;
+        s.set_nodelay(true)?;
+        Ok(Conn {
+            reader: Box::new(s.try_clone()?),
+            writer: Box::new(s.try_clone()?),
+            ctl: Box::new(s),
+            peer: format!("tcp:{addr}"),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Handshake
+
+/// What the handshake settled on.
+struct Session {
+    export: Arc<ExportEntry>,
+    structured: bool,
+    base_allocation: bool,
+}
+
+enum Next {
+    Continue,
+    Transmit(Session),
+    Close,
+}
+
+struct Handshake<'a> {
+    shared: &'a Shared,
+    reader: &'a mut BufReader<Box<dyn Read + Send>>,
+    writer: &'a mut Box<dyn Write + Send>,
+    peer: &'a str,
+    fixed: bool,
+    no_zeroes: bool,
+    structured: bool,
+    /// Export name the meta contexts were set for, and whether base:allocation is on.
+    meta: Option<(String, bool)>,
+}
+
+fn read_exact_or_eof(r: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
+    let mut done = 0;
+    while done < buf.len() {
+        match r.read(&mut buf[done..]) {
+            Ok(0) if done == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Reads and throws away `n` bytes in bounded chunks.
+fn drain(r: &mut impl Read, mut n: u64) -> io::Result<()> {
+    let mut scratch = [0u8; 8192];
+    while n > 0 {
+        let k = usize::try_from(n.min(scratch.len() as u64)).unwrap_or(scratch.len());
+        r.read_exact(&mut scratch[..k])?;
+        n -= k as u64;
+    }
+    Ok(())
+}
+
+impl Handshake<'_> {
+    fn reply(&mut self, option: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+        let len = u32::try_from(data.len()).map_err(|_| io::ErrorKind::InvalidData)?;
+        let h = encode_option_reply_header(option, kind, len);
+        write_all_vectored(self.writer, &mut [IoSlice::new(&h), IoSlice::new(data)])
+    }
+
+    fn error(&mut self, option: u32, kind: u32, msg: &str) -> io::Result<()> {
+        tracing::debug!("{}: option {option}: {msg}", self.peer);
+        let msg = &msg.as_bytes()[..msg.len().min(MAX_STRING)];
+        self.reply(option, kind, msg)
+    }
+
+    fn run(&mut self) -> io::Result<Option<Session>> {
+        let mut hello = [0u8; 18];
+        hello[0..8].copy_from_slice(&NBDMAGIC.to_be_bytes());
+        hello[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
+        hello[16..18].copy_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        self.writer.write_all(&hello)?;
+        self.writer.flush()?;
+        let mut cf = [0u8; 4];
+        if !read_exact_or_eof(self.reader, &mut cf)? {
+            return Ok(None);
+        }
+        let client_flags = u32::from_be_bytes(cf);
+        if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+            tracing::debug!("{}: unknown client flags {client_flags:#x}", self.peer);
+            return Ok(None);
+        }
+        self.fixed = client_flags & FLAG_C_FIXED_NEWSTYLE != 0;
+        self.no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+        loop {
+            let mut h = [0u8; 16];
+            if !read_exact_or_eof(self.reader, &mut h)? {
+                return Ok(None);
+            }
+            let magic = u64::from_be_bytes(h[0..8].try_into().expect("8 bytes"));
+            if magic != IHAVEOPT {
+                tracing::debug!("{}: bad option magic {magic:#x}", self.peer);
+                return Ok(None);
+            }
+            let option = u32::from_be_bytes(h[8..12].try_into().expect("4 bytes"));
+            let length = u32::from_be_bytes(h[12..16].try_into().expect("4 bytes"));
+            if length > MAX_OPTION_DATA {
+                drain(self.reader, u64::from(length))?;
+                if option == OPT_EXPORT_NAME || !self.fixed {
+                    return Ok(None);
+                }
+                self.error(option, REP_ERR_TOO_BIG, "option data too large")?;
+                continue;
+            }
+            let mut data = vec![0u8; usize::try_from(length).expect("<= MAX_OPTION_DATA")];
+            self.reader.read_exact(&mut data)?;
+            if self.shared.shutdown.load(Ordering::SeqCst) {
+                if option != OPT_EXPORT_NAME && self.fixed {
+                    self.error(option, REP_ERR_SHUTDOWN, "server is shutting down")?;
+                }
+                return Ok(None);
+            }
+            if !self.fixed && option != OPT_EXPORT_NAME {
+                return Ok(None);
+            }
+            match self.option(option, &data)? {
+                Next::Continue => {}
+                Next::Transmit(s) => return Ok(Some(s)),
+                Next::Close => return Ok(None),
+            }
+        }
+    }
+
+    fn transmission_flags(&self, e: &ExportEntry) -> u16 {
+        if self.structured {
+            e.flags | FLAG_SEND_DF
+        } else {
+            e.flags
+        }
+    }
+
+    fn session(&self, export: Arc<ExportEntry>) -> Session {
+        let base_allocation = match &self.meta {
+            Some((name, on)) => {
+                *on && self
+                    .shared
+                    .find(name)
+                    .is_some_and(|e| Arc::ptr_eq(&e, &export))
+            }
+            None => false,
+        };
+        Session {
+            export,
+            structured: self.structured,
+            base_allocation,
+        }
+    }
+
+    fn option(&mut self, option: u32, data: &[u8]) -> io::Result<Next> {
+        match option {
+            OPT_EXPORT_NAME => {
+                let Ok(name) = std::str::from_utf8(data) else {
+                    return Ok(Next::Close);
+                };
+                let Some(e) = self.shared.find(name) else {
+                    tracing::info!("{}: unknown export {name:?}; closing", self.peer);
+                    return Ok(Next::Close);
+                };
+                let mut r = Vec::with_capacity(134);
+                r.extend_from_slice(&e.size.to_be_bytes());
+                r.extend_from_slice(&self.transmission_flags(&e).to_be_bytes());
+                if !self.no_zeroes {
+                    r.extend_from_slice(&[0u8; 124]);
+                }
+                self.writer.write_all(&r)?;
+                self.writer.flush()?;
+                Ok(Next::Transmit(self.session(e)))
+            }
+            OPT_ABORT => {
+                let _ = self.reply(option, REP_ACK, &[]);
+                Ok(Next::Close)
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    self.error(option, REP_ERR_INVALID, "NBD_OPT_LIST takes no data")?;
+                    return Ok(Next::Continue);
+                }
+                for e in self.shared.exports.clone() {
+                    let name = e.export.name.as_bytes();
+                    let mut r = Vec::with_capacity(4 + name.len() + e.export.description.len());
+                    r.extend_from_slice(&u32::try_from(name.len()).expect("<= 4096").to_be_bytes());
+                    r.extend_from_slice(name);
+                    let d = e.export.description.as_bytes();
+                    r.extend_from_slice(&d[..d.len().min(MAX_STRING)]);
+                    self.reply(option, REP_SERVER, &r)?;
+                }
+                self.reply(option, REP_ACK, &[])?;
+                Ok(Next::Continue)
+            }
+            OPT_STARTTLS => {
+                self.error(option, REP_ERR_UNSUP, "TLS is not supported by this server")?;
+                Ok(Next::Continue)
+            }
+            OPT_INFO | OPT_GO => {
+                let req = match parse_info_request(data) {
+                    Ok(r) => r,
+                    Err(OptionError(m)) => {
+                        self.error(option, REP_ERR_INVALID, &m)?;
+                        return Ok(Next::Continue);
+                    }
+                };
+                let Some(e) = self.shared.find(&req.name) else {
+                    let msg = if req.name.is_empty() {
+                        "no default export: this server has several; name one".to_string()
+                    } else {
+                        format!("no export named {:?}", req.name)
+                    };
+                    self.error(option, REP_ERR_UNKNOWN, &msg)?;
+                    return Ok(Next::Continue);
+                };
+                for &what in &req.requests {
+                    let mut r = Vec::new();
+                    match what {
+                        INFO_NAME => {
+                            r.extend_from_slice(&INFO_NAME.to_be_bytes());
+                            r.extend_from_slice(e.export.name.as_bytes());
+                        }
+                        INFO_DESCRIPTION => {
+                            r.extend_from_slice(&INFO_DESCRIPTION.to_be_bytes());
+                            let d = e.export.description.as_bytes();
+                            r.extend_from_slice(&d[..d.len().min(MAX_STRING)]);
+                        }
+                        _ => continue, // block size and export go out unasked, below
+                    }
+                    self.reply(option, REP_INFO, &r)?;
+                }
+                let mut bs = Vec::with_capacity(14);
+                bs.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+                bs.extend_from_slice(&e.min_block.to_be_bytes());
+                bs.extend_from_slice(&e.preferred_block.to_be_bytes());
+                bs.extend_from_slice(&e.max_block.to_be_bytes());
+                self.reply(option, REP_INFO, &bs)?;
+                let mut ex = Vec::with_capacity(12);
+                ex.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+                ex.extend_from_slice(&e.size.to_be_bytes());
+                ex.extend_from_slice(&self.transmission_flags(&e).to_be_bytes());
+                self.reply(option, REP_INFO, &ex)?;
+                self.reply(option, REP_ACK, &[])?;
+                if option == OPT_GO {
+                    return Ok(Next::Transmit(self.session(e)));
+                }
+                Ok(Next::Continue)
+            }
+            OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    self.error(
+                        option,
+                        REP_ERR_INVALID,
+                        "NBD_OPT_STRUCTURED_REPLY takes no data",
+                    )?;
+                } else if self.structured {
+                    self.error(
+                        option,
+                        REP_ERR_INVALID,
+                        "structured replies already negotiated",
+                    )?;
+                } else {
+                    self.structured = true;
+                    self.reply(option, REP_ACK, &[])?;
+                }
+                Ok(Next::Continue)
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                self.meta_context(option, data)?;
+                Ok(Next::Continue)
+            }
+            _ => {
+                self.error(
+                    option,
+                    REP_ERR_UNSUP,
+                    &format!("option {option} is not supported"),
+                )?;
+                Ok(Next::Continue)
+            }
+        }
+    }
+
+    fn meta_context(&mut self, option: u32, data: &[u8]) -> io::Result<()> {
+        let set = option == OPT_SET_META_CONTEXT;
+        if !self.structured {
+            return self.error(
+                option,
+                REP_ERR_INVALID,
+                "negotiate structured replies first",
+            );
+        }
+        let req = match parse_meta_context_request(data) {
+            Ok(r) => r,
+            Err(OptionError(m)) => return self.error(option, REP_ERR_INVALID, &m),
+        };
+        if self.shared.find(&req.name).is_none() {
+            return self.error(
+                option,
+                REP_ERR_UNKNOWN,
+                &format!("no export named {:?}", req.name),
+            );
+        }
+        let mut selected = !set && req.queries.is_empty();
+        for q in &req.queries {
+            match query_selects_base_allocation(q) {
+                Ok(s) => selected |= s,
+                Err(OptionError(m)) => return self.error(option, REP_ERR_INVALID, &m),
+            }
+        }
+        if selected {
+            let id = if set { BASE_ALLOCATION_ID } else { 0 };
+            let mut r = Vec::with_capacity(4 + BASE_ALLOCATION.len());
+            r.extend_from_slice(&id.to_be_bytes());
+            r.extend_from_slice(BASE_ALLOCATION.as_bytes());
+            self.reply(option, REP_META_CONTEXT, &r)?;
+        }
+        if set {
+            self.meta = Some((req.name, selected));
+        }
+        self.reply(option, REP_ACK, &[])
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Transmission
+
+/// Writes every byte of every slice, coping with short writes.
+pub(crate) fn write_all_vectored(
+    w: &mut dyn Write,
+    mut bufs: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The one mapping from block-layer errors to NBD error values.
+pub fn nbd_errno(kind: ErrorKind) -> u32 {
+    match kind {
+        ErrorKind::OutOfRange | ErrorKind::Unaligned | ErrorKind::InvalidArgument => EINVAL,
+        ErrorKind::ReadOnly => EPERM,
+        ErrorKind::NoSpace => ENOSPC,
+        ErrorKind::Unsupported => ENOTSUP,
+        ErrorKind::Shutdown => ESHUTDOWN,
+        _ => EIO,
+    }
+}
+
+/// A request's failure: the wire error and a message for structured replies.
+struct Failure {
+    errno: u32,
+    message: String,
+}
+
+impl Failure {
+    fn new(errno: u32, message: impl Into<String>) -> Failure {
+        Failure {
+            errno,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<cairn_block::Error> for Failure {
+    fn from(e: cairn_block::Error) -> Failure {
+        Failure {
+            errno: nbd_errno(e.kind()),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Largest per-worker buffer kept between requests.
+const KEEP_BUFFER: usize = 4 << 20;
+
+struct Transmission {
+    reader: Mutex<BufReader<Box<dyn Read + Send>>>,
+    writer: Mutex<Box<dyn Write + Send>>,
+    export: Arc<ExportEntry>,
+    flags: u16,
+    structured: bool,
+    base_allocation: bool,
+    closing: AtomicBool,
+    peer: String,
+    wrote: AtomicBool,
+}
+
+/// What one read from the stream produced.
+enum Incoming {
+    /// A request to execute (payload, if any, is in the worker's buffer), or one already
+    /// refused while reading.
+    Request(Request, Result<(), Failure>),
+    /// The stream ended or broke: stop.
+    Stop,
+}
+
+fn serve_connection(
+    shared: &Shared,
+    reader: Box<dyn Read + Send>,
+    mut writer: Box<dyn Write + Send>,
+    peer: &str,
+) {
+    let mut reader = BufReader::with_capacity(64 << 10, reader);
+    let mut hs = Handshake {
+        shared,
+        reader: &mut reader,
+        writer: &mut writer,
+        peer,
+        fixed: false,
+        no_zeroes: false,
+        structured: false,
+        meta: None,
+    };
+    let session = match hs.run() {
+        Ok(Some(s)) => s,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::debug!("{peer}: handshake ended: {e}");
+            return;
+        }
+    };
+    let flags = hs.transmission_flags(&session.export);
+    tracing::info!(
+        "{peer}: export {:?} ({} bytes{}{})",
+        session.export.export.name,
+        session.export.size,
+        if session.structured {
+            ", structured replies"
+        } else {
+            ""
+        },
+        if session.base_allocation {
+            ", base:allocation"
+        } else {
+            ""
+        },
+    );
+    let t = Arc::new(Transmission {
+        reader: Mutex::new(reader),
+        writer: Mutex::new(writer),
+        export: session.export,
+        flags,
+        structured: session.structured,
+        base_allocation: session.base_allocation,
+        closing: AtomicBool::new(false),
+        peer: peer.to_string(),
+        wrote: AtomicBool::new(false),
+    });
+    let workers: Vec<_> = (1..shared.threads)
+        .filter_map(|i| {
+            let t = t.clone();
+            thread::Builder::new()
+                .name(format!("nbd-worker-{i}"))
+                .spawn(move || t.worker())
+                .ok()
+        })
+        .collect();
+    t.worker();
+    for w in workers {
+        let _ = w.join();
+    }
+    // A client that disconnects without flushing still gets its writes pushed down.
+    if t.wrote.load(Ordering::Relaxed) {
+        if let Err(e) = t.export.export.device.flush() {
+            tracing::warn!("{peer}: flush at disconnect: {e}");
+        }
+    }
+    if let Ok(mut w) = t.writer.lock() {
+        let _ = w.flush();
+    }
+    tracing::debug!("{peer}: disconnected");
+}
+
+impl Transmission {
+    fn worker(&self) {
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            let incoming = {
+                let Ok(mut r) = self.reader.lock() else {
+                    return;
+                };
+                if self.closing.load(Ordering::Acquire) {
+                    return;
+                }
+                let inc = self.read_request(&mut r, &mut buf);
+                if matches!(inc, Incoming::Stop) {
+                    self.closing.store(true, Ordering::Release);
+                }
+                inc
+            };
+            let (req, verdict) = match incoming {
+                Incoming::Stop => return,
+                Incoming::Request(req, v) => (req, v),
+            };
+            let result = verdict.and_then(|()| self.execute(&req, &mut buf));
+            if let Err(e) = self.send_reply(&req, result, &buf) {
+                tracing::debug!("{}: writing reply: {e}", self.peer);
+                self.closing.store(true, Ordering::Release);
+                return;
+            }
+            // Keep the common sizes (up to 4 MiB) warm, but do not let one 32 MiB request
+            // pin 32 MiB per worker for the life of the connection.
+            if buf.capacity() > KEEP_BUFFER {
+                buf = Vec::new();
+            }
+        }
+    }
+
+    /// Reads one request header and its payload. Validation happens here so a refused
+    /// WRITE's payload is still consumed and the stream stays in sync.
+    fn read_request(&self, r: &mut BufReader<Box<dyn Read + Send>>, buf: &mut Vec<u8>) -> Incoming {
+        let mut h = [0u8; REQUEST_HEADER_LEN];
+        match read_exact_or_eof(r, &mut h) {
+            Ok(true) => {}
+            Ok(false) => return Incoming::Stop,
+            Err(e) => {
+                tracing::debug!("{}: reading request: {e}", self.peer);
+                return Incoming::Stop;
+            }
+        }
+        let req = match Request::parse(&h) {
+            Ok(req) => req,
+            Err(HeaderError::BadMagic(m)) => {
+                tracing::warn!("{}: bad request magic {m:#010x}; closing", self.peer);
+                return Incoming::Stop;
+            }
+        };
+        if req.kind == CMD_DISC {
+            return Incoming::Stop;
+        }
+        let verdict = self.validate(&req);
+        if req.has_payload() {
+            let len = req.length;
+            if len > MAX_SAFE_PAYLOAD && len > self.export.max_block {
+                // proto.md allows a hard disconnect here: the payload is a denial of service.
+                tracing::warn!("{}: {len}-byte write payload; closing", self.peer);
+                return Incoming::Stop;
+            }
+            let len = usize::try_from(len).expect("<= 32 MiB");
+            buf.resize(len, 0);
+            if let Err(e) = r.read_exact(&mut buf[..len]) {
+                tracing::debug!("{}: reading write payload: {e}", self.peer);
+                return Incoming::Stop;
+            }
+        }
+        Incoming::Request(req, verdict)
+    }
+
+    fn validate(&self, req: &Request) -> Result<(), Failure> {
+        let e = &self.export;
+        let fail = |m: String| Err(Failure::new(EINVAL, m));
+        let mut allowed = 0u16;
+        if self.flags & FLAG_SEND_FUA != 0 {
+            allowed |= CMD_FLAG_FUA;
+        }
+        match req.kind {
+            CMD_READ if self.flags & FLAG_SEND_DF != 0 => allowed |= CMD_FLAG_DF,
+            CMD_WRITE_ZEROES => {
+                allowed |= CMD_FLAG_NO_HOLE;
+                if self.flags & FLAG_SEND_FAST_ZERO != 0 {
+                    allowed |= CMD_FLAG_FAST_ZERO;
+                }
+            }
+            CMD_BLOCK_STATUS => allowed |= CMD_FLAG_REQ_ONE,
+            _ => {}
+        }
+        let name = command_name(req.kind);
+        if req.flags & !allowed != 0 {
+            return fail(format!(
+                "{name}: flags {:#x} not allowed",
+                req.flags & !allowed
+            ));
+        }
+        let (off, len) = (req.offset, u64::from(req.length));
+        let writes = matches!(req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+        let advertised = match req.kind {
+            CMD_READ | CMD_WRITE | CMD_FLUSH => true,
+            CMD_TRIM => self.flags & FLAG_SEND_TRIM != 0,
+            CMD_WRITE_ZEROES => self.flags & FLAG_SEND_WRITE_ZEROES != 0,
+            CMD_CACHE => self.flags & FLAG_SEND_CACHE != 0,
+            CMD_BLOCK_STATUS => self.base_allocation,
+            _ => false,
+        };
+        if writes && e.export.read_only {
+            return Err(Failure::new(EPERM, format!("{name}: export is read-only")));
+        }
+        if !advertised {
+            return fail(match req.kind {
+                CMD_BLOCK_STATUS => "BLOCK_STATUS: no metadata context was negotiated".into(),
+                k if command_name(k) == "UNKNOWN" => format!("unknown command {k}"),
+                _ => format!("{name}: not supported on this export"),
+            });
+        }
+        if req.kind == CMD_FLUSH {
+            if off != 0 || len != 0 {
+                return fail("FLUSH: offset and length must be zero".into());
+            }
+            return Ok(());
+        }
+        if len == 0 {
+            return fail(format!("{name}: zero length"));
+        }
+        if matches!(req.kind, CMD_READ | CMD_WRITE) && len > u64::from(e.max_block) {
+            return fail(format!(
+                "{name}: {len} bytes is more than the maximum {}",
+                e.max_block
+            ));
+        }
+        let kind = match req.kind {
+            CMD_WRITE => IoKind::Write,
+            CMD_WRITE_ZEROES => IoKind::WriteZeroes,
+            CMD_TRIM => IoKind::Discard,
+            CMD_READ => IoKind::Read,
+            _ => IoKind::Other,
+        };
+        let g = cairn_block::Geometry {
+            size: e.size,
+            logical_block_size: e.min_block,
+            ..e.export.device.geometry()
+        };
+        check_io(&g, kind, off, len).map_err(Failure::from)
+    }
+
+    fn execute(&self, req: &Request, buf: &mut Vec<u8>) -> Result<(), Failure> {
+        let dev = &self.export.export.device;
+        let (off, len) = (req.offset, u64::from(req.length));
+        let fua = req.flags & CMD_FLAG_FUA != 0;
+        let wf = if fua {
+            WriteFlags::FUA
+        } else {
+            WriteFlags::NONE
+        };
+        match req.kind {
+            CMD_READ => {
+                let n = usize::try_from(len).expect("<= max block");
+                buf.resize(n, 0);
+                dev.read_at(&mut buf[..n], off)?;
+            }
+            CMD_WRITE => {
+                self.wrote.store(true, Ordering::Relaxed);
+                dev.write_at(&buf[..], off, wf)?;
+            }
+            CMD_FLUSH => dev.flush()?,
+            CMD_TRIM => {
+                self.wrote.store(true, Ordering::Relaxed);
+                dev.discard(off, len)?;
+                if fua {
+                    dev.flush()?;
+                }
+            }
+            CMD_WRITE_ZEROES => {
+                self.wrote.store(true, Ordering::Relaxed);
+                let mut f = wf;
+                if req.flags & CMD_FLAG_NO_HOLE != 0 {
+                    f = f | WriteFlags::NO_HOLE;
+                }
+                let fast = req.flags & CMD_FLAG_FAST_ZERO != 0;
+                if fast {
+                    f = f | WriteFlags::FAST_ZERO;
+                }
+                match dev.write_zeroes(off, len, f) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::Unsupported && !fast => {
+                        return Err(Failure::new(EIO, e.to_string()))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            CMD_CACHE => dev.cache(off, len)?,
+            CMD_BLOCK_STATUS => {
+                let mut ext = dev.extents(off, len)?;
+                if req.flags & CMD_FLAG_REQ_ONE != 0 {
+                    ext.truncate(1);
+                }
+                encode_block_status(&ext, off, len, buf)?;
+            }
+            _ => unreachable!("validate refuses unknown commands"),
+        }
+        Ok(())
+    }
+
+    fn send_reply(&self, req: &Request, result: Result<(), Failure>, buf: &[u8]) -> io::Result<()> {
+        let mut w = self
+            .writer
+            .lock()
+            .map_err(|_| io::Error::other("writer lock poisoned"))?;
+        let w: &mut dyn Write = &mut **w;
+        match result {
+            Err(f) => {
+                if f.errno == EIO {
+                    tracing::warn!("{}: {}: {}", self.peer, command_name(req.kind), f.message);
+                } else {
+                    tracing::debug!("{}: {}: {}", self.peer, command_name(req.kind), f.message);
+                }
+                if self.structured {
+                    let msg = &f.message.as_bytes()[..f.message.len().min(MAX_STRING)];
+                    let msg_len = u16::try_from(msg.len()).expect("<= 4096");
+                    let hdr = encode_structured_header(
+                        REPLY_FLAG_DONE,
+                        REPLY_TYPE_ERROR,
+                        req.cookie,
+                        6 + u32::from(msg_len),
+                    );
+                    let mut e = [0u8; 6];
+                    e[0..4].copy_from_slice(&f.errno.to_be_bytes());
+                    e[4..6].copy_from_slice(&msg_len.to_be_bytes());
+                    write_all_vectored(
+                        w,
+                        &mut [IoSlice::new(&hdr), IoSlice::new(&e), IoSlice::new(msg)],
+                    )
+                } else {
+                    w.write_all(&encode_simple_reply(f.errno, req.cookie))
+                }
+            }
+            Ok(()) if req.kind == CMD_READ => {
+                let data = &buf[..usize::try_from(req.length).expect("<= max block")];
+                if self.structured {
+                    let len = u32::try_from(data.len() + 8).expect("<= 32 MiB + 8");
+                    let hdr = encode_structured_header(
+                        REPLY_FLAG_DONE,
+                        REPLY_TYPE_OFFSET_DATA,
+                        req.cookie,
+                        len,
+                    );
+                    let off = req.offset.to_be_bytes();
+                    write_all_vectored(
+                        w,
+                        &mut [IoSlice::new(&hdr), IoSlice::new(&off), IoSlice::new(data)],
+                    )
+                } else {
+                    let hdr = encode_simple_reply(0, req.cookie);
+                    write_all_vectored(w, &mut [IoSlice::new(&hdr), IoSlice::new(data)])
+                }
+            }
+            Ok(()) if req.kind == CMD_BLOCK_STATUS => {
+                let len = u32::try_from(buf.len()).expect("bounded descriptor list");
+                let hdr = encode_structured_header(
+                    REPLY_FLAG_DONE,
+                    REPLY_TYPE_BLOCK_STATUS,
+                    req.cookie,
+                    len,
+                );
+                write_all_vectored(w, &mut [IoSlice::new(&hdr), IoSlice::new(buf)])
+            }
+            Ok(()) => w.write_all(&encode_simple_reply(0, req.cookie)),
+        }
+    }
+}
+
+/// Encodes `base:allocation` descriptors into `out`: context id, then (length, flags)
+/// pairs. Extents are clipped to the request; at least one descriptor is sent.
+fn encode_block_status(
+    ext: &[Extent],
+    off: u64,
+    len: u64,
+    out: &mut Vec<u8>,
+) -> Result<(), Failure> {
+    out.clear();
+    out.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+    let end = off + len;
+    let mut pos = off;
+    for e in ext {
+        if pos >= end {
+            break;
+        }
+        if e.offset != pos || e.length == 0 {
+            return Err(Failure::new(
+                EIO,
+                format!("device returned a bad extent list at {pos}"),
+            ));
+        }
+        let stop = (e.offset + e.length).min(end);
+        let n = u32::try_from(stop - pos).expect("clipped to a u32 request");
+        let mut flags = 0;
+        if e.hole {
+            flags |= STATE_HOLE;
+        }
+        if e.zero || e.hole {
+            flags |= STATE_ZERO;
+        }
+        out.extend_from_slice(&n.to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
+        pos = stop;
+    }
+    if out.len() == 4 {
+        return Err(Failure::new(EIO, "device returned no extents"));
+    }
+    Ok(())
+}
