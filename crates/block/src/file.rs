@@ -467,13 +467,19 @@ impl BlockDevice for FileDisk {
         let lbs = u64::from(self.geometry.logical_block_size);
         let mut aligned: Vec<Extent> = Vec::with_capacity(out.len());
         for e in out {
-            let (start, mut stop) = (e.offset, e.offset + e.length);
+            // Keep the answer contiguous from `offset` whatever rounding did before.
             let start = aligned
                 .last()
-                .map_or(start, |l: &Extent| l.offset + l.length)
-                .max(start);
+                .map_or(offset, |l: &Extent| l.offset + l.length);
+            let mut stop = e.offset + e.length;
             if stop % lbs != 0 {
-                stop = (stop + lbs - stop % lbs).min(end);
+                // Only whole blocks may be called a hole: a hole's end rounds down and
+                // the partial block goes to the data after it; data's end rounds up.
+                stop = if e.hole {
+                    stop - stop % lbs
+                } else {
+                    (stop + lbs - stop % lbs).min(end)
+                };
             }
             if stop <= start {
                 continue;

@@ -207,12 +207,9 @@ pub fn write_zeroes_by_writing<D: BlockDevice + ?Sized>(
         let n = (len - done).min(zeroes.len() as u64);
         // n <= zeroes.len(), which is a usize.
         let n_usize = usize::try_from(n).expect("chunk fits in usize");
-        let last = done + n == len;
-        let f = if last {
-            flags.without(WriteFlags::NO_HOLE)
-        } else {
-            WriteFlags::NONE
-        };
+        // Every chunk carries FUA: it makes only its own write durable, not the earlier
+        // chunks. NO_HOLE and FAST_ZERO mean nothing to write_at.
+        let f = flags.without(WriteFlags::NO_HOLE.union(WriteFlags::FAST_ZERO));
         dev.write_at(&zeroes[..n_usize], offset + done, f)?;
         done += n;
     }
