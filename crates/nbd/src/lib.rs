@@ -3,6 +3,7 @@
 //!
 //! The crate knows nothing of RAID, LUKS or LVM: it serves any [`cairn_block::BlockDevice`].
 
+pub mod client;
 pub mod proto;
 pub mod server;
 

@@ -162,9 +162,9 @@ impl ExportEntry {
             if caps.discard != Support::None {
                 flags |= FLAG_SEND_TRIM;
             }
-            if caps.write_zeroes == Support::Native {
-                flags |= FLAG_SEND_FAST_ZERO;
-            }
+            // FAST_ZERO is always offered: where zeroing is not native the request
+            // fails quickly with ENOTSUP, which is exactly what the flag asks for.
+            flags |= FLAG_SEND_FAST_ZERO;
         }
         let export = Export {
             read_only,
@@ -207,16 +207,25 @@ impl Shared {
 /// Stops a connection's reads from another thread.
 trait SocketCtl: Send + fmt::Debug {
     fn shutdown_read(&self);
+    /// Ends the connection both ways, unblocking a worker stuck writing to a client that
+    /// stopped reading.
+    fn shutdown_both(&self);
 }
 
 impl SocketCtl for UnixStream {
     fn shutdown_read(&self) {
         let _ = self.shutdown(std::net::Shutdown::Read);
     }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
 }
 impl SocketCtl for TcpStream {
     fn shutdown_read(&self) {
         let _ = self.shutdown(std::net::Shutdown::Read);
+    }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
     }
 }
 
@@ -426,6 +435,17 @@ impl Server {
         let deadline = Instant::now() + self.shared.grace;
         while handles.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(20));
+        }
+        let stuck = self.shared.conns.lock().expect("conns lock").len();
+        if stuck > 0 {
+            tracing::warn!("{stuck} connection(s) still busy after the grace period; closing them");
+            for c in self.shared.conns.lock().expect("conns lock").values() {
+                c.shutdown_both();
+            }
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while handles.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(20));
+            }
         }
         for e in &self.shared.exports {
             if !e.export.read_only {

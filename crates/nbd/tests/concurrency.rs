@@ -1,0 +1,296 @@
+//! Pipelining, out-of-order replies and multiple connections.
+
+// Test code: casts here are of test-chosen sizes and offsets (a few MiB at most), and a
+// truncation would surface as a failed comparison, not as silent corruption.
+#![allow(clippy::cast_possible_truncation)]
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_block::{BlockDevice, MemDisk};
+use cairn_nbd::client::{Client, ClientOptions, Connection};
+use cairn_nbd::proto::*;
+use cairn_nbd::ServerConfig;
+use common::*;
+use rand::Rng;
+
+const BLOCK: usize = 4096;
+
+#[test]
+fn a_slow_request_does_not_hold_back_later_replies() {
+    let disk = HookDisk::new(MemDisk::new(4 << 20));
+    *disk.read_delay.lock().unwrap() = Some((0..4096, Duration::from_millis(500)));
+    let disk = Arc::new(disk);
+    // Several workers per connection: the server runs requests of one connection
+    // concurrently and replies in completion order.
+    let mut cfg = ServerConfig::new(vec![export("d", disk)]);
+    cfg.threads_per_connection = 4;
+    let srv = TestServer::start_with(cfg);
+    for addr in srv.addrs() {
+        for structured in [false, true] {
+            let mut c = open(&addr, "d", structured, false);
+            let t0 = Instant::now();
+            let slow = c.submit_read(0, 4096, 0).expect("slow read");
+            let fast_w = c
+                .submit_write(1 << 20, &[9u8; 4096], 0)
+                .expect("fast write");
+            let fast_r = c.submit_read(8192, 4096, 0).expect("fast read");
+            let first = c.recv().expect("first reply");
+            let second = c.recv().expect("second reply");
+            let third = c.recv().expect("third reply");
+            assert!(t0.elapsed() >= Duration::from_millis(500));
+            assert_ne!(
+                first.cookie, slow,
+                "{addr}: the slow read's reply came first: replies are serialised"
+            );
+            assert_ne!(
+                second.cookie, slow,
+                "{addr}: the slow read overtook a fast request"
+            );
+            assert_eq!(third.cookie, slow);
+            let got: HashSet<u64> = [first.cookie, second.cookie].into();
+            assert_eq!(got, [fast_w, fast_r].into());
+            for r in [first, second, third] {
+                assert!(r.is_ok(), "{r:?}");
+            }
+        }
+    }
+}
+
+/// Sends `ops` with at most `window` in flight, returns replies by cookie, and checks that
+/// every cookie got exactly one reply.
+fn pipeline(
+    c: &mut Connection,
+    ops: &[Op],
+    window: usize,
+) -> HashMap<u64, cairn_nbd::client::Reply> {
+    let mut cookies = Vec::with_capacity(ops.len());
+    let mut replies = HashMap::new();
+    let take = |c: &mut Connection, replies: &mut HashMap<u64, cairn_nbd::client::Reply>| {
+        let r = c.recv().expect("reply");
+        assert!(
+            replies.insert(r.cookie, r).is_none(),
+            "two replies for one cookie"
+        );
+    };
+    for op in ops {
+        if c.in_flight() >= window {
+            take(c, &mut replies);
+        }
+        let cookie = match op {
+            Op::Write(off, data, fua) => {
+                c.submit_write(*off, data, if *fua { CMD_FLAG_FUA } else { 0 })
+            }
+            Op::Read(off) => c.submit_read(*off, BLOCK as u32, 0),
+            Op::Flush => c.submit_flush(),
+        }
+        .expect("submit");
+        cookies.push(cookie);
+    }
+    while c.in_flight() > 0 {
+        take(c, &mut replies);
+    }
+    assert_eq!(replies.len(), ops.len(), "every request gets one reply");
+    for k in &cookies {
+        assert!(replies.contains_key(k), "no reply for cookie {k}");
+    }
+    // Keep the order of `ops` for the caller.
+    cookies
+        .into_iter()
+        .zip(ops)
+        .map(|(k, _)| (k, replies.remove(&k).expect("present")))
+        .collect()
+}
+
+#[derive(Debug)]
+enum Op {
+    Write(u64, Vec<u8>, bool),
+    Read(u64),
+    Flush,
+}
+
+#[test]
+fn pipelined_reads_and_writes_all_complete_with_the_right_data() {
+    let (mut rng, _) = rng_for("pipelined");
+    const BLOCKS: usize = 256;
+    for threads in [1, 4] {
+        let mut cfg = ServerConfig::new(vec![export("d", mem((BLOCKS * BLOCK) as u64))]);
+        cfg.threads_per_connection = threads;
+        let srv = TestServer::start_with(cfg);
+        for addr in srv.addrs() {
+            for structured in [false, true] {
+                let ctx = format!("{addr} threads={threads} structured={structured}");
+                let mut c = open(&addr, "d", structured, false);
+                // Fill every block, pipelined.
+                let mut model: Vec<Vec<u8>> =
+                    (0..BLOCKS).map(|_| random_vec(&mut rng, BLOCK)).collect();
+                let fill: Vec<Op> = model
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| Op::Write((i * BLOCK) as u64, d.clone(), i % 7 == 0))
+                    .collect();
+                for (_, r) in pipeline(&mut c, &fill, 16) {
+                    assert!(r.is_ok(), "{ctx}: fill: {r:?}");
+                }
+                // Rewrite even blocks while reading odd ones (never both on one block
+                // while in flight), with a few flushes mixed in.
+                let mut ops = Vec::new();
+                let mut expect: HashMap<usize, usize> = HashMap::new(); // op index -> block
+                for (i, slot) in model.iter_mut().enumerate() {
+                    if i % 2 == 0 {
+                        let d = random_vec(&mut rng, BLOCK);
+                        *slot = d.clone();
+                        ops.push(Op::Write((i * BLOCK) as u64, d, rng.gen_bool(0.2)));
+                    } else {
+                        expect.insert(ops.len(), i);
+                        ops.push(Op::Read((i * BLOCK) as u64));
+                    }
+                    if rng.gen_bool(0.05) {
+                        ops.push(Op::Flush);
+                    }
+                }
+                let replies: Vec<_> = {
+                    let m = pipeline(&mut c, &ops, 24);
+                    let mut v: Vec<_> = m.into_iter().collect();
+                    v.sort_by_key(|(k, _)| *k);
+                    v
+                };
+                for (idx, (_, r)) in replies.iter().enumerate() {
+                    assert!(r.is_ok(), "{ctx}: op {idx}: {r:?}");
+                    if let Some(&b) = expect.get(&idx) {
+                        assert!(
+                            r.data == model[b],
+                            "{ctx}: pipelined read of block {b} returned wrong data"
+                        );
+                    }
+                }
+                // Read everything back, pipelined and in random order.
+                let mut order: Vec<usize> = (0..BLOCKS).collect();
+                rand::seq::SliceRandom::shuffle(&mut order[..], &mut rng);
+                let reads: Vec<Op> = order
+                    .iter()
+                    .map(|&b| Op::Read((b * BLOCK) as u64))
+                    .collect();
+                let mut v: Vec<_> = pipeline(&mut c, &reads, 32).into_iter().collect();
+                v.sort_by_key(|(k, _)| *k);
+                for ((_, r), &b) in v.iter().zip(&order) {
+                    assert!(r.data == model[b], "{ctx}: final read of block {b} differs");
+                }
+                c.disconnect().expect("disconnect");
+            }
+        }
+    }
+}
+
+#[test]
+fn write_on_one_connection_flush_on_another_read_on_a_third() {
+    let disk = Arc::new(HookDisk::new(MemDisk::new(8 << 20)));
+    let srv = TestServer::start(vec![export("d", disk.clone())]);
+    let (mut rng, _) = rng_for("multi_conn");
+    for addr in srv.addrs() {
+        let mut a = open(&addr, "d", false, false);
+        let mut b = open(&addr, "d", true, false);
+        let mut c = open(&addr, "d", true, true);
+        for conn in [&a, &b, &c] {
+            assert!(
+                conn.info().has(FLAG_CAN_MULTI_CONN),
+                "multi-conn must be advertised"
+            );
+        }
+        let data = random_vec(&mut rng, 64 << 10);
+        a.write(1 << 20, &data, 0).expect("write on A");
+        let writes_before = disk.writes_done.load(Ordering::SeqCst);
+        let flushes_before = disk.flushes.load(Ordering::SeqCst);
+        b.flush().expect("flush on B");
+        assert!(
+            disk.flushes.load(Ordering::SeqCst) > flushes_before,
+            "FLUSH on B did not reach the device"
+        );
+        assert!(
+            disk.writes_done_at_last_flush.load(Ordering::SeqCst) >= writes_before,
+            "the device flush ran before A's completed write"
+        );
+        assert_eq!(c.read_vec(1 << 20, 64 << 10, 0).expect("read on C"), data);
+        // And the other way round, with FUA instead of a flush.
+        let d2 = random_vec(&mut rng, 4096);
+        c.write(2 << 20, &d2, CMD_FLAG_FUA).expect("FUA write on C");
+        assert_eq!(a.read_vec(2 << 20, 4096, 0).expect("read on A"), d2);
+        for conn in [a, b, c] {
+            conn.disconnect().expect("disconnect");
+        }
+    }
+}
+
+#[test]
+fn many_connections_at_once_each_see_their_own_data() {
+    const CONNS: usize = 6;
+    const REGION: u64 = 1 << 20;
+    let srv = TestServer::start(vec![export("d", mem(CONNS as u64 * REGION))]);
+    let (_, seed) = rng_for("many_connections");
+    let addrs = srv.addrs();
+    std::thread::scope(|s| {
+        for i in 0..CONNS {
+            let addr = addrs[i % 2].clone();
+            s.spawn(move || {
+                use rand::SeedableRng;
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ i as u64);
+                let mut c = open(&addr, "d", i % 3 != 0, false);
+                let base = i as u64 * REGION;
+                let mut model = vec![0u8; REGION as usize];
+                for _ in 0..150 {
+                    let blocks = rng.gen_range(1..=16usize);
+                    let at = rng.gen_range(0..(REGION as usize / 512 - blocks)) * 512;
+                    let len = blocks * 512;
+                    if rng.gen_bool(0.5) {
+                        let d = random_vec(&mut rng, len);
+                        model[at..at + len].copy_from_slice(&d);
+                        c.write(base + at as u64, &d, 0).expect("write");
+                    } else {
+                        let got = c.read_vec(base + at as u64, len as u32, 0).expect("read");
+                        assert!(
+                            got[..] == model[at..at + len],
+                            "connection {i}: read at {at} differs"
+                        );
+                    }
+                }
+                c.flush().expect("flush");
+                let all = c.read_vec(base, REGION as u32, 0).expect("read region");
+                assert!(all == model, "connection {i}: region differs at the end");
+                c.disconnect().expect("disconnect");
+            });
+        }
+    });
+}
+
+#[test]
+fn a_shared_client_serialises_callers() {
+    // The Client's mutex makes one connection safe to share between threads.
+    let srv = TestServer::start(vec![export("d", mem(4 << 20))]);
+    let client =
+        Arc::new(Client::connect(&ClientOptions::new(srv.tcp.clone(), "d")).expect("connect"));
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let client = client.clone();
+            s.spawn(move || {
+                let base = u64::from(t) << 20;
+                for i in 0..50u64 {
+                    let data = vec![t ^ (i as u8); 8192];
+                    client
+                        .write_at(&data, base + i * 8192, cairn_block::WriteFlags::NONE)
+                        .expect("write");
+                    let mut got = vec![0u8; 8192];
+                    client.read_at(&mut got, base + i * 8192).expect("read");
+                    assert_eq!(got, data);
+                }
+            });
+        }
+    });
+    Arc::try_unwrap(client)
+        .expect("sole owner")
+        .disconnect()
+        .expect("disconnect");
+}
