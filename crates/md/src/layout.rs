@@ -79,6 +79,11 @@ impl Linear {
         *self.ends.last().expect("at least one member")
     }
 
+    /// Where each member's part ends in the array (exclusive), in role order.
+    pub fn ends(&self) -> &[Sectors] {
+        &self.ends
+    }
+
     /// The location of array sector `s`, or `None` past the end.
     pub fn map(&self, s: Sectors) -> Option<Location> {
         let member = self.ends.partition_point(|&end| end <= s);
@@ -822,6 +827,48 @@ impl ArrayLayout {
             ArrayLayout::Raid1(l) => l.array_sectors(),
             ArrayLayout::Parity(l) => l.array_sectors(),
             ArrayLayout::Raid10(l) => l.array_sectors(),
+        }
+    }
+
+    /// Members in role order.
+    pub fn raid_disks(&self) -> usize {
+        match self {
+            ArrayLayout::Linear(l) => l.ends().len(),
+            ArrayLayout::Raid0(l) => l.zones()[0].members.len(),
+            ArrayLayout::Raid1(l) => l.raid_disks(),
+            ArrayLayout::Parity(l) => l.raid_disks(),
+            ArrayLayout::Raid10(l) => l.raid_disks(),
+        }
+    }
+
+    /// How many members may be missing at most, whichever they are (RAID10 may survive
+    /// more when the missing members hold different copies; see [`ArrayLayout::tolerates`]).
+    pub fn redundancy(&self) -> usize {
+        match self {
+            ArrayLayout::Linear(_) | ArrayLayout::Raid0(_) => 0,
+            ArrayLayout::Raid1(l) => l.raid_disks() - 1,
+            ArrayLayout::Parity(l) => l.level().parity_members(),
+            ArrayLayout::Raid10(l) => l.copies() - 1,
+        }
+    }
+
+    /// Whether every array sector still has a readable copy (or enough members to
+    /// rebuild it) when the members marked in `down` (indexed by role) are missing.
+    pub fn tolerates(&self, down: &[bool]) -> bool {
+        let missing = down.iter().filter(|&&d| d).count();
+        match self {
+            ArrayLayout::Linear(_) | ArrayLayout::Raid0(_) => missing == 0,
+            ArrayLayout::Raid1(l) => missing < l.raid_disks(),
+            ArrayLayout::Parity(l) => missing <= l.level().parity_members(),
+            ArrayLayout::Raid10(l) => {
+                // The copy sets repeat every `raid_disks` array chunks (the first copy's
+                // member advances by `near` per chunk), so checking one period suffices.
+                let chunks = l.array_sectors().0 / l.chunk().0;
+                (0..chunks.min(wide(l.raid_disks()))).all(|c| {
+                    l.map(Sectors(c * l.chunk().0))
+                        .any(|loc| !down.get(loc.member).copied().unwrap_or(true))
+                })
+            }
         }
     }
 

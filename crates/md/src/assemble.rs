@@ -1,0 +1,562 @@
+//! Assembling an array from its members' superblocks, and creating a new one.
+//!
+//! ```text
+//!   members ─► read each v1.2 superblock (strict) ─► one array UUID? ─► freshest (events)
+//!           ─► each member's role per the freshest dev_roles; stale / faulty / spare out
+//!           ─► missing roles ─► still redundant? dirty + degraded parity needs force
+//!           ─► Array (slots by role, metadata state)
+//!   create ─► refuse signatures (probe.rs) unless force ─► create::create (mdadm 4.2)
+//!          ─► zeroed members? clean : resync pending ─► write superblocks (FUA) ─► assemble
+//! ```
+//!
+//! The rules are the kernel's and mdadm's (ondisk-formats.md §1.6): the member with the
+//! highest `events` defines the array; a member whose `events + 1` is below that is
+//! stale; a member the freshest superblock marks faulty is out; a parity array that was
+//! not shut down cleanly (`resync_offset != MAX`) does not start degraded unless forced,
+//! because its parity may not match its data.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use cairn_block::{BlockDevice, Error, ErrorKind, Result};
+
+use crate::array::{now, Array, Identity, LeftOut, Member, Meta, Slot};
+use crate::create::{create, CreateParams};
+use crate::layout::ArrayLayout;
+use crate::level::Level;
+use crate::ondisk::{FeaturePolicy, Superblock, Uuid};
+use crate::probe::probe_signatures;
+use crate::units::{small, Sectors};
+
+/// How to assemble.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AssembleOptions {
+    /// Start a dirty parity array even when degraded (mdadm `--force` /
+    /// `start_dirty_degraded`): data rebuilt from parity may be wrong where a write was
+    /// interrupted.
+    pub force: bool,
+}
+
+/// What to create (the CLI's `cairn md create`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateOptions {
+    pub level: Level,
+    /// The layout word; `None` for mdadm's default.
+    pub layout: Option<u32>,
+    /// `None` for mdadm's default (512 KiB) where the level stripes.
+    pub chunk: Option<Sectors>,
+    pub name: String,
+    pub homehost: Option<String>,
+    /// `None` for a random one.
+    pub uuid: Option<Uuid>,
+    /// Overwrite members that carry a superblock or a filesystem signature.
+    pub force: bool,
+    /// The caller knows every member reads as zeroes (files it just created sparse), so
+    /// the array is consistent without a resync. Otherwise the members are checked.
+    pub members_zeroed: bool,
+    /// Mark the array clean whatever the members hold (mdadm `--assume-clean`).
+    pub assume_clean: bool,
+}
+
+impl CreateOptions {
+    /// mdadm's defaults for `level`, named `name`.
+    pub fn new(level: Level, name: impl Into<String>) -> CreateOptions {
+        CreateOptions {
+            level,
+            layout: None,
+            chunk: None,
+            name: name.into(),
+            homehost: None,
+            uuid: None,
+            force: false,
+            members_zeroed: false,
+            assume_clean: false,
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidArgument, msg)
+}
+
+/// One member's superblock, as read.
+struct Found {
+    dev: Arc<dyn BlockDevice>,
+    name: String,
+    sb: Superblock,
+}
+
+impl Array {
+    /// Assembles the array the `members` belong to. `names` name them in messages and
+    /// reports (paths, usually). Members may come in any order; missing ones make the
+    /// array degraded when the level allows it.
+    pub fn assemble(
+        members: Vec<Arc<dyn BlockDevice>>,
+        names: Vec<String>,
+        opts: AssembleOptions,
+    ) -> Result<Array> {
+        if members.len() != names.len() {
+            return Err(invalid(format!(
+                "{} members but {} names",
+                members.len(),
+                names.len()
+            )));
+        }
+        if members.is_empty() {
+            return Err(invalid("no members to assemble"));
+        }
+        let mut found = Vec::with_capacity(members.len());
+        for (dev, name) in members.into_iter().zip(names) {
+            let sb = Superblock::read_from(&*dev, &name, FeaturePolicy::Supported)?;
+            found.push(Found { dev, name, sb });
+        }
+        check_one_array(&found)?;
+
+        let freshest = found
+            .iter()
+            .max_by_key(|f| f.sb.events)
+            .map(|f| f.sb.clone())
+            .expect("at least one member");
+        let events = freshest.events;
+        let raid_disks = small(u64::from(freshest.raid_disks));
+        let label = format!("md array {}", freshest.set_name);
+
+        // Each member's role as the freshest superblock sees it.
+        let mut by_role: Vec<Option<Found>> = (0..raid_disks).map(|_| None).collect();
+        let mut left_out: Vec<LeftOut> = Vec::new();
+        for f in found {
+            let out = |reason: String, f: &Found| LeftOut {
+                name: f.name.clone(),
+                role: f.sb.role().slot().map(u32::from),
+                events: f.sb.events,
+                reason,
+            };
+            if f.sb.events.saturating_add(1) < events {
+                left_out.push(out(
+                    format!("stale: events {}, the array is at {events}", f.sb.events),
+                    &f,
+                ));
+                continue;
+            }
+            let same_shape = f.sb.level == freshest.level
+                && f.sb.layout == freshest.layout
+                && f.sb.chunk == freshest.chunk
+                && f.sb.raid_disks == freshest.raid_disks
+                && f.sb.size == freshest.size;
+            if !same_shape {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "{label}: {} says {} {} members layout {} chunk {} size {}, but the \
+                         freshest member says {} {} members layout {} chunk {} size {}",
+                        f.name,
+                        f.sb.level,
+                        f.sb.raid_disks,
+                        f.sb.layout,
+                        f.sb.chunk.0,
+                        f.sb.size.0,
+                        freshest.level,
+                        freshest.raid_disks,
+                        freshest.layout,
+                        freshest.chunk.0,
+                        freshest.size.0
+                    ),
+                ));
+            }
+            let seen_as = freshest
+                .dev_roles
+                .get(small(u64::from(f.sb.dev_number)))
+                .copied()
+                .unwrap_or(crate::ondisk::DevRole::SPARE);
+            let Some(role) = seen_as.slot().map(usize::from) else {
+                let why = match seen_as {
+                    crate::ondisk::DevRole::FAULTY => "marked faulty by the other members",
+                    crate::ondisk::DevRole::JOURNAL => "a journal device (not implemented)",
+                    _ => "a spare (cairn does not use spares yet)",
+                };
+                left_out.push(out(why.to_string(), &f));
+                continue;
+            };
+            if role >= raid_disks {
+                left_out.push(out(
+                    format!("role {role} is past the array's {raid_disks} members"),
+                    &f,
+                ));
+                continue;
+            }
+            if let Some(other) = &by_role[role] {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "{label}: {} and {} both claim role {role} (the same device given twice?)",
+                        other.name, f.name
+                    ),
+                ));
+            }
+            by_role[role] = Some(f);
+        }
+        for l in &left_out {
+            tracing::warn!("{label}: leaving {} out: {}", l.name, l.reason);
+        }
+
+        // Sizes: RAID0 and linear use each member's data_size, which missing members
+        // would leave unknown; those levels cannot be degraded anyway.
+        let missing: Vec<usize> = (0..raid_disks).filter(|&r| by_role[r].is_none()).collect();
+        let data_sizes: Vec<Sectors> = by_role
+            .iter()
+            .map(|f| f.as_ref().map_or(freshest.size, |f| f.sb.data_size))
+            .collect();
+        if !missing.is_empty() && matches!(freshest.level, Level::Linear | Level::Raid0) {
+            return Err(cannot_start(
+                &label,
+                &freshest,
+                &missing,
+                &left_out,
+                "it has no redundancy",
+            ));
+        }
+        let layout =
+            ArrayLayout::from_superblock(&freshest, &data_sizes).map_err(|e| e.context(&label))?;
+        let down: Vec<bool> = by_role.iter().map(Option::is_none).collect();
+        if !layout.tolerates(&down) {
+            let tolerance = match &layout {
+                ArrayLayout::Raid10(l) => format!(
+                    "raid10 {} keeps {} copies and needs one of each",
+                    l.layout().short_name(),
+                    l.copies()
+                ),
+                other => format!("{} tolerates {}", freshest.level, other.redundancy()),
+            };
+            return Err(cannot_start(
+                &label, &freshest, &missing, &left_out, &tolerance,
+            ));
+        }
+        let needed = member_extent(&layout);
+        for f in by_role.iter().flatten() {
+            let need = needed.unwrap_or(f.sb.data_size);
+            if need > f.sb.data_size {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "{label}: {} holds {} data sectors but the array uses {}",
+                        f.name, f.sb.data_size.0, need.0
+                    ),
+                ));
+            }
+        }
+        let dirty = !freshest.is_clean();
+        if dirty && !missing.is_empty() && freshest.level.parity_members() > 0 {
+            if !opts.force {
+                return Err(Error::new(
+                    ErrorKind::Degraded,
+                    format!(
+                        "{label} cannot start: it is degraded ({}) and was not shut down \
+                         cleanly, so its parity may not match its data and rebuilt data could \
+                         be wrong; start it with force to accept that (mdadm --assemble --force)",
+                        describe_missing(&missing, &left_out)
+                    ),
+                ));
+            }
+            tracing::warn!(
+                "{label}: starting dirty and degraded because of force; data rebuilt from \
+                 parity may be wrong where a write was interrupted"
+            );
+        }
+        if !missing.is_empty() {
+            tracing::warn!(
+                "{label}: starting degraded, {}",
+                describe_missing(&missing, &left_out)
+            );
+        }
+        if freshest
+            .features
+            .has(crate::ondisk::Features::BITMAP_OFFSET)
+        {
+            // cairn does not maintain the bitmap yet: after cairn has written, Linux must
+            // not trust it (a --re-add or a crash resync guided by it would skip what
+            // cairn wrote). Resync or re-add fully on Linux.
+            tracing::warn!(
+                "{label}: has an internal write-intent bitmap, which cairn does not update;                  after writing with cairn, do not rely on the bitmap on Linux (re-add members                  with a full recovery)"
+            );
+        }
+
+        let identity = Identity {
+            uuid: freshest.set_uuid,
+            set_name: freshest.set_name,
+            level: freshest.level,
+            layout_word: freshest.layout,
+            chunk: freshest.chunk,
+            component_size: freshest.size,
+            ctime: freshest.ctime,
+            feature_map: freshest.features.0,
+        };
+        let mut sbs = Vec::with_capacity(raid_disks);
+        let mut slots = Vec::with_capacity(raid_disks);
+        for f in by_role {
+            match f {
+                Some(f) => {
+                    let base =
+                        f.sb.data_offset
+                            .bytes()
+                            .expect("checked at parse: data_offset + data_size fits in bytes");
+                    sbs.push(Some(f.sb));
+                    slots.push(Slot {
+                        member: Some(Member {
+                            dev: f.dev,
+                            name: f.name,
+                            base,
+                        }),
+                        failed: AtomicBool::new(false),
+                    });
+                }
+                None => {
+                    sbs.push(None);
+                    slots.push(Slot {
+                        member: None,
+                        failed: AtomicBool::new(false),
+                    });
+                }
+            }
+        }
+        let meta = Meta {
+            events,
+            utime: freshest.utime,
+            dirty: false,
+            resync_pending: dirty,
+            sbs,
+            dev_roles: freshest.dev_roles.clone(),
+        };
+        Array::build(layout, slots, identity, meta, left_out, opts.force && dirty)
+    }
+
+    /// Creates a new array on `members` (in role order) as `mdadm --create` would, and
+    /// returns it assembled. Members that carry an md superblock or a recognisable
+    /// filesystem, LUKS or LVM signature are refused unless `opts.force`. When every
+    /// member reads as zeroes where the array keeps data (or the caller says so), the
+    /// array is clean at once; otherwise it is marked for resync (see the report).
+    pub fn create(
+        members: Vec<Arc<dyn BlockDevice>>,
+        names: Vec<String>,
+        opts: &CreateOptions,
+    ) -> Result<Array> {
+        if members.len() != names.len() {
+            return Err(invalid(format!(
+                "{} members but {} names",
+                members.len(),
+                names.len()
+            )));
+        }
+        for (i, a) in members.iter().enumerate() {
+            if let Some(j) = members[..i].iter().position(|b| Arc::ptr_eq(a, b)) {
+                return Err(invalid(format!(
+                    "{} and {} are the same device",
+                    names[j], names[i]
+                )));
+            }
+        }
+        if !opts.force {
+            let mut found = Vec::new();
+            for (dev, name) in members.iter().zip(&names) {
+                for sig in probe_signatures(&**dev)? {
+                    found.push(format!("{name} {sig}"));
+                }
+            }
+            if !found.is_empty() {
+                return Err(invalid(format!(
+                    "refusing to create: {}; use force to overwrite",
+                    found.join("; ")
+                )));
+            }
+        }
+        let params = CreateParams {
+            level: opts.level,
+            layout: opts.layout,
+            chunk: opts.chunk,
+            member_sectors: members
+                .iter()
+                .map(|d| Sectors::from_bytes_floor(d.geometry().size))
+                .collect(),
+            name: opts.name.clone(),
+            homehost: opts.homehost.clone(),
+            uuid: opts.uuid.unwrap_or_else(|| Uuid(random_bytes())),
+            device_uuids: (0..members.len()).map(|_| Uuid(random_bytes())).collect(),
+            ctime: now(),
+            assume_clean: true,
+        };
+        let mut created = create(&params)?;
+        let redundant = !matches!(opts.level, Level::Linear | Level::Raid0);
+        let clean = !redundant
+            || opts.assume_clean
+            || opts.members_zeroed
+            || all_zero(&members, &names, &created.superblocks)?;
+        if !clean {
+            for sb in &mut created.superblocks {
+                sb.resync_offset = Sectors::ZERO;
+            }
+            tracing::warn!(
+                "md array {}: members hold data, so parity/mirrors are not known to match; \
+                 the array is marked for resync",
+                created.superblocks[0].set_name
+            );
+        }
+        for ((sb, dev), name) in created.superblocks.iter().zip(&members).zip(&names) {
+            sb.write_to(&**dev, name)?;
+        }
+        Array::assemble(members, names, AssembleOptions::default())
+    }
+}
+
+/// Refuses members of more than one array, naming each group.
+fn check_one_array(found: &[Found]) -> Result<()> {
+    let mut groups: BTreeMap<Uuid, Vec<&Found>> = BTreeMap::new();
+    for f in found {
+        groups.entry(f.sb.set_uuid).or_default().push(f);
+    }
+    if groups.len() < 2 {
+        return Ok(());
+    }
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(uuid, fs)| {
+            let names: Vec<&str> = fs.iter().map(|f| f.name.as_str()).collect();
+            format!(
+                "{} belong{} to array {uuid} ({})",
+                names.join(", "),
+                if names.len() == 1 { "s" } else { "" },
+                fs[0].sb.set_name
+            )
+        })
+        .collect();
+    Err(invalid(format!(
+        "members of different arrays given together: {}; assemble one array at a time",
+        parts.join("; ")
+    )))
+}
+
+/// "role 1 (disk1.img, stale), role 3 missing".
+fn describe_missing(missing: &[usize], left_out: &[LeftOut]) -> String {
+    let parts: Vec<String> = missing
+        .iter()
+        .map(|&r| {
+            let why: Vec<String> = left_out
+                .iter()
+                .filter(|l| l.role == u32::try_from(r).ok())
+                .map(|l| format!("{}: {}", l.name, l.reason))
+                .collect();
+            if why.is_empty() {
+                format!("role {r} missing")
+            } else {
+                format!("role {r} missing ({})", why.join("; "))
+            }
+        })
+        .collect();
+    parts.join(", ")
+}
+
+fn cannot_start(
+    label: &str,
+    sb: &Superblock,
+    missing: &[usize],
+    left_out: &[LeftOut],
+    tolerance: &str,
+) -> Error {
+    Error::new(
+        ErrorKind::Degraded,
+        format!(
+            "{label} cannot start: {} of {} members missing ({}); {tolerance}",
+            missing.len(),
+            sb.raid_disks,
+            describe_missing(missing, left_out)
+        ),
+    )
+}
+
+/// Sectors of every member the array uses, when the level uses the same on each.
+fn member_extent(layout: &ArrayLayout) -> Option<Sectors> {
+    match layout {
+        ArrayLayout::Linear(_) | ArrayLayout::Raid0(_) => None,
+        ArrayLayout::Raid1(l) => Some(l.array_sectors()),
+        ArrayLayout::Parity(l) => Some(Sectors(l.stripes() * l.chunk().0)),
+        ArrayLayout::Raid10(l) => Some(l.dev_sectors()),
+    }
+}
+
+/// Whether every member reads as zeroes over the part the array uses. Holes count as
+/// zeroes; allocated ranges are read, up to a budget past which the answer is "no".
+fn all_zero(
+    members: &[Arc<dyn BlockDevice>],
+    names: &[String],
+    sbs: &[Superblock],
+) -> Result<bool> {
+    const READ_BUDGET: u64 = 64 << 20;
+    let mut budget = READ_BUDGET;
+    for ((dev, name), sb) in members.iter().zip(names).zip(sbs) {
+        let start = sb.data_offset.bytes().expect("checked by create");
+        let len = sb.size.bytes().expect("checked by create");
+        let end = start + len;
+        let mut pos = start;
+        while pos < end {
+            let extents = dev
+                .extents(pos, end - pos)
+                .map_err(|e| e.context(format!("{name}: checking for data")))?;
+            if extents.is_empty() {
+                break;
+            }
+            for e in extents {
+                if !e.zero && !e.hole {
+                    if e.length > budget {
+                        return Ok(false);
+                    }
+                    budget -= e.length;
+                    if !reads_zero(&**dev, name, e.offset, e.length)? {
+                        return Ok(false);
+                    }
+                }
+                pos = e.offset + e.length;
+            }
+        }
+    }
+    Ok(true)
+}
+
+fn reads_zero(dev: &dyn BlockDevice, name: &str, off: u64, len: u64) -> Result<bool> {
+    let mut buf = vec![0u8; small(len.min(1 << 20))];
+    let mut pos = off;
+    while pos < off + len {
+        let n = small((off + len - pos).min(1 << 20));
+        dev.read_at(&mut buf[..n], pos)
+            .map_err(|e| e.context(format!("{name}: checking for data")))?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        pos += crate::units::wide(n);
+    }
+    Ok(true)
+}
+
+/// 16 random bytes for UUIDs (the kernel's generator; a time-and-counter hash when it
+/// cannot be read).
+fn random_bytes() -> [u8; 16] {
+    use std::io::Read;
+    let mut out = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut out))
+        .is_ok()
+    {
+        return out;
+    }
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    for half in out.chunks_mut(8) {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        half.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out
+}
