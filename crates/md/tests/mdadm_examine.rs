@@ -241,7 +241,8 @@ fn mdadm_examine_accepts_every_shape() {
         eprintln!("SKIP mdadm_examine_accepts_every_shape: mdadm is not installed (apt-get install mdadm)");
         return;
     };
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mdadm_examine");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("mdadm_examine-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let shapes = shapes();
@@ -467,6 +468,7 @@ fn mdadm_examine_accepts_every_shape() {
         "mdadm --examine: {} shapes, {checked_members} members, all '- correct'",
         shapes.len()
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A flipped byte: mdadm reports the checksum as wrong and cairn refuses the member,
@@ -477,7 +479,8 @@ fn mdadm_and_cairn_agree_on_a_bad_checksum() {
         eprintln!("SKIP mdadm_and_cairn_agree_on_a_bad_checksum: mdadm is not installed");
         return;
     };
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mdadm_badsum");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("mdadm_badsum-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let params = CreateParams {
         level: Level::Raid5,
@@ -511,4 +514,5 @@ fn mdadm_and_cairn_agree_on_a_bad_checksum() {
         "{sum} vs {computed:x}"
     );
     std::fs::remove_file(path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }
