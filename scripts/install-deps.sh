@@ -3,21 +3,30 @@
 # when every tool is already present. Needs root (or sudo) for apt-get.
 set -euo pipefail
 
-# tool-on-PATH  debian-package
+# tool-on-PATH  debian-package (Debian 12: nbdfuse and nbdcopy are in libnbd-bin, nbdsh in
+# python3-libnbd)
 needed=(
   "nbdkit nbdkit"
   "nbdinfo libnbd-bin"
-  "nbdfuse nbdfuse"
+  "nbdcopy libnbd-bin"
+  "nbdfuse libnbd-bin"
+  "nbdsh python3-libnbd"
   "qemu-img qemu-utils"
+  "qemu-io qemu-utils"
+  "qemu-nbd qemu-utils"
   "fio fio"
   "fusermount3 fuse3"
   "mkfs.ext4 e2fsprogs"
   "mkfs.xfs xfsprogs"
+  "xfs_repair xfsprogs"
+  "cmp diffutils"
+  "timeout coreutils"
   "losetup mount"
   "/usr/bin/python3 python3"
   "mdadm mdadm"
   "cryptsetup cryptsetup-bin"
   "lvm lvm2"
+  "jq jq"
 )
 
 missing=()
@@ -27,7 +36,7 @@ for pair in "${needed[@]}"; do
     missing+=("$pkg")
   fi
 done
-# nbdsh ships as a python module in python3-libnbd (the nbdsh binary is in libnbd-bin).
+# nbdsh needs the nbd module in the system python (python3-libnbd).
 if ! /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1; then missing+=(python3-libnbd); fi
 
 if [ ${#missing[@]} -eq 0 ]; then
@@ -35,6 +44,8 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 
+# One package may provide several missing tools.
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 echo "install-deps: installing ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi

@@ -382,7 +382,8 @@ impl Server {
     }
 
     /// Accepts connections until shutdown, then waits (up to the grace period) for
-    /// connections to finish, and flushes every writable export.
+    /// connections to finish, and flushes every writable export. A failed final flush is
+    /// an error.
     pub fn serve(&self, listeners: Listeners) -> io::Result<()> {
         let mut handles: Vec<thread::JoinHandle<()>> = Vec::new();
         let mut fds: Vec<libc::pollfd> = listeners
@@ -447,14 +448,23 @@ impl Server {
                 thread::sleep(Duration::from_millis(20));
             }
         }
+        let mut failed = Vec::new();
         for e in &self.shared.exports {
             if !e.export.read_only {
                 if let Err(err) = e.export.device.flush() {
                     tracing::error!("flushing export {}: {err}", e.export.name);
+                    failed.push(format!("export {}: {err}", e.export.name));
                 }
             }
         }
         drop(listeners);
+        if !failed.is_empty() {
+            // Data acknowledged to clients may not be durable: the caller must know.
+            return Err(io::Error::other(format!(
+                "final flush failed: {}",
+                failed.join("; ")
+            )));
+        }
         Ok(())
     }
 

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Side-by-side NBD server benchmark: cairn, nbdkit (file plugin) and qemu-nbd serve the
+# same file in /dev/shm over Unix sockets; fio's nbd engine drives each workload of
+# bench/nbd.fio against each server in turn (workload 1 on A, B, C, then workload 2 ...),
+# so drift in the machine's speed spreads evenly over the servers.
+#
+# Usage: bench/run.sh [--quick] [--runtime SECONDS] [--size SIZE] [--servers "cairn nbdkit qemu-nbd"]
+#   --quick      smoke run: 1 s per workload on a 256 MiB file, no ramp
+#   BENCH_RUNTIME, BENCH_SIZE, BENCH_RAMP   the same settings from the environment
+#
+# Server settings (the defaults of each, made comparable, see docs/BENCHMARKS.md):
+#   cairn     cairn serve FILE (4 worker threads per connection, page cache)
+#   nbdkit    nbdkit file plugin defaults (16 threads, parallel model, page cache)
+#   qemu-nbd  -f raw --cache=writeback --aio=threads --shared=8 --persistent
+# Writes the raw fio JSON, machine details and the table to bench/results/DATE/.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+export PATH="${HOME:-/root}/.cargo/bin:$PATH:/usr/sbin:/sbin"
+
+RUNTIME=${BENCH_RUNTIME:-8}
+SIZE=${BENCH_SIZE:-1G}
+RAMP=${BENCH_RAMP:-1}
+SERVERS="cairn nbdkit qemu-nbd"
+JOBS="randread-4k seqread-1m seqwrite-1m randwrite-4k"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) RUNTIME=${BENCH_RUNTIME:-1}; SIZE=${BENCH_SIZE:-256M}; RAMP=${BENCH_RAMP:-0} ;;
+    --runtime) RUNTIME=$2; shift ;;
+    --size) SIZE=$2; shift ;;
+    --servers) SERVERS=$2; shift ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+for tool in fio python3 nbdinfo; do
+  command -v $tool >/dev/null || { echo "bench: $tool is missing; run scripts/install-deps.sh" >&2; exit 1; }
+done
+for s in $SERVERS; do
+  case $s in
+    cairn) ;;
+    nbdkit | qemu-nbd) command -v "$s" >/dev/null || { echo "bench: $s is missing; run scripts/install-deps.sh" >&2; exit 1; } ;;
+    *) echo "bench: unknown server $s" >&2; exit 2 ;;
+  esac
+done
+
+if [ -z "${CAIRN:-}" ]; then
+  echo "bench: building cairn (release) ..."
+  (cd "$REPO" && cargo build --release -q -p cairn-cli)
+  CAIRN=${CARGO_TARGET_DIR:-$REPO/target}/release/cairn
+fi
+
+OUT=$REPO/bench/results/$(date +%Y%m%d-%H%M%S)
+mkdir -p "$OUT"
+SCRATCH=$(mktemp -d /dev/shm/cairn-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$SCRATCH"
+}
+trap cleanup EXIT
+
+FILE=$SCRATCH/disk.img
+BYTES=$(numfmt --from=iec "$SIZE")
+echo "bench: filling $SIZE of random data in $FILE"
+# Real data, not holes: reading a hole is a different (faster) path in every server.
+if command -v openssl >/dev/null; then
+  head -c "$BYTES" < <(openssl enc -aes-128-ctr -nosalt -pass pass:cairn-bench </dev/zero 2>/dev/null) >"$FILE"
+else
+  head -c "$BYTES" /dev/urandom >"$FILE"
+fi
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') x $(nproc)"
+  echo "memory: $(free -g | awk '/^Mem:/ {print $2}') GiB"
+  echo "kernel: $(uname -r)"
+  echo "os: $(. /etc/os-release && echo "$PRETTY_NAME")"
+  echo "cairn: $("$CAIRN" --version | cut -d' ' -f2) ($(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+  command -v nbdkit >/dev/null && echo "nbdkit: $(nbdkit --version | cut -d' ' -f2)"
+  command -v qemu-nbd >/dev/null && echo "qemu-nbd: $(qemu-nbd --version | head -1 | cut -d' ' -f2)"
+  echo "fio: $(fio --version)"
+  echo "settings: size=$SIZE runtime=${RUNTIME}s ramp=${RAMP}s, file in /dev/shm, Unix sockets"
+} >"$OUT/machine.txt"
+
+declare -A URI
+start_server() {
+  local s=$1 sock=$SCRATCH/$1.sock
+  case $s in
+    cairn)
+      "$CAIRN" serve --listen "unix:$sock" "$FILE:bench" >"$OUT/cairn.log" 2>&1 &
+      URI[$s]="nbd+unix:///bench?socket=$sock"
+      ;;
+    nbdkit)
+      nbdkit -f -U "$sock" file "$FILE" >"$OUT/nbdkit.log" 2>&1 &
+      URI[$s]="nbd+unix:///?socket=$sock"
+      ;;
+    qemu-nbd)
+      qemu-nbd -f raw --cache=writeback --aio=threads --shared=8 --persistent -k "$sock" \
+        "$FILE" >"$OUT/qemu-nbd.log" 2>&1 &
+      URI[$s]="nbd+unix:///?socket=$sock"
+      ;;
+  esac
+  PIDS+=($!)
+  local i
+  for i in $(seq 100); do
+    nbdinfo --size "${URI[$s]}" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "bench: $s did not start; its log:" >&2
+  cat "$OUT/$s.log" >&2
+  exit 1
+}
+
+for s in $SERVERS; do start_server "$s"; done
+for s in $SERVERS; do nbdinfo --json "${URI[$s]}" >"$OUT/nbdinfo-$s.json"; done
+
+echo "bench: $(echo $JOBS | wc -w) workloads x $(echo $SERVERS | wc -w) servers, ${RUNTIME}s each (+${RAMP}s ramp)"
+for job in $JOBS; do
+  for s in $SERVERS; do
+    printf '  %-13s %-9s ' "$job" "$s"
+    if URI=${URI[$s]} SIZE=$SIZE RUNTIME=$RUNTIME RAMP=$RAMP \
+      timeout $((RUNTIME + RAMP + 120)) fio "$REPO/bench/nbd.fio" --section="$job" \
+      --output-format=json --output="$OUT/$job-$s.json" >"$OUT/$job-$s.err" 2>&1; then
+      python3 "$REPO/bench/report.py" --one "$OUT/$job-$s.json"
+    else
+      echo "FAILED (see $OUT/$job-$s.err)"
+    fi
+  done
+done
+
+python3 "$REPO/bench/report.py" "$OUT" $SERVERS | tee "$OUT/table.md"
+echo "bench: raw results in $OUT"

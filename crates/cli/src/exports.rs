@@ -1,0 +1,219 @@
+//! Turning `FILE[:NAME]` arguments into opened devices with export names.
+
+use std::collections::HashMap;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cairn_block::{BlockDevice, ErrorKind, FileDisk, OpenOptions};
+
+use crate::error::{CliError, Result};
+
+/// One `FILE[:NAME]` argument, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportSpec {
+    pub path: PathBuf,
+    pub name: String,
+}
+
+/// A device opened for serving.
+#[derive(Debug, Clone)]
+pub struct OpenedExport {
+    pub name: String,
+    pub path: PathBuf,
+    pub device: Arc<dyn BlockDevice>,
+    pub read_only: bool,
+}
+
+/// Splits `FILE[:NAME]`. A path that exists as typed wins over splitting, so device paths
+/// with colons (`/dev/disk/by-path/pci-0000:00:1f.2-ata-1`) work without a name.
+pub fn parse_spec(arg: &str) -> Result<ExportSpec> {
+    if arg.is_empty() {
+        return Err(CliError::new(
+            "an empty FILE argument; give a file or block device path",
+        ));
+    }
+    let whole = Path::new(arg);
+    if let (false, Some((path, name))) = (whole.exists(), arg.rsplit_once(':')) {
+        if !path.is_empty() && !name.contains('/') {
+            check_name(name, arg)?;
+            return Ok(ExportSpec {
+                path: PathBuf::from(path),
+                name: name.to_string(),
+            });
+        }
+    }
+    // Files lose their extension (disk.img -> disk); device names are kept whole
+    // (/dev/disk/by-path/pci-0000:00:1f.2-ata-1).
+    let is_device = std::fs::metadata(whole).is_ok_and(|m| m.file_type().is_block_device());
+    let base = if is_device {
+        whole.file_name()
+    } else {
+        whole.file_stem()
+    };
+    let name = base
+        .and_then(|s| s.to_str())
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            CliError::new(format!(
+                "cannot make an export name from {arg:?}; name it explicitly as {arg}:NAME"
+            ))
+        })?
+        .to_string();
+    check_name(&name, arg).map_err(|_| {
+        CliError::new(format!(
+            "the export name taken from {arg:?} would be {name:?}, which does not fit in an \
+             NBD URI; name it explicitly as {arg}:NAME using letters, digits, '.', '_' or '-'"
+        ))
+    })?;
+    Ok(ExportSpec {
+        path: whole.to_path_buf(),
+        name,
+    })
+}
+
+/// Export names appear in URIs (`nbd://host/NAME`), so keep them to characters that need
+/// no escaping there or in a shell.
+fn check_name(name: &str, arg: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | ':'))
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(CliError::new(format!(
+            "export name {name:?} (from {arg:?}) must be 1 to 255 letters, digits, '.', '_', \
+             '-', '+' or ':', not starting with '.'"
+        )))
+    }
+}
+
+/// Refuses two exports with one name, naming both files.
+pub fn check_unique(specs: &[ExportSpec]) -> Result<()> {
+    let mut seen: HashMap<&str, &Path> = HashMap::new();
+    for s in specs {
+        if let Some(first) = seen.insert(&s.name, &s.path) {
+            return Err(CliError::new(format!(
+                "two exports would be named {:?} ({} and {}); give one another name with \
+                 FILE:NAME, e.g. {}:{}2",
+                s.name,
+                first.display(),
+                s.path.display(),
+                s.path.display(),
+                s.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Opens one file or block device, explaining failures in the user's terms.
+pub fn open(spec: &ExportSpec, read_only: bool, direct: bool) -> Result<OpenedExport> {
+    let shown = spec.path.display();
+    let meta = std::fs::metadata(&spec.path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => CliError::new(format!(
+            "{shown} does not exist; create a sparse disk file with `truncate -s 1G {shown}`, \
+             or try `cairn quickstart`"
+        )),
+        _ => CliError::new(format!("cannot open {shown}: {e}")),
+    })?;
+    if meta.is_dir() {
+        return Err(CliError::new(format!(
+            "{shown} is a directory; give a disk image file or a block device"
+        )));
+    }
+    if meta.is_file() && meta.len() == 0 {
+        return Err(CliError::new(format!(
+            "{shown} is empty; give it a size first, e.g. `truncate -s 1G {shown}`"
+        )));
+    }
+    let opts = OpenOptions {
+        read_only,
+        direct,
+        create_size: None,
+    };
+    let disk = FileDisk::open(&spec.path, &opts).map_err(|e| match e.kind() {
+        ErrorKind::ReadOnly if !read_only => CliError::new(format!(
+            "cannot open {shown} for writing ({e}); serve it with --read-only or fix its \
+             permissions"
+        )),
+        ErrorKind::InvalidArgument if direct => CliError::new(format!(
+            "cannot open {shown} with --direct ({e}); some filesystems (tmpfs) refuse \
+             O_DIRECT, so try without --direct"
+        )),
+        _ => CliError::new(format!("cannot export {shown}: {e}")),
+    })?;
+    Ok(OpenedExport {
+        name: spec.name.clone(),
+        path: spec.path.clone(),
+        device: Arc::new(disk),
+        read_only,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(arg: &str) -> ExportSpec {
+        parse_spec(arg).unwrap()
+    }
+
+    #[test]
+    fn names_come_from_the_file_or_after_the_colon() {
+        assert_eq!(spec("disk.img").name, "disk");
+        assert_eq!(spec("/dev/sdb").name, "sdb");
+        assert_eq!(spec("/srv/vm.disk.raw").name, "vm.disk");
+        let s = spec("/srv/a.img:data");
+        assert_eq!(
+            (s.path, s.name),
+            (PathBuf::from("/srv/a.img"), "data".to_string())
+        );
+    }
+
+    #[test]
+    fn bad_names_are_refused_with_advice() {
+        let err = parse_spec("/srv/my disk.img").unwrap_err().to_string();
+        assert!(err.contains(":NAME"), "{err}");
+        assert!(parse_spec("a.img:bad name").is_err());
+        assert!(parse_spec("a.img:").is_err());
+        assert!(parse_spec("").is_err());
+    }
+
+    #[test]
+    fn an_existing_path_with_a_colon_is_not_split() {
+        let dir = std::env::temp_dir().join(format!("cairn-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let odd = dir.join("pci-0000:00:1f.2");
+        std::fs::write(&odd, [0u8; 512]).unwrap();
+        let s = spec(odd.to_str().unwrap());
+        assert_eq!(s.path, odd);
+        assert_eq!(s.name, "pci-0000:00:1f");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn duplicate_names_name_both_files() {
+        let specs = [spec("a/disk.img"), spec("b/disk.raw")];
+        let err = check_unique(&specs).unwrap_err().to_string();
+        assert!(
+            err.contains("a/disk.img") && err.contains("b/disk.raw"),
+            "{err}"
+        );
+        assert!(check_unique(&[spec("a/disk.img"), spec("b/disk.raw:other")]).is_ok());
+    }
+
+    #[test]
+    fn missing_file_says_so() {
+        let err = open(&spec("/nonexistent/cairn/x.img"), false, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("/nonexistent/cairn/x.img does not exist"),
+            "{err}"
+        );
+    }
+}

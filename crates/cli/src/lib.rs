@@ -1,0 +1,64 @@
+//! The `cairn` command line.
+//!
+//! ```text
+//!   main.rs ── args::Cli::parse ──> run ──> serve::run       (cairn serve)
+//!                                      └──> quickstart::run  (cairn quickstart)
+//!   exports: FILE[:NAME] -> opened FileDisk    listen: default addresses, bind advice
+//!   size: "1G" <-> bytes                       logging: tracing on stderr
+//! ```
+//!
+//! Every failure reaches [`run`] as a [`error::CliError`] sentence and is printed as
+//! `cairn: ...` with a non-zero exit status.
+
+pub mod args;
+pub mod error;
+pub mod exports;
+pub mod listen;
+pub mod logging;
+pub mod quickstart;
+pub mod serve;
+pub mod size;
+
+use std::process::ExitCode;
+
+use args::{Cli, Command};
+
+/// Runs one parsed command line to completion.
+pub fn run(cli: Cli) -> ExitCode {
+    logging::init(cli.global.verbose);
+    install_panic_hook();
+    let result = match cli.command {
+        Command::Serve(a) => serve::run(a, &cli.global),
+        Command::Quickstart(a) => quickstart::run(a, &cli.global),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A bug reads as one line asking for a report, not a backtrace.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()));
+        let thread = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_string();
+        eprintln!(
+            "cairn: internal error in thread {thread}: {msg}{}; this is a bug, please report it",
+            at.unwrap_or_default()
+        );
+    }));
+}

@@ -1,0 +1,360 @@
+//! `cairn serve`: open the exports, bind, announce, serve until SIGINT/SIGTERM.
+//!
+//! ```text
+//!   FILE[:NAME]... ─ exports::open ─┐
+//!   --listen / defaults ────────────┼─> Server::bind ─> announce (text | --json) ─> serve
+//!   SIGINT/SIGTERM thread ──────────┘        shutdown_handle().shutdown() ends serve,
+//!                                            which finishes in-flight requests and flushes
+//! ```
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::thread;
+
+use cairn_nbd::{Export, Listen, Server, ServerConfig};
+use serde::Serialize;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::args::{Global, ServeArgs, ServerOptions};
+use crate::error::{CliError, Result};
+use crate::exports::{self, OpenedExport};
+use crate::listen;
+use crate::size::format_size;
+
+/// Extra things `quickstart` wants said around the usual announcement.
+#[derive(Debug, Default)]
+pub struct Extras {
+    /// Printed before the export table.
+    pub preamble: Vec<String>,
+    /// Printed after the example commands.
+    pub epilogue: Vec<String>,
+    /// Added to the JSON object as "quickstart".
+    pub json: Option<serde_json::Value>,
+}
+
+pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
+    let specs = args
+        .exports
+        .iter()
+        .map(|a| exports::parse_spec(a))
+        .collect::<Result<Vec<_>>>()?;
+    exports::check_unique(&specs)?;
+    let opened = specs
+        .iter()
+        .map(|s| exports::open(s, args.read_only, args.direct))
+        .collect::<Result<Vec<_>>>()?;
+    let listens = if args.server.listen.is_empty() {
+        let (sock, tcp) = listen::defaults();
+        vec![Listen::Unix(sock), Listen::Tcp(tcp)]
+    } else {
+        args.server.listen.clone()
+    };
+    serve(opened, listens, &args.server, global, Extras::default())
+}
+
+/// Binds `listens`, announces, and serves `opened` until a signal. Shared with quickstart.
+pub fn serve(
+    opened: Vec<OpenedExport>,
+    listens: Vec<Listen>,
+    opts: &ServerOptions,
+    global: &Global,
+    extras: Extras,
+) -> Result<()> {
+    if let Some(name) = &opts.default_export {
+        if !opened.iter().any(|e| &e.name == name) {
+            let names: Vec<&str> = opened.iter().map(|e| e.name.as_str()).collect();
+            return Err(CliError::new(format!(
+                "--default-export {name:?} is not one of the exports ({})",
+                names.join(", ")
+            )));
+        }
+    }
+    for l in &listens {
+        match l {
+            Listen::Unix(path) => listen::prepare_socket_path(path)?,
+            Listen::Tcp(addr) if !addr.ip().is_loopback() => tracing::warn!(
+                "tcp:{addr} accepts connections from the network; NBD has no \
+                 authentication, so anyone who can reach it can read and write these disks"
+            ),
+            Listen::Tcp(_) => {}
+        }
+    }
+    let mut config = ServerConfig::new(
+        opened
+            .iter()
+            .map(|e| Export {
+                name: e.name.clone(),
+                description: e.path.display().to_string(),
+                device: e.device.clone(),
+                read_only: e.read_only,
+            })
+            .collect(),
+    );
+    config.default_export = opts.default_export.clone();
+    config.threads_per_connection = usize::from(opts.threads);
+    let server = Server::new(config).map_err(|e| CliError::new(e.to_string()))?;
+    let listeners = server
+        .bind(&listens)
+        .map_err(|e| listen::bind_error(&e, &listens))?;
+    let bound = listeners.addresses();
+
+    // Signals are caught from here on, so one that arrives before serve() still stops it.
+    let mut signals = Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| CliError::new(format!("cannot install signal handlers: {e}")))?;
+    let shutdown = server.shutdown_handle();
+    thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut seen = 0;
+            for sig in signals.forever() {
+                let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+                seen += 1;
+                if seen == 1 {
+                    tracing::info!(
+                        "{name}: stopping; finishing in-flight requests and flushing data \
+                         (send it again to exit at once)"
+                    );
+                    shutdown.shutdown();
+                } else {
+                    eprintln!("cairn: second {name}: exiting without waiting");
+                    std::process::exit(130);
+                }
+            }
+        })
+        .map_err(|e| CliError::new(format!("cannot start the signal thread: {e}")))?;
+
+    let default_export = opts
+        .default_export
+        .clone()
+        .or_else(|| (opened.len() == 1).then(|| opened[0].name.clone()));
+    let announcement = Announcement::new(&opened, &bound, default_export, extras.json.clone());
+    let mut out = std::io::stdout().lock();
+    // A closed stdout (`cairn serve ... | head -1`) must not stop the server.
+    let _ = if global.json {
+        serde_json::to_writer(&mut out, &announcement)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        out.write_all(render_text(&announcement, &extras).as_bytes())
+    };
+    let _ = out.flush();
+    drop(out);
+
+    // The signal thread stays until the process exits: a signal during the final flush
+    // is still ours (a second one exits at once) rather than the default, fatal action.
+    // serve() flushes every writable export last and fails if a flush fails, so recent
+    // writes that may not be on disk become the exit status, not a line in the log.
+    server.serve(listeners).map_err(|e| {
+        CliError::new(format!(
+            "the server stopped with an error, so recent writes may not be on disk: {e}"
+        ))
+    })?;
+    tracing::info!("stopped cleanly: data flushed");
+    Ok(())
+}
+
+/// What the server announces once it listens: the `--json` line, and the text's source.
+#[derive(Debug, Serialize)]
+pub struct Announcement {
+    pub version: &'static str,
+    pub pid: u32,
+    pub listen: Vec<ListenInfo>,
+    pub exports: Vec<ExportInfo>,
+    pub default_export: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quickstart: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ListenInfo {
+    /// As `--listen` takes it: `unix:PATH` or `tcp:ADDR:PORT`.
+    pub address: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ExportInfo {
+    pub name: String,
+    pub file: PathBuf,
+    pub size: u64,
+    pub logical_block_size: u32,
+    pub read_only: bool,
+    /// One NBD URI per listening address, in the order of `listen`.
+    pub uris: Vec<String>,
+}
+
+impl Announcement {
+    fn new(
+        opened: &[OpenedExport],
+        bound: &[Listen],
+        default_export: Option<String>,
+        quickstart: Option<serde_json::Value>,
+    ) -> Announcement {
+        let listen = bound
+            .iter()
+            .map(|l| match l {
+                Listen::Unix(p) => ListenInfo {
+                    address: l.to_string(),
+                    kind: "unix",
+                    path: Some(p.clone()),
+                    host: None,
+                    port: None,
+                },
+                Listen::Tcp(a) => ListenInfo {
+                    address: l.to_string(),
+                    kind: "tcp",
+                    path: None,
+                    host: Some(a.ip().to_string()),
+                    port: Some(a.port()),
+                },
+            })
+            .collect();
+        let exports = opened
+            .iter()
+            .map(|e| {
+                let g = e.device.geometry();
+                ExportInfo {
+                    name: e.name.clone(),
+                    file: std::path::absolute(&e.path).unwrap_or_else(|_| e.path.clone()),
+                    size: g.size,
+                    logical_block_size: g.logical_block_size,
+                    read_only: e.read_only || e.device.capabilities().read_only,
+                    uris: bound.iter().map(|l| l.uri(&e.name)).collect(),
+                }
+            })
+            .collect();
+        Announcement {
+            version: env!("CARGO_PKG_VERSION"),
+            pid: std::process::id(),
+            listen,
+            exports,
+            default_export,
+            quickstart,
+        }
+    }
+}
+
+/// Where the example nbdfuse command mounts an export.
+pub fn fuse_dir(name: &str) -> String {
+    format!("/tmp/cairn-fuse-{name}")
+}
+
+/// Quotes `s` for a POSIX shell when it needs it.
+fn shell_quote(s: &str) -> String {
+    let safe = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+    if safe {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// A URI connecting over TCP if there is a TCP listener, else the first one.
+fn pick_uri(bound: &[Listen], name: &str, prefer_tcp: bool) -> String {
+    let tcp = bound.iter().find(|l| matches!(l, Listen::Tcp(_)));
+    let unix = bound.iter().find(|l| matches!(l, Listen::Unix(_)));
+    let l = if prefer_tcp {
+        tcp.or(unix)
+    } else {
+        unix.or(tcp)
+    };
+    l.map(|l| l.uri(name)).unwrap_or_default()
+}
+
+/// The human announcement: exports, addresses, commands to paste.
+pub fn render_text(a: &Announcement, extras: &Extras) -> String {
+    let mut s = String::new();
+    for line in &extras.preamble {
+        s.push_str(line);
+        s.push('\n');
+    }
+    let n = a.exports.len();
+    s.push_str(&format!(
+        "cairn {} is serving {n} export{}:\n",
+        a.version,
+        if n == 1 { "" } else { "s" }
+    ));
+    let width = a.exports.iter().map(|e| e.name.len()).max().unwrap_or(0);
+    let sizes: Vec<String> = a.exports.iter().map(|e| format_size(e.size)).collect();
+    let size_width = sizes.iter().map(String::len).max().unwrap_or(0);
+    for (e, size) in a.exports.iter().zip(&sizes) {
+        let mode = if e.read_only {
+            "read-only "
+        } else {
+            "read-write"
+        };
+        let default = if a.default_export.as_deref() == Some(e.name.as_str()) && n > 1 {
+            "  (default)"
+        } else {
+            ""
+        };
+        s.push_str(&format!(
+            "  {:width$}  {:>size_width$}  {mode}  {}{default}\n",
+            e.name,
+            size,
+            e.file.display()
+        ));
+    }
+    s.push_str("\nListening on:\n");
+    for l in &a.listen {
+        s.push_str(&format!("  {}\n", l.address));
+    }
+    let bound: Vec<Listen> = a
+        .listen
+        .iter()
+        .filter_map(|l| l.address.parse().ok())
+        .collect();
+    if let Some(e) = a.exports.first() {
+        let name = &e.name;
+        let unix_uri = shell_quote(&pick_uri(&bound, name, false));
+        let tcp_uri = shell_quote(&pick_uri(&bound, name, true));
+        let fuse_dir = fuse_dir(name);
+        s.push_str("\nTry it from another shell:\n");
+        s.push_str(&format!("  nbdinfo {unix_uri}\n"));
+        s.push_str(&format!("  qemu-img info {tcp_uri}\n"));
+        s.push_str(&format!(
+            "  mkdir -p {fuse_dir} && nbdfuse {fuse_dir}/{name} {unix_uri} &\n"
+        ));
+        s.push_str(&format!(
+            "    (the export is then the file {fuse_dir}/{name}; `fusermount3 -u {fuse_dir}` ends it)\n"
+        ));
+        if n > 1 {
+            s.push_str("  (for the other exports, put their name in place of ");
+            s.push_str(&format!("{name:?} in the URI)\n"));
+        }
+    }
+    for line in &extras.epilogue {
+        s.push_str(line);
+        s.push('\n');
+    }
+    s.push_str("\nStop with Ctrl-C: requests in flight are answered and data is flushed first.\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quoting() {
+        assert_eq!(
+            shell_quote("nbd://127.0.0.1:10809/disk"),
+            "nbd://127.0.0.1:10809/disk"
+        );
+        assert_eq!(
+            shell_quote("nbd+unix:///disk?socket=/run/cairn/nbd.sock"),
+            "'nbd+unix:///disk?socket=/run/cairn/nbd.sock'"
+        );
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+}

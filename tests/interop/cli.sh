@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The cairn command as a new user meets it: quickstart with no arguments, and the example
+# commands it prints actually work when pasted.
+. "$(dirname "$0")/lib.sh"
+
+# cairn with a private HOME and runtime directory, so defaults land in $WORK. (An array,
+# not a function: a function run with & would be a subshell, whose PID is not cairn's.)
+mkdir -p "$WORK/home" "$WORK/run"
+PRIVATE_ENV=(env HOME="$WORK/home" XDG_RUNTIME_DIR="$WORK/run" XDG_DATA_HOME=)
+
+# wait_for FILE: until FILE has content (10 s at most).
+wait_for() {
+  local i
+  for i in $(seq 100); do
+    [ -s "$1" ] && return 0
+    sleep 0.1
+  done
+  fail "$1 stayed empty"
+}
+
+t_quickstart_pasted_commands() {
+  need_tool nbdinfo qemu-img
+  "${PRIVATE_ENV[@]}" "$CAIRN" quickstart >"$WORK/qs.out" 2>"$WORK/qs.err" &
+  CAIRN_PID=$!
+  register pid $CAIRN_PID
+  wait_for "$WORK/qs.out"
+  sleep 0.5 # the rest of the text
+  cat "$WORK/qs.out"
+  expect_contains "$(cat "$WORK/qs.out")" "$WORK/home/.local/share/cairn/demo.img" "demo disk path"
+  expect_contains "$(cat "$WORK/qs.out")" "RAID6 -> LUKS2 -> LVM" "the road ahead"
+  # Paste the nbdinfo and qemu-img lines the way a user would.
+  local line
+  line=$(grep -m1 '^  nbdinfo ' "$WORK/qs.out") || fail "no nbdinfo example printed"
+  out=$(eval "$line") || fail "the printed command failed: $line"
+  expect_contains "$out" "export-size: 1073741824" "output of: $line"
+  line=$(grep -m1 '^  qemu-img info ' "$WORK/qs.out") || fail "no qemu-img example printed"
+  out=$(eval "$line") || fail "the printed command failed: $line"
+  expect_contains "$out" "virtual size: 1 GiB" "output of: $line"
+  stop_cairn INT
+  expect_eq "$CAIRN_STATUS" 0 "quickstart exit status after Ctrl-C"
+  [ ! -e "$WORK/run/cairn/nbd.sock" ] || fail "the socket was left behind"
+  # The demo disk stays sparse: quickstart wrote nothing to it.
+  [ "$(stat -c %b "$WORK/home/.local/share/cairn/demo.img")" -lt 64 ] || fail "demo disk is not sparse"
+}
+
+# The printed nbdfuse line works too (root and FUSE only).
+t_quickstart_nbdfuse_line() {
+  need_root
+  need_fuse
+  "${PRIVATE_ENV[@]}" "$CAIRN" quickstart --size 64M --dir "$WORK/demo" >"$WORK/qs.out" 2>&1 &
+  CAIRN_PID=$!
+  register pid $CAIRN_PID
+  wait_for "$WORK/qs.out"
+  sleep 0.5
+  local line dir
+  line=$(grep -m1 '^  mkdir -p .* nbdfuse ' "$WORK/qs.out") || fail "no nbdfuse example printed"
+  dir=$(printf '%s\n' "$line" | sed -n 's/^  mkdir -p \([^ ]*\) .*/\1/p')
+  register fuse "$dir"
+  eval "$line"
+  register pid $!
+  for _ in $(seq 100); do [ -e "$dir/demo" ] && break; sleep 0.1; done
+  expect_eq "$(stat -c %s "$dir/demo")" $((64 << 20)) "size of the nbdfuse file"
+  # One whole 4 KiB block: cairn advertises a 512-byte minimum block size, and nbdfuse
+  # (libnbd) refuses smaller or unaligned writes rather than read-modify-write them.
+  echo "hello from a pasted command" | dd of="$dir/demo" bs=4096 conv=notrunc,sync status=none
+  fusermount3 -u "$dir"
+  rmdir "$dir"
+  stop_cairn INT
+  expect_eq "$CAIRN_STATUS" 0 "quickstart exit status"
+  expect_eq "$(head -c 27 "$WORK/demo/demo.img")" "hello from a pasted command" "data in the demo disk"
+}
+
+# --json for scripts: one line, the real TCP port when 0 was asked for.
+t_json_port_zero() {
+  truncate -s 16M "$WORK/a.img"
+  "$CAIRN" serve --json --listen tcp:127.0.0.1:0 "$WORK/a.img:alpha" >"$WORK/j" 2>"$WORK/e" &
+  CAIRN_PID=$!
+  register pid $CAIRN_PID
+  wait_for "$WORK/j"
+  py - "$WORK/j" <<'EOF'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 1, lines
+j = json.loads(lines[0])
+port = j["listen"][0]["port"]
+assert j["listen"][0]["type"] == "tcp" and port > 0, j["listen"]
+assert j["exports"][0]["uris"] == [f"nbd://127.0.0.1:{port}/alpha"], j["exports"]
+print("ok:", lines[0])
+EOF
+  if command -v nbdinfo >/dev/null; then
+    uri=$(py -c 'import json,sys; print(json.load(open(sys.argv[1]))["exports"][0]["uris"][0])' "$WORK/j")
+    expect_eq "$(nbdinfo --size "$uri")" $((16 << 20)) "size via the announced URI"
+  fi
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "exit status"
+}
+
+# Mistakes get one sentence that says what to do, and a non-zero status.
+t_errors() {
+  local out status
+  status=0
+  out=$("$CAIRN" serve "$WORK/missing.img" 2>&1) || status=$?
+  expect_eq "$status" 1 "exit status for a missing file"
+  expect_contains "$out" "cairn: $WORK/missing.img does not exist" "missing file message"
+  truncate -s 1M "$WORK/x.img"
+  mkdir -p "$WORK/other"
+  truncate -s 1M "$WORK/other/x.img"
+  status=0
+  out=$("$CAIRN" serve --listen "unix:$WORK/s" "$WORK/x.img" "$WORK/other/x.img" 2>&1) || status=$?
+  expect_eq "$status" 1 "exit status for duplicate names"
+  expect_contains "$out" 'two exports would be named "x"' "duplicate name message"
+  status=0
+  out=$("$CAIRN" quickstart --size 12 --dir "$WORK/q" 2>&1) || status=$?
+  expect_eq "$status" 1 "exit status for a tiny quickstart"
+  expect_contains "$out" "cairn: --size 12 is not usable" "quickstart size message"
+  case $out in *panicked* | *backtrace*) fail "a panic reached the user: $out" ;; esac
+}
+
+run_test quickstart-pasted-commands t_quickstart_pasted_commands
+run_test quickstart-nbdfuse-line t_quickstart_nbdfuse_line
+run_test json-port-zero t_json_port_zero
+run_test errors t_errors
+finish

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Graceful shutdown: SIGTERM while clients write. cairn must answer what it has received,
+# flush, and exit 0; every write a client saw acknowledged must be in the file.
+. "$(dirname "$0")/lib.sh"
+
+MiB=$((1 << 20))
+
+# A client that writes 64 KiB blocks one at a time (each tagged with its index) and logs
+# each index once the server has acknowledged it, until the connection fails.
+WRITER='
+import nbd, struct, sys, time
+log = open(LOG, "w")
+base, n = 128 << 20, 2048
+last = "none"
+for i in range(n):
+    block = struct.pack(">Q", i) * 8192
+    try:
+        h.pwrite(block, base + i * 65536)
+    except nbd.Error as e:
+        last = f"{e.errno}: {e.string}"
+        break
+    log.write(f"{i}\n"); log.flush()
+    time.sleep(0.003)
+print(f"writer stopped after {i} acknowledged writes; last error: {last}")
+'
+
+t_sigterm_under_load() {
+  need_tool fio nbdsh
+  local disk=$SHM/disk.img
+  truncate -s 512M "$disk"
+  start_cairn "$disk"
+  # Region A [0, 128M): written completely before the signal, by fio with verify headers.
+  timeout 120 fio --name=before --ioengine=nbd --uri="$(unix_uri disk)" --rw=write --bs=1M \
+    --iodepth=8 --size=128M --verify=crc32c --verify_state_save=0 --do_verify=0 --output=/dev/null
+  # Region C [256M, 512M): fio keeps 2 connections x 16 requests in flight.
+  timeout 120 fio --name=load --ioengine=nbd --uri="$(unix_uri disk)" --rw=randwrite --bs=64k \
+    --iodepth=16 --numjobs=2 --offset=256M --size=128M --offset_increment=128M \
+    --time_based --runtime=60 --output="$WORK/fio-load.out" >/dev/null 2>&1 &
+  local fio_pid=$!
+  register pid $fio_pid
+  # Region B [128M, 256M): the acknowledged-writes logger, over TCP.
+  nbdsh -u "$(tcp_uri disk)" -c "LOG='$WORK/acked'" -c "$WRITER" >"$WORK/writer.out" 2>&1 &
+  local writer_pid=$!
+  register pid $writer_pid
+  sleep 2
+  kill -0 $fio_pid || fail "fio ended before the signal: $(cat "$WORK/fio-load.out")"
+  kill -0 $writer_pid || fail "the writer ended before the signal: $(cat "$WORK/writer.out")"
+
+  stop_cairn TERM
+  say "NOTE: cairn exited $CAIRN_STATUS ${CAIRN_STOP_SECONDS}s after SIGTERM under load"
+  expect_eq "$CAIRN_STATUS" 0 "cairn exit status after SIGTERM"
+  grep -q 'stopped cleanly' "$CAIRN_LOG" || fail "no clean-stop line in: $(cat "$CAIRN_LOG")"
+  [ ! -e "$CAIRN_SOCK" ] || fail "the Unix socket was left behind"
+
+  # The clients notice and end by themselves.
+  local i
+  for i in $(seq 100); do
+    kill -0 $fio_pid 2>/dev/null || kill -0 $writer_pid 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 $writer_pid 2>/dev/null && fail "the writer still runs 10 s after cairn exited"
+  kill -0 $fio_pid 2>/dev/null && fail "fio still runs 10 s after cairn exited"
+  say "NOTE: $(cat "$WORK/writer.out")"
+
+  # Region A: every block fio wrote verifies, read straight from the file.
+  timeout 120 fio --name=before --ioengine=psync --filename="$disk" --rw=write --bs=1M \
+    --size=128M --verify=crc32c --verify_state_save=0 --verify_only --verify_fatal=1 --output="$WORK/verify.out" ||
+    fail "region written before the signal does not verify: $(cat "$WORK/verify.out")"
+  # Region B: every acknowledged write is in the file.
+  py - "$disk" "$WORK/acked" <<'EOF'
+import struct, sys
+data = open(sys.argv[1], "rb")
+acked = [int(x) for x in open(sys.argv[2]).read().split()]
+assert acked, "no write was acknowledged before the signal"
+for i in acked:
+    data.seek((128 << 20) + i * 65536)
+    block = data.read(65536)
+    assert block == struct.pack(">Q", i) * 8192, f"acknowledged write {i} is not in the file"
+print(f"ok: all {len(acked)} acknowledged writes are in the file")
+EOF
+}
+
+# Idle connections do not hold up a shutdown: SIGINT with clients connected but silent.
+t_sigint_idle_clients() {
+  need_tool nbdsh
+  truncate -s 64M "$WORK/disk.img"
+  start_cairn "$WORK/disk.img"
+  nbdsh -u "$(unix_uri disk)" -c 'import time; time.sleep(60)' >/dev/null 2>&1 &
+  register pid $!
+  nbdsh -u "$(tcp_uri disk)" -c 'import time; time.sleep(60)' >/dev/null 2>&1 &
+  register pid $!
+  sleep 1
+  stop_cairn INT
+  say "NOTE: cairn exited $CAIRN_STATUS ${CAIRN_STOP_SECONDS}s after SIGINT with 2 idle clients"
+  expect_eq "$CAIRN_STATUS" 0 "cairn exit status after SIGINT"
+  py -c 'import sys; assert float(sys.argv[1]) < 5, f"took {sys.argv[1]} s"' "$CAIRN_STOP_SECONDS"
+}
+
+# A second signal means "now": exit at once with 130, even with a shutdown in progress.
+t_second_signal() {
+  truncate -s 64M "$WORK/disk.img"
+  start_cairn "$WORK/disk.img"
+  kill -TERM "$CAIRN_PID"
+  kill -TERM "$CAIRN_PID" 2>/dev/null || true
+  stop_cairn 0 # signal 0: just wait
+  case $CAIRN_STATUS in 0 | 130) ;; *) fail "exit status $CAIRN_STATUS after two signals" ;; esac
+}
+
+run_test sigterm-under-load t_sigterm_under_load
+run_test sigint-idle-clients t_sigint_idle_clients
+run_test second-signal t_second_signal
+finish
