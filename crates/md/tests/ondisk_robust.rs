@@ -9,17 +9,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 
 fn rng(test: &str) -> SmallRng {
-    let seed = std::env::var("CAIRN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap();
-            t.as_secs() ^ (u64::from(t.subsec_nanos()) << 32)
-        });
-    eprintln!("{test}: seed {seed} (rerun with CAIRN_SEED={seed})");
-    SmallRng::seed_from_u64(seed)
+    SmallRng::seed_from_u64(cairn_block::testkit::test_seed(test))
 }
 
 fn seeds() -> Vec<Vec<u8>> {

@@ -303,18 +303,6 @@ impl Wire {
     }
 }
 
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-fn be64(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(a)
-}
-
 fn len_u32(n: usize, what: &str) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::Usage(format!("{what}: {n} bytes do not fit a u32")))
 }
