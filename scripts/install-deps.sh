@@ -27,6 +27,7 @@ needed=(
   "cryptsetup cryptsetup-bin"
   "lvm lvm2"
   "jq jq"
+  "xz xz-utils"
 )
 
 missing=()
