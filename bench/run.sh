@@ -4,8 +4,12 @@
 # bench/nbd.fio against each server in turn (workload 1 on A, B, C, then workload 2 ...),
 # so drift in the machine's speed spreads evenly over the servers.
 #
-# Usage: bench/run.sh [--quick] [--runtime SECONDS] [--size SIZE] [--servers "cairn nbdkit qemu-nbd"]
+# Usage: bench/run.sh [--quick] [--md] [--runtime SECONDS] [--size SIZE] [--servers "cairn nbdkit qemu-nbd"]
 #   --quick      smoke run: 1 s per workload on a 256 MiB file, no ramp
+#   --md         RAID6 against a plain file: cairn serves a 4-member RAID6 (64K chunk,
+#                members in /dev/shm, array of about SIZE) as "cairn-raid6", nbdkit serves a
+#                plain file of the array's size; the table ends with the ratios and the
+#                md issue's goals (seq write >= 0.5x, seq read >= 0.7x, 4k rand read >= 0.7x)
 #   BENCH_RUNTIME, BENCH_SIZE, BENCH_RAMP   the same settings from the environment
 #
 # Server settings (the defaults of each, made comparable, see docs/BENCHMARKS.md):
@@ -22,6 +26,7 @@ RUNTIME=${BENCH_RUNTIME:-8}
 SIZE=${BENCH_SIZE:-1G}
 RAMP=${BENCH_RAMP:-1}
 SERVERS="cairn nbdkit qemu-nbd"
+MD=0
 JOBS="randread-4k seqread-1m seqwrite-1m randwrite-4k"
 while [ $# -gt 0 ]; do
   case $1 in
@@ -29,18 +34,20 @@ while [ $# -gt 0 ]; do
     --runtime) RUNTIME=$2; shift ;;
     --size) SIZE=$2; shift ;;
     --servers) SERVERS=$2; shift ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --md) MD=1 ;;
+    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+[ "$MD" = 1 ] && SERVERS="cairn-raid6 nbdkit"
 
 for tool in fio python3 nbdinfo; do
   command -v $tool >/dev/null || { echo "bench: $tool is missing; run scripts/install-deps.sh" >&2; exit 1; }
 done
 for s in $SERVERS; do
   case $s in
-    cairn) ;;
+    cairn | cairn-raid6) ;;
     nbdkit | qemu-nbd) command -v "$s" >/dev/null || { echo "bench: $s is missing; run scripts/install-deps.sh" >&2; exit 1; } ;;
     *) echo "bench: unknown server $s" >&2; exit 2 ;;
   esac
@@ -66,7 +73,17 @@ trap cleanup EXIT
 
 FILE=$SCRATCH/disk.img
 BYTES=$(numfmt --from=iec "$SIZE")
-echo "bench: filling $SIZE of random data in $FILE"
+MEMBERS=()
+if [ "$MD" = 1 ]; then
+  # Two data members: each member holds half the array, plus md's data offset.
+  for i in 0 1 2 3; do MEMBERS+=("$SCRATCH/raid6-$i.img"); done
+  "$CAIRN" md create --level 6 --chunk 64K --raid-devices 4 --name bench \
+    --size $((BYTES / 2 + 4 * 1024 * 1024)) "${MEMBERS[@]}" >"$OUT/md-create.txt"
+  # The plain file gets exactly the array's size.
+  BYTES=$("$CAIRN" md detail --json "${MEMBERS[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["array_size_bytes"])')
+  SIZE=$BYTES
+fi
+echo "bench: filling $SIZE bytes of random data in $FILE"
 # Real data, not holes: reading a hole is a different (faster) path in every server.
 if command -v openssl >/dev/null; then
   head -c "$BYTES" < <(openssl enc -aes-128-ctr -nosalt -pass pass:cairn-bench </dev/zero 2>/dev/null) >"$FILE"
@@ -85,6 +102,7 @@ fi
   command -v qemu-nbd >/dev/null && echo "qemu-nbd: $(qemu-nbd --version | head -1 | cut -d' ' -f2)"
   echo "fio: $(fio --version)"
   echo "settings: size=$SIZE runtime=${RUNTIME}s ramp=${RAMP}s, file in /dev/shm, Unix sockets"
+  [ "$MD" = 1 ] && echo "md: cairn-raid6 = 4-member RAID6, 64K chunk (full stripe 128K), members in /dev/shm; nbdkit = plain file of the array's size"
 } >"$OUT/machine.txt"
 
 declare -A URI
@@ -93,6 +111,12 @@ start_server() {
   case $s in
     cairn)
       "$CAIRN" serve --listen "unix:$sock" "$FILE:bench" >"$OUT/cairn.log" 2>&1 &
+      URI[$s]="nbd+unix:///bench?socket=$sock"
+      ;;
+    cairn-raid6)
+      local list
+      list=$(IFS=,; echo "${MEMBERS[*]}")
+      "$CAIRN" serve --listen "unix:$sock" --md "$list:bench" >"$OUT/$s.log" 2>&1 &
       URI[$s]="nbd+unix:///bench?socket=$sock"
       ;;
     nbdkit)
@@ -117,6 +141,11 @@ start_server() {
 }
 
 for s in $SERVERS; do start_server "$s"; done
+if [ "$MD" = 1 ]; then
+  # The array holds the same real data as the plain file, parity included.
+  echo "bench: copying the data into the RAID6"
+  nbdcopy "$FILE" "${URI[cairn-raid6]}"
+fi
 for s in $SERVERS; do nbdinfo --json "${URI[$s]}" >"$OUT/nbdinfo-$s.json"; done
 
 echo "bench: $(echo $JOBS | wc -w) workloads x $(echo $SERVERS | wc -w) servers, ${RUNTIME}s each (+${RAMP}s ramp)"

@@ -26,7 +26,8 @@ t_quickstart_pasted_commands() {
   wait_for "$WORK/qs.out"
   sleep 0.5 # the rest of the text
   cat "$WORK/qs.out"
-  expect_contains "$(cat "$WORK/qs.out")" "$WORK/home/.local/share/cairn/demo.img" "demo disk path"
+  expect_contains "$(cat "$WORK/qs.out")" "$WORK/home/.local/share/cairn/demo-raid6-0.img" "demo member path"
+  expect_contains "$(cat "$WORK/qs.out")" "Raid Level : raid6" "the md detail of the demo array"
   expect_contains "$(cat "$WORK/qs.out")" "RAID6 -> LUKS2 -> LVM" "the road ahead"
   # Paste the nbdinfo and qemu-img lines the way a user would.
   local line
@@ -39,8 +40,11 @@ t_quickstart_pasted_commands() {
   stop_cairn INT
   expect_eq "$CAIRN_STATUS" 0 "quickstart exit status after Ctrl-C"
   [ ! -e "$WORK/run/cairn/nbd.sock" ] || fail "the socket was left behind"
-  # The demo disk stays sparse: quickstart wrote nothing to it.
-  [ "$(stat -c %b "$WORK/home/.local/share/cairn/demo.img")" -lt 64 ] || fail "demo disk is not sparse"
+  # The demo members stay sparse: quickstart wrote only superblocks.
+  local m
+  for m in "$WORK"/home/.local/share/cairn/demo-raid6-{0,1,2,3}.img; do
+    [ "$(stat -c %b "$m")" -lt 64 ] || fail "demo member $m is not sparse"
+  done
 }
 
 # The printed nbdfuse line works too (root and FUSE only).
@@ -67,7 +71,12 @@ t_quickstart_nbdfuse_line() {
   rmdir "$dir"
   stop_cairn INT
   expect_eq "$CAIRN_STATUS" 0 "quickstart exit status"
-  expect_eq "$(head -c 27 "$WORK/demo/demo.img")" "hello from a pasted command" "data in the demo disk"
+  # The data is in the array: serve its members again and read it back.
+  local d=$WORK/demo
+  start_cairn --md "$d/demo-raid6-0.img,$d/demo-raid6-1.img,$d/demo-raid6-2.img,$d/demo-raid6-3.img:demo"
+  nbdcopy "$(unix_uri demo)" "$WORK/back.img"
+  stop_cairn
+  expect_eq "$(head -c 27 "$WORK/back.img")" "hello from a pasted command" "data in the demo array"
 }
 
 # --json for scripts: one line, the real TCP port when 0 was asked for.

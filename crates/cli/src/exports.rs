@@ -23,6 +23,9 @@ pub struct OpenedExport {
     pub path: PathBuf,
     pub device: Arc<dyn BlockDevice>,
     pub read_only: bool,
+    /// The md array behind `device`, for `serve --md` exports: reported in the
+    /// announcement and closed (marked clean) when the server stops.
+    pub md: Option<Arc<cairn_md::Array>>,
 }
 
 /// Splits `FILE[:NAME]`. A path that exists as typed wins over splitting, so device paths
@@ -151,6 +154,7 @@ pub fn open(spec: &ExportSpec, read_only: bool, direct: bool) -> Result<OpenedEx
         path: spec.path.clone(),
         device: Arc::new(disk),
         read_only,
+        md: None,
     })
 }
 

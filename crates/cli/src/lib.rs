@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!   main.rs ── args::Cli::parse ──> run ──> serve::run       (cairn serve)
-//!                                      └──> quickstart::run  (cairn quickstart)
+//!                                      ├──> quickstart::run  (cairn quickstart)
+//!                                      └──> md::run          (cairn md create|examine|detail)
 //!   exports: FILE[:NAME] -> opened FileDisk    listen: default addresses, bind advice
 //!   size: "1G" <-> bytes                       logging: tracing on stderr
 //! ```
@@ -15,6 +16,7 @@ pub mod error;
 pub mod exports;
 pub mod listen;
 pub mod logging;
+pub mod md;
 pub mod quickstart;
 pub mod serve;
 pub mod size;
@@ -30,6 +32,7 @@ pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Serve(a) => serve::run(a, &cli.global),
         Command::Quickstart(a) => quickstart::run(a, &cli.global),
+        Command::Md(c) => md::run(c, &cli.global),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

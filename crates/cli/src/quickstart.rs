@@ -1,22 +1,34 @@
-//! `cairn quickstart`: a sparse demo disk, served like `cairn serve`, on a fresh machine
-//! with no arguments. Where `serve` fails on a busy default address, quickstart moves to a
+//! `cairn quickstart`: a demo RAID6 over four sparse member files, served like
+//! `cairn serve --md`, on a fresh machine with no arguments. Where `serve` fails on a busy default address, quickstart moves to a
 //! free one, because its whole point is to work first time.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cairn_block::{BlockDevice, FileDisk, OpenOptions};
+use cairn_md::{Array, CreateOptions, Level, Sectors};
 
 use cairn_nbd::Listen;
 use serde_json::json;
 
 use crate::args::{Global, QuickstartArgs, ServerOptions};
 use crate::error::{CliError, Result};
-use crate::exports::{self, ExportSpec};
 use crate::listen;
+use crate::md;
 use crate::serve::{self, Extras};
 use crate::size::format_size;
 
-const DEMO_FILE: &str = "demo.img";
 const DEMO_NAME: &str = "demo";
+const DEMO_MEMBERS: usize = 4;
+/// 64K rather than mdadm's 512K: with two data members the full stripe is 128K, which
+/// ordinary filesystem and database writes fill, so they take the fast full-stripe path
+/// instead of read-modify-write; it is also the shape the benchmarks measure.
+const DEMO_CHUNK: u64 = 64 << 10;
+
+fn member_path(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("demo-raid6-{i}.img"))
+}
 
 /// `$XDG_DATA_HOME/cairn`, `~/.local/share/cairn`, or `./cairn-demo` with no home.
 pub fn default_dir() -> PathBuf {
@@ -32,10 +44,10 @@ pub fn default_dir() -> PathBuf {
 }
 
 pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
-    if args.size < 1 << 20 || args.size & 4095 != 0 {
+    if args.size < 16 << 20 || args.size & 4095 != 0 {
         return Err(CliError::new(format!(
-            "--size {} is not usable for a demo disk; give at least 1M, in whole 4K blocks \
-             (e.g. 512M, 1G)",
+            "--size {} is not usable for the demo array; give at least 16M, in whole 4K \
+             blocks (e.g. 512M, 1G)",
             args.size
         )));
     }
@@ -46,13 +58,26 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
             dir.display()
         ))
     })?;
-    let path = dir.join(DEMO_FILE);
-    let created = create_demo_disk(&path, args.size)?;
-    let spec = ExportSpec {
-        path: path.clone(),
-        name: DEMO_NAME.into(),
+    let dir = std::path::absolute(&dir).unwrap_or(dir);
+    let members: Vec<PathBuf> = (0..DEMO_MEMBERS).map(|i| member_path(&dir, i)).collect();
+    let created = if members.iter().any(|p| p.exists()) {
+        false
+    } else {
+        create_demo_array(&members, args.size)?;
+        true
     };
-    let opened = exports::open(&spec, false, false)?;
+    let spec = md::MdSpec {
+        members: members.clone(),
+        name: Some(DEMO_NAME.into()),
+    };
+    let opened = md::open_export(&spec, false, false).map_err(|e| {
+        CliError::new(format!(
+            "{e}; the demo array in {} is damaged: delete demo-raid6-*.img there to start over",
+            dir.display()
+        ))
+    })?;
+    let array = opened.md.clone().expect("an md export");
+    let report = array.report();
     let size = opened.device.geometry().size;
 
     let listens = if args.listen.is_empty() {
@@ -60,33 +85,46 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     } else {
         args.listen.clone()
     };
-    let shown = std::path::absolute(&path).unwrap_or(path);
     let verb = if created { "Created" } else { "Reusing" };
+    let list: Vec<String> = members.iter().map(|p| p.display().to_string()).collect();
+    let mut preamble = vec![
+        format!(
+            "{verb} the demo array: RAID6 over {DEMO_MEMBERS} sparse files in {} ({} usable; \
+             any two members can be lost).",
+            dir.display(),
+            format_size(size)
+        ),
+        String::new(),
+        format!("$ cairn md detail {}", list.join(" ")),
+    ];
+    preamble.extend(md::detail_text(&report).lines().map(str::to_string));
+    preamble.push(String::new());
+    let stride = DEMO_CHUNK / 4096;
     let extras = Extras {
-        preamble: vec![
-            format!(
-                "{verb} the demo disk {} ({}, sparse: it uses space only as it is written).",
-                shown.display(),
-                format_size(size)
-            ),
-            String::new(),
-        ],
+        preamble,
         epilogue: vec![
             String::new(),
-            "A filesystem on it, through nbdfuse (above) and a loop device, as root:".into(),
+            "A filesystem on it, through nbdfuse (above) and a loop device, as root, aligned to".into(),
+            "the RAID6 stripe (64K chunk x 2 data members):".into(),
             format!(
-                "  LOOP=$(losetup -f --show {fuse}/{DEMO_NAME}) && mkfs.ext4 $LOOP && mount $LOOP /mnt",
+                "  LOOP=$(losetup -f --show {fuse}/{DEMO_NAME}) && mkfs.ext4 -E stride={stride},stripe-width={} $LOOP && mount $LOOP /mnt",
+                stride * 2,
                 fuse = serve::fuse_dir(DEMO_NAME)
             ),
             String::new(),
+            "Lose a member: stop cairn, move one file away, and run quickstart again; the".into(),
+            "array starts degraded and reads the same data. The members are ordinary md:".into(),
+            format!("  mdadm --examine {}", list[0]),
+            String::new(),
             "Coming next: later versions grow this demo into RAID6 -> LUKS2 -> LVM, the stack".into(),
             "mdadm + cryptsetup + lvm build today, served by this one process.".into(),
-            format!("Start over by deleting {}.", shown.display()),
+            format!("Start over by deleting {}/demo-raid6-*.img.", dir.display()),
         ],
         json: Some(json!({
-            "file": shown,
+            "members": members,
             "created": created,
             "size": size,
+            "md": report,
         })),
     };
     let opts = ServerOptions {
@@ -97,43 +135,67 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     serve::serve(vec![opened], listens, &opts, global, extras)
 }
 
-/// Creates a sparse file of `size` bytes unless one exists. Returns whether it created.
-fn create_demo_disk(path: &Path, size: u64) -> Result<bool> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() && m.len() > 0 => {
-            if m.len() != size {
-                tracing::info!(
-                    "{} already exists with {}; using it as it is (delete it to start over \
-                     with --size {})",
-                    path.display(),
-                    format_size(m.len()),
-                    format_size(size)
-                );
-            }
-            return Ok(false);
-        }
-        Ok(m) if !m.is_file() => {
-            return Err(CliError::new(format!(
-                "{} exists and is not a regular file; choose another --dir",
-                path.display()
-            )));
-        }
-        _ => {}
+/// Each member holds half the array plus md's data offset, which itself depends on the
+/// member's size: settle it so the array comes out at exactly `size` (when `size` is a
+/// multiple of two chunks), the number the user asked for.
+fn member_size_for(size: u64) -> u64 {
+    let half = size / 2;
+    let chunk = Sectors::from_bytes_floor(DEMO_CHUNK);
+    let mut member = half + (8 << 20);
+    for _ in 0..4 {
+        let offset =
+            cairn_md::create::default_data_offset(Sectors::from_bytes_floor(member), chunk);
+        member = half + offset.bytes().unwrap_or(8 << 20);
     }
-    let file = std::fs::OpenOptions::new()
+    member
+}
+
+/// Creates the four sparse members and the RAID6 on them. `size` is the usable size
+/// wanted.
+fn create_demo_array(members: &[PathBuf], size: u64) -> Result<()> {
+    let member_size = member_size_for(size);
+    let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
+    for p in members {
+        create_sparse(p, member_size)?;
+        let disk = FileDisk::open(
+            p,
+            &OpenOptions {
+                read_only: false,
+                direct: false,
+                create_size: None,
+            },
+        )
+        .map_err(|e| CliError::new(format!("cannot open {}: {e}", p.display())))?;
+        devices.push(Arc::new(disk));
+    }
+    let mut opts = CreateOptions::new(Level::Raid6, DEMO_NAME);
+    opts.chunk = Some(Sectors::from_bytes_floor(DEMO_CHUNK));
+    opts.members_zeroed = true;
+    let names = members.iter().map(|p| p.display().to_string()).collect();
+    let array = Array::create(devices, names, &opts).map_err(|e| {
+        for p in members {
+            let _ = std::fs::remove_file(p);
+        }
+        CliError::new(format!("cannot create the demo array: {e}"))
+    })?;
+    array
+        .close()
+        .map_err(|e| CliError::new(format!("cannot close the new demo array: {e}")))
+}
+
+/// Creates a sparse file of `size` bytes; an existing file is an error.
+fn create_sparse(path: &Path, size: u64) -> Result<()> {
+    std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(false)
+        .create_new(true)
         .open(path)
-        .and_then(|f| f.set_len(size).map(|()| f))
+        .and_then(|f| f.set_len(size))
         .map_err(|e| {
             CliError::new(format!(
-                "cannot create the demo disk {}: {e}; choose another place with --dir DIR",
+                "cannot create the demo member {}: {e}; choose another place with --dir DIR",
                 path.display()
             ))
-        })?;
-    drop(file);
-    Ok(true)
+        })
 }
 
 /// The default addresses, moved aside when something already holds them: the socket gets

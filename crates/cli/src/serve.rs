@@ -20,6 +20,7 @@ use crate::args::{Global, ServeArgs, ServerOptions};
 use crate::error::{CliError, Result};
 use crate::exports::{self, OpenedExport};
 use crate::listen;
+use crate::md;
 use crate::size::format_size;
 
 /// Extra things `quickstart` wants said around the usual announcement.
@@ -39,11 +40,26 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
         .iter()
         .map(|a| exports::parse_spec(a))
         .collect::<Result<Vec<_>>>()?;
-    exports::check_unique(&specs)?;
-    let opened = specs
+    let md_specs = args
+        .md
+        .iter()
+        .map(|a| md::parse_md_spec(a))
+        .collect::<Result<Vec<_>>>()?;
+    let mut opened = specs
         .iter()
         .map(|s| exports::open(s, args.read_only, args.direct))
         .collect::<Result<Vec<_>>>()?;
+    for s in &md_specs {
+        opened.push(md::open_export(s, args.read_only, args.force)?);
+    }
+    let named: Vec<exports::ExportSpec> = opened
+        .iter()
+        .map(|e| exports::ExportSpec {
+            path: e.path.clone(),
+            name: e.name.clone(),
+        })
+        .collect();
+    exports::check_unique(&named)?;
     let listens = if args.server.listen.is_empty() {
         let (sock, tcp) = listen::defaults();
         vec![Listen::Unix(sock), Listen::Tcp(tcp)]
@@ -85,7 +101,10 @@ pub fn serve(
             .iter()
             .map(|e| Export {
                 name: e.name.clone(),
-                description: e.path.display().to_string(),
+                description: match &e.md {
+                    Some(a) => md_description(a),
+                    None => e.path.display().to_string(),
+                },
                 device: e.device.clone(),
                 read_only: e.read_only,
             })
@@ -145,13 +164,41 @@ pub fn serve(
     // is still ours (a second one exits at once) rather than the default, fatal action.
     // serve() flushes every writable export last and fails if a flush fails, so recent
     // writes that may not be on disk become the exit status, not a line in the log.
-    server.serve(listeners).map_err(|e| {
+    let served = server.serve(listeners).map_err(|e| {
         CliError::new(format!(
             "the server stopped with an error, so recent writes may not be on disk: {e}"
         ))
-    })?;
+    });
+    // md arrays are marked clean even when serving failed, as far as they can be: a
+    // failure here means the next start sees them dirty, which is the truth.
+    let mut closed = Ok(());
+    for e in &opened {
+        if let Some(a) = &e.md {
+            if let Err(err) = a.close() {
+                closed = Err(CliError::new(format!(
+                    "export {}: closing the md array failed, so it will need --force or a \
+                     resync: {err}",
+                    e.name
+                )));
+            }
+        }
+    }
+    served?;
+    closed?;
     tracing::info!("stopped cleanly: data flushed");
     Ok(())
+}
+
+/// "raid6 over d0.img, d1.img, d2.img, d3.img (clean, degraded)".
+fn md_description(a: &cairn_md::Array) -> String {
+    let r = a.report();
+    let members: Vec<String> = r
+        .members
+        .iter()
+        .filter(|m| m.state == cairn_md::MemberState::ActiveSync)
+        .filter_map(|m| m.name.clone())
+        .collect();
+    format!("{} over {} ({})", r.level, members.join(", "), r.state_text)
 }
 
 /// What the server announces once it listens: the `--json` line, and the text's source.
@@ -183,12 +230,19 @@ pub struct ListenInfo {
 #[derive(Debug, Serialize)]
 pub struct ExportInfo {
     pub name: String,
+    /// The file, or for an md array its first member (see `md`).
     pub file: PathBuf,
     pub size: u64,
     pub logical_block_size: u32,
     pub read_only: bool,
     /// One NBD URI per listening address, in the order of `listen`.
     pub uris: Vec<String>,
+    /// Block sizes the export advertises: preferred is the full stripe for an md array.
+    pub physical_block_size: u32,
+    pub optimal_io_size: u32,
+    /// For `--md` exports: the array as `cairn md detail --json` shows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub md: Option<cairn_md::ArrayReport>,
 }
 
 impl Announcement {
@@ -228,6 +282,9 @@ impl Announcement {
                     logical_block_size: g.logical_block_size,
                     read_only: e.read_only || e.device.capabilities().read_only,
                     uris: bound.iter().map(|l| l.uri(&e.name)).collect(),
+                    physical_block_size: g.physical_block_size,
+                    optimal_io_size: g.optimal_io_size,
+                    md: e.md.as_ref().map(|a| a.report()),
                 }
             })
             .collect();
@@ -298,11 +355,36 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
         } else {
             ""
         };
+        let what = match &e.md {
+            Some(r) => {
+                let members: Vec<String> = r
+                    .members
+                    .iter()
+                    .filter(|m| m.state == cairn_md::MemberState::ActiveSync)
+                    .filter_map(|m| m.name.clone())
+                    .collect();
+                let layout = r
+                    .layout
+                    .as_deref()
+                    .map(|l| format!(" {l}"))
+                    .unwrap_or_default();
+                let chunk = r
+                    .chunk_kib
+                    .map(|c| format!(" {c}K chunk"))
+                    .unwrap_or_default();
+                format!(
+                    "md {}{layout}{chunk} [{}] over {}; preferred I/O {}",
+                    r.level,
+                    r.state_text,
+                    members.join(", "),
+                    format_size(u64::from(e.optimal_io_size))
+                )
+            }
+            None => e.file.display().to_string(),
+        };
         s.push_str(&format!(
-            "  {:width$}  {:>size_width$}  {mode}  {}{default}\n",
-            e.name,
-            size,
-            e.file.display()
+            "  {:width$}  {:>size_width$}  {mode}  {what}{default}\n",
+            e.name, size,
         ));
     }
     s.push_str("\nListening on:\n");

@@ -260,17 +260,24 @@ fn quickstart_works_with_no_arguments() {
         &["quickstart"],
         &[("HOME", &home), ("XDG_RUNTIME_DIR", &run_dir)],
     );
-    let file = home.join(".local/share/cairn/demo.img");
+    let dir = home.join(".local/share/cairn");
     assert_eq!(run.json["quickstart"]["created"], true);
-    assert_eq!(run.json["quickstart"]["file"], file.to_str().unwrap());
+    assert_eq!(
+        run.json["quickstart"]["members"][0],
+        dir.join("demo-raid6-0.img").to_str().unwrap()
+    );
+    assert_eq!(run.json["quickstart"]["md"]["level"], "raid6");
+    assert_eq!(run.json["quickstart"]["md"]["chunk_kib"], 64);
     assert_eq!(run.json["exports"][0]["name"], "demo");
     assert_eq!(run.json["exports"][0]["size"], 1u64 << 30);
-    let meta = std::fs::metadata(&file).unwrap();
-    assert_eq!(meta.len(), 1 << 30);
-    assert!(
-        std::os::unix::fs::MetadataExt::blocks(&meta) < 1024,
-        "the demo disk is sparse"
-    );
+    assert_eq!(run.json["exports"][0]["optimal_io_size"], 128 << 10);
+    for i in 0..4 {
+        let meta = std::fs::metadata(dir.join(format!("demo-raid6-{i}.img"))).unwrap();
+        assert!(
+            std::os::unix::fs::MetadataExt::blocks(&meta) < 1024,
+            "demo member {i} is sparse"
+        );
+    }
     assert!(run_dir.join("cairn/nbd.sock").exists());
     assert_nbd_greeting(TcpStream::connect(("127.0.0.1", run.tcp_port())).unwrap());
     run.signal(libc::SIGINT);
