@@ -98,6 +98,26 @@ def main():
             verdict = "reported as is" if g is None else (
                 "—" if r is None else ("met" if r >= g else f"MISSED by {g - r:.2f}"))
             print(f"| {j} | {fmt(r, 2)} | {'—' if g is None else f'>= {g}'} | {verdict} |")
+    if base == "cairn-luks" and "nbdkit-luks" in servers:
+        # The LUKS issue's goals, against nbdkit's luks filter.
+        goals = {"seqread-1m": 2.0, "seqwrite-1m": 2.0, "randread-4k": 1.3, "randwrite-4k": 1.3}
+        print()
+        print("| workload | cairn-luks / nbdkit-luks (IOPS) | goal | |")
+        print("|---|---:|---:|---|")
+        for j in JOBS:
+            c, n = rows[(j, base)], rows[(j, "nbdkit-luks")]
+            r = c[0] / n[0] if c and n and n[0] else None
+            g = goals[j]
+            verdict = "—" if r is None else ("met" if r >= g else f"MISSED by {g - r:.2f}")
+            print(f"| {j} | {fmt(r, 2)} | >= {g} | {verdict} |")
+        xts = os.path.join(out, "xts.txt")
+        if os.path.exists(xts):
+            print()
+            print("XTS per core (crates/luks/examples/xts_bench.rs, same run):")
+            print()
+            print("```")
+            print(open(xts).read().rstrip())
+            print("```")
     failed = [k for k, v in rows.items() if v is None]
     if failed:
         print()

@@ -6,7 +6,7 @@ set -euo pipefail
 # tool-on-PATH  debian-package (Debian 12: nbdfuse and nbdcopy are in libnbd-bin, nbdsh in
 # python3-libnbd)
 needed=(
-  "nbdkit nbdkit"
+  "nbdkit nbdkit"   # includes the luks filter (tests/interop/luks.sh, bench/run.sh --luks)
   "nbdinfo libnbd-bin"
   "nbdcopy libnbd-bin"
   "nbdfuse libnbd-bin"

@@ -29,6 +29,9 @@ t_quickstart_pasted_commands() {
   expect_contains "$(cat "$WORK/qs.out")" "$WORK/home/.local/share/cairn/demo-raid6-0.img" "demo member path"
   expect_contains "$(cat "$WORK/qs.out")" "Raid Level : raid6" "the md detail of the demo array"
   expect_contains "$(cat "$WORK/qs.out")" "RAID6 -> LUKS2 -> LVM" "the road ahead"
+  expect_contains "$(cat "$WORK/qs.out")" "demo stack: RAID6 -> LUKS2" "the demo is encrypted"
+  expect_contains "$(cat "$WORK/qs.out")" "DEMO KEY" "the demo key is labelled as such"
+  expect_eq "$(stat -c %a "$WORK/home/.local/share/cairn/demo.key")" 600 "demo key file mode"
   # Paste the nbdinfo and qemu-img lines the way a user would.
   local line
   line=$(grep -m1 '^  nbdinfo ' "$WORK/qs.out") || fail "no nbdinfo example printed"
@@ -40,10 +43,11 @@ t_quickstart_pasted_commands() {
   stop_cairn INT
   expect_eq "$CAIRN_STATUS" 0 "quickstart exit status after Ctrl-C"
   [ ! -e "$WORK/run/cairn/nbd.sock" ] || fail "the socket was left behind"
-  # The demo members stay sparse: quickstart wrote only superblocks.
+  # The demo members stay sparse: quickstart wrote only superblocks and the LUKS2
+  # header area (16 MiB over the array, zeroed as luksFormat does: 8 MiB per member).
   local m
   for m in "$WORK"/home/.local/share/cairn/demo-raid6-{0,1,2,3}.img; do
-    [ "$(stat -c %b "$m")" -lt 64 ] || fail "demo member $m is not sparse"
+    [ "$(stat -c %b "$m")" -lt $((12 * 2048)) ] || fail "demo member $m is not sparse"
   done
 }
 
@@ -73,7 +77,8 @@ t_quickstart_nbdfuse_line() {
   expect_eq "$CAIRN_STATUS" 0 "quickstart exit status"
   # The data is in the array: serve its members again and read it back.
   local d=$WORK/demo
-  start_cairn --md "$d/demo-raid6-0.img,$d/demo-raid6-1.img,$d/demo-raid6-2.img,$d/demo-raid6-3.img:demo"
+  start_cairn --md "$d/demo-raid6-0.img,$d/demo-raid6-1.img,$d/demo-raid6-2.img,$d/demo-raid6-3.img:demo" \
+    --luks --key-file "$d/demo.key"
   nbdcopy "$(unix_uri demo)" "$WORK/back.img"
   stop_cairn
   expect_eq "$(head -c 27 "$WORK/back.img")" "hello from a pasted command" "data in the demo array"

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use cairn_nbd::Listen;
+use clap::builder::TypedValueParser as _;
 use clap::{ArgAction, Args, Parser, Subcommand};
 
 use crate::size::parse_size;
@@ -16,9 +17,10 @@ cairn exports files and block devices as NBD (Network Block Device) exports that
 qemu, the libnbd tools (nbdinfo, nbdcopy, nbdfuse), fio and the Linux nbd client can use. \
 It runs as an ordinary process: no kernel modules, no root needed for the data path.
 
-Today cairn serves plain files, block devices and md RAID arrays (levels 0, 1, 4, 5, 6, \
-10 and linear, in the on-disk format mdadm reads and writes); LUKS2 encryption and LVM2 \
-volumes are being added as layers under the same server.";
+Today cairn serves plain files, block devices, md RAID arrays (levels 0, 1, 4, 5, 6, \
+10 and linear, in the on-disk format mdadm reads and writes) and LUKS2/LUKS1 encrypted \
+volumes (in the format cryptsetup reads and writes), on their own or LUKS over md; LVM2 \
+volumes are being added as a layer under the same server.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -28,6 +30,8 @@ Examples:
   cairn serve --listen tcp:127.0.0.1:10809 vm1.img vm2.img
   cairn md create --level 6 --chunk 64K --raid-devices 4 --size 1G d0.img d1.img d2.img d3.img
   cairn serve --md d0.img,d1.img,d2.img,d3.img:data   # the RAID6 above, exported as \"data\"
+  cairn luks format --md d0.img,d1.img,d2.img,d3.img  # encrypt the array (asks a passphrase)
+  cairn serve --md d0.img,d1.img,d2.img,d3.img:data --luks   # ... and serve it decrypted
   nbdinfo nbd://127.0.0.1:10809/vm1     # look at an export from another shell
 
 Run `cairn COMMAND --help` for details on each command.";
@@ -69,13 +73,18 @@ pub enum Command {
     #[command(long_about = SERVE_LONG, after_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
 
-    /// Create a demo RAID6 on sparse files and serve it: the fastest way to try cairn
+    /// Create a demo RAID6 -> LUKS2 stack on sparse files and serve it: the fastest way to
+    /// try cairn
     #[command(long_about = QUICKSTART_LONG, after_help = QUICKSTART_EXAMPLES)]
     Quickstart(QuickstartArgs),
 
     /// md RAID arrays (mdadm's format): create, examine, detail
     #[command(subcommand, long_about = MD_LONG)]
     Md(MdCommand),
+
+    /// LUKS encryption (cryptsetup's format): format, dump, add-key, remove-key, ...
+    #[command(subcommand, long_about = LUKS_LONG, after_help = LUKS_EXAMPLES)]
+    Luks(LuksCommand),
 }
 
 const MD_LONG: &str = "\
@@ -272,13 +281,22 @@ signal exits at once.
 --md serves an md RAID array (made by `cairn md create` or by mdadm) from its members. \
 The array is marked active while it is written and clean again when cairn stops, as the \
 kernel does. NBD clients are told the full stripe as the preferred block size (when it \
-is a power of two), so they write whole stripes and avoid read-modify-write.";
+is a power of two), so they write whole stripes and avoid read-modify-write.
+
+--luks opens a LUKS2 or LUKS1 volume (made by `cairn luks format`, cryptsetup or qemu-img) \
+and exports its decrypted contents: clients read and write plaintext, cairn encrypts \
+(aes-xts-plain64) on the way to the disk, as dm-crypt does. `--md M1,M2,... --luks` does \
+the same for an md array with LUKS on it. The passphrase comes from --key-file or is \
+asked for on the terminal; it is used once to unlock the volume key and then dropped.";
 
 const SERVE_EXAMPLES: &str = "\
 Examples:
   cairn serve disk.img                         # export \"disk\"
   cairn serve --md d0.img,d1.img,d2.img,d3.img:data
                                                # an md array (cairn md create) as \"data\"
+  cairn serve --luks vol.img --key-file key     # a LUKS volume, decrypted, as \"vol\"
+  cairn serve --md d0.img,d1.img,d2.img,d3.img:data --luks --key-file key
+                                               # LUKS2 over an md array
   cairn serve a.img b.img:data                 # exports \"a\" and \"data\"
   cairn serve --read-only /dev/sdb:backup      # a block device, read-only
   cairn serve --listen unix:/tmp/nbd.sock --listen tcp:127.0.0.1:0 --json disk.img
@@ -290,18 +308,23 @@ Then, from another shell:
   nbdcopy image.raw nbd://127.0.0.1:10809/disk";
 
 const QUICKSTART_LONG: &str = "\
-Create a demo md RAID6 array on four sparse files and serve it, printing the array's \
-details and the commands to connect.
+Create a demo stack, an md RAID6 array on four sparse files with LUKS2 encryption on \
+it, and serve it decrypted, printing the stack's details and the commands to connect.
 
 The members are sparse files (they take no space until written) named \
 demo-raid6-0.img ... demo-raid6-3.img in --dir, which defaults to $XDG_DATA_HOME/cairn \
 (~/.local/share/cairn). The array uses a 64K chunk, so its full stripe is 128K (two \
 data members), a size ordinary writes fill. Existing members are reused, never \
 overwritten; with one or two of them gone the array starts degraded. It is served \
-exactly as `cairn serve --md` would: on the default Unix socket and on TCP \
+exactly as `cairn serve --md ... --luks` would: on the default Unix socket and on TCP \
 127.0.0.1:10809 (or a free port if 10809 is busy), as the export \"demo\".
 
-Stop it with Ctrl-C. Delete the member files with `rm` when you are done.";
+The LUKS2 passphrase is a DEMO KEY, written to demo.key (mode 0600) in --dir, and its \
+keyslot uses cheap argon2id costs so the demo starts at once: fine for trying cairn, not \
+for data that must stay secret (use `cairn luks format` for that). A demo array made by \
+an older cairn, without LUKS, is served as it is.
+
+Stop it with Ctrl-C. Delete the member files and demo.key with `rm` when you are done.";
 
 const QUICKSTART_EXAMPLES: &str = "\
 Examples:
@@ -312,8 +335,24 @@ Examples:
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Files or block devices to export; append :NAME to choose the export name
-    #[arg(value_name = "FILE[:NAME]", required_unless_present = "md")]
+    #[arg(value_name = "FILE[:NAME]", required_unless_present_any = ["md", "luks"])]
     pub exports: Vec<String>,
+
+    /// Open this LUKS2 or LUKS1 volume (a file or block device) and export it decrypted
+    /// as NAME [default: the file name]; repeatable. Given with no value next to --md,
+    /// the md arrays themselves hold LUKS and are exported decrypted
+    #[arg(long, value_name = "DEVICE[:NAME]", num_args = 0..=1, default_missing_value = "")]
+    pub luks: Vec<String>,
+
+    /// The LUKS passphrase, read from FILE's exact bytes (`-`: stdin) [default: ask on
+    /// the terminal]
+    #[arg(
+        long,
+        value_name = "FILE",
+        visible_alias = "keyfile",
+        requires = "luks"
+    )]
+    pub key_file: Option<PathBuf>,
 
     /// Assemble the md array on these members (comma-separated, any order) and export
     /// it as NAME [default: the array's name]; repeatable. Missing member files make the
@@ -370,6 +409,306 @@ pub struct QuickstartArgs {
     /// Address to listen on: unix:PATH or tcp:ADDR:PORT (repeatable; default as for serve)
     #[arg(short, long = "listen", value_name = "ADDRESS")]
     pub listen: Vec<Listen>,
+}
+
+const LUKS_LONG: &str = "\
+LUKS encryption in the on-disk format of cryptsetup: a volume cairn formats is one \
+`cryptsetup open` unlocks, and a volume cryptsetup made (LUKS2, or LUKS1 as qemu-img and \
+cryptsetup --type luks1 make) is one cairn serves. The verbs and options are \
+cryptsetup's: format is luksFormat, dump is luksDump, add-key is luksAddKey, and so on.
+
+DEVICE is a file or block device, or an md array given as --md MEMBER,MEMBER,... (its \
+members, as for `cairn serve --md`): LUKS then sits on the array as dm-crypt sits on \
+/dev/mdN, and format aligns the encrypted payload to the array's full stripe.
+
+Passphrases are asked for on the terminal without echo, or read from --key-file FILE \
+(its exact bytes: a trailing newline is part of the passphrase, so write key files with \
+printf, not echo; `-` reads stdin). They are never taken from the command line, where \
+other users could read them in the process list.
+
+A passphrase that opens no keyslot ends with \"No key available with this passphrase.\" \
+and exit status 2, as in cryptsetup. Serve a volume with `cairn serve --luks DEVICE`.";
+
+const LUKS_EXAMPLES: &str = "\
+Examples:
+  truncate -s 1G vol.img && cairn luks format vol.img          # asks for a passphrase twice
+  printf %s 'correct horse' > key && chmod 600 key
+  cairn luks format -q --key-file key vol.img                  # no questions (scripts)
+  cairn luks format --md d0.img,d1.img,d2.img,d3.img           # LUKS2 over an md array
+  cairn luks dump vol.img
+  cairn luks add-key --key-file key --new-key-file key2 vol.img
+  cairn luks test --key-file key2 vol.img                      # \"Key slot 1 unlocked.\"
+  cairn serve --luks vol.img --key-file key                    # export \"vol\", decrypted";
+
+/// `cairn luks ...`.
+#[derive(Debug, Subcommand)]
+pub enum LuksCommand {
+    /// Write a new LUKS2 header, making the device an empty encrypted volume (luksFormat)
+    #[command(long_about = LUKS_FORMAT_LONG, after_help = LUKS_FORMAT_EXAMPLES)]
+    Format(LuksFormatArgs),
+
+    /// Print the LUKS header: segments, keyslots, digests, no key material (luksDump)
+    #[command(long_about = LUKS_DUMP_LONG)]
+    Dump(LuksDeviceArgs),
+
+    /// Add a passphrase in a new keyslot, given an existing one (luksAddKey)
+    #[command(long_about = LUKS_ADD_KEY_LONG)]
+    AddKey(LuksNewKeyArgs),
+
+    /// Remove the keyslot a passphrase opens (luksRemoveKey)
+    #[command(long_about = LUKS_REMOVE_KEY_LONG)]
+    RemoveKey(LuksKeyArgs),
+
+    /// Replace a passphrase with a new one, in place (luksChangeKey)
+    #[command(long_about = LUKS_CHANGE_KEY_LONG)]
+    ChangeKey(LuksNewKeyArgs),
+
+    /// Check a passphrase and print which keyslot it opens (open --test-passphrase)
+    #[command(long_about = LUKS_TEST_LONG)]
+    Test(LuksKeyArgs),
+
+    /// Save the LUKS2 header and keyslots to a file (luksHeaderBackup)
+    #[command(long_about = LUKS_HEADER_BACKUP_LONG)]
+    HeaderBackup(LuksHeaderFileArgs),
+
+    /// Write a saved LUKS2 header back onto the device (luksHeaderRestore)
+    #[command(long_about = LUKS_HEADER_RESTORE_LONG)]
+    HeaderRestore(LuksHeaderFileArgs),
+}
+
+const LUKS_FORMAT_LONG: &str = "\
+Write a new LUKS2 header to DEVICE with one keyslot for a new passphrase, as `cryptsetup \
+luksFormat` does. The volume key is random; data is encrypted with aes-xts-plain64. The \
+encrypted payload starts at 16 MiB (aligned to 1 MiB and to an md array's full stripe, so \
+a filesystem on top stays stripe-aligned); everything before it is overwritten, the \
+payload itself is not touched (it reads as random data once opened).
+
+cairn refuses a DEVICE that already carries an md superblock or a filesystem, LUKS or LVM \
+signature, naming what it found; --force overwrites it. Either way it then asks you to \
+type YES, unless -q (--batch-mode) is given, as cryptsetup does.
+
+The default key derivation is argon2id, benchmarked on this machine to take about 2 s \
+(--iter-time) with up to 1 GiB of memory: slow on purpose, so guessing passphrases is \
+slow. Lower costs (--pbkdf pbkdf2 --pbkdf-force-iterations 1000) are for tests only.";
+
+const LUKS_FORMAT_EXAMPLES: &str = "\
+Examples:
+  cairn luks format vol.img
+  cairn luks format --key-size 256 --sector-size 512 --label backup /dev/sdb
+  cairn luks format --md d0.img,d1.img,d2.img,d3.img --key-file key -q
+  cairn luks format -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file key test.img
+                                          # cheap KDF: tests only";
+
+const LUKS_DUMP_LONG: &str = "\
+Print DEVICE's LUKS header as `cryptsetup luksDump` does: version, UUID, label, the data \
+segment (offset, cipher, sector size), each keyslot's KDF and costs, the digests, and \
+which header copy was used (a damaged copy is reported, not repaired). Nothing is \
+written and no passphrase is needed. --json prints the same as one JSON object.";
+
+const LUKS_ADD_KEY_LONG: &str = "\
+Add a new passphrase to DEVICE in a free keyslot (the lowest, or --key-slot N). An \
+existing passphrase is needed to unlock the volume key: from the terminal or --key-file. \
+The new one comes from the terminal (asked twice) or --new-key-file. KDF options apply \
+to the new keyslot. Both header copies are rewritten.";
+
+const LUKS_REMOVE_KEY_LONG: &str = "\
+Remove the keyslot that the given passphrase opens: its key material is overwritten, \
+then it leaves both header copies. Removing the last keyslot makes the data unreadable \
+for good, so cairn then asks you to type YES (even with -q it is refused unless you also \
+give --force).";
+
+const LUKS_CHANGE_KEY_LONG: &str = "\
+Replace the passphrase of the keyslot the old passphrase opens. The new key material is \
+written to free space first and the header switches to it in one step, so a crash leaves \
+either the old or the new passphrase working. The keyslot keeps its number.";
+
+const LUKS_TEST_LONG: &str = "\
+Check a passphrase against DEVICE without serving anything, like `cryptsetup open \
+--test-passphrase`: prints \"Key slot N unlocked.\" and exits 0, or \"No key available \
+with this passphrase.\" and exits 2. --key-slot N tries only that keyslot.";
+
+const LUKS_HEADER_BACKUP_LONG: &str = "\
+Write DEVICE's LUKS2 header (both copies) and keyslots area to a new file that \
+`cryptsetup luksHeaderRestore` also accepts. The file holds the keyslots, so anyone with \
+it and an old passphrase can open the volume even after that passphrase is removed: \
+keep it safe. It is created mode 0600 and never overwritten.";
+
+const LUKS_HEADER_RESTORE_LONG: &str = "\
+Write a header backup made by `cairn luks header-backup` or `cryptsetup \
+luksHeaderBackup` onto DEVICE. When DEVICE already holds a LUKS2 header, cairn asks you \
+to type YES (or needs -q): replacing it changes which passphrases work, and a header from \
+another volume makes the data unreadable.";
+
+/// The device a `cairn luks` verb works on: a path, or an md array's members.
+#[derive(Debug, Clone, Args)]
+pub struct LuksTarget {
+    /// A file or block device holding (or to hold) the LUKS header
+    #[arg(
+        value_name = "DEVICE",
+        required_unless_present = "md",
+        conflicts_with = "md"
+    )]
+    pub device: Option<PathBuf>,
+
+    /// Use the md array assembled from these members (comma-separated) as DEVICE
+    #[arg(long, value_name = "MEMBER,MEMBER,...")]
+    pub md: Option<String>,
+}
+
+/// Where the passphrase comes from.
+#[derive(Debug, Clone, Args)]
+pub struct KeyFileArgs {
+    /// Read the passphrase from FILE, its exact bytes (`-`: stdin) instead of asking
+    #[arg(short = 'd', long, value_name = "FILE", visible_alias = "keyfile")]
+    pub key_file: Option<PathBuf>,
+}
+
+/// cryptsetup's key derivation options.
+#[derive(Debug, Clone, Args)]
+pub struct PbkdfArgs {
+    /// Key derivation function for the new keyslot: argon2id, argon2i or pbkdf2
+    #[arg(long, value_name = "KDF", default_value = "argon2id",
+          value_parser = ["argon2id", "argon2i", "pbkdf2"])]
+    pub pbkdf: String,
+
+    /// Hash for pbkdf2: sha256 (default), sha1, sha512, ...
+    #[arg(long, value_name = "HASH", default_value = "sha256")]
+    pub hash: String,
+
+    /// Fixed cost instead of a benchmark: pbkdf2 iterations (at least 1000), or argon2
+    /// passes (tests only)
+    #[arg(long, value_name = "N")]
+    pub pbkdf_force_iterations: Option<u32>,
+
+    /// Argon2 memory cost in KiB [default: 1 GiB, at most half the RAM]
+    #[arg(long, value_name = "KiB")]
+    pub pbkdf_memory: Option<u32>,
+
+    /// Argon2 threads [default: min(4, CPUs)]
+    #[arg(long, value_name = "N")]
+    pub pbkdf_parallel: Option<u32>,
+
+    /// Time one unlock should take when the cost is benchmarked, in milliseconds
+    #[arg(short = 'i', long, value_name = "MS", default_value_t = 2000)]
+    pub iter_time: u64,
+}
+
+/// `cairn luks format`.
+#[derive(Debug, Args)]
+pub struct LuksFormatArgs {
+    #[command(flatten)]
+    pub target: LuksTarget,
+
+    #[command(flatten)]
+    pub key: KeyFileArgs,
+
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+
+    /// LUKS version to write: luks2 (cairn reads LUKS1 but does not create it)
+    #[arg(long = "type", value_name = "TYPE", default_value = "luks2")]
+    pub kind: String,
+
+    /// Data cipher: aes-xts-plain64 (the only one cairn writes)
+    #[arg(short, long, value_name = "CIPHER", default_value = "aes-xts-plain64")]
+    pub cipher: String,
+
+    /// Volume key size in bits: 512 (AES-256-XTS) or 256 (AES-128-XTS)
+    #[arg(short = 's', long, value_name = "BITS", default_value_t = 512,
+          value_parser = clap::builder::PossibleValuesParser::new(["256", "512"])
+              .map(|s| s.parse::<u32>().expect("listed values are numbers")))]
+    pub key_size: u32,
+
+    /// Encryption sector size: 512 or 4096 [default: 4096 on 4K-sector devices, else 512]
+    #[arg(long, value_name = "BYTES",
+          value_parser = clap::builder::PossibleValuesParser::new(["512", "1024", "2048", "4096"])
+              .map(|s| s.parse::<u32>().expect("listed values are numbers")))]
+    pub sector_size: Option<u32>,
+
+    /// Volume label stored in the header (shown by dump and blkid)
+    #[arg(long, value_name = "LABEL", default_value = "")]
+    pub label: String,
+
+    /// Volume UUID [default: random]
+    #[arg(long, value_name = "UUID")]
+    pub uuid: Option<String>,
+
+    /// Keyslot for the passphrase [default: 0]
+    #[arg(short = 'S', long, value_name = "N")]
+    pub key_slot: Option<u32>,
+
+    /// Overwrite a device that carries an md, filesystem, LUKS or LVM signature
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// Do not ask for confirmation (cryptsetup's -q); signatures still need --force
+    #[arg(short = 'q', long = "batch-mode")]
+    pub batch_mode: bool,
+}
+
+/// Verbs that only read: `dump`.
+#[derive(Debug, Args)]
+pub struct LuksDeviceArgs {
+    #[command(flatten)]
+    pub target: LuksTarget,
+}
+
+/// Verbs that take one passphrase: `test`, `remove-key`.
+#[derive(Debug, Args)]
+pub struct LuksKeyArgs {
+    #[command(flatten)]
+    pub target: LuksTarget,
+
+    #[command(flatten)]
+    pub key: KeyFileArgs,
+
+    /// Try only this keyslot
+    #[arg(short = 'S', long, value_name = "N")]
+    pub key_slot: Option<u32>,
+
+    /// Do not ask for confirmation (remove-key)
+    #[arg(short = 'q', long = "batch-mode")]
+    pub batch_mode: bool,
+
+    /// remove-key: allow removing the last keyslot without a terminal (with -q)
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+/// Verbs that take an existing and a new passphrase: `add-key`, `change-key`.
+#[derive(Debug, Args)]
+pub struct LuksNewKeyArgs {
+    #[command(flatten)]
+    pub target: LuksTarget,
+
+    #[command(flatten)]
+    pub key: KeyFileArgs,
+
+    /// Read the new passphrase from FILE, its exact bytes (`-`: stdin) instead of asking
+    #[arg(long, value_name = "FILE", visible_alias = "new-keyfile")]
+    pub new_key_file: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+
+    /// Keyslot for the new passphrase [default: the lowest free one; change-key: the same]
+    #[arg(short = 'S', long, value_name = "N")]
+    pub key_slot: Option<u32>,
+}
+
+/// `header-backup` and `header-restore`.
+#[derive(Debug, Args)]
+pub struct LuksHeaderFileArgs {
+    #[command(flatten)]
+    pub target: LuksTarget,
+
+    /// The backup file (backup: created, never overwritten; restore: read)
+    #[arg(long, value_name = "FILE", required = true)]
+    pub header_backup_file: PathBuf,
+
+    /// Do not ask for confirmation (restore)
+    #[arg(short = 'q', long = "batch-mode")]
+    pub batch_mode: bool,
 }
 
 #[cfg(test)]

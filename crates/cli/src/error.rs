@@ -9,13 +9,29 @@ use std::fmt;
 #[derive(Debug)]
 pub struct CliError {
     message: String,
+    code: u8,
 }
 
 impl CliError {
     pub fn new(message: impl Into<String>) -> CliError {
         CliError {
             message: message.into(),
+            code: 1,
         }
+    }
+
+    /// A failure with cryptsetup's exit status for it (2: no key available with this
+    /// passphrase), so scripts written for cryptsetup keep working.
+    pub fn with_code(message: impl Into<String>, code: u8) -> CliError {
+        CliError {
+            message: message.into(),
+            code,
+        }
+    }
+
+    /// The process exit status: 1 unless the error says otherwise.
+    pub fn exit_code(&self) -> u8 {
+        self.code
     }
 }
 

@@ -26,6 +26,9 @@ pub struct OpenedExport {
     /// The md array behind `device`, for `serve --md` exports: reported in the
     /// announcement and closed (marked clean) when the server stops.
     pub md: Option<Arc<cairn_md::Array>>,
+    /// For `serve --luks` exports: the volume `device` decrypts (`device` is then the
+    /// LUKS layer over the file or the md array).
+    pub luks: Option<crate::luks::LuksInfo>,
 }
 
 /// Splits `FILE[:NAME]`. A path that exists as typed wins over splitting, so device paths
@@ -155,6 +158,7 @@ pub fn open(spec: &ExportSpec, read_only: bool, direct: bool) -> Result<OpenedEx
         device: Arc::new(disk),
         read_only,
         md: None,
+        luks: None,
     })
 }
 

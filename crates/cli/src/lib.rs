@@ -3,9 +3,11 @@
 //! ```text
 //!   main.rs ── args::Cli::parse ──> run ──> serve::run       (cairn serve)
 //!                                      ├──> quickstart::run  (cairn quickstart)
-//!                                      └──> md::run          (cairn md create|examine|detail)
+//!                                      ├──> md::run          (cairn md create|examine|detail)
+//!                                      └──> luks::run        (cairn luks format|dump|add-key|...)
 //!   exports: FILE[:NAME] -> opened FileDisk    listen: default addresses, bind advice
 //!   size: "1G" <-> bytes                       logging: tracing on stderr
+//!   tty: passphrase prompts without echo, YES confirmations
 //! ```
 //!
 //! Every failure reaches [`run`] as a [`error::CliError`] sentence and is printed as
@@ -16,10 +18,12 @@ pub mod error;
 pub mod exports;
 pub mod listen;
 pub mod logging;
+pub mod luks;
 pub mod md;
 pub mod quickstart;
 pub mod serve;
 pub mod size;
+pub mod tty;
 
 use std::process::ExitCode;
 
@@ -33,12 +37,13 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Serve(a) => serve::run(a, &cli.global),
         Command::Quickstart(a) => quickstart::run(a, &cli.global),
         Command::Md(c) => md::run(c, &cli.global),
+        Command::Luks(c) => luks::run(c, &cli.global),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cairn: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }

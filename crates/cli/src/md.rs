@@ -567,6 +567,7 @@ pub fn open_export(spec: &MdSpec, read_only: bool, force: bool) -> Result<Opened
         device: array.clone(),
         read_only,
         md: Some(array),
+        luks: None,
     })
 }
 

@@ -1,12 +1,19 @@
-//! `cairn quickstart`: a demo RAID6 over four sparse member files, served like
-//! `cairn serve --md`, on a fresh machine with no arguments. Where `serve` fails on a busy default address, quickstart moves to a
-//! free one, because its whole point is to work first time.
+//! `cairn quickstart`: a demo RAID6 over four sparse member files with LUKS2 on it,
+//! served like `cairn serve --md ... --luks`, on a fresh machine with no arguments.
+//!
+//! ```text
+//!   demo-raid6-{0..3}.img ─ md RAID6 (64K chunk) ─ LUKS2 (demo.key) ─ export "demo"
+//! ```
+//!
+//! Where `serve` fails on a busy default address, quickstart moves to a free one, because
+//! its whole point is to work first time.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cairn_block::{BlockDevice, FileDisk, OpenOptions};
+use cairn_luks::{FormatOptions, Luks2, PbkdfOptions};
 use cairn_md::{Array, CreateOptions, Level, Sectors};
 
 use cairn_nbd::Listen;
@@ -15,6 +22,7 @@ use serde_json::json;
 use crate::args::{Global, QuickstartArgs, ServerOptions};
 use crate::error::{CliError, Result};
 use crate::listen;
+use crate::luks;
 use crate::md;
 use crate::serve::{self, Extras};
 use crate::size::format_size;
@@ -25,6 +33,17 @@ const DEMO_MEMBERS: usize = 4;
 /// ordinary filesystem and database writes fill, so they take the fast full-stripe path
 /// instead of read-modify-write; it is also the shape the benchmarks measure.
 const DEMO_CHUNK: u64 = 64 << 10;
+
+/// Room for the LUKS2 header in front of the payload (cairn's and cryptsetup's default
+/// data offset), added to the array so the decrypted export has the size asked for.
+const LUKS_HEADER: u64 = 16 << 20;
+const DEMO_KEY_FILE: &str = "demo.key";
+/// Printed, stored in a mode-0600 file next to the members, and labelled a demo key
+/// everywhere it is shown: the demo is about the stack, not about secrecy.
+const DEMO_PASSPHRASE: &[u8] = b"cairn-demo-not-a-secret";
+/// Cheap argon2id costs so the demo starts at once (a real volume gets cryptsetup's
+/// benchmarked ~2 s and up to 1 GiB).
+const DEMO_KDF: (u32, u32, u32) = (2, 64 << 10, 2);
 
 fn member_path(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("demo-raid6-{i}.img"))
@@ -60,24 +79,52 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     })?;
     let dir = std::path::absolute(&dir).unwrap_or(dir);
     let members: Vec<PathBuf> = (0..DEMO_MEMBERS).map(|i| member_path(&dir, i)).collect();
+    let key_path = dir.join(DEMO_KEY_FILE);
     let created = if members.iter().any(|p| p.exists()) {
         false
     } else {
-        create_demo_array(&members, args.size)?;
+        create_demo_array(&members, args.size + LUKS_HEADER)?;
         true
     };
     let spec = md::MdSpec {
         members: members.clone(),
         name: Some(DEMO_NAME.into()),
     };
-    let opened = md::open_export(&spec, false, false).map_err(|e| {
+    let damaged = |e: CliError| {
         CliError::new(format!(
-            "{e}; the demo array in {} is damaged: delete demo-raid6-*.img there to start over",
+            "{e}; the demo in {} is damaged: delete demo-raid6-*.img and {DEMO_KEY_FILE} there \
+             to start over",
             dir.display()
         ))
-    })?;
+    };
+    let opened = md::open_export(&spec, false, false).map_err(damaged)?;
     let array = opened.md.clone().expect("an md export");
     let report = array.report();
+    if created {
+        if let Err(e) = format_demo_luks(&opened.device, &key_path) {
+            let _ = array.close();
+            return Err(e);
+        }
+    }
+    // A demo array made before quickstart grew LUKS is served as it is, not formatted:
+    // it may hold the user's test data.
+    let has_luks = cairn_luks::probe(&*opened.device)
+        .map_err(|e| CliError::new(format!("cannot read the demo array: {e}")))?
+        .is_some();
+    let opened = if has_luks {
+        let shown = "the demo array";
+        let pass = luks::read_key_file(&key_path).map_err(|e| {
+            let _ = array.close();
+            damaged(e)
+        })?;
+        let opened = luks::open_export(opened, pass.as_bytes(), shown).map_err(|e| {
+            let _ = array.close();
+            damaged(e)
+        })?;
+        opened
+    } else {
+        opened
+    };
     let size = opened.device.geometry().size;
 
     let listens = if args.listen.is_empty() {
@@ -87,9 +134,14 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     };
     let verb = if created { "Created" } else { "Reusing" };
     let list: Vec<String> = members.iter().map(|p| p.display().to_string()).collect();
+    let stack = if has_luks {
+        "RAID6 -> LUKS2"
+    } else {
+        "RAID6 (made before the demo had LUKS2)"
+    };
     let mut preamble = vec![
         format!(
-            "{verb} the demo array: RAID6 over {DEMO_MEMBERS} sparse files in {} ({} usable; \
+            "{verb} the demo stack: {stack} over {DEMO_MEMBERS} sparse files in {} ({} usable; \
              any two members can be lost).",
             dir.display(),
             format_size(size)
@@ -99,6 +151,26 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     ];
     preamble.extend(md::detail_text(&report).lines().map(str::to_string));
     preamble.push(String::new());
+    if has_luks {
+        let (t, m, p) = DEMO_KDF;
+        preamble.extend([
+            format!("$ cairn luks dump --md {}   (LUKS2 on the array, as cryptsetup on /dev/md0)", list.join(",")),
+            "  aes-xts-plain64, 512-bit key, 4096-byte sectors, data at 16 MiB (stripe-aligned)"
+                .to_string(),
+            format!(
+                "  DEMO KEY: the passphrase is in {} (mode 0600). It is not a secret: anyone",
+                key_path.display()
+            ),
+            format!(
+                "  who reads that file opens the volume. Its keyslot uses cheap argon2id costs ({t} passes,"
+            ),
+            format!(
+                "  {} MiB, {p} threads) so the demo starts at once; `cairn luks format` benchmarks ~2 s.",
+                m >> 10
+            ),
+            String::new(),
+        ]);
+    }
     let stride = DEMO_CHUNK / 4096;
     let extras = Extras {
         preamble,
@@ -116,15 +188,34 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
             "array starts degraded and reads the same data. The members are ordinary md:".into(),
             format!("  mdadm --examine {}", list[0]),
             String::new(),
+            "Serve it yourself, as quickstart does:".into(),
+            format!(
+                "  cairn serve --md {}:{DEMO_NAME}{}",
+                list.join(","),
+                if has_luks {
+                    format!(" --luks --key-file {}", key_path.display())
+                } else {
+                    String::new()
+                }
+            ),
+            String::new(),
             "Coming next: later versions grow this demo into RAID6 -> LUKS2 -> LVM, the stack".into(),
             "mdadm + cryptsetup + lvm build today, served by this one process.".into(),
-            format!("Start over by deleting {}/demo-raid6-*.img.", dir.display()),
+            format!(
+                "Start over by deleting {}/demo-raid6-*.img and {DEMO_KEY_FILE}.",
+                dir.display()
+            ),
         ],
         json: Some(json!({
             "members": members,
             "created": created,
             "size": size,
             "md": report,
+            "luks": has_luks.then(|| json!({
+                "key_file": key_path,
+                "demo_key": true,
+                "pbkdf": {"type": "argon2id", "time": DEMO_KDF.0, "memory_kib": DEMO_KDF.1, "parallel": DEMO_KDF.2},
+            })),
         })),
     };
     let opts = ServerOptions {
@@ -133,6 +224,35 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
         default_export: None,
     };
     serve::serve(vec![opened], listens, &opts, global, extras)
+}
+
+/// Writes the demo key file (mode 0600, replacing a stale one) and LUKS2 on the array.
+fn format_demo_luks(device: &Arc<dyn BlockDevice>, key_path: &Path) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(key_path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(key_path)
+        .and_then(|mut f| f.write_all(DEMO_PASSPHRASE))
+        .map_err(|e| {
+            CliError::new(format!(
+                "cannot write the demo key file {}: {e}",
+                key_path.display()
+            ))
+        })?;
+    let (t, m, p) = DEMO_KDF;
+    let opts = FormatOptions {
+        pbkdf: PbkdfOptions::argon2id(t, m, p),
+        sector_size: Some(4096),
+        label: "cairn-demo".into(),
+        ..FormatOptions::default()
+    };
+    Luks2::format(device.clone(), &opts, DEMO_PASSPHRASE)
+        .map(|_| ())
+        .map_err(|e| CliError::new(format!("cannot put LUKS2 on the demo array: {e}")))
 }
 
 /// Each member holds half the array plus md's data offset, which itself depends on the

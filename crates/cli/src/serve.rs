@@ -1,10 +1,13 @@
 //! `cairn serve`: open the exports, bind, announce, serve until SIGINT/SIGTERM.
 //!
 //! ```text
-//!   FILE[:NAME]... ─ exports::open ─┐
-//!   --listen / defaults ────────────┼─> Server::bind ─> announce (text | --json) ─> serve
-//!   SIGINT/SIGTERM thread ──────────┘        shutdown_handle().shutdown() ends serve,
-//!                                            which finishes in-flight requests and flushes
+//!   FILE[:NAME]...    ─ exports::open ──────────────┐
+//!   --md M1,M2,...    ─ md::open_export ────────────┤  a bare --luks next to --md: the
+//!   --luks DEV[:NAME] ─ exports::open ─┐            │  arrays are unlocked the same way
+//!                       luks::open_export (key) ────┤  (key: --key-file, or the tty)
+//!   --listen / defaults ────────────────────────────┼─> Server::bind ─> announce ─> serve
+//!   SIGINT/SIGTERM thread ──────────────────────────┘   shutdown_handle().shutdown() ends
+//!                                  serve, which finishes in-flight requests and flushes
 //! ```
 
 use std::io::Write;
@@ -20,6 +23,7 @@ use crate::args::{Global, ServeArgs, ServerOptions};
 use crate::error::{CliError, Result};
 use crate::exports::{self, OpenedExport};
 use crate::listen;
+use crate::luks;
 use crate::md;
 use crate::size::format_size;
 
@@ -45,12 +49,71 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
         .iter()
         .map(|a| md::parse_md_spec(a))
         .collect::<Result<Vec<_>>>()?;
+    // `--luks` with no value: the --md arrays hold LUKS. With a value: a LUKS volume.
+    let luks_over_md = args.luks.iter().any(String::is_empty);
+    if luks_over_md && md_specs.is_empty() {
+        return Err(CliError::new(
+            "--luks without a DEVICE means \"the --md arrays are encrypted\", but no --md was \
+             given; name the volume: --luks DEVICE[:NAME]",
+        ));
+    }
+    let luks_specs = args
+        .luks
+        .iter()
+        .filter(|a| !a.is_empty())
+        .map(|a| exports::parse_spec(a))
+        .collect::<Result<Vec<_>>>()?;
+    let key_file = args.key_file.as_deref();
+    if key_file == Some(std::path::Path::new("-")) && luks_specs.len() + md_specs.len() > 1 {
+        tracing::info!("one passphrase from stdin unlocks every LUKS volume given");
+    }
     let mut opened = specs
         .iter()
         .map(|s| exports::open(s, args.read_only, args.direct))
         .collect::<Result<Vec<_>>>()?;
+    // Read once when it comes from stdin; a terminal asks per volume.
+    let shared_key = match key_file {
+        Some(p) if !luks_specs.is_empty() || luks_over_md => Some(luks::read_key_file(p)?),
+        _ => None,
+    };
+    let pass_for = |shown: &str| -> Result<cairn_luks::SecretBytes> {
+        match &shared_key {
+            Some(k) => Ok(cairn_luks::SecretBytes::from_slice(k.as_bytes())),
+            None => luks::serve_passphrase(None, shown),
+        }
+    };
+    for s in &luks_specs {
+        let shown = s.path.display().to_string();
+        let e = exports::open(s, args.read_only, args.direct)?;
+        let pass = pass_for(&shown)?;
+        opened.push(luks::open_export(e, pass.as_bytes(), &shown)?);
+    }
     for s in &md_specs {
-        opened.push(md::open_export(s, args.read_only, args.force)?);
+        let e = md::open_export(s, args.read_only, args.force)?;
+        if !luks_over_md {
+            opened.push(e);
+            continue;
+        }
+        let array = e.md.clone();
+        let shown = format!(
+            "the md array on {}",
+            s.members
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let unlocked = pass_for(&shown).and_then(|p| luks::open_export(e, p.as_bytes(), &shown));
+        match unlocked {
+            Ok(e) => opened.push(e),
+            Err(err) => {
+                // Not served after all: leave the array clean, as on shutdown.
+                if let Some(a) = array {
+                    let _ = a.close();
+                }
+                return Err(err);
+            }
+        }
     }
     let named: Vec<exports::ExportSpec> = opened
         .iter()
@@ -101,9 +164,15 @@ pub fn serve(
             .iter()
             .map(|e| Export {
                 name: e.name.clone(),
-                description: match &e.md {
-                    Some(a) => md_description(a),
-                    None => e.path.display().to_string(),
+                description: {
+                    let below = match &e.md {
+                        Some(a) => md_description(a),
+                        None => e.path.display().to_string(),
+                    };
+                    match &e.luks {
+                        Some(l) => format!("{} over {below}", l.description),
+                        None => below,
+                    }
                 },
                 device: e.device.clone(),
                 read_only: e.read_only,
@@ -243,6 +312,9 @@ pub struct ExportInfo {
     /// For `--md` exports: the array as `cairn md detail --json` shows it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub md: Option<cairn_md::ArrayReport>,
+    /// For `--luks` exports: the LUKS volume served decrypted (no key material).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub luks: Option<luks::LuksInfo>,
 }
 
 impl Announcement {
@@ -285,6 +357,7 @@ impl Announcement {
                     physical_block_size: g.physical_block_size,
                     optimal_io_size: g.optimal_io_size,
                     md: e.md.as_ref().map(|a| a.report()),
+                    luks: e.luks.clone(),
                 }
             })
             .collect();
@@ -297,6 +370,16 @@ impl Announcement {
             quickstart,
         }
     }
+}
+
+/// "LUKS2 aes-xts-plain64 512-bit, 4096-byte sectors (keyslot 0)".
+fn luks_words(l: &luks::LuksInfo) -> String {
+    let d = l
+        .description
+        .split(", data at")
+        .next()
+        .unwrap_or(&l.description);
+    format!("{d} (keyslot {})", l.keyslot)
 }
 
 /// Where the example nbdfuse command mounts an export.
@@ -381,6 +464,10 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
                 )
             }
             None => e.file.display().to_string(),
+        };
+        let what = match &e.luks {
+            Some(l) => format!("{} over {what}", luks_words(l)),
+            None => what,
         };
         s.push_str(&format!(
             "  {:width$}  {:>size_width$}  {mode}  {what}{default}\n",

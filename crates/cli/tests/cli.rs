@@ -271,10 +271,19 @@ fn quickstart_works_with_no_arguments() {
     assert_eq!(run.json["exports"][0]["name"], "demo");
     assert_eq!(run.json["exports"][0]["size"], 1u64 << 30);
     assert_eq!(run.json["exports"][0]["optimal_io_size"], 128 << 10);
+    assert_eq!(run.json["exports"][0]["luks"]["version"], 2);
+    assert_eq!(run.json["exports"][0]["luks"]["sector_size"], 4096);
+    assert_eq!(run.json["quickstart"]["luks"]["demo_key"], true);
+    let key = dir.join("demo.key");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "demo key file mode");
+    // Sparse apart from the superblocks and the LUKS2 header area (16 MiB over the
+    // array, zeroed as luksFormat does: 8 MiB per member).
     for i in 0..4 {
         let meta = std::fs::metadata(dir.join(format!("demo-raid6-{i}.img"))).unwrap();
         assert!(
-            std::os::unix::fs::MetadataExt::blocks(&meta) < 1024,
+            std::os::unix::fs::MetadataExt::blocks(&meta) < 12 * 2048,
             "demo member {i} is sparse"
         );
     }
@@ -283,4 +292,88 @@ fn quickstart_works_with_no_arguments() {
     run.signal(libc::SIGINT);
     let (code, err) = run.wait(Duration::from_secs(15));
     assert_eq!(code, 0, "stderr: {err}");
+}
+
+/// `cairn luks`: format, test with the right and a wrong passphrase (cryptsetup's
+/// sentence and exit status 2), dump --json, serve --luks; no passphrase in any output.
+#[test]
+fn luks_format_test_dump_and_wrong_passphrase() {
+    let d = TempDir::new("luks");
+    let img = d.file("vol.img", 20 << 20);
+    let key = d.0.join("key");
+    let bad = d.0.join("bad");
+    std::fs::write(&key, b"right horse").unwrap();
+    std::fs::write(&bad, b"wrong horse").unwrap();
+    let (img_s, key_s, bad_s) = (
+        img.to_str().unwrap(),
+        key.to_str().unwrap(),
+        bad.to_str().unwrap(),
+    );
+    let cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    // Without -q and without a terminal: refused, nothing written.
+    let o = cairn(
+        &[
+            &["luks", "format", "--key-file", key_s][..],
+            &cheap,
+            &[img_s],
+        ]
+        .concat(),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--batch-mode"), "{}", stderr(&o));
+    let o = cairn(
+        &[
+            &[
+                "luks",
+                "format",
+                "-q",
+                "--sector-size",
+                "4096",
+                "--key-file",
+                key_s,
+            ][..],
+            &cheap,
+            &[img_s],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A second format finds the LUKS signature.
+    let o = cairn(
+        &[
+            &["luks", "format", "-q", "--key-file", key_s][..],
+            &cheap,
+            &[img_s],
+        ]
+        .concat(),
+    );
+    assert_one_sentence_error(&o, "LUKS");
+    let o = cairn(&["luks", "test", "--key-file", key_s, img_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "Key slot 0 unlocked.\n");
+    let o = cairn(&["luks", "test", "--key-file", bad_s, img_s]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        "cairn: No key available with this passphrase.\n"
+    );
+    let o = cairn(&["luks", "dump", "--json", img_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["segments"][0]["sector_size"], 4096);
+    assert_eq!(j["keyslots"][0]["key_bits"], 512);
+    let o = cairn(&[
+        "serve",
+        "--listen",
+        "unix:/nonexistent/x.sock",
+        "--luks",
+        img_s,
+        "--key-file",
+        bad_s,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    for out in [&o.stdout, &o.stderr] {
+        let t = String::from_utf8_lossy(out);
+        assert!(!t.contains("horse"), "a passphrase in the output: {t}");
+    }
 }
