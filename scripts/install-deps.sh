@@ -39,6 +39,8 @@ for pair in "${needed[@]}"; do
 done
 # nbdsh needs the nbd module in the system python (python3-libnbd).
 if ! /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1; then missing+=(python3-libnbd); fi
+# ISA-L (the anchor for bench/pq: its pq_gen computes md's P and Q) is a library, not a tool.
+if [ ! -e /usr/include/isa-l/raid.h ]; then missing+=(libisal-dev); fi
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all system tools present"

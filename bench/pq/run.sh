@@ -1,38 +1,56 @@
 #!/usr/bin/env bash
 # RAID6 P/Q generation: cairn's kernels beside ISA-L's pq_gen, on the same buffers.
 #
-# Usage: bench/pq/run.sh [--quick] [--rounds N] [--seconds S] [--ndata "2 4"] [--chunk 64K]
-#   --rounds N    rounds of every case (default 7; the table shows medians)
-#   --seconds S   CPU seconds each measurement runs for at least (default 0.5)
-#   --ndata LIST  data blocks per stripe (default "2 4": 4- and 6-member RAID6)
-#   --chunk C     chunk size (default 64K)
-#   --quick       smoke run: 3 rounds of 0.2 s
+# Usage: bench/pq/run.sh [--quick] [--pair-runs N] [--pair-seconds S] [--rounds N]
+#                         [--seconds S] [--ndata "2 4"] [--chunk 64K]
+#   --pair-runs N     in-process paired runs of every case (default 5)
+#   --pair-seconds S  CPU seconds of each paired run in cache (default 2; streaming
+#                     runs get three times as long, a pass there being ~100x longer)
+#   --rounds N        rounds of the separate-process cases (default 7)
+#   --seconds S       CPU seconds of each separate-process measurement (default 0.5)
+#   --ndata LIST      data blocks per stripe (default "2 4": 4- and 6-member RAID6)
+#   --chunk C         chunk size (default 64K)
+#   --quick           smoke run: 3 paired runs of 0.5 s, 3 rounds of 0.2 s
 #
 # 1. Builds bench/pq/isal_pq.c against ISA-L (libisal-dev) and pq_bench (release).
 # 2. Checks that every cairn kernel computes ISA-L's P and Q byte for byte on the same
 #    input (isal_pq dump -> pq_bench verify) over several shapes; any difference fails.
-# 3. For each NDATA x {cache, stream}: rounds of ISA-L, cairn's best kernel and each
-#    kernel, each a fresh process measuring GB/s of data consumed per CPU second; the
-#    order within a round rotates, so drift in the machine's speed spreads evenly.
-#    "cache" repeats one stripe ((NDATA+2) x chunk, in L2); "stream" walks >= 256 MiB.
-# Writes raw.tsv, verify.txt, machine.txt and table.md to bench/results/pq-DATE/.
+# 3. In process (the headline table): for each NDATA x {cache, stream}, pq_bench pair
+#    runs ISA-L (dlopen'd) and every cairn kernel pass by pass on one region, in a
+#    fresh random order every round; per-round ratios, medians. Each case runs in
+#    several processes, cases interleaved, because a process's speed (both sides'
+#    alike, but not always by the same factor) shifts with where its buffers land in
+#    memory: the table shows the median over the runs. An ISA-L-vs-ISA-L row is the control: how far from 1.00x
+#    the method itself lands.
+# 4. Separate processes: rounds of isal_pq and pq_bench rate for the same cases, the
+#    order rotating within a round; medians. Coarser (a process's speed varies more
+#    than a pass's), but ISA-L there is the C program linked the ordinary way.
+# Speeds are GB/s of data consumed (NDATA x chunk per stripe) per CPU second of the
+# benchmarking thread. "cache" repeats one stripe ((NDATA+2) x chunk, in L2); "stream"
+# walks stripes over >= 256 MiB.
+# Writes pair.tsv, raw.tsv, verify.txt, machine.txt and table.md to
+# bench/results/pq-DATE/.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 export PATH="${HOME:-/root}/.cargo/bin:$PATH"
 
+PAIR_RUNS=5
+PAIR_SECONDS=2
 ROUNDS=7
 SECONDS_EACH=0.5
 NDATA="2 4"
 CHUNK=64K
 while [ $# -gt 0 ]; do
   case $1 in
-    --quick) ROUNDS=3; SECONDS_EACH=0.2 ;;
+    --quick) PAIR_RUNS=3; PAIR_SECONDS=0.5; ROUNDS=3; SECONDS_EACH=0.2 ;;
+    --pair-runs) PAIR_RUNS=$2; shift ;;
+    --pair-seconds) PAIR_SECONDS=$2; shift ;;
     --rounds) ROUNDS=$2; shift ;;
     --seconds) SECONDS_EACH=$2; shift ;;
     --ndata) NDATA=$2; shift ;;
     --chunk) CHUNK=$2; shift ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench/pq: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -83,7 +101,8 @@ BEST=$("$CAIRN" kernels best)
   echo "rustc: $(rustc --version)"
   echo "gcc: $(gcc --version | head -n1)"
   echo "cairn kernels: $KERNELS(best: $BEST)"
-  echo "rounds: $ROUNDS, at least $SECONDS_EACH CPU s each, chunk $CHUNK, ndata: $NDATA"
+  echo "chunk $CHUNK, ndata: $NDATA; paired: $PAIR_RUNS runs of $PAIR_SECONDS CPU s per case (x3 streaming);" \
+    "processes: $ROUNDS rounds, at least $SECONDS_EACH CPU s each"
 } >"$OUT/machine.txt"
 
 # Contenders: ISA-L, cairn's automatic choice, then each kernel.
@@ -95,7 +114,21 @@ run_one() { # contender ndata mode
   esac
 }
 
-echo "== rates: $ROUNDS rounds of: ${CONTENDERS[*]}"
+echo "== in process, paired with ISA-L pass by pass ($PAIR_RUNS runs): best $KERNELS+ isal (control)"
+printf 'run\tndata\tmode\tcontender\tgbps\tratio\trounds\n' >"$OUT/pair.tsv"
+for run in $(seq 1 "$PAIR_RUNS"); do
+  for n in $NDATA; do
+    for mode in cache stream; do
+      secs=$PAIR_SECONDS
+      [ "$mode" = stream ] && secs=$(awk "BEGIN { print 3 * $PAIR_SECONDS }")
+      res=$("$CAIRN" pair "$n" "$CHUNK" "$mode" "$secs" best $KERNELS isal)
+      printf '%s\n' "$res" | sed "s/^/$run\t$n\t$mode\t/" >>"$OUT/pair.tsv"
+      echo "   run $run  ${n}+2 $mode: $(printf '%s\n' "$res" | awk '{printf " %s=%s(%sx)", $1, $2, $3}')"
+    done
+  done
+done
+
+echo "== separate processes: $ROUNDS rounds of: ${CONTENDERS[*]}"
 printf 'round\tndata\tmode\tcontender\tgbps\n' >"$OUT/raw.tsv"
 for r in $(seq 1 "$ROUNDS"); do
   for n in $NDATA; do
@@ -114,5 +147,5 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-python3 "$REPO/bench/pq/report.py" "$OUT/raw.tsv" "$CHUNK" | tee "$OUT/table.md"
+python3 "$REPO/bench/pq/report.py" "$OUT" "$CHUNK" | tee "$OUT/table.md"
 echo "results: $OUT"

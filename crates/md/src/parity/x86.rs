@@ -3,7 +3,7 @@
 //!
 //! * Q by Horner's rule needs only "multiply by g": AVX2 and AVX-512BW use the
 //!   kernel's trick (top bit -> 0x1d mask, byte add as shift, XOR); GFNI does it with
-//!   one `GF2P8AFFINEQB` against the matrix of ×g.
+//!   one `GF2P8AFFINEQB` against the matrix of ×g, two data blocks per step (×g², ×g).
 //! * Multiplying by an arbitrary constant (recovery, partial-stripe Q updates) uses
 //!   PSHUFB nibble tables (AVX2, AVX-512BW) or `GF2P8AFFINEQB` (GFNI). GFNI's own
 //!   `GF2P8MULB` cannot be used: it reduces by the AES polynomial 0x11b, not md's 0x11d.
@@ -370,33 +370,64 @@ mod avx512 {
 mod gfni {
     use super::*;
 
-    /// Bytes per loop step: four 64-byte vectors, four independent Horner chains to
-    /// cover the affine instruction's latency.
-    const STEP: usize = 256;
+    /// Bytes per loop step: two 64-byte vectors, two independent Horner chains. Four
+    /// (256 bytes, four cache lines of every block per step) ran 1-3 % behind ISA-L
+    /// when streaming from memory, two did not; in cache the two are level.
+    const STEP: usize = 128;
 
+    /// The matrices of "multiply by c" for every c, built at compile time:
+    /// `gf::affine_matrix` is a `const fn` of some 500 steps, and LLVM did not fold
+    /// even `affine_matrix(2)`, so every call paid for it.
+    static AFFINE: [u64; 256] = {
+        let mut t = [0u64; 256];
+        let mut c = 0;
+        while c < 256 {
+            t[c] = gf::affine_matrix(c.to_le_bytes()[0]);
+            c += 1;
+        }
+        t
+    };
+
+    /// Q by Horner's rule, two data blocks per step: q = g²·q ^ g·d[hi] ^ d[lo] is two
+    /// affines and one three-way XOR where one block at a time (q = g·q ^ d) is one
+    /// affine and one XOR per block, and halves the length of the dependency chain
+    /// through q. P takes the same two blocks in one three-way XOR. In L1 (4 KiB
+    /// chunks) this is worth 10-20 % from four data blocks up; from L2 and memory the
+    /// loads and stores set the pace either way.
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
     pub(super) fn gen_pq(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) -> usize {
         let end = p.len() / STEP * STEP;
-        let times_g = _mm512_set1_epi64(bits64(gf::affine_matrix(2)));
+        let times_g = _mm512_set1_epi64(bits64(AFFINE[2]));
+        let times_g2 = _mm512_set1_epi64(bits64(AFFINE[4]));
         let (top, rest) = data.split_last().expect("at least one data block");
         let mut i = 0;
         while i < end {
-            let mut vp = [
-                ld64(top, i),
-                ld64(top, i + 64),
-                ld64(top, i + 128),
-                ld64(top, i + 192),
-            ];
+            let mut vp = [ld64(top, i), ld64(top, i + 64)];
             let mut vq = vp;
-            for d in rest.iter().rev() {
-                for k in 0..4 {
+            // Pairs from the top down; an odd block left over is slot 0, done last.
+            let mut pairs = rest.rchunks_exact(2);
+            for pair in pairs.by_ref() {
+                let (lo, hi) = (pair[0], pair[1]);
+                for k in 0..2 {
+                    let h = ld64(hi, i + 64 * k);
+                    let l = ld64(lo, i + 64 * k);
+                    vp[k] = _mm512_ternarylogic_epi32::<0x96>(vp[k], h, l);
+                    vq[k] = _mm512_ternarylogic_epi32::<0x96>(
+                        _mm512_gf2p8affine_epi64_epi8::<0>(vq[k], times_g2),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(h, times_g),
+                        l,
+                    );
+                }
+            }
+            for d in pairs.remainder() {
+                for k in 0..2 {
                     let dv = ld64(d, i + 64 * k);
                     vp[k] = _mm512_xor_si512(vp[k], dv);
                     vq[k] =
                         _mm512_xor_si512(_mm512_gf2p8affine_epi64_epi8::<0>(vq[k], times_g), dv);
                 }
             }
-            for k in 0..4 {
+            for k in 0..2 {
                 st64(p, i + 64 * k, vp[k]);
                 st64(q, i + 64 * k, vq[k]);
             }
@@ -407,9 +438,8 @@ mod gfni {
 
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
     pub(super) fn mul(dst: &mut [u8], src: Option<&[u8]>, c: u8) -> usize {
-        const STEP: usize = 128;
         let end = dst.len() / STEP * STEP;
-        let m = _mm512_set1_epi64(bits64(gf::affine_matrix(c)));
+        let m = _mm512_set1_epi64(bits64(AFFINE[usize::from(c)]));
         let mut i = 0;
         while i < end {
             for k in [i, i + 64] {
