@@ -4,28 +4,6 @@
 # The kernel's writes, flushes and FUA reach cairn through FUSE. ext4 and XFS.
 . "$(dirname "$0")/lib.sh"
 
-# attach_export URI: nbdfuse + loop device; sets LOOP.
-attach_export() {
-  local uri=$1 fuse=$WORK/fuse
-  mkdir -p "$fuse"
-  nbdfuse "$fuse/nbd" "$uri" &
-  register pid $!
-  register fuse "$fuse"
-  local i
-  for i in $(seq 100); do
-    [ -e "$fuse/nbd" ] && break
-    sleep 0.1
-  done
-  [ -e "$fuse/nbd" ] || fail "nbdfuse did not show $fuse/nbd within 10 s"
-  LOOP=$(losetup -f --show "$fuse/nbd")
-  register loop "$LOOP"
-  say "export $uri is $LOOP"
-}
-
-detach_export() {
-  losetup -d "$LOOP"
-  fusermount3 -u "$WORK/fuse"
-}
 
 # A tree of files to copy in: a few big, many small, some in nested directories.
 make_testdata() {

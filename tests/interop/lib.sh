@@ -275,3 +275,29 @@ finish() {
   say "$TOPIC: $p passed, $f failed, $s skipped"
   [ "$f" -eq 0 ]
 }
+
+# --- a kernel block device on an export ---------------------------------------------------
+
+# attach_export URI: nbdfuse exposes the export as a file, a loop device makes it a block
+# device; sets LOOP. detach_export undoes both (cleanup does it too if a test fails).
+attach_export() {
+  local uri=$1 fuse=$WORK/fuse
+  mkdir -p "$fuse"
+  nbdfuse "$fuse/nbd" "$uri" &
+  register pid $!
+  register fuse "$fuse"
+  local i
+  for i in $(seq 100); do
+    [ -e "$fuse/nbd" ] && break
+    sleep 0.1
+  done
+  [ -e "$fuse/nbd" ] || fail "nbdfuse did not show $fuse/nbd within 10 s"
+  LOOP=$(losetup -f --show "$fuse/nbd")
+  register loop "$LOOP"
+  say "export $uri is $LOOP"
+}
+
+detach_export() {
+  losetup -d "$LOOP"
+  fusermount3 -u "$WORK/fuse"
+}

@@ -145,26 +145,6 @@ t_raid5_nbd() { md_roundtrip 5 4 65536; }   # full stripe 3 x 64K: not a power o
 
 # --- a filesystem that loses a member half-way ------------------------------------------
 
-attach_export() {
-  local uri=$1 fuse=$WORK/fuse
-  mkdir -p "$fuse"
-  nbdfuse "$fuse/nbd" "$uri" &
-  register pid $!
-  register fuse "$fuse"
-  local i
-  for i in $(seq 100); do
-    [ -e "$fuse/nbd" ] && break
-    sleep 0.1
-  done
-  [ -e "$fuse/nbd" ] || fail "nbdfuse did not show $fuse/nbd within 10 s"
-  LOOP=$(losetup -f --show "$fuse/nbd")
-  register loop "$LOOP"
-}
-
-detach_export() {
-  losetup -d "$LOOP"
-  fusermount3 -u "$WORK/fuse"
-}
 
 # The "member missing part of the way through" is done between two runs of cairn (stop,
 # hide a member, serve degraded): there is no runtime `md fail` yet. A member failing
