@@ -20,7 +20,8 @@
 #   BENCH_RUNTIME, BENCH_SIZE, BENCH_RAMP   the same settings from the environment
 #
 # Server settings (the defaults of each, made comparable, see docs/BENCHMARKS.md):
-#   cairn     cairn serve FILE (4 worker threads per connection, page cache)
+#   cairn     cairn serve FILE (defaults: 1 worker thread per connection, page cache;
+#             CAIRN_SERVE_ARGS="--threads 4" adds options)
 #   nbdkit    nbdkit file plugin defaults (16 threads, parallel model, page cache)
 #   qemu-nbd  -f raw --cache=writeback --aio=threads --shared=8 --persistent
 # Writes the raw fio JSON, machine details and the table to bench/results/DATE/.
@@ -134,17 +135,17 @@ start_server() {
   local s=$1 sock=$SCRATCH/$1.sock
   case $s in
     cairn)
-      "$CAIRN" serve --listen "unix:$sock" "$FILE:bench" >"$OUT/cairn.log" 2>&1 &
+      "$CAIRN" serve --listen "unix:$sock" ${CAIRN_SERVE_ARGS:-} "$FILE:bench" >"$OUT/cairn.log" 2>&1 &
       URI[$s]="nbd+unix:///bench?socket=$sock"
       ;;
     cairn-raid6)
       local list
       list=$(IFS=,; echo "${MEMBERS[*]}")
-      "$CAIRN" serve --listen "unix:$sock" --md "$list:bench" >"$OUT/$s.log" 2>&1 &
+      "$CAIRN" serve --listen "unix:$sock" ${CAIRN_SERVE_ARGS:-} --md "$list:bench" >"$OUT/$s.log" 2>&1 &
       URI[$s]="nbd+unix:///bench?socket=$sock"
       ;;
     cairn-luks)
-      "$CAIRN" serve --listen "unix:$sock" --luks "$SCRATCH/luks2.img:bench" --key-file "$KEY" \
+      "$CAIRN" serve --listen "unix:$sock" ${CAIRN_SERVE_ARGS:-} --luks "$SCRATCH/luks2.img:bench" --key-file "$KEY" \
         >"$OUT/$s.log" 2>&1 &
       URI[$s]="nbd+unix:///bench?socket=$sock"
       ;;

@@ -8,6 +8,9 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 
 use crate::size::parse_size;
 
+/// Worker threads per connection for `cairn serve`: measured in docs/BENCHMARKS.md.
+pub const DEFAULT_THREADS: u16 = 1;
+
 const ABOUT: &str = "The Linux storage stack in one userspace program, served over NBD";
 
 const LONG_ABOUT: &str = "\
@@ -385,8 +388,11 @@ pub struct ServerOptions {
     #[arg(short, long = "listen", value_name = "ADDRESS")]
     pub listen: Vec<Listen>,
 
-    /// Requests each client connection may run at once (worker threads per connection)
-    #[arg(long, value_name = "N", default_value_t = 4,
+    /// Requests each client connection may run at once (worker threads per connection).
+    /// One is fastest on few cores with files in the page cache: clients that want
+    /// parallelism open several connections (multi-conn). Raise it for disks with real
+    /// latency served to a client that uses one connection.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_THREADS,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: u16,
 

@@ -220,7 +220,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     };
     let opts = ServerOptions {
         listen: listens.clone(),
-        threads: 4,
+        threads: crate::args::DEFAULT_THREADS,
         default_export: None,
     };
     serve::serve(vec![opened], listens, &opts, global, extras)
