@@ -439,15 +439,7 @@ fn assemble(paths: &[PathBuf], read_only: bool, force: bool) -> Result<(Array, V
     let array = Array::assemble(m.devices, m.names, AssembleOptions { force }).map_err(|e| {
         let mut msg = format!("cannot assemble the md array: {e}");
         if !missing.is_empty() {
-            msg.push_str(&format!(
-                " (member file{} not found: {})",
-                if missing.len() == 1 { "" } else { "s" },
-                missing
-                    .iter()
-                    .map(|p| shown(p))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+            msg.push_str(&format!(" ({})", files_not_found(&missing)));
         }
         if e.kind() == ErrorKind::Degraded && !force && e.to_string().contains("force") {
             msg.push_str("; --force starts it anyway");
@@ -455,6 +447,13 @@ fn assemble(paths: &[PathBuf], read_only: bool, force: bool) -> Result<(Array, V
         CliError::new(msg)
     })?;
     Ok((array, missing))
+}
+
+/// "member file(s) not found: a, b", for errors and warnings about missing members.
+fn files_not_found(missing: &[PathBuf]) -> String {
+    let names: Vec<String> = missing.iter().map(|p| shown(p)).collect();
+    let plural = if missing.len() == 1 { "" } else { "s" };
+    format!("member file{plural} not found: {}", names.join(", "))
 }
 
 /// The loud warning for a degraded start, naming what is missing.
@@ -478,15 +477,7 @@ fn degraded_warning(r: &ArrayReport, missing: &[PathBuf]) -> Option<String> {
     let files = if missing.is_empty() {
         String::new()
     } else {
-        format!(
-            "; member file{} not found: {}",
-            if missing.len() == 1 { "" } else { "s" },
-            missing
-                .iter()
-                .map(|p| shown(p))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
+        format!("; {}", files_not_found(missing))
     };
     let redundancy = match r.level {
         Level::Raid6 if roles.len() == 1 => "it can lose one more member",

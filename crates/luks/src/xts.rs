@@ -453,7 +453,7 @@ mod simd {
     }
 
     #[cfg(target_arch = "x86_64")]
-    mod x86 {
+    pub(super) mod x86 {
         use core::arch::x86_64::*;
         use std::mem::MaybeUninit;
 
@@ -465,7 +465,7 @@ mod simd {
         /// the low qword.
         #[inline]
         #[target_feature(enable = "avx512f")]
-        fn mul_alpha_k<const K: u32, const R: u32>(t: __m512i) -> __m512i {
+        pub(crate) fn mul_alpha_k<const K: u32, const R: u32>(t: __m512i) -> __m512i {
             let shl = _mm512_slli_epi64::<K>(t);
             let top = _mm512_srli_epi64::<R>(t);
             let swapped = _mm512_shuffle_epi32::<0x4E>(top);
@@ -773,22 +773,8 @@ mod fused {
             }
         }
 
-        /// Multiplies each 128-bit lane by α^K (`R = 64 - K`); see `simd`.
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        fn mul_alpha_k<const K: u32, const R: u32>(t: __m512i) -> __m512i {
-            let shl = _mm512_slli_epi64::<K>(t);
-            let top = _mm512_srli_epi64::<R>(t);
-            let swapped = _mm512_shuffle_epi32::<0x4E>(top);
-            let reduced = _mm512_xor_si512(
-                _mm512_xor_si512(swapped, _mm512_slli_epi64::<1>(swapped)),
-                _mm512_xor_si512(
-                    _mm512_slli_epi64::<2>(swapped),
-                    _mm512_slli_epi64::<7>(swapped),
-                ),
-            );
-            _mm512_xor_si512(shl, _mm512_mask_blend_epi64(0xAA, reduced, swapped))
-        }
+        // Multiplying each 128-bit lane by α^K is shared with the tweak loop in `simd`.
+        use super::super::simd::x86::mul_alpha_k;
 
         /// # Safety
         /// The CPU has AVX-512F and VAES; `blocks.len() == starts.len() * unit_blocks`,

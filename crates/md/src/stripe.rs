@@ -604,17 +604,7 @@ impl Array {
         }
         let refs: Vec<&[u8]> = rows.iter().map(|b| &**b).collect();
         let (p, q) = self.gen_parity(map, &refs);
-        let mut writes: Vec<(usize, u64, Bytes<'a>)> = r
-            .touches
-            .iter()
-            .map(|t| (map.data[t.d], base + t.a, Cow::Borrowed(src(r.data, t))))
-            .collect();
-        writes.push((map.p, base + lo, Cow::Owned(p)));
-        if let (Some(qm), Some(q)) = (map.q, q) {
-            writes.push((qm, base + lo, Cow::Owned(q)));
-        }
-        writes.retain(|(m, _, _)| !absent[*m]);
-        Ok(writes)
+        Ok(row_writes(r, p, q, absent))
     }
 
     fn plan_degraded<'a>(
@@ -625,7 +615,7 @@ impl Array {
         down: &mut [bool],
         absent: &[bool],
     ) -> Plan<'a> {
-        let (map, base, lo) = (r.map, r.base, r.lo);
+        let (map, lo) = (r.map, r.lo);
         let mut read_errors = Vec::new();
         let mut rows = self
             .read_row(pl, map, stripe, lo, r.hi, down, &mut read_errors)
@@ -637,18 +627,30 @@ impl Array {
             let refs: Vec<&[u8]> = map.data.iter().map(|&m| rows[m].as_slice()).collect();
             self.gen_parity(map, &refs)
         };
-        let mut writes: Vec<(usize, u64, Bytes<'a>)> = r
-            .touches
-            .iter()
-            .map(|t| (map.data[t.d], base + t.a, Cow::Borrowed(src(r.data, t))))
-            .collect();
-        writes.push((map.p, base + lo, Cow::Owned(p)));
-        if let (Some(qm), Some(q)) = (map.q, q) {
-            writes.push((qm, base + lo, Cow::Owned(q)));
-        }
-        writes.retain(|(m, _, _)| !absent[*m]);
-        Ok(writes)
+        Ok(row_writes(r, p, q, absent))
     }
+}
+
+/// The member writes that finish a row: the caller's data chunks, then P (and Q) over the
+/// whole row, leaving out members that are absent.
+fn row_writes<'a>(
+    r: &Rows<'_, 'a>,
+    p: Vec<u8>,
+    q: Option<Vec<u8>>,
+    absent: &[bool],
+) -> Vec<(usize, u64, Bytes<'a>)> {
+    let (map, base, lo) = (r.map, r.base, r.lo);
+    let mut writes: Vec<(usize, u64, Bytes<'a>)> = r
+        .touches
+        .iter()
+        .map(|t| (map.data[t.d], base + t.a, Cow::Borrowed(src(r.data, t))))
+        .collect();
+    writes.push((map.p, base + lo, Cow::Owned(p)));
+    if let (Some(qm), Some(q)) = (map.q, q) {
+        writes.push((qm, base + lo, Cow::Owned(q)));
+    }
+    writes.retain(|(m, _, _)| !absent[*m]);
+    writes
 }
 
 /// What a write plan works on: the stripe's map, its member offset, the row `[lo, hi)`

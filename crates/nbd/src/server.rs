@@ -126,12 +126,13 @@ impl std::error::Error for ConfigError {}
 #[derive(Debug)]
 struct ExportEntry {
     export: Export,
-    size: u64,
     min_block: u32,
     preferred_block: u32,
     max_block: u32,
     /// Transmission flags before the per-connection ones (DF).
     flags: u16,
+    /// What requests are checked against: the size and the advertised minimum block.
+    geometry: cairn_block::Geometry,
 }
 
 impl ExportEntry {
@@ -171,7 +172,10 @@ impl ExportEntry {
             ..export
         };
         ExportEntry {
-            size: g.size,
+            geometry: cairn_block::Geometry {
+                logical_block_size: min_block,
+                ..g
+            },
             min_block,
             preferred_block,
             max_block,
@@ -703,7 +707,7 @@ impl Handshake<'_> {
                     return Ok(Next::Close);
                 };
                 let mut r = Vec::with_capacity(134);
-                r.extend_from_slice(&e.size.to_be_bytes());
+                r.extend_from_slice(&e.geometry.size.to_be_bytes());
                 r.extend_from_slice(&self.transmission_flags(&e).to_be_bytes());
                 if !self.no_zeroes {
                     r.extend_from_slice(&[0u8; 124]);
@@ -778,7 +782,7 @@ impl Handshake<'_> {
                 self.reply(option, REP_INFO, &bs)?;
                 let mut ex = Vec::with_capacity(12);
                 ex.extend_from_slice(&INFO_EXPORT.to_be_bytes());
-                ex.extend_from_slice(&e.size.to_be_bytes());
+                ex.extend_from_slice(&e.geometry.size.to_be_bytes());
                 ex.extend_from_slice(&self.transmission_flags(&e).to_be_bytes());
                 self.reply(option, REP_INFO, &ex)?;
                 self.reply(option, REP_ACK, &[])?;
@@ -971,7 +975,7 @@ fn serve_connection(
     tracing::info!(
         "{peer}: export {:?} ({} bytes{}{})",
         session.export.export.name,
-        session.export.size,
+        session.export.geometry.size,
         if session.structured {
             ", structured replies"
         } else {
@@ -1161,12 +1165,7 @@ impl Transmission {
             CMD_READ => IoKind::Read,
             _ => IoKind::Other,
         };
-        let g = cairn_block::Geometry {
-            size: e.size,
-            logical_block_size: e.min_block,
-            ..e.export.device.geometry()
-        };
-        check_io(&g, kind, off, len).map_err(Failure::from)
+        check_io(&e.geometry, kind, off, len).map_err(Failure::from)
     }
 
     fn execute(&self, req: &Request, buf: &mut Vec<u8>) -> Result<(), Failure> {
