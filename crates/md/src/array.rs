@@ -20,12 +20,13 @@
 //! Like md, redundant levels mark the superblocks dirty (`resync_offset` 0, events + 1)
 //! before the first write and clean again on [`Array::close`] (also run on drop). There
 //! is no idle timer ("safemode") yet, so an array that is written to stays dirty until
-//! it is closed; an array assembled with a resync pending stays so (resync is not
-//! implemented yet).
+//! it is closed. An array assembled with a resync pending stays so until
+//! [`Array::resync`] or the background resync ([`Array::start_resync`],
+//! background.rs) has run to the end; a clean stop part-way records a checkpoint.
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cairn_block::{
@@ -130,6 +131,9 @@ pub(crate) struct Meta {
     pub(crate) dirty: bool,
     /// Assembled with `resync_offset != MAX` (never marked clean until a resync).
     pub(crate) resync_pending: bool,
+    /// Where a pending resync resumes (md's `recovery_cp`, member sectors): written to
+    /// `resync_offset` by a clean stop while a resync is pending.
+    pub(crate) resync_from: Sectors,
     /// Each present member's current superblock, by role; `None` for an array without
     /// superblocks (then nothing is ever written) or a missing role.
     pub(crate) sbs: Vec<Option<Superblock>>,
@@ -201,6 +205,11 @@ pub struct Array {
     pub(crate) forced: bool,
     closed: AtomicBool,
     label: String,
+    /// Resync running in the background (background.rs).
+    pub(crate) background: Mutex<Option<Arc<crate::background::Job>>>,
+    /// Client reads and writes so far: the resync slows to its minimum speed while
+    /// this moves.
+    fg_ops: AtomicU64,
 }
 
 impl fmt::Debug for Array {
@@ -288,6 +297,7 @@ impl Array {
             utime: MdTime(0),
             dirty: false,
             resync_pending: false,
+            resync_from: Sectors::ZERO,
             sbs: (0..n).map(|_| None).collect(),
             dev_roles: Vec::new(),
         };
@@ -380,6 +390,8 @@ impl Array {
             forced,
             closed: AtomicBool::new(false),
             label,
+            background: Mutex::new(None),
+            fg_ops: AtomicU64::new(0),
         })
     }
 
@@ -525,8 +537,10 @@ impl Array {
                 };
                 sb.events = meta.events;
                 sb.utime = meta.utime;
-                sb.resync_offset = if meta.dirty || meta.resync_pending {
+                sb.resync_offset = if meta.dirty {
                     Sectors::ZERO
+                } else if meta.resync_pending {
+                    meta.resync_from
                 } else {
                     Sectors::MAX
                 };
@@ -616,9 +630,10 @@ impl Array {
     /// pending). Called on drop too; calling it again after it succeeded does nothing
     /// unless the array was written to since. The array stays usable.
     pub fn close(&self) -> Result<()> {
+        self.stop_background();
         self.flush()?;
         let mut meta = self.meta_lock();
-        if meta.dirty && meta.sbs.iter().any(Option::is_some) {
+        if (meta.dirty || meta.resync_pending) && meta.sbs.iter().any(Option::is_some) {
             meta.dirty = false;
             meta.events += 1;
             self.write_superblocks(&mut meta)?;
@@ -637,6 +652,14 @@ impl Array {
     /// Needs every member: a degraded array cannot be resynced (its missing member
     /// would need a rebuild, which is not implemented yet).
     pub fn resync(&self) -> Result<()> {
+        self.check_resync_possible()?;
+        self.meta_lock().resync_from = Sectors::ZERO;
+        self.run_resync(None, None).map(|_| ())
+    }
+
+    /// A degraded redundant array cannot be resynced: its missing member needs a
+    /// rebuild instead.
+    pub(crate) fn check_resync_possible(&self) -> Result<()> {
         let down = self.down_roles();
         if !down.is_empty() && self.layout_is_redundant() {
             let names: Vec<String> = down.iter().map(|&r| self.describe_role(r)).collect();
@@ -649,51 +672,51 @@ impl Array {
                 ),
             ));
         }
-        match &self.layout {
-            ArrayLayout::Linear(_) | ArrayLayout::Raid0(_) => {}
-            ArrayLayout::Parity(pl) => {
-                for stripe in 0..pl.stripes() {
-                    self.resync_stripe(pl, stripe)?;
-                }
-            }
-            ArrayLayout::Raid1(_) | ArrayLayout::Raid10(_) => {
-                const STEP: u64 = 1 << 20;
-                let size = self.geometry.size;
-                let mut pos = 0;
-                while pos < size {
-                    let n = STEP.min(size - pos);
-                    let _guards = self.locks.lock_many(self.mirror_keys(pos, n));
-                    for (at, len, locs) in self.pieces(pos, n) {
-                        let mut data = vec![0u8; small(len)];
-                        let src = locs[0];
-                        self.read_member(src.member, &mut data, src.sector.0 * SECTOR_SIZE)?;
-                        for loc in &locs[1..] {
-                            if let Err(e) = self.write_member(
-                                loc.member,
-                                &data,
-                                loc.sector.0 * SECTOR_SIZE,
-                                WriteFlags::NONE,
-                            ) {
-                                self.fail_member(loc.member, &e);
-                                return Err(e.context(format!("resync at array byte {at}")));
-                            }
-                        }
-                    }
-                    pos += n;
+        Ok(())
+    }
+
+    /// Copies the first copy of array bytes `[pos, pos + n)` over the others (RAID1/10).
+    pub(crate) fn resync_mirrors(&self, pos: u64, n: u64) -> Result<()> {
+        let _guards = self.locks.lock_many(self.mirror_keys(pos, n));
+        for (at, len, locs) in self.pieces(pos, n) {
+            let mut data = vec![0u8; small(len)];
+            let src = locs[0];
+            self.read_member(src.member, &mut data, src.sector.0 * SECTOR_SIZE)?;
+            for loc in &locs[1..] {
+                if let Err(e) =
+                    self.write_member(loc.member, &data, loc.sector.0 * SECTOR_SIZE, WriteFlags::NONE)
+                {
+                    self.fail_member(loc.member, &e);
+                    return Err(e.context(format!("resync at array byte {at}")));
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The end of a resync: flush, then record the array in sync.
+    pub(crate) fn finish_resync(&self) -> Result<()> {
         self.flush()?;
         let mut meta = self.meta_lock();
         if meta.resync_pending {
             meta.resync_pending = false;
+            meta.resync_from = Sectors::ZERO;
             if meta.sbs.iter().any(Option::is_some) {
                 meta.events += 1;
                 self.write_superblocks(&mut meta)?;
             }
         }
+        drop(meta);
         tracing::info!("{}: resync complete", self.array_label());
         Ok(())
+    }
+
+    pub(crate) fn size_bytes(&self) -> u64 {
+        self.geometry.size
+    }
+
+    pub(crate) fn foreground_ops(&self) -> u64 {
+        self.fg_ops.load(Ordering::Relaxed)
     }
 
     // ---- the simple levels ---------------------------------------------------------
@@ -935,6 +958,7 @@ impl BlockDevice for Array {
         if buf.is_empty() {
             return Ok(());
         }
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
         match &self.layout {
             ArrayLayout::Parity(pl) => self.parity_read(pl, buf, offset),
             _ => self.simple_read(buf, offset),
@@ -954,6 +978,7 @@ impl BlockDevice for Array {
             ));
         }
         self.start_write()?;
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
         match &self.layout {
             ArrayLayout::Parity(pl) => self.parity_write(pl, buf, offset, flags),
             _ => self.simple_write(buf, offset, flags),

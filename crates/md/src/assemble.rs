@@ -324,6 +324,11 @@ impl Array {
             utime: freshest.utime,
             dirty: false,
             resync_pending: dirty,
+            resync_from: if dirty {
+                freshest.resync_offset
+            } else {
+                Sectors::ZERO
+            },
             sbs,
             dev_roles: freshest.dev_roles.clone(),
         };

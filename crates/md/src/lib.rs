@@ -36,6 +36,7 @@
 
 pub mod array;
 pub mod assemble;
+pub mod background;
 pub mod create;
 pub mod examine;
 pub mod layout;
@@ -49,6 +50,7 @@ pub mod units;
 
 pub use array::Array;
 pub use assemble::{AssembleOptions, CreateOptions};
+pub use background::{BackgroundStatus, SpeedLimits};
 pub use create::{create, CreateParams, CreatedArray};
 pub use examine::Examine;
 pub use level::{Level, ParityAlgorithm, Raid0Layout, Raid10Layout};

@@ -19,7 +19,7 @@ pub struct ArrayState {
     /// Some role is missing or failed.
     pub degraded: bool,
     /// Parity/mirrors are not known to match the data (created over old data, or not
-    /// shut down cleanly): a resync is due. cairn does not resync yet.
+    /// shut down cleanly): a resync is due (`Array::resync`, `Array::start_resync`).
     pub resync_pending: bool,
     /// Started dirty and degraded because the caller forced it.
     pub forced: bool,

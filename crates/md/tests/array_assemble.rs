@@ -648,3 +648,75 @@ fn a_member_that_cannot_take_its_superblock_fails() {
     assert_eq!(buf, vec![3u8; 4096]);
     a.close().unwrap();
 }
+
+#[test]
+fn background_resync_runs_under_io_stops_at_a_checkpoint_and_resumes() {
+    let shape = Shape::new(Level::Raid6, None, 16, 5).rows(64);
+    let m: Vec<Arc<MemDisk>> = shape
+        .member_bytes()
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| {
+            Arc::new(MemDisk::from_bytes(
+                &(0..b)
+                    .map(|x| (x % 241) as u8 ^ u8::try_from(i).unwrap())
+                    .collect::<Vec<_>>(),
+            ))
+        })
+        .collect();
+    let mut o = shape.create_options();
+    o.members_zeroed = false;
+    o.force = true;
+    let a = Arc::new(Array::create(dyn_members(&m), names(m.len()), &o).unwrap());
+    let total = a.geometry().size;
+    // Slow enough to be stopped part-way: a few stripes per 100 ms.
+    let slow = cairn_md::SpeedLimits {
+        min: total / 20,
+        max: total / 20,
+    };
+    assert!(a.start_resync(slow).unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Client writes go on meanwhile.
+    a.write_at(&vec![9u8; 8192], 8192, WriteFlags::NONE)
+        .unwrap();
+    let st = a.background().unwrap();
+    assert_eq!((st.action, st.state.as_str()), ("resync", "running"));
+    assert!(st.done_bytes > 0 && st.done_bytes < total, "{st:?}");
+    // A clean stop records where it got to.
+    a.close().unwrap();
+    let st = a.background().unwrap();
+    assert_eq!(st.state, "stopped", "{st:?}");
+    drop(a);
+    let sb = Superblock::read_from(&*m[0], "disk0", FeaturePolicy::Supported).unwrap();
+    assert!(
+        sb.resync_offset > Sectors::ZERO && sb.resync_offset < Sectors::MAX,
+        "checkpoint {:?}",
+        sb.resync_offset
+    );
+    // Reassembled: still pending, and it resumes from the checkpoint to the end.
+    let a = Arc::new(assemble(&m, &[0, 1, 2, 3, 4], false).unwrap());
+    assert!(a.report().state.resync_pending);
+    assert!(a.start_resync(cairn_md::SpeedLimits::default()).unwrap());
+    let start = std::time::Instant::now();
+    loop {
+        let st = a.background().unwrap();
+        if st.state != "running" {
+            assert_eq!(st.state, "finished", "{st:?}");
+            assert_eq!(st.done_bytes, total);
+            break;
+        }
+        assert!(start.elapsed().as_secs() < 30, "resync never finished: {st:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let r = a.report();
+    assert!(!r.state.resync_pending, "{}", r.state_text);
+    let data = read_all(&a);
+    a.close().unwrap();
+    let layout = a.layout().clone();
+    drop(a);
+    let sb = Superblock::read_from(&*m[0], "disk0", FeaturePolicy::Supported).unwrap();
+    assert_eq!(sb.resync_offset, Sectors::MAX);
+    let images: Vec<Option<Vec<u8>>> = m.iter().map(|d| Some(d.to_vec())).collect();
+    common::check_members(&layout, &images, &common::bases(&m), &data)
+        .unwrap_or_else(|e| panic!("after a resumed resync: {e}"));
+}
