@@ -7,4 +7,7 @@ pub mod client;
 pub mod proto;
 pub mod server;
 
-pub use server::{nbd_errno, Export, Listen, Listeners, Server, ServerConfig, ShutdownHandle};
+pub use server::{
+    nbd_errno, Added, ConnectionInfo, Export, ExportsHandle, Listen, Listeners, Removed, Server,
+    ServerConfig, ShutdownHandle,
+};

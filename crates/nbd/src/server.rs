@@ -23,9 +23,9 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use cairn_block::{check_io, BlockDevice, ErrorKind, Extent, IoKind, Support, WriteFlags};
 
@@ -188,23 +188,45 @@ impl ExportEntry {
 /// Shared server state: exports, shutdown flag, live connections.
 #[derive(Debug)]
 struct Shared {
-    exports: Vec<Arc<ExportEntry>>,
-    default_export: Option<usize>,
+    /// Changed at runtime through [`ExportsHandle`]; read only at handshake, so the
+    /// transmission fast path never takes this lock (a session holds its entry).
+    exports: RwLock<Vec<Arc<ExportEntry>>>,
+    default_export: Option<String>,
     threads: usize,
     max_connections: usize,
     grace: Duration,
     shutdown: AtomicBool,
     next_id: AtomicU64,
-    /// Live connections, for shutdown: a handle that can stop their reads.
-    conns: Mutex<HashMap<u64, Box<dyn SocketCtl>>>,
+    /// Live connections, for shutdown and removal: a handle that can stop their reads,
+    /// and what `connections()` reports.
+    conns: Mutex<HashMap<u64, ConnEntry>>,
+}
+
+/// One live connection.
+#[derive(Debug)]
+struct ConnEntry {
+    ctl: Box<dyn SocketCtl>,
+    peer: String,
+    /// Set when the handshake picks an export.
+    export: Option<String>,
+    since: SystemTime,
 }
 
 impl Shared {
+    fn exports(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<ExportEntry>>> {
+        self.exports.read().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn find(&self, name: &str) -> Option<Arc<ExportEntry>> {
-        if name.is_empty() {
-            return self.default_export.map(|i| self.exports[i].clone());
-        }
-        self.exports.iter().find(|e| e.export.name == name).cloned()
+        let name = if name.is_empty() {
+            self.default_export.as_deref()?
+        } else {
+            name
+        };
+        self.exports()
+            .iter()
+            .find(|e| e.export.name == name)
+            .cloned()
     }
 }
 
@@ -244,7 +266,7 @@ impl ShutdownHandle {
             return;
         }
         for c in self.0.conns.lock().expect("conns lock").values() {
-            c.shutdown_read();
+            c.ctl.shutdown_read();
         }
     }
     pub fn is_shutdown(&self) -> bool {
@@ -308,16 +330,15 @@ impl Server {
             }
         }
         let default_export = match &config.default_export {
-            Some(name) => Some(
-                config
-                    .exports
-                    .iter()
-                    .position(|e| &e.name == name)
-                    .ok_or_else(|| {
-                        ConfigError(format!("default export {name:?} is not an export"))
-                    })?,
-            ),
-            None if config.exports.len() == 1 => Some(0),
+            Some(name) => {
+                if !config.exports.iter().any(|e| &e.name == name) {
+                    return Err(ConfigError(format!(
+                        "default export {name:?} is not an export"
+                    )));
+                }
+                Some(name.clone())
+            }
+            None if config.exports.len() == 1 => Some(config.exports[0].name.clone()),
             None => None,
         };
         let exports = config
@@ -327,7 +348,7 @@ impl Server {
             .collect();
         Ok(Server {
             shared: Arc::new(Shared {
-                exports,
+                exports: RwLock::new(exports),
                 default_export,
                 threads: config.threads_per_connection.max(1),
                 max_connections: config.max_connections.max(1),
@@ -341,6 +362,12 @@ impl Server {
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle(self.shared.clone())
+    }
+
+    /// A handle that adds and removes exports while the server runs, and lists
+    /// connections.
+    pub fn exports_handle(&self) -> ExportsHandle {
+        ExportsHandle(self.shared.clone())
     }
 
     /// Binds every address. A stale Unix socket file (nobody listening) is replaced; a
@@ -445,7 +472,7 @@ impl Server {
         if stuck > 0 {
             tracing::warn!("{stuck} connection(s) still busy after the grace period; closing them");
             for c in self.shared.conns.lock().expect("conns lock").values() {
-                c.shutdown_both();
+                c.ctl.shutdown_both();
             }
             let deadline = Instant::now() + Duration::from_secs(1);
             while handles.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
@@ -453,7 +480,8 @@ impl Server {
             }
         }
         let mut failed = Vec::new();
-        for e in &self.shared.exports {
+        let exports = self.shared.exports().clone();
+        for e in &exports {
             if !e.export.read_only {
                 if let Err(err) = e.export.device.flush() {
                     tracing::error!("flushing export {}: {err}", e.export.name);
@@ -481,19 +509,23 @@ impl Server {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let builder = thread::Builder::new().name(format!("nbd-conn-{id}"));
         let res = builder.spawn(move || {
-            shared
-                .conns
-                .lock()
-                .expect("conns lock")
-                .insert(id, conn.ctl);
+            shared.conns.lock().expect("conns lock").insert(
+                id,
+                ConnEntry {
+                    ctl: conn.ctl,
+                    peer: conn.peer.clone(),
+                    export: None,
+                    since: SystemTime::now(),
+                },
+            );
             // A shutdown that raced with the insert would miss this connection.
             if shared.shutdown.load(Ordering::SeqCst) {
                 if let Some(c) = shared.conns.lock().expect("conns lock").get(&id) {
-                    c.shutdown_read();
+                    c.ctl.shutdown_read();
                 }
             }
             tracing::debug!("{}: connected", conn.peer);
-            serve_connection(&shared, conn.reader, conn.writer, &conn.peer);
+            serve_connection(&shared, conn.reader, conn.writer, &conn.peer, id);
             shared.conns.lock().expect("conns lock").remove(&id);
         });
         match res {
@@ -513,7 +545,140 @@ impl Server {
         writer: Box<dyn Write + Send>,
         peer: &str,
     ) {
-        serve_connection(&self.shared, reader, writer, peer);
+        // Id 0 is never in the connection table: such a stream is not listed.
+        serve_connection(&self.shared, reader, writer, peer, 0);
+    }
+}
+
+/// One connection as [`ExportsHandle::connections`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    pub id: u64,
+    /// "unix:fd7", "tcp:127.0.0.1:50122".
+    pub peer: String,
+    /// The export it uses, once the handshake chose one.
+    pub export: Option<String>,
+    pub since: SystemTime,
+}
+
+/// What [`ExportsHandle::add`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Added {
+    Added,
+    /// An export of that name with the same device was there already.
+    AlreadyPresent,
+}
+
+/// What [`ExportsHandle::remove`] did.
+#[derive(Debug)]
+pub struct Removed {
+    pub export: Export,
+    /// Connections that were using it and were closed (after their in-flight requests).
+    pub connections: usize,
+}
+
+/// Adds and removes exports of a running server.
+///
+/// Removing an export stops new handshakes from finding it, then ends the connections
+/// that use it the way shutdown does (reads stop, requests already received are
+/// answered, the connection's writes are flushed), waits for them up to the grace
+/// period, and flushes the device.
+#[derive(Debug, Clone)]
+pub struct ExportsHandle(Arc<Shared>);
+
+impl ExportsHandle {
+    /// The exports now, in the order they were added.
+    pub fn list(&self) -> Vec<Export> {
+        self.0.exports().iter().map(|e| e.export.clone()).collect()
+    }
+
+    /// Adds `export`. The same name with the same device (`Arc::ptr_eq`) is
+    /// [`Added::AlreadyPresent`]; the same name with another device is an error.
+    pub fn add(&self, export: Export) -> Result<Added, ConfigError> {
+        if export.name.is_empty() || export.name.len() > MAX_STRING || export.name.contains('\0') {
+            return Err(ConfigError(format!(
+                "export name {:?} must be 1 to {MAX_STRING} bytes without NUL",
+                export.name
+            )));
+        }
+        let mut list = self.0.exports.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = list.iter().find(|e| e.export.name == export.name) {
+            if Arc::ptr_eq(&e.export.device, &export.device) {
+                return Ok(Added::AlreadyPresent);
+            }
+            return Err(ConfigError(format!(
+                "an export named {:?} is already served",
+                export.name
+            )));
+        }
+        list.push(Arc::new(ExportEntry::new(export)));
+        Ok(Added::Added)
+    }
+
+    /// Removes the export `name`; `None` if there is none.
+    pub fn remove(&self, name: &str) -> Option<Removed> {
+        let entry = {
+            let mut list = self.0.exports.write().unwrap_or_else(|p| p.into_inner());
+            let i = list.iter().position(|e| e.export.name == name)?;
+            list.remove(i)
+        };
+        let users: Vec<u64> = {
+            let conns = self.0.conns.lock().expect("conns lock");
+            conns
+                .iter()
+                .filter(|(_, c)| c.export.as_deref() == Some(name))
+                .map(|(id, c)| {
+                    c.ctl.shutdown_read();
+                    *id
+                })
+                .collect()
+        };
+        let deadline = Instant::now() + self.0.grace;
+        loop {
+            let left = {
+                let conns = self.0.conns.lock().expect("conns lock");
+                users.iter().filter(|id| conns.contains_key(id)).count()
+            };
+            if left == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                tracing::warn!("export {name:?}: {left} connection(s) still busy; closing them");
+                let conns = self.0.conns.lock().expect("conns lock");
+                for id in &users {
+                    if let Some(c) = conns.get(id) {
+                        c.ctl.shutdown_both();
+                    }
+                }
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        if !entry.export.read_only {
+            if let Err(e) = entry.export.device.flush() {
+                tracing::error!("export {name:?}: flush on removal: {e}");
+            }
+        }
+        Some(Removed {
+            export: entry.export.clone(),
+            connections: users.len(),
+        })
+    }
+
+    /// Live connections, oldest first.
+    pub fn connections(&self) -> Vec<ConnectionInfo> {
+        let conns = self.0.conns.lock().expect("conns lock");
+        let mut v: Vec<ConnectionInfo> = conns
+            .iter()
+            .map(|(id, c)| ConnectionInfo {
+                id: *id,
+                peer: c.peer.clone(),
+                export: c.export.clone(),
+                since: c.since,
+            })
+            .collect();
+        v.sort_by_key(|c| c.id);
+        v
     }
 }
 
@@ -725,7 +890,8 @@ impl Handshake<'_> {
                     self.error(option, REP_ERR_INVALID, "NBD_OPT_LIST takes no data")?;
                     return Ok(Next::Continue);
                 }
-                for e in self.shared.exports.clone() {
+                let exports = self.shared.exports().clone();
+                for e in exports {
                     let name = e.export.name.as_bytes();
                     let mut r = Vec::with_capacity(4 + name.len() + e.export.description.len());
                     r.extend_from_slice(&u32::try_from(name.len()).expect("<= 4096").to_be_bytes());
@@ -951,6 +1117,7 @@ fn serve_connection(
     reader: Box<dyn Read + Send>,
     mut writer: Box<dyn Write + Send>,
     peer: &str,
+    id: u64,
 ) {
     let mut reader = BufReader::with_capacity(64 << 10, reader);
     let mut hs = Handshake {
@@ -972,6 +1139,21 @@ fn serve_connection(
         }
     };
     let flags = hs.transmission_flags(&session.export);
+    if let Some(c) = shared.conns.lock().expect("conns lock").get_mut(&id) {
+        c.export = Some(session.export.export.name.clone());
+    }
+    // An export removed while this handshake finished: removal did not see this
+    // connection as a user, so do not start serving it.
+    if shared
+        .find(&session.export.export.name)
+        .is_none_or(|e| !Arc::ptr_eq(&e, &session.export))
+    {
+        tracing::info!(
+            "{peer}: export {:?} was removed; closing",
+            session.export.export.name
+        );
+        return;
+    }
     tracing::info!(
         "{peer}: export {:?} ({} bytes{}{})",
         session.export.export.name,

@@ -1,0 +1,17 @@
+//! The daemon's pieces that need none of the CLI's types.
+//!
+//! ```text
+//!   NBD server ──> StatsDisk(export) ──> LUKS / md ──> StatsDisk(member/file) ──> FileDisk
+//!                     │ counters, latency histograms (stats)        │
+//!                     └──────────────┬──────────────────────────────┘
+//!                          stats::Registry (node id -> IoStats)
+//!                                    │
+//!        control socket (http) ── /v1/stats, /v1/status ── cairn status / top
+//!        --metrics (http) ─────── metrics::render ───────── Prometheus
+//!        state changes ────────── events::Events ────────── log, ring, --on-event CMD
+//! ```
+
+pub mod events;
+pub mod http;
+pub mod metrics;
+pub mod stats;

@@ -1,0 +1,310 @@
+//! [`LogicalVolume`]: an LV's linear and striped segments as one [`BlockDevice`] over the
+//! PVs' data areas (ondisk-formats.md §4.5, the maths of dm-linear and dm-stripe).
+//!
+//! ```text
+//!   LV byte o in segment s (o relative to s.start):
+//!     linear   pv_off = pe_start + first_pe*extent + o
+//!     striped  chunk = o / z, stripe = chunk % k, row = chunk / k
+//!              pv_off = pe_start + first_pe[stripe]*extent + row*z + o % z
+//! ```
+//!
+//! Requests are split at segment and stripe-chunk boundaries; flush goes to every PV the
+//! LV uses, FUA, discard and write_zeroes pass down piece by piece.
+
+use std::fmt;
+use std::sync::Arc;
+
+use cairn_block::{
+    BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
+};
+
+/// One stripe of a mapped segment: the PV device (index into `LogicalVolume::pvs`) and the
+/// byte offset of the stripe's first extent on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapArea {
+    pub pv: usize,
+    pub offset: u64,
+}
+
+/// A segment in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapSegment {
+    /// First LV byte.
+    pub start: u64,
+    pub len: u64,
+    /// Chunk size in bytes (0 for linear).
+    pub stripe_size: u64,
+    pub areas: Vec<MapArea>,
+}
+
+impl MapSegment {
+    /// Maps segment-relative byte `o` to (area index, PV byte offset, bytes left in this
+    /// contiguous piece).
+    pub fn map(&self, o: u64) -> (usize, u64, u64) {
+        debug_assert!(o < self.len);
+        if self.areas.len() == 1 {
+            return (0, self.areas[0].offset + o, self.len - o);
+        }
+        let z = self.stripe_size;
+        let k = self.areas.len() as u64;
+        let chunk = o / z;
+        let stripe = chunk % k;
+        let row = chunk / k;
+        let within = o % z;
+        // stripe < k = areas.len(), so the index fits.
+        let idx = usize::try_from(stripe).expect("stripe index fits");
+        (idx, self.areas[idx].offset + row * z + within, z - within)
+    }
+}
+
+/// An open logical volume.
+pub struct LogicalVolume {
+    name: String,
+    pvs: Vec<(String, Arc<dyn BlockDevice>)>,
+    segments: Vec<MapSegment>,
+    geometry: Geometry,
+    read_only: bool,
+}
+
+impl fmt::Debug for LogicalVolume {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogicalVolume")
+            .field("name", &self.name)
+            .field("segments", &self.segments)
+            .field("pvs", &self.pvs.iter().map(|p| &p.0).collect::<Vec<_>>())
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+impl LogicalVolume {
+    /// Builds the mapping; `pvs` are the devices the areas index, with their names.
+    /// Checks that every area lies inside its device.
+    pub fn new(
+        name: String,
+        pvs: Vec<(String, Arc<dyn BlockDevice>)>,
+        segments: Vec<MapSegment>,
+        read_only: bool,
+    ) -> Result<LogicalVolume> {
+        if pvs.is_empty() || segments.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("LV {name} has no segments"),
+            ));
+        }
+        let mut lbs = 512u32;
+        let mut phys = 512u32;
+        let mut max_io = u32::MAX;
+        for (_, d) in &pvs {
+            let g = d.geometry();
+            lbs = lbs.max(g.logical_block_size);
+            phys = phys.max(g.physical_block_size);
+            max_io = max_io.min(g.max_io_size);
+        }
+        let mut size = 0u64;
+        for s in &segments {
+            if s.start != size || s.areas.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("LV {name}: segments do not line up"),
+                ));
+            }
+            let k = s.areas.len() as u64;
+            if k > 1 && (s.stripe_size == 0 || s.len % (s.stripe_size * k) != 0) {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("LV {name}: bad stripe shape"),
+                ));
+            }
+            if s.len % u64::from(lbs) != 0 || (k > 1 && s.stripe_size % u64::from(lbs) != 0) {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!("LV {name}: extents or stripes are not multiples of the PVs' {lbs}-byte blocks"),
+                ));
+            }
+            for a in &s.areas {
+                let (pv_name, dev) = pvs.get(a.pv).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("LV {name}: area names PV {}", a.pv),
+                    )
+                })?;
+                let need = a.offset.checked_add(s.len / k);
+                let have = dev.geometry().size;
+                if need.is_none_or(|n| n > have) {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "LV {name} needs bytes up to {} of PV {pv_name}, but the device has {have}",
+                            need.unwrap_or(u64::MAX)
+                        ),
+                    ));
+                }
+            }
+            size = size.checked_add(s.len).ok_or_else(|| {
+                Error::new(ErrorKind::Corrupt, format!("LV {name}: size overflows"))
+            })?;
+        }
+        let first = &segments[0];
+        let optimal = if first.areas.len() > 1 {
+            u32::try_from(first.stripe_size * first.areas.len() as u64).unwrap_or(phys)
+        } else {
+            pvs[first.areas[0].pv].1.geometry().optimal_io_size
+        };
+        let max_io = (max_io - max_io % lbs).max(lbs);
+        let geometry = Geometry {
+            size,
+            logical_block_size: lbs,
+            physical_block_size: phys,
+            optimal_io_size: optimal.max(phys),
+            max_io_size: max_io,
+        };
+        let read_only = read_only || pvs.iter().any(|(_, d)| d.capabilities().read_only);
+        Ok(LogicalVolume {
+            name,
+            pvs,
+            segments,
+            geometry,
+            read_only,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn segments(&self) -> &[MapSegment] {
+        &self.segments
+    }
+
+    /// The PV devices the LV uses, by their open names, in the order its extents first
+    /// reach them.
+    pub fn pv_names(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for seg in &self.segments {
+            for a in &seg.areas {
+                let n = self.pvs[a.pv].0.as_str();
+                if !out.contains(&n) {
+                    out.push(n);
+                }
+            }
+        }
+        out
+    }
+
+    /// Where LV byte `off` lives: (PV name, byte offset on that PV).
+    pub fn locate(&self, off: u64) -> Option<(&str, u64)> {
+        let seg = self.segment_at(off)?;
+        let (a, pv_off, _) = self.segments[seg].map(off - self.segments[seg].start);
+        Some((&self.pvs[self.segments[seg].areas[a].pv].0, pv_off))
+    }
+
+    fn segment_at(&self, off: u64) -> Option<usize> {
+        let i = self.segments.partition_point(|s| s.start + s.len <= off);
+        (i < self.segments.len()).then_some(i)
+    }
+
+    /// Calls `f(device, pv offset, lv offset, len)` for each contiguous piece of
+    /// `[offset, offset + len)`.
+    fn for_pieces(
+        &self,
+        offset: u64,
+        len: u64,
+        mut f: impl FnMut(&Arc<dyn BlockDevice>, u64, u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let mut done = 0u64;
+        while done < len {
+            let off = offset + done;
+            let si = self.segment_at(off).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::OutOfRange,
+                    format!("LV {}: offset {off} past the end", self.name),
+                )
+            })?;
+            let seg = &self.segments[si];
+            let (a, pv_off, avail) = seg.map(off - seg.start);
+            let n = avail.min(len - done).min(seg.start + seg.len - off);
+            f(&self.pvs[seg.areas[a].pv].1, pv_off, off, n)
+                .map_err(|e| e.context(format!("LV {} at {off}", self.name)))?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::new(ErrorKind::ReadOnly, format!("LV {}", self.name)));
+        }
+        Ok(())
+    }
+}
+
+fn to_usize(v: u64) -> usize {
+    // Pieces are bounded by the caller's buffer length, which is a usize.
+    usize::try_from(v).expect("piece length fits the buffer")
+}
+
+impl BlockDevice for LogicalVolume {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut c = Capabilities {
+            read_only: self.read_only,
+            flush: Support::Native,
+            fua: Support::Native,
+            discard: Support::Native,
+            write_zeroes: Support::Native,
+            extents: false,
+        };
+        for (_, d) in &self.pvs {
+            let p = d.capabilities();
+            c.flush = c.flush.min(p.flush);
+            c.fua = c.fua.min(p.fua);
+            c.discard = c.discard.min(p.discard);
+            c.write_zeroes = c.write_zeroes.min(p.write_zeroes).max(Support::Emulate);
+        }
+        c
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        debug_assert!(offset.is_multiple_of(u64::from(self.geometry.logical_block_size)));
+        self.for_pieces(offset, buf.len() as u64, |dev, pv_off, off, n| {
+            let b = to_usize(off - offset);
+            dev.read_at(&mut buf[b..b + to_usize(n)], pv_off)
+        })
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.check_writable()?;
+        self.for_pieces(offset, buf.len() as u64, |dev, pv_off, off, n| {
+            let b = to_usize(off - offset);
+            dev.write_at(&buf[b..b + to_usize(n)], pv_off, flags)
+        })
+    }
+
+    fn flush(&self) -> Result<()> {
+        for (name, d) in &self.pvs {
+            d.flush()
+                .map_err(|e| e.context(format!("LV {}: flushing PV {name}", self.name)))?;
+        }
+        Ok(())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
+        self.for_pieces(offset, len, |dev, pv_off, _, n| dev.discard(pv_off, n))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.check_writable()?;
+        self.for_pieces(offset, len, |dev, pv_off, _, n| {
+            dev.write_zeroes(pv_off, n, flags)
+        })
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        self.for_pieces(offset, len, |dev, pv_off, _, n| dev.cache(pv_off, n))
+    }
+}

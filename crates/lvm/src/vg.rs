@@ -1,0 +1,1138 @@
+//! [`Vg`]: an open volume group, its PVs and the metadata commit protocol.
+//!
+//! ```text
+//!   open:   every PV ── label ── each mda header ── committed text (CRC) ── parse
+//!           the highest valid seqno wins; every PV of that VG must be present
+//!   change: model edit ── seqno+1 ── commit:
+//!             1. text -> free space of every mda, every PV     flush all
+//!             2. precommit headers (raw_locns[1] = new)        flush all
+//!             3. commit headers (raw_locns[0] = new, [1] = 0)  flush all
+//! ```
+//!
+//! All texts are durable before any header points at them, so after a crash at any
+//! point the highest valid seqno on any PV is a complete old or new VG. A commit that
+//! fails half-way poisons the handle: reopen the VG rather than guess what is on disk.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
+use serde::Serialize;
+
+use crate::alloc::{FreeMap, Run};
+use crate::label::{self, format_uuid, strip_uuid, PvHeader};
+use crate::lv::{LogicalVolume, MapArea, MapSegment};
+use crate::mda::MdaHeader;
+use crate::meta::{Area, LvMeta, PvMeta, SegKind, Segment, VolumeGroup};
+use crate::{message_of, pvcreate, validate_name, PvCreateOptions, PvDevice, DEFAULT_STRIPE_SIZE};
+
+/// How to open a VG.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenOptions {
+    /// Open even if PVs are missing: LVs on them are unavailable, nothing can change.
+    pub partial: bool,
+    /// Never write metadata; LVs open read-only.
+    pub read_only: bool,
+}
+
+/// What `lv_create` makes.
+#[derive(Debug, Clone, Default)]
+pub struct LvCreate {
+    pub name: String,
+    pub extents: u64,
+    /// 0 or 1: linear.
+    pub stripes: u32,
+    /// Bytes; lvm's default 64 KiB when `None`.
+    pub stripe_size: Option<u64>,
+}
+
+/// The outcome of a change to an LV.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LvChange {
+    pub name: String,
+    /// The LV's size in extents afterwards (0 when removed).
+    pub extents: u64,
+    /// Adjustments made on the way, as lvm would print them ("Rounding size ...").
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VgReport {
+    pub name: String,
+    pub uuid: String,
+    pub seqno: u64,
+    /// Bytes.
+    pub extent_size: u64,
+    pub extent_count: u64,
+    pub free_count: u64,
+    pub size: u64,
+    pub free: u64,
+    pub pv_count: usize,
+    pub lv_count: usize,
+    pub pvs: Vec<PvReport>,
+    pub lvs: Vec<LvReport>,
+    /// Things worth knowing about how it was opened (stale or unreadable copies).
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PvReport {
+    /// The device name given at open (or the metadata's hint if missing).
+    pub name: String,
+    /// The key in the metadata (`pv0`).
+    pub key: String,
+    pub uuid: String,
+    pub missing: bool,
+    pub dev_size: u64,
+    /// Bytes.
+    pub pe_start: u64,
+    pub pe_count: u64,
+    pub pe_alloc: u64,
+    pub free_count: u64,
+    pub size: u64,
+    pub free: u64,
+    pub allocatable: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SegReport {
+    pub start_extent: u64,
+    pub extent_count: u64,
+    pub segtype: String,
+    pub stripes: usize,
+    /// Bytes (0 for linear).
+    pub stripe_size: u64,
+    /// lvm's `seg_pe_ranges`: `dev:first-last` per stripe.
+    pub seg_pe_ranges: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LvReport {
+    pub name: String,
+    pub uuid: String,
+    pub size: u64,
+    pub extents: u64,
+    pub visible: bool,
+    pub writable: bool,
+    /// `None` if cairn can serve it; otherwise why not.
+    pub unavailable: Option<String>,
+    pub segments: Vec<SegReport>,
+}
+
+/// One valid metadata copy found on a PV.
+#[derive(Debug, Clone)]
+pub(crate) struct Copy {
+    pub name: String,
+    pub id: String,
+    pub seqno: u64,
+    pub vg: VolumeGroup,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Scan {
+    pub mdas: Vec<MdaHeader>,
+    pub copies: Vec<Copy>,
+    pub errors: Vec<String>,
+}
+
+/// Reads every metadata area the label lists; problems become messages naming the PV.
+pub(crate) fn scan_header(dev: &dyn BlockDevice, name: &str, h: &PvHeader) -> Scan {
+    let mut scan = Scan::default();
+    for area in &h.metadata_areas {
+        let m = match MdaHeader::read(dev, *area) {
+            Ok(m) => m,
+            Err(e) => {
+                scan.errors.push(format!("{name}: {}", message_of(&e)));
+                continue;
+            }
+        };
+        if m.committed.size != 0 && !m.ignored() {
+            let parsed = m
+                .read_text(dev, &m.committed)
+                .and_then(|t| VolumeGroup::from_text(&t));
+            match parsed {
+                Ok(vg) => scan.copies.push(Copy {
+                    name: vg.name.clone(),
+                    id: vg.id.clone(),
+                    seqno: vg.seqno,
+                    vg,
+                }),
+                Err(e) => scan
+                    .errors
+                    .push(format!("metadata on {name}, {}", message_of(&e))),
+            }
+        }
+        scan.mdas.push(m);
+    }
+    scan
+}
+
+#[derive(Debug)]
+struct Slot {
+    dev: Option<PvDevice>,
+    header: Option<PvHeader>,
+    mdas: Vec<MdaHeader>,
+}
+
+/// An open volume group.
+#[derive(Debug)]
+pub struct Vg {
+    meta: VolumeGroup,
+    /// Parallel to `meta.pvs`.
+    slots: Vec<Slot>,
+    opts: OpenOptions,
+    failed: bool,
+    description: String,
+    notes: Vec<String>,
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(0))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidArgument, msg)
+}
+
+impl VolumeGroup {
+    /// `vgcreate`: see [`Vg::create`].
+    pub fn create(name: &str, pvs: Vec<PvDevice>, extent_size: u64) -> Result<Vg> {
+        Vg::create(name, pvs, extent_size)
+    }
+}
+
+/// Reads a PV's label for joining a VG, making it a PV first if it is blank.
+fn label_for_new(pv: &PvDevice) -> Result<(PvHeader, Scan)> {
+    let h = match label::read(&*pv.dev).map_err(|e| e.context(&pv.name))? {
+        Some(h) => h,
+        None => {
+            pvcreate(pv, &PvCreateOptions::default())?;
+            label::read(&*pv.dev)?.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Io,
+                    format!("{}: the new label did not read back", pv.name),
+                )
+            })?
+        }
+    };
+    let scan = scan_header(&*pv.dev, &pv.name, &h);
+    if let Some(c) = scan.copies.first() {
+        return Err(invalid(format!("{} is already in VG {}", pv.name, c.name)));
+    }
+    if h.ext_flags & label::PV_EXT_USED != 0 {
+        return Err(invalid(format!(
+            "{} is marked as used by a VG whose metadata is not on it; give that VG's PVs",
+            pv.name
+        )));
+    }
+    if h.data_areas.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!("{}: the PV label has no data area", pv.name),
+        ));
+    }
+    if scan.mdas.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("{}: the PV has no usable metadata area", pv.name),
+        ));
+    }
+    Ok((h, scan))
+}
+
+fn pv_meta_for(key: String, pv: &PvDevice, h: &PvHeader, extent_sectors: u64) -> Result<PvMeta> {
+    let size = pv.dev.geometry().size;
+    let pe_start = h.data_areas[0].offset;
+    if !pe_start.is_multiple_of(512) {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!("{}: pe_start {pe_start} is not sector aligned", pv.name),
+        ));
+    }
+    let pe_count = size.saturating_sub(pe_start) / 512 / extent_sectors;
+    if pe_count == 0 {
+        return Err(Error::new(
+            ErrorKind::NoSpace,
+            format!(
+                "{} is too small to hold one {}-byte extent after its metadata",
+                pv.name,
+                extent_sectors * 512
+            ),
+        ));
+    }
+    Ok(PvMeta::new(
+        key,
+        format_uuid(&h.uuid),
+        pv.name.clone(),
+        size / 512,
+        pe_start / 512,
+        pe_count,
+    ))
+}
+
+impl Vg {
+    /// `vgcreate`: makes a VG over `pvs` (blank devices are made PVs first) with extents of
+    /// `extent_size` bytes, and commits its first metadata (seqno 1).
+    pub fn create(name: &str, pvs: Vec<PvDevice>, extent_size: u64) -> Result<Vg> {
+        validate_name("VG", name)?;
+        if !extent_size_ok(extent_size) {
+            return Err(invalid(format!(
+                "extent size {extent_size} must be a power of two of at least 4 KiB, or a \
+                 multiple of 128 KiB (lvm's rule)"
+            )));
+        }
+        if pvs.is_empty() {
+            return Err(invalid("a VG needs at least one PV"));
+        }
+        let es = extent_size / 512;
+        let mut meta = VolumeGroup::new(name.to_string(), format_uuid(&label::new_uuid()), es);
+        let mut slots = Vec::new();
+        for (i, pv) in pvs.into_iter().enumerate() {
+            let (h, scan) = label_for_new(&pv)?;
+            if meta.pvs.iter().any(|p| strip_uuid(&p.id) == h.uuid) {
+                return Err(invalid(format!(
+                    "{} is given twice (same PV uuid)",
+                    pv.name
+                )));
+            }
+            meta.pvs.push(pv_meta_for(format!("pv{i}"), &pv, &h, es)?);
+            slots.push(Slot {
+                dev: Some(pv),
+                header: Some(h),
+                mdas: scan.mdas,
+            });
+        }
+        let mut vg = Vg {
+            meta: meta.clone(),
+            slots,
+            opts: OpenOptions::default(),
+            failed: false,
+            description: format!("cairn lvm vgcreate {name}"),
+            notes: vec![],
+        };
+        vg.commit(meta)?;
+        vg.mark_used()?;
+        Ok(vg)
+    }
+
+    /// Sets `PV_EXT_USED` in the labels of present PVs that lack it.
+    fn mark_used(&mut self) -> Result<()> {
+        for s in &mut self.slots {
+            if let (Some(d), Some(h)) = (&s.dev, &mut s.header) {
+                if h.ext_version >= 2 && h.ext_flags & label::PV_EXT_USED == 0 {
+                    h.ext_flags |= label::PV_EXT_USED;
+                    label::write(&*d.dev, h).map_err(|e| e.context(&d.name))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens the VG held by `pvs` (all its PVs must be given).
+    pub fn open(pvs: Vec<PvDevice>) -> Result<Vg> {
+        Vg::open_with(pvs, OpenOptions::default())
+    }
+
+    pub fn open_with(pvs: Vec<PvDevice>, opts: OpenOptions) -> Result<Vg> {
+        if pvs.is_empty() {
+            return Err(invalid("no devices given"));
+        }
+        let mut found = Vec::new();
+        let mut errors = Vec::new();
+        let mut copies: Vec<(usize, Copy)> = Vec::new();
+        for (i, pv) in pvs.iter().enumerate() {
+            let h = label::read(&*pv.dev)
+                .map_err(|e| Error::new(e.kind(), format!("{}: {}", pv.name, message_of(&e))))?
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::NotFound,
+                        format!("{} is not an LVM2 physical volume (no label)", pv.name),
+                    )
+                })?;
+            let scan = scan_header(&*pv.dev, &pv.name, &h);
+            errors.extend(scan.errors.iter().cloned());
+            copies.extend(scan.copies.iter().cloned().map(|c| (i, c)));
+            found.push((h, scan.mdas));
+        }
+        let Some(best) = copies
+            .iter()
+            .max_by_key(|(_, c)| c.seqno)
+            .map(|(_, c)| c.clone())
+        else {
+            return Err(if errors.is_empty() {
+                Error::new(
+                    ErrorKind::NotFound,
+                    "none of the devices holds VG metadata (PVs not in a VG?)",
+                )
+            } else {
+                Error::new(
+                    ErrorKind::Corrupt,
+                    format!("no valid VG metadata: {}", errors.join("; ")),
+                )
+            });
+        };
+        let mut ids: Vec<(String, String)> = copies
+            .iter()
+            .map(|(_, c)| (c.id.clone(), c.name.clone()))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        if ids.len() > 1 {
+            let names: Vec<String> = ids.iter().map(|(_, n)| n.clone()).collect();
+            return Err(invalid(format!(
+                "the devices hold more than one VG ({}); give the PVs of one VG",
+                names.join(", ")
+            )));
+        }
+        let mut notes: Vec<String> = errors
+            .iter()
+            .map(|e| format!("{e} (another copy is used)"))
+            .collect();
+        for (i, c) in &copies {
+            if c.seqno < best.seqno {
+                notes.push(format!(
+                    "{} holds older metadata (seqno {}, current {}); the next change rewrites it",
+                    pvs[*i].name, c.seqno, best.seqno
+                ));
+            }
+        }
+        let meta = best.vg;
+        let mut slots: Vec<Slot> = meta
+            .pvs
+            .iter()
+            .map(|_| Slot {
+                dev: None,
+                header: None,
+                mdas: vec![],
+            })
+            .collect();
+        for (pv, (h, mdas)) in pvs.into_iter().zip(found) {
+            let Some(idx) = meta.pvs.iter().position(|p| strip_uuid(&p.id) == h.uuid) else {
+                return Err(invalid(format!(
+                    "{} (PV {}) is not a PV of VG {}",
+                    pv.name,
+                    format_uuid(&h.uuid),
+                    meta.name
+                )));
+            };
+            if slots[idx].dev.is_some() {
+                return Err(invalid(format!(
+                    "{} is given twice (same PV uuid)",
+                    pv.name
+                )));
+            }
+            slots[idx] = Slot {
+                dev: Some(pv),
+                header: Some(h),
+                mdas,
+            };
+        }
+        let missing: Vec<String> = meta
+            .pvs
+            .iter()
+            .zip(&slots)
+            .filter(|(_, s)| s.dev.is_none())
+            .map(|(p, _)| match &p.device {
+                Some(d) => format!("{} (uuid {}, last seen as {d})", p.key, p.id),
+                None => format!("{} (uuid {})", p.key, p.id),
+            })
+            .collect();
+        if !missing.is_empty() {
+            let msg = format!("VG {} is missing PV {}", meta.name, missing.join(", "));
+            if !opts.partial {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("{msg}; give all its devices"),
+                ));
+            }
+            notes.push(msg);
+        }
+        for n in &notes {
+            tracing::warn!("{n}");
+        }
+        Ok(Vg {
+            description: String::new(),
+            meta,
+            slots,
+            opts: OpenOptions {
+                read_only: opts.read_only || !missing.is_empty(),
+                ..opts
+            },
+            failed: false,
+            notes,
+        })
+    }
+
+    /// The committed metadata.
+    pub fn metadata(&self) -> &VolumeGroup {
+        &self.meta
+    }
+
+    pub fn name(&self) -> &str {
+        &self.meta.name
+    }
+
+    /// Warnings from opening (unreadable or stale copies, missing PVs).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// The trailer `description` of the next commit (lvm puts the command line there).
+    pub fn set_description(&mut self, d: impl Into<String>) {
+        self.description = d.into();
+    }
+
+    /// Names of the LVs cairn can serve: visible and mappable.
+    pub fn exportable_lvs(&self) -> Vec<String> {
+        self.meta
+            .lvs
+            .iter()
+            .filter(|l| l.visible() && l.unsupported.is_none())
+            .map(|l| l.name.clone())
+            .collect()
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.failed {
+            return Err(Error::new(
+                ErrorKind::PreviousIo,
+                format!(
+                    "VG {}: an earlier metadata write failed; reopen the VG",
+                    self.meta.name
+                ),
+            ));
+        }
+        if self.opts.read_only {
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                format!("VG {} is open read-only (or partially)", self.meta.name),
+            ));
+        }
+        self.meta
+            .writable()
+            .map_err(|m| Error::new(ErrorKind::Unsupported, m))
+    }
+
+    /// Writes `new` as the next seqno to every metadata area of every present PV.
+    fn commit(&mut self, mut new: VolumeGroup) -> Result<()> {
+        new.seqno = self.meta.seqno + 1;
+        for (p, s) in new.pvs.iter_mut().zip(&self.slots) {
+            if let Some(d) = &s.dev {
+                p.device = Some(d.name.clone());
+            }
+        }
+        new.trailer.description = if self.description.is_empty() {
+            "cairn".into()
+        } else {
+            self.description.clone()
+        };
+        new.trailer.creation_host = hostname();
+        new.trailer.creation_time = now();
+        let text = new.to_text();
+        let len = text.len() as u64 + 1;
+        let mut targets = Vec::new();
+        for (si, s) in self.slots.iter().enumerate() {
+            if s.dev.is_none() {
+                continue;
+            }
+            for (mi, m) in s.mdas.iter().enumerate() {
+                if !m.ignored() {
+                    m.next_location(len)
+                        .map_err(|e| e.context(&s.dev.as_ref().expect("present").name))?;
+                    targets.push((si, mi));
+                }
+            }
+        }
+        if targets.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("VG {}: no PV has a metadata area to write to", new.name),
+            ));
+        }
+        let seqno = new.seqno;
+        let result = self.write_phases(&targets, text.as_bytes());
+        match result {
+            Ok(locs) => {
+                for ((si, mi), l) in targets.iter().zip(locs) {
+                    let m = &mut self.slots[*si].mdas[*mi];
+                    m.committed = l;
+                    m.precommitted = Default::default();
+                }
+                self.meta = new;
+                Ok(())
+            }
+            Err(e) => {
+                self.failed = true;
+                Err(e.context(format!(
+                    "VG {}: committing metadata seqno {seqno}",
+                    new.name
+                )))
+            }
+        }
+    }
+
+    fn write_phases(
+        &self,
+        targets: &[(usize, usize)],
+        text: &[u8],
+    ) -> Result<Vec<crate::mda::RawLocn>> {
+        let dev = |si: usize| self.slots[si].dev.as_ref().expect("present PV");
+        let flush_all = || -> Result<()> {
+            for s in &self.slots {
+                if let Some(d) = &s.dev {
+                    d.dev
+                        .flush()
+                        .map_err(|e| e.context(format!("{}: flush", d.name)))?;
+                }
+            }
+            Ok(())
+        };
+        let mut locs = Vec::new();
+        for &(si, mi) in targets {
+            let d = dev(si);
+            let l = self.slots[si].mdas[mi]
+                .write_text(&*d.dev, text)
+                .map_err(|e| e.context(&d.name))?;
+            locs.push(l);
+        }
+        flush_all()?;
+        for (&(si, mi), l) in targets.iter().zip(&locs) {
+            let d = dev(si);
+            let mut h = self.slots[si].mdas[mi].clone();
+            h.precommitted = *l;
+            h.write(&*d.dev, WriteFlags::NONE)
+                .map_err(|e| e.context(&d.name))?;
+        }
+        flush_all()?;
+        for (&(si, mi), l) in targets.iter().zip(&locs) {
+            let d = dev(si);
+            let mut h = self.slots[si].mdas[mi].clone();
+            h.committed = *l;
+            h.precommitted = Default::default();
+            h.write(&*d.dev, WriteFlags::NONE)
+                .map_err(|e| e.context(&d.name))?;
+        }
+        flush_all()?;
+        Ok(locs)
+    }
+
+    /// `vgextend`: adds PVs (blank devices are made PVs first).
+    pub fn extend(&mut self, pvs: Vec<PvDevice>) -> Result<()> {
+        self.check_writable()?;
+        let mut new = self.meta.clone();
+        let mut slots = Vec::new();
+        for pv in pvs {
+            let (h, scan) = label_for_new(&pv)?;
+            if new.pvs.iter().any(|p| strip_uuid(&p.id) == h.uuid) {
+                return Err(invalid(format!(
+                    "{} is already in VG {}",
+                    pv.name, new.name
+                )));
+            }
+            let mut n = new.pvs.len();
+            while new.pvs.iter().any(|p| p.key == format!("pv{n}")) {
+                n += 1;
+            }
+            new.pvs
+                .push(pv_meta_for(format!("pv{n}"), &pv, &h, new.extent_size)?);
+            slots.push(Slot {
+                dev: Some(pv),
+                header: Some(h),
+                mdas: scan.mdas,
+            });
+        }
+        let before = self.slots.len();
+        self.slots.extend(slots);
+        if let Err(e) = self.commit(new) {
+            if !self.failed {
+                self.slots.truncate(before);
+            }
+            return Err(e);
+        }
+        self.mark_used()
+    }
+
+    fn lv_meta(&self, name: &str) -> Result<&LvMeta> {
+        self.meta.lv(name).ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("LV {}/{name} does not exist", self.meta.name),
+            )
+        })
+    }
+
+    fn changeable(&self, name: &str) -> Result<&LvMeta> {
+        let lv = self.lv_meta(name)?;
+        if let Some(why) = &lv.unsupported {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("cairn cannot change LV {}/{name}: {why}", self.meta.name),
+            ));
+        }
+        Ok(lv)
+    }
+
+    /// `lvcreate`.
+    pub fn lv_create(&mut self, c: &LvCreate) -> Result<LvChange> {
+        self.check_writable()?;
+        validate_name("LV", &c.name)?;
+        if self.meta.lv(&c.name).is_some() {
+            return Err(invalid(format!(
+                "LV {}/{} already exists",
+                self.meta.name, c.name
+            )));
+        }
+        if c.extents == 0 {
+            return Err(invalid("an LV needs at least one extent"));
+        }
+        let mut notes = Vec::new();
+        let mut free = FreeMap::of(&self.meta)?;
+        let k = u64::from(c.stripes.max(1));
+        let segments = if k == 1 {
+            if c.stripe_size.is_some() {
+                notes.push("Ignoring stripe size for a linear LV.".into());
+            }
+            runs_to_linear(0, free.linear(c.extents, None)?)
+        } else {
+            let z = self.stripe_size(c.stripe_size)?;
+            let mut n = c.extents;
+            if !n.is_multiple_of(k) {
+                let r = n.div_ceil(k) * k;
+                notes.push(format!(
+                    "Rounding size ({n} extents) up to stripe boundary size ({r} extents)."
+                ));
+                n = r;
+            }
+            let k_usize = usize::try_from(k).unwrap_or(usize::MAX);
+            let rounds = free.striped(n / k, k_usize)?;
+            rounds_to_striped(0, z, rounds)
+        };
+        let size: u64 = segments.iter().map(|s| s.extent_count).sum();
+        let lv = LvMeta::new(
+            c.name.clone(),
+            format_uuid(&label::new_uuid()),
+            now(),
+            hostname(),
+            segments,
+        );
+        let mut new = self.meta.clone();
+        new.lvs.push(lv);
+        self.commit(new)?;
+        Ok(LvChange {
+            name: c.name.clone(),
+            extents: size,
+            notes,
+        })
+    }
+
+    /// A stripe size in sectors from bytes, checked like lvm.
+    fn stripe_size(&self, bytes: Option<u64>) -> Result<u64> {
+        let b = bytes.unwrap_or(DEFAULT_STRIPE_SIZE);
+        let extent = self.meta.extent_size * 512;
+        if b < 4096 || !b.is_power_of_two() {
+            return Err(invalid(format!(
+                "stripe size {b} must be a power of two of at least 4 KiB"
+            )));
+        }
+        if b > extent {
+            return Err(invalid(format!(
+                "stripe size {b} may not exceed the extent size {extent}"
+            )));
+        }
+        Ok(b / 512)
+    }
+
+    /// `lvextend`: adds `extents` extents at the end.
+    pub fn lv_extend(&mut self, name: &str, extents: u64) -> Result<LvChange> {
+        self.check_writable()?;
+        let lv = self.changeable(name)?.clone();
+        if extents == 0 {
+            return Err(invalid("extend by at least one extent"));
+        }
+        let mut free = FreeMap::of(&self.meta)?;
+        let mut notes = Vec::new();
+        let mut segs = lv.segments.clone();
+        let end = lv.extents();
+        let last = segs
+            .last()
+            .cloned()
+            .ok_or_else(|| invalid(format!("LV {name} has no segments")))?;
+        let SegKind::Striped {
+            stripe_size,
+            stripes,
+        } = &last.kind
+        else {
+            unreachable!("changeable LVs are striped")
+        };
+        let k = stripes.len() as u64;
+        if k == 1 {
+            let a = &stripes[0];
+            let runs = free.linear(extents, Some((&a.pv, a.pe + last.extent_count)))?;
+            let mut runs = runs.into_iter().peekable();
+            if let Some(r) = runs.peek() {
+                if r.pv == a.pv && r.pe == a.pe + last.extent_count {
+                    let n = segs.len() - 1;
+                    segs[n].extent_count += r.count;
+                    runs.next();
+                }
+            }
+            let start = segs.iter().map(|s| s.extent_count).sum();
+            segs.extend(runs_to_linear(start, runs.collect()));
+        } else {
+            let mut n = extents;
+            if !n.is_multiple_of(k) {
+                let r = n.div_ceil(k) * k;
+                notes.push(format!(
+                    "Rounding size ({n} extents) up to stripe boundary size ({r} extents)."
+                ));
+                n = r;
+            }
+            let per_old = last.extent_count / k;
+            let per = n / k;
+            if stripes
+                .iter()
+                .all(|a| free.is_free(&a.pv, a.pe + per_old, per))
+            {
+                let i = segs.len() - 1;
+                segs[i].extent_count += n;
+            } else {
+                let rounds = free.striped(per, usize::try_from(k).unwrap_or(usize::MAX))?;
+                segs.extend(rounds_to_striped(end, *stripe_size, rounds));
+            }
+        }
+        let size: u64 = segs.iter().map(|s| s.extent_count).sum();
+        self.replace_lv(name, |l| l.segments = segs)?;
+        Ok(LvChange {
+            name: name.to_string(),
+            extents: size,
+            notes,
+        })
+    }
+
+    fn replace_lv(&mut self, name: &str, f: impl FnOnce(&mut LvMeta)) -> Result<()> {
+        let mut new = self.meta.clone();
+        let lv = new
+            .lvs
+            .iter_mut()
+            .find(|l| l.name == name)
+            .expect("checked by the caller");
+        f(lv);
+        self.commit(new)
+    }
+
+    /// `lvreduce`: removes `extents` extents from the end. Without `force` it refuses,
+    /// saying what would be lost.
+    pub fn lv_reduce(&mut self, name: &str, extents: u64, force: bool) -> Result<LvChange> {
+        self.check_writable()?;
+        let lv = self.changeable(name)?.clone();
+        let size = lv.extents();
+        if extents == 0 {
+            return Err(invalid("reduce by at least one extent"));
+        }
+        if extents >= size {
+            return Err(invalid(format!(
+                "reducing LV {}/{name} by {extents} extents would leave nothing (it has {size}); \
+                 remove it instead",
+                self.meta.name
+            )));
+        }
+        let mut target = size - extents;
+        let mut notes = Vec::new();
+        let mut segs = lv.segments.clone();
+        while let Some(last) = segs.last_mut() {
+            if last.start_extent >= target {
+                segs.pop();
+                continue;
+            }
+            let keep = target - last.start_extent;
+            let k = last.areas().len().max(1) as u64;
+            let keep_r = keep.div_ceil(k) * k;
+            if keep_r != keep {
+                notes.push(format!(
+                    "Rounding size ({target} extents) up to stripe boundary size for segment ({} extents).",
+                    last.start_extent + keep_r
+                ));
+                target = last.start_extent + keep_r;
+            }
+            last.extent_count = keep_r;
+            break;
+        }
+        if target >= size {
+            return Err(invalid(format!(
+                "LV {}/{name}: reducing by {extents} extents is less than one stripe row; nothing to do",
+                self.meta.name
+            )));
+        }
+        let es = self.meta.extent_size * 512;
+        if !force {
+            return Err(invalid(format!(
+                "reducing LV {}/{name} from {size} to {target} extents would discard the data in its \
+                 last {} extents ({} bytes, from byte {}); pass force to reduce anyway",
+                self.meta.name,
+                size - target,
+                (size - target) * es,
+                target * es
+            )));
+        }
+        self.replace_lv(name, |l| l.segments = segs)?;
+        Ok(LvChange {
+            name: name.to_string(),
+            extents: target,
+            notes,
+        })
+    }
+
+    /// `lvrename`.
+    pub fn lv_rename(&mut self, old: &str, new_name: &str) -> Result<()> {
+        self.check_writable()?;
+        self.lv_meta(old)?;
+        validate_name("LV", new_name)?;
+        if self.meta.lv(new_name).is_some() {
+            return Err(invalid(format!(
+                "LV {}/{new_name} already exists",
+                self.meta.name
+            )));
+        }
+        let n = new_name.to_string();
+        self.replace_lv(old, |l| l.name = n)
+    }
+
+    /// `lvremove`.
+    pub fn lv_remove(&mut self, name: &str) -> Result<()> {
+        self.check_writable()?;
+        self.changeable(name)?;
+        let mut new = self.meta.clone();
+        new.lvs.retain(|l| l.name != name);
+        self.commit(new)
+    }
+
+    /// Opens an LV as a block device.
+    pub fn lv(&self, name: &str) -> Result<Arc<LogicalVolume>> {
+        let lv = self.lv_meta(name)?;
+        let full = format!("{}/{name}", self.meta.name);
+        if let Some(why) = &lv.unsupported {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("LV {full} is unavailable: {why}"),
+            ));
+        }
+        if !lv.visible() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("LV {full} is an internal LV (not VISIBLE); it is not served on its own"),
+            ));
+        }
+        let es = self.meta.extent_size * 512;
+        let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
+        let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        let mut map = Vec::new();
+        for seg in &lv.segments {
+            let SegKind::Striped {
+                stripe_size,
+                stripes,
+            } = &seg.kind
+            else {
+                unreachable!("supported LVs are striped")
+            };
+            let mut areas = Vec::new();
+            for a in stripes {
+                let pi = self
+                    .meta
+                    .pvs
+                    .iter()
+                    .position(|p| p.key == a.pv)
+                    .expect("checked at parse");
+                let p = &self.meta.pvs[pi];
+                let Some(d) = &self.slots[pi].dev else {
+                    return Err(Error::new(
+                        ErrorKind::Degraded,
+                        format!("LV {full} needs PV {} ({}), which is missing", p.key, p.id),
+                    ));
+                };
+                let idx = *index.entry(a.pv.clone()).or_insert_with(|| {
+                    devs.push((d.name.clone(), d.dev.clone()));
+                    devs.len() - 1
+                });
+                areas.push(MapArea {
+                    pv: idx,
+                    offset: p.pe_start * 512 + a.pe * es,
+                });
+            }
+            map.push(MapSegment {
+                start: seg.start_extent * es,
+                len: seg.extent_count * es,
+                stripe_size: stripe_size * 512,
+                areas,
+            });
+        }
+        let ro = self.opts.read_only || !lv.writable();
+        LogicalVolume::new(full, devs, map, ro).map(Arc::new)
+    }
+
+    /// `vgs` + `pvs` + `lvs` in one.
+    pub fn report(&self) -> VgReport {
+        let m = &self.meta;
+        let es = m.extent_size * 512;
+        let free = FreeMap::of(m).ok();
+        let name_of = |key: &str| -> String {
+            m.pvs
+                .iter()
+                .position(|p| p.key == key)
+                .map(|i| match (&self.slots[i].dev, &m.pvs[i].device) {
+                    (Some(d), _) => d.name.clone(),
+                    (None, Some(h)) => h.clone(),
+                    (None, None) => format!("[unknown {key}]"),
+                })
+                .unwrap_or_else(|| key.to_string())
+        };
+        let pvs: Vec<PvReport> = m
+            .pvs
+            .iter()
+            .zip(&self.slots)
+            .map(|(p, s)| {
+                let fc = free.as_ref().map_or(0, |f| f.free_on(&p.key));
+                PvReport {
+                    name: name_of(&p.key),
+                    key: p.key.clone(),
+                    uuid: p.id.clone(),
+                    missing: s.dev.is_none(),
+                    dev_size: p.dev_size * 512,
+                    pe_start: p.pe_start * 512,
+                    pe_count: p.pe_count,
+                    pe_alloc: p.pe_count - fc.min(p.pe_count),
+                    free_count: fc,
+                    size: p.pe_count * es,
+                    free: fc * es,
+                    allocatable: p.allocatable(),
+                }
+            })
+            .collect();
+        let lvs = m
+            .lvs
+            .iter()
+            .map(|l| LvReport {
+                name: l.name.clone(),
+                uuid: l.id.clone(),
+                size: l.extents() * es,
+                extents: l.extents(),
+                visible: l.visible(),
+                writable: l.writable(),
+                unavailable: l.unsupported.clone(),
+                segments: l
+                    .segments
+                    .iter()
+                    .map(|s| {
+                        let k = s.areas().len() as u64;
+                        let per = s.extent_count.checked_div(k).unwrap_or(0);
+                        SegReport {
+                            start_extent: s.start_extent,
+                            extent_count: s.extent_count,
+                            segtype: s.type_name().to_string(),
+                            stripes: s.areas().len(),
+                            stripe_size: match &s.kind {
+                                SegKind::Striped { stripe_size, .. } => stripe_size * 512,
+                                SegKind::Other(_) => 0,
+                            },
+                            seg_pe_ranges: s
+                                .areas()
+                                .iter()
+                                .map(|a| {
+                                    format!("{}:{}-{}", name_of(&a.pv), a.pe, a.pe + per.max(1) - 1)
+                                })
+                                .collect::<Vec<_>>()
+                                .join(" "),
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        let extent_count: u64 = m.pvs.iter().map(|p| p.pe_count).sum();
+        let free_count = free.as_ref().map_or(0, FreeMap::free);
+        VgReport {
+            name: m.name.clone(),
+            uuid: m.id.clone(),
+            seqno: m.seqno,
+            extent_size: es,
+            extent_count,
+            free_count,
+            size: extent_count * es,
+            free: free_count * es,
+            pv_count: m.pvs.len(),
+            lv_count: m.lvs.iter().filter(|l| l.visible()).count(),
+            pvs,
+            lvs,
+            notes: self.notes.clone(),
+        }
+    }
+}
+
+fn runs_to_linear(start: u64, runs: Vec<Run>) -> Vec<Segment> {
+    let mut at = start;
+    runs.into_iter()
+        .map(|r| {
+            let s = Segment::striped(at, r.count, 0, vec![Area { pv: r.pv, pe: r.pe }]);
+            at += r.count;
+            s
+        })
+        .collect()
+}
+
+fn rounds_to_striped(start: u64, stripe_size: u64, rounds: Vec<Vec<Run>>) -> Vec<Segment> {
+    let mut at = start;
+    rounds
+        .into_iter()
+        .map(|round| {
+            let k = round.len() as u64;
+            let count = round.first().map_or(0, |r| r.count) * k;
+            let s = Segment::striped(
+                at,
+                count,
+                stripe_size,
+                round
+                    .into_iter()
+                    .map(|r| Area { pv: r.pv, pe: r.pe })
+                    .collect(),
+            );
+            at += count;
+            s
+        })
+        .collect()
+}
+
+/// lvm's rule for extent sizes: a power of two (cairn: at least 4 KiB), or a multiple of
+/// 128 KiB ("Physical Extent size must be a multiple of 128.00 KiB when not a power of
+/// 2"), at most 1 TiB.
+pub fn extent_size_ok(b: u64) -> bool {
+    let pow2 = b >= 4096 && b.is_power_of_two();
+    (pow2 || (b > 0 && b.is_multiple_of(128 << 10))) && b <= 1 << 40
+}
+
+/// The extent size that keeps every extent on a full stripe of every PV: `wanted`
+/// raised to the least common multiple with each PV's optimal I/O size (a RAID full
+/// stripe such as 192 KiB makes 4 MiB extents 12 MiB). `None` when that would exceed
+/// 1 GiB or break lvm's rule; the caller then keeps `wanted` and warns.
+pub fn aligned_extent_size(wanted: u64, pvs: &[PvDevice]) -> Option<u64> {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let mut e = wanted;
+    for pv in pvs {
+        let o = u64::from(pv.dev.geometry().optimal_io_size).max(1);
+        e = e.checked_mul(o / gcd(e, o))?;
+    }
+    (e <= 1 << 30 && extent_size_ok(e)).then_some(e)
+}

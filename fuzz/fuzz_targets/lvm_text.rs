@@ -1,0 +1,7 @@
+//! cargo-fuzz entry for `lvm_harness::lvm_text`; see ../lvm_harness.rs for what it checks.
+#![no_main]
+
+#[path = "../lvm_harness.rs"]
+mod lvm_harness;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| lvm_harness::lvm_text(data));
