@@ -27,6 +27,8 @@ needed=(
   "cryptsetup cryptsetup-bin"
   "lvm lvm2"
   "jq jq"
+  "curl curl"       # tests/interop/operator.sh: the control API over its Unix socket
+  "tmux tmux"       # tests/interop/operator.sh: cairn status under a real terminal
   "xz xz-utils"
 )
 

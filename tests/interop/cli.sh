@@ -27,8 +27,11 @@ t_quickstart_pasted_commands() {
   sleep 0.5 # the rest of the text
   cat "$WORK/qs.out"
   expect_contains "$(cat "$WORK/qs.out")" "$WORK/home/.local/share/cairn/demo-raid6-0.img" "demo member path"
-  expect_contains "$(cat "$WORK/qs.out")" "Raid Level : raid6" "the md detail of the demo array"
-  expect_contains "$(cat "$WORK/qs.out")" "RAID6 -> LUKS2 -> LVM" "the road ahead"
+  expect_contains "$(cat "$WORK/qs.out")" "raid6 4 members, chunk 64 KiB" "the status tree's md line"
+  expect_contains "$(cat "$WORK/qs.out")" "└─ lv demo/home" "the status tree's LV line"
+  expect_contains "$(cat "$WORK/qs.out")" "mkfs.ext4 -E stride=16,stripe_width=32" "the advise line"
+  expect_contains "$(cat "$WORK/qs.out")" "RAID6 -> LUKS2 -> LVM (home, media)" "the classic stack"
+  expect_contains "$(cat "$WORK/qs.out")" "demo/media" "the media LV is served too"
   expect_contains "$(cat "$WORK/qs.out")" "demo stack: RAID6 -> LUKS2" "the demo is encrypted"
   expect_contains "$(cat "$WORK/qs.out")" "DEMO KEY" "the demo key is labelled as such"
   expect_eq "$(stat -c %a "$WORK/home/.local/share/cairn/demo.key")" 600 "demo key file mode"
@@ -36,10 +39,10 @@ t_quickstart_pasted_commands() {
   local line
   line=$(grep -m1 '^  nbdinfo ' "$WORK/qs.out") || fail "no nbdinfo example printed"
   out=$(eval "$line") || fail "the printed command failed: $line"
-  expect_contains "$out" "export-size: 1073741824" "output of: $line"
+  expect_contains "$out" "export-size: 536870912" "output of: $line (home: half of 1 GiB)"
   line=$(grep -m1 '^  qemu-img info ' "$WORK/qs.out") || fail "no qemu-img example printed"
   out=$(eval "$line") || fail "the printed command failed: $line"
-  expect_contains "$out" "virtual size: 1 GiB" "output of: $line"
+  expect_contains "$out" "virtual size: 512 MiB" "output of: $line"
   stop_cairn INT
   expect_eq "$CAIRN_STATUS" 0 "quickstart exit status after Ctrl-C"
   [ ! -e "$WORK/run/cairn/nbd.sock" ] || fail "the socket was left behind"
@@ -66,22 +69,38 @@ t_quickstart_nbdfuse_line() {
   register fuse "$dir"
   eval "$line"
   register pid $!
-  for _ in $(seq 100); do [ -e "$dir/demo" ] && break; sleep 0.1; done
-  expect_eq "$(stat -c %s "$dir/demo")" $((64 << 20)) "size of the nbdfuse file"
-  # One whole 4 KiB block: cairn advertises a 512-byte minimum block size, and nbdfuse
-  # (libnbd) refuses smaller or unaligned writes rather than read-modify-write them.
-  echo "hello from a pasted command" | dd of="$dir/demo" bs=4096 conv=notrunc,sync status=none
+  for _ in $(seq 100); do [ -e "$dir/demo-home" ] && break; sleep 0.1; done
+  expect_eq "$(stat -c %s "$dir/demo-home")" $((32 << 20)) "size of the nbdfuse file (home)"
+  # The printed filesystem line, with the mount point moved out of /mnt: a loop device
+  # with 4K sectors (LUKS2's), mkfs.ext4 aligned to the stripe, mount.
+  need_tool mkfs.ext4 dumpe2fs
+  line=$(grep -m1 '^  LOOP=.*mkfs.ext4' "$WORK/qs.out") || fail "no mkfs example printed"
+  mkdir -p "$WORK/mnt"
+  [ "${line% /mnt}" != "$line" ] || fail "the mkfs line does not end in /mnt: $line"
+  line="${line% /mnt} $WORK/mnt"
+  eval "$line"
+  register loop "$LOOP"
+  register mount "$WORK/mnt"
+  echo "hello from a pasted command" >"$WORK/mnt/hello"
+  umount "$WORK/mnt"
+  dumpe2fs -h "$LOOP" 2>/dev/null | grep -E 'RAID stripe width:\s+32'
+  losetup -d "$LOOP"
   fusermount3 -u "$dir"
   rmdir "$dir"
   stop_cairn INT
   expect_eq "$CAIRN_STATUS" 0 "quickstart exit status"
   # The data is in the array: serve its members again and read it back.
   local d=$WORK/demo
-  start_cairn --md "$d/demo-raid6-0.img,$d/demo-raid6-1.img,$d/demo-raid6-2.img,$d/demo-raid6-3.img:demo" \
-    --luks --key-file "$d/demo.key"
-  nbdcopy "$(unix_uri demo)" "$WORK/back.img"
+  start_cairn --md "$d/demo-raid6-0.img,$d/demo-raid6-1.img,$d/demo-raid6-2.img,$d/demo-raid6-3.img" \
+    --luks --lvm --key-file "$d/demo.key"
+  attach_export "$(unix_uri demo/home)"
+  e2fsck -fn "$LOOP"
+  mount -o ro "$LOOP" "$WORK/mnt"
+  register mount "$WORK/mnt"
+  expect_eq "$(cat "$WORK/mnt/hello")" "hello from a pasted command" "data in the demo's home"
+  umount "$WORK/mnt"
+  detach_export
   stop_cairn
-  expect_eq "$(head -c 27 "$WORK/back.img")" "hello from a pasted command" "data in the demo array"
 }
 
 # --json for scripts: one line, the real TCP port when 0 was asked for.

@@ -292,7 +292,13 @@ attach_export() {
     sleep 0.1
   done
   [ -e "$fuse/nbd" ] || fail "nbdfuse did not show $fuse/nbd within 10 s"
-  LOOP=$(losetup -f --show "$fuse/nbd")
+  # The loop device's sector is the export's minimum block (4096 on LUKS2 with 4K
+  # sectors), so the kernel never sends nbdfuse a write the export would refuse.
+  local bs
+  bs=$(nbdinfo --json "$uri" | py -c 'import json,sys
+print(json.load(sys.stdin)["exports"][0].get("block_size_minimum", 512))')
+  [ "$bs" -ge 512 ] 2>/dev/null || bs=512
+  LOOP=$(losetup -f --show -b "$bs" "$fuse/nbd")
   register loop "$LOOP"
   say "export $uri is $LOOP"
 }

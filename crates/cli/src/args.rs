@@ -76,6 +76,14 @@ pub enum Command {
     #[command(long_about = SERVE_LONG, after_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
 
+    /// Show the running server's stacks as a tree: states, sizes, background work
+    #[command(long_about = STATUS_LONG, after_help = STATUS_EXAMPLES)]
+    Status(StatusArgs),
+
+    /// Live I/O per export and per md member, refreshed like iostat -x
+    #[command(long_about = TOP_LONG, after_help = TOP_EXAMPLES)]
+    Top(TopArgs),
+
     /// Create a demo RAID6 -> LUKS2 stack on sparse files and serve it: the fastest way to
     /// try cairn
     #[command(long_about = QUICKSTART_LONG, after_help = QUICKSTART_EXAMPLES)]
@@ -88,6 +96,124 @@ pub enum Command {
     /// LUKS encryption (cryptsetup's format): format, dump, add-key, remove-key, ...
     #[command(subcommand, long_about = LUKS_LONG, after_help = LUKS_EXAMPLES)]
     Luks(LuksCommand),
+
+    /// Report the md arrays and LUKS volumes on files, block devices and directories,
+    /// and what `cairn serve --scan` would export; writes nothing
+    #[command(long_about = SCAN_LONG, after_help = SCAN_EXAMPLES)]
+    Scan(ScanArgs),
+
+    /// Print the mkfs.ext4 and mkfs.xfs options that match an export's RAID geometry,
+    /// and warn about misaligned layers
+    #[command(long_about = ADVISE_LONG, after_help = ADVISE_EXAMPLES)]
+    Advise(AdviseArgs),
+
+    /// LVM2 volume groups (lvm's format): pvcreate, vgcreate, lvcreate, lvs, ...
+    #[command(subcommand, long_about = LVM_LONG, after_help = LVM_EXAMPLES)]
+    Lvm(LvmCommand),
+}
+
+const SCAN_LONG: &str = "\
+Look at PATHs (files, block devices, directories of member images) and report what \
+`cairn serve --scan` would bring up, bottom-up: md arrays from the members found \
+(grouped by array UUID; degraded when members are missing), LUKS volumes on files and \
+on arrays, LVM2 physical volumes (detected; LVM is not served yet). Nothing is written \
+and no passphrase is asked for: arrays are assembled read-only and LUKS headers are read \
+but not unlocked.
+
+Rules: a directory is read one level deep; hidden files, empty files, subdirectories, \
+the key file and the key directory are skipped. Only md superblock 1.2 arrays are \
+assembled. A directory scan exports recognised stacks only: a file in it with no md, \
+LUKS or LVM2 signature is skipped, but a file named on its own is exported as a plain \
+disk. A degraded array that was not shut down cleanly is refused unless --force. A LUKS \
+volume's key is DIR/<uuid> or DIR/<uuid>.key in --key-dir, else --key-file, else (when \
+serving on a terminal) asked for; with none it is skipped with a warning. Export names \
+are the array's name or the file's name; a clash gets -2, -3, ... appended.";
+
+const SCAN_EXAMPLES: &str = "\
+Examples:
+  cairn scan /srv/disks                       # what is there, and what would be served
+  cairn scan --json /srv/disks --key-dir /etc/cairn/keys
+  cairn serve --scan /srv/disks --key-file key  # ... and serve it";
+
+/// `cairn scan`.
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    /// Files, block devices or directories to look at
+    #[arg(value_name = "PATH", required = true)]
+    pub paths: Vec<PathBuf>,
+
+    /// The passphrase file serve would use (reported, not read)
+    #[arg(long, value_name = "FILE", visible_alias = "keyfile")]
+    pub key_file: Option<PathBuf>,
+
+    /// Passphrases by LUKS UUID: DIR/<uuid> or DIR/<uuid>.key (reported, not read)
+    #[arg(long, value_name = "DIR")]
+    pub key_dir: Option<PathBuf>,
+
+    /// Assemble a degraded array that was not shut down cleanly, as serve --force would
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+const ADVISE_LONG: &str = "\
+Print the mkfs.ext4 and mkfs.xfs command lines that match an export's real geometry: \
+stride = chunk / 4 KiB and stripe_width = stride x data members for ext4, su = chunk and \
+sw = data members for XFS. Data members: RAID0 all of them, RAID4/5 one less, RAID6 two \
+less, RAID10 the members divided by the near copies (as the kernel counts them); RAID1 \
+and linear arrays do not stripe, so there is nothing to set. A striped LV uses its \
+stripe size and count.
+
+It also checks that every layer between the export and the array starts on a full \
+stripe (a LUKS payload offset, an LV's first extent): a layer that does not turns each \
+full-stripe write into two partial ones, and cairn says which layer and how to fix it. \
+A LUKS sector smaller than the 4 KiB filesystem block is reported too.
+
+With EXPORT alone it asks the running server (--control). With --md, --luks or --scan \
+it assembles the stack itself, read-only, and needs no passphrase (only the LUKS header \
+is read). Give --device with the block device the export is attached as (nbd-client, or \
+nbdfuse + losetup) to get lines to paste; without it they say DEVICE.";
+
+const ADVISE_EXAMPLES: &str = "\
+Examples:
+  cairn advise data                                   # ask the running server
+  cairn advise --md d0.img,d1.img,d2.img,d3.img       # RAID6 4 x 64K: stride=16,stripe_width=32
+  cairn advise --md d0.img,d1.img,d2.img,d3.img --luks --device /dev/nbd0
+  cairn advise --scan /srv/disks --json";
+
+/// `cairn advise`.
+#[derive(Debug, Args)]
+pub struct AdviseArgs {
+    /// The export to advise on [default with --md/--luks/--scan: every one found]
+    #[arg(value_name = "EXPORT", required_unless_present_any = ["md", "luks", "scan"])]
+    pub export: Option<String>,
+
+    /// The running server's control socket [default: /run/cairn/control.sock]
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+
+    /// The block device the export is attached as, for the printed command lines
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
+
+    /// Offline: the md array on these members, as for serve --md
+    #[arg(long, value_name = "MEMBER,MEMBER,...[:NAME]")]
+    pub md: Vec<String>,
+
+    /// Offline: a LUKS volume, as for serve --luks; bare, next to --md: the arrays hold LUKS
+    #[arg(long, value_name = "DEVICE[:NAME]", num_args = 0..=1, default_missing_value = "")]
+    pub luks: Vec<String>,
+
+    /// Offline: the stacks found on PATH, as for serve --scan; repeatable
+    #[arg(long, value_name = "PATH")]
+    pub scan: Vec<PathBuf>,
+
+    /// Accepted for symmetry with serve; not needed (only the LUKS header is read)
+    #[arg(long, value_name = "FILE", visible_alias = "keyfile")]
+    pub key_file: Option<PathBuf>,
+
+    /// Offline: assemble a degraded array that was not shut down cleanly
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 const MD_LONG: &str = "\
@@ -336,9 +462,10 @@ Examples:
 
 /// `cairn serve`.
 #[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("key_users").args(["luks", "scan", "config"]).multiple(true))]
 pub struct ServeArgs {
     /// Files or block devices to export; append :NAME to choose the export name
-    #[arg(value_name = "FILE[:NAME]", required_unless_present_any = ["md", "luks"])]
+    #[arg(value_name = "FILE[:NAME]", required_unless_present_any = ["md", "luks", "lvm", "scan", "config"])]
     pub exports: Vec<String>,
 
     /// Open this LUKS2 or LUKS1 volume (a file or block device) and export it decrypted
@@ -353,7 +480,7 @@ pub struct ServeArgs {
         long,
         value_name = "FILE",
         visible_alias = "keyfile",
-        requires = "luks"
+        requires = "key_users"
     )]
     pub key_file: Option<PathBuf>,
 
@@ -362,6 +489,13 @@ pub struct ServeArgs {
     /// array degraded, with a warning, when its level tolerates it
     #[arg(long, value_name = "MEMBER,MEMBER,...[:NAME]")]
     pub md: Vec<String>,
+
+    /// Open the LVM2 volume groups on these PVs (comma-separated files or block devices;
+    /// every PV of a VG must be given) and export each logical volume as VG/LV.
+    /// Given with no value next to --md or --luks, those stacks are the PVs (the
+    /// classic md -> LUKS -> LVM stack)
+    #[arg(long, value_name = "PV,PV,...", num_args = 0..=1, default_missing_value = "")]
+    pub lvm: Vec<String>,
 
     /// Start an md array that is degraded and was not shut down cleanly (its parity may
     /// not match where a write was interrupted)
@@ -378,6 +512,22 @@ pub struct ServeArgs {
     /// Open files with O_DIRECT, bypassing the page cache (block size becomes 4096)
     #[arg(long)]
     pub direct: bool,
+
+    /// Find the stacks on PATH (a directory of member images, a file or a block device)
+    /// and serve every one it can assemble: md arrays, LUKS on files and arrays;
+    /// repeatable. A directory exports recognised stacks only (see `cairn scan --help`)
+    #[arg(long, value_name = "PATH")]
+    pub scan: Vec<PathBuf>,
+
+    /// LUKS passphrases by volume: DIR/<LUKS UUID> or DIR/<LUKS UUID>.key, tried before
+    /// --key-file
+    #[arg(long, value_name = "DIR")]
+    pub key_dir: Option<PathBuf>,
+
+    /// Read listeners, settings and exports from this TOML file (docs/cairn.example.toml);
+    /// options given on the command line win over it
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// How to serve, shared by `serve` and `quickstart`.
@@ -399,6 +549,29 @@ pub struct ServerOptions {
     /// Export served to clients that ask for no name (default: the only export, if one)
     #[arg(long, value_name = "NAME")]
     pub default_export: Option<String>,
+
+    /// Background resync speed kept while clients do I/O, KiB/s (md's speed_limit_min)
+    #[arg(long, value_name = "KIB", default_value_t = 1000)]
+    pub speed_limit_min: u64,
+
+    /// Background resync speed ceiling when the array is idle, KiB/s (md's
+    /// speed_limit_max)
+    #[arg(long, value_name = "KIB", default_value_t = 200_000)]
+    pub speed_limit_max: u64,
+
+    #[command(flatten)]
+    pub operator: OperatorOptions,
+}
+
+impl ServerOptions {
+    /// The resync pacing, in bytes per second.
+    pub fn speed_limits(&self) -> cairn_md::SpeedLimits {
+        let max = self.speed_limit_max.max(1).saturating_mul(1024);
+        cairn_md::SpeedLimits {
+            min: self.speed_limit_min.saturating_mul(1024).min(max),
+            max,
+        }
+    }
 }
 
 /// `cairn quickstart`.
@@ -715,6 +888,359 @@ pub struct LuksHeaderFileArgs {
     /// Do not ask for confirmation (restore)
     #[arg(short = 'q', long = "batch-mode")]
     pub batch_mode: bool,
+}
+
+/// The operator's view of `serve`: control socket, metrics, event hook.
+#[derive(Debug, Clone, Default, Args)]
+pub struct OperatorOptions {
+    /// Control socket for `cairn status`, `cairn top` and the HTTP+JSON API (owner-only,
+    /// mode 0600) [default: /run/cairn/control.sock, or $XDG_RUNTIME_DIR/cairn/control.sock
+    /// when /run/cairn is not writable]
+    #[arg(long, value_name = "PATH", conflicts_with = "no_control")]
+    pub control: Option<PathBuf>,
+
+    /// Serve without a control socket
+    #[arg(long)]
+    pub no_control: bool,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics: tcp:HOST:PORT, HOST:PORT or
+    /// unix:PATH (off unless given; metrics show export and member names)
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
+    pub metrics: Option<Listen>,
+
+    /// Run CMD (with sh -c) on each state change, like mdadm --monitor's PROGRAM: the
+    /// event is in CAIRN_EVENT, CAIRN_EXPORT, CAIRN_DEVICE, CAIRN_MEMBER, CAIRN_MESSAGE
+    #[arg(long, value_name = "CMD")]
+    pub on_event: Option<String>,
+}
+
+/// `--metrics`: `tcp:HOST:PORT`, `unix:PATH`, or a bare `HOST:PORT`.
+fn parse_metrics_addr(s: &str) -> Result<Listen, String> {
+    if let Ok(a) = s.parse::<std::net::SocketAddr>() {
+        return Ok(Listen::Tcp(a));
+    }
+    s.parse::<Listen>()
+        .map_err(|e| format!("{e} (e.g. --metrics 127.0.0.1:9109 or unix:/run/cairn/metrics.sock)"))
+}
+
+/// Where client verbs find the daemon.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ControlArgs {
+    /// The daemon's control socket [default: /run/cairn/control.sock, or
+    /// $XDG_RUNTIME_DIR/cairn/control.sock when /run/cairn is not writable]
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+}
+
+const STATUS_LONG: &str = "\
+Show every export of the running `cairn serve` as a tree, top to bottom: export -> LV -> \
+LUKS -> md array -> members (or the file), each with its size, geometry words and state \
+(md's own: clean, active, degraded; active sync, faulty, removed). Background work \
+(resync, recovery, check) shows a progress bar with speed and time left on a terminal, \
+and one plain line otherwise. Recent events (Fail, DegradedArray, ExportAdded, ...) follow.
+
+--json prints the daemon's /v1/status document. --watch redraws every SECS seconds \
+(default 2) until Ctrl-C.";
+
+const STATUS_EXAMPLES: &str = "\
+Examples:
+  cairn status
+  cairn status --watch              # redraw every 2 s
+  cairn status --json | jq '.exports[].children[0].state'
+  cairn status --control /tmp/c.sock";
+
+const TOP_LONG: &str = "\
+Live I/O of every export and of each device below it (md members, files), sampled from \
+the running `cairn serve` every SECS seconds, as `iostat -x` shows disks: reads and \
+writes per second, MB/s, average latency (r_await, w_await) and its 99th percentile, \
+average queue depth (aqu-sz) and the share of reads. The first sample averages since the \
+server started. A member doing at least 1.5x the median I/O of its array is marked `!`.
+
+--json prints one JSON object per sample, with totals since the server started.";
+
+const TOP_EXAMPLES: &str = "\
+Examples:
+  cairn top
+  cairn top -d 5 -n 3
+  cairn top --json -n 1 | jq '.devices[] | {id, reads: .totals.reads}'";
+
+/// `cairn status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+
+    /// Redraw every SECS seconds until Ctrl-C
+    #[arg(short, long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
+    pub watch: Option<f64>,
+}
+
+/// `cairn top`.
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+
+    /// Seconds between samples
+    #[arg(short, long, value_name = "SECS", default_value_t = 1.0)]
+    pub delay: f64,
+
+    /// Stop after COUNT samples
+    #[arg(short = 'n', long = "iterations", value_name = "COUNT")]
+    pub count: Option<u64>,
+}
+
+// ---- cairn lvm ---------------------------------------------------------------------
+
+const LVM_LONG: &str = "\
+LVM2 volume groups in the on-disk format of lvm: PVs cairn makes are PVs `pvs`, `vgs` \
+and `lvs` show, and VGs lvm made (linear and striped LVs) are VGs cairn opens. The verbs \
+and options are lvm's: pvcreate, vgcreate -s, lvcreate -n -L/-l -i -I, lvextend, \
+lvreduce, lvrename, lvremove, pvs, vgs, lvs.
+
+cairn has no device scan, so commands that work on an existing VG take its PVs like \
+lvm's --devices: --devices PV,PV,... (files or block devices), --md M1,M2,... (an md \
+array assembled from its members is one PV; repeatable), --luks=FILE (a LUKS volume is \
+one PV) or a bare --luks (each --md array holds LUKS, the PV is inside it), with \
+--key-file for the passphrase. Every PV of the VG must be given.
+
+pvcreate starts the data area at 1 MiB, raised to a multiple of the device's full stripe \
+(an md array's chunk x data disks), so every extent starts on a full stripe and a \
+filesystem on an LV stays aligned. Every change writes new metadata (seqno + 1) to all \
+PVs in lvm's commit order, so a crash leaves the old or the new VG, never a mix. \
+Nothing is activated: serve an LV with `cairn serve --lvm`.";
+
+const LVM_EXAMPLES: &str = "\
+Examples:
+  truncate -s 1G pv0.img pv1.img
+  cairn lvm pvcreate pv0.img pv1.img
+  cairn lvm vgcreate vg0 pv0.img pv1.img                 # 4 MiB extents
+  cairn lvm lvcreate -n data -L 200M --devices pv0.img,pv1.img vg0
+  cairn lvm lvcreate -n fast -L 100M -i 2 -I 64k --devices pv0.img,pv1.img vg0
+  cairn lvm lvextend -L +100M --devices pv0.img,pv1.img vg0/data
+  cairn lvm lvs --devices pv0.img,pv1.img
+  cairn lvm vgcreate vg1 --md d0.img,d1.img,d2.img,d3.img  # a VG on an md array
+  cairn lvm lvs --md d0.img,d1.img,d2.img,d3.img --luks --key-file key   # LVM on LUKS on md";
+
+/// `cairn lvm ...`.
+#[derive(Debug, Subcommand)]
+pub enum LvmCommand {
+    /// Make devices LVM2 physical volumes (label + metadata area)
+    Pvcreate(LvmPvcreateArgs),
+    /// Show physical volumes
+    Pvs(LvmReportArgs),
+    /// Create a volume group over PVs (blank devices are made PVs first)
+    Vgcreate(LvmVgcreateArgs),
+    /// Show the volume group
+    Vgs(LvmReportArgs),
+    /// Add PVs to a volume group
+    Vgextend(LvmVgextendArgs),
+    /// Create a linear or striped logical volume
+    #[command(after_help = LVM_LVCREATE_EXAMPLES)]
+    Lvcreate(LvmLvcreateArgs),
+    /// Show logical volumes, one line per segment
+    Lvs(LvmReportArgs),
+    /// Grow a logical volume
+    Lvextend(LvmResizeArgs),
+    /// Shrink a logical volume (refused without -f: the cut-off data is lost)
+    Lvreduce(LvmResizeArgs),
+    /// Rename a logical volume: VG OLD NEW, or VG/OLD NEW
+    Lvrename(LvmLvrenameArgs),
+    /// Remove a logical volume
+    Lvremove(LvmLvArgs),
+    /// Parse a metadata text (vgcfgbackup output, or `pvck --dump metadata`) and print
+    /// it as cairn reads it
+    #[command(hide = true)]
+    VgcfgParse(LvmVgcfgParseArgs),
+}
+
+const LVM_LVCREATE_EXAMPLES: &str = "\
+Examples:
+  cairn lvm lvcreate -n lin -L 20M --devices pv0.img,pv1.img vg0
+  cairn lvm lvcreate -n str -i 2 -I 64k -l 4 --devices pv0.img,pv1.img vg0
+  cairn lvm lvcreate -n rest -l 100%FREE --devices pv0.img,pv1.img vg0";
+
+/// Where the PVs of an existing VG are (lvm's --devices, plus cairn's stacks).
+#[derive(Debug, Clone, Args)]
+pub struct LvmDevices {
+    /// PVs that are files or block devices (comma-separated; repeatable)
+    #[arg(long, value_name = "PV,PV,...", action = ArgAction::Append)]
+    pub devices: Vec<String>,
+
+    /// An md array assembled from these members is a PV (repeatable)
+    #[arg(long, value_name = "MEMBER,MEMBER,...", action = ArgAction::Append)]
+    pub md: Vec<String>,
+
+    /// A LUKS volume is a PV: --luks=FILE, or a bare --luks when each --md array holds
+    /// LUKS (the `=` keeps a bare --luks from taking the next word as its FILE)
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "",
+          require_equals = true, action = ArgAction::Append)]
+    pub luks: Vec<String>,
+
+    #[command(flatten)]
+    pub key: KeyFileArgs,
+}
+
+/// `cairn lvm pvcreate`.
+#[derive(Debug, Args)]
+pub struct LvmPvcreateArgs {
+    /// Files or block devices to make PVs
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+
+    /// Align the data area to SIZE instead of LCM(1 MiB, the device's full stripe)
+    #[arg(long = "dataalignment", value_name = "SIZE", value_parser = parse_size)]
+    pub data_alignment: Option<u64>,
+
+    /// Overwrite a device that holds another signature (md, LUKS, an LVM label)
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+/// `cairn lvm pvs|vgs|lvs`.
+#[derive(Debug, Args)]
+pub struct LvmReportArgs {
+    /// Files or block devices to look at (as --devices)
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm vgcreate`.
+#[derive(Debug, Args)]
+pub struct LvmVgcreateArgs {
+    /// Name of the new VG
+    #[arg(value_name = "VG")]
+    pub vg: String,
+
+    /// Files or block devices to use as PVs
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+
+    /// Extent size: a power of two of at least 4 KiB, or a multiple of 128 KiB
+    /// [default: 4M, raised to a multiple of the PVs' full stripe (a RAID6 of 3 data
+    /// members with 64K chunks: 12M) so every extent, and every LV, starts on one]
+    #[arg(short = 's', long = "physicalextentsize", value_name = "SIZE",
+          value_parser = parse_size)]
+    pub extent_size: Option<u64>,
+}
+
+/// `cairn lvm vgextend`.
+#[derive(Debug, Args)]
+pub struct LvmVgextendArgs {
+    #[arg(value_name = "VG")]
+    pub vg: String,
+
+    /// New PVs (files or block devices); the VG's current PVs go in --devices/--md
+    #[arg(value_name = "PV", required = true)]
+    pub new_pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm lvcreate`.
+#[derive(Debug, Args)]
+pub struct LvmLvcreateArgs {
+    #[arg(value_name = "VG")]
+    pub vg: String,
+
+    /// Name of the new LV
+    #[arg(short = 'n', long = "name", value_name = "NAME")]
+    pub name: String,
+
+    /// Size (rounded up to whole extents)
+    #[arg(short = 'L', long = "size", value_name = "SIZE", value_parser = parse_size,
+          required_unless_present = "extents", conflicts_with = "extents")]
+    pub size: Option<u64>,
+
+    /// Size in extents, or N%FREE / N%VG
+    #[arg(short = 'l', long = "extents", value_name = "EXTENTS")]
+    pub extents: Option<String>,
+
+    /// Number of stripes (PVs to spread over)
+    #[arg(short = 'i', long = "stripes", value_name = "N", default_value_t = 1)]
+    pub stripes: u32,
+
+    /// Stripe size [default: 64 KiB]
+    #[arg(short = 'I', long = "stripesize", value_name = "SIZE", value_parser = parse_size)]
+    pub stripe_size: Option<u64>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm lvextend|lvreduce`.
+#[derive(Debug, Args)]
+pub struct LvmResizeArgs {
+    /// The LV as VG/LV
+    #[arg(value_name = "VG/LV")]
+    pub lv: String,
+
+    /// New size, or +SIZE (lvextend) / -SIZE (lvreduce) relative
+    #[arg(
+        short = 'L',
+        long = "size",
+        value_name = "[+|-]SIZE",
+        allow_hyphen_values = true,
+        required_unless_present = "extents",
+        conflicts_with = "extents"
+    )]
+    pub size: Option<String>,
+
+    /// New size in extents, or +N / -N relative
+    #[arg(
+        short = 'l',
+        long = "extents",
+        value_name = "[+|-]EXTENTS",
+        allow_hyphen_values = true
+    )]
+    pub extents: Option<String>,
+
+    /// lvreduce: really cut the data off the end
+    #[arg(short, long)]
+    pub force: bool,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm lvrename`.
+#[derive(Debug, Args)]
+pub struct LvmLvrenameArgs {
+    /// VG OLD NEW, or VG/OLD NEW (or VG/OLD VG/NEW)
+    #[arg(value_name = "NAMES", num_args = 2..=3, required = true)]
+    pub names: Vec<String>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm lvremove`.
+#[derive(Debug, Args)]
+pub struct LvmLvArgs {
+    /// The LV as VG/LV
+    #[arg(value_name = "VG/LV")]
+    pub lv: String,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm vgcfg-parse`.
+#[derive(Debug, Args)]
+pub struct LvmVgcfgParseArgs {
+    /// A metadata text file
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
 }
 
 #[cfg(test)]

@@ -29,6 +29,40 @@ pub struct OpenedExport {
     /// For `serve --luks` exports: the volume `device` decrypts (`device` is then the
     /// LUKS layer over the file or the md array).
     pub luks: Option<crate::luks::LuksInfo>,
+    /// The bottom device (the file or block device), when `device` is a layer over it.
+    pub base: Option<Arc<dyn BlockDevice>>,
+    /// For LV exports: the VG's PV stacks and the LV's mapping.
+    pub lvm: Option<crate::stack::LvLayer>,
+}
+
+impl OpenedExport {
+    /// Every md array in this export's stack (under LUKS, under each PV of an LV).
+    pub fn arrays(&self) -> Vec<Arc<cairn_md::Array>> {
+        let mut out: Vec<Arc<cairn_md::Array>> = self.md.iter().cloned().collect();
+        if let Some(lv) = &self.lvm {
+            for pv in &lv.pvs {
+                for a in pv.arrays() {
+                    if !out.iter().any(|b| Arc::ptr_eq(&a, b)) {
+                        out.push(a);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Every md array behind `exports`, each once (LVs of one VG share their PVs).
+pub fn all_arrays(exports: &[OpenedExport]) -> Vec<Arc<cairn_md::Array>> {
+    let mut out: Vec<Arc<cairn_md::Array>> = Vec::new();
+    for e in exports {
+        for a in e.arrays() {
+            if !out.iter().any(|b| Arc::ptr_eq(&a, b)) {
+                out.push(a);
+            }
+        }
+    }
+    out
 }
 
 /// Splits `FILE[:NAME]`. A path that exists as typed wins over splitting, so device paths
@@ -152,13 +186,17 @@ pub fn open(spec: &ExportSpec, read_only: bool, direct: bool) -> Result<OpenedEx
         )),
         _ => CliError::new(format!("cannot export {shown}: {e}")),
     })?;
+    // Counted as the stack node "file:PATH" (cairn top, metrics).
+    let device = crate::daemon::wrap_file(&spec.path, Arc::new(disk));
     Ok(OpenedExport {
         name: spec.name.clone(),
         path: spec.path.clone(),
-        device: Arc::new(disk),
+        device: device.clone(),
         read_only,
         md: None,
         luks: None,
+        base: Some(device),
+        lvm: None,
     })
 }
 

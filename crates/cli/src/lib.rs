@@ -4,7 +4,10 @@
 //!   main.rs ── args::Cli::parse ──> run ──> serve::run       (cairn serve)
 //!                                      ├──> quickstart::run  (cairn quickstart)
 //!                                      ├──> md::run          (cairn md create|examine|detail)
-//!                                      └──> luks::run        (cairn luks format|dump|add-key|...)
+//!                                      ├──> luks::run        (cairn luks format|dump|add-key|...)
+//!                                      ├──> scan::run        (cairn scan: what serve --scan finds)
+//!                                      └──> advise::run      (cairn advise: mkfs lines)
+//!   config: serve --config TOML
 //!   exports: FILE[:NAME] -> opened FileDisk    listen: default addresses, bind advice
 //!   size: "1G" <-> bytes                       logging: tracing on stderr
 //!   tty: passphrase prompts without echo, YES confirmations
@@ -13,17 +16,27 @@
 //! Every failure reaches [`run`] as a [`error::CliError`] sentence and is printed as
 //! `cairn: ...` with a non-zero exit status.
 
+pub mod advise;
 pub mod args;
+pub mod config;
+pub mod control;
+pub mod daemon;
 pub mod error;
 pub mod exports;
 pub mod listen;
 pub mod logging;
 pub mod luks;
+pub mod lvm;
 pub mod md;
 pub mod quickstart;
+pub mod scan;
 pub mod serve;
 pub mod size;
+pub mod stack;
+pub mod status;
+pub mod top;
 pub mod tty;
+pub mod volumes;
 
 use std::process::ExitCode;
 
@@ -35,9 +48,14 @@ pub fn run(cli: Cli) -> ExitCode {
     install_panic_hook();
     let result = match cli.command {
         Command::Serve(a) => serve::run(a, &cli.global),
+        Command::Status(a) => status::run(a, &cli.global),
+        Command::Top(a) => top::run(a, &cli.global),
         Command::Quickstart(a) => quickstart::run(a, &cli.global),
         Command::Md(c) => md::run(c, &cli.global),
         Command::Luks(c) => luks::run(c, &cli.global),
+        Command::Scan(a) => scan::run(&a, &cli.global),
+        Command::Advise(a) => advise::run(&a, &cli.global),
+        Command::Lvm(c) => lvm::run(c, &cli.global),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

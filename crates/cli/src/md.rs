@@ -392,7 +392,8 @@ fn open_member(p: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>> {
         )),
         _ => CliError::new(format!("cannot open {}: {e}", shown(p))),
     })?;
-    Ok(Arc::new(disk))
+    // Counted as the stack node "member:PATH" (cairn top, metrics).
+    Ok(crate::daemon::wrap_member(&shown(p), Arc::new(disk)))
 }
 
 /// Members as given: the ones that exist, opened, and the paths that do not exist.
@@ -543,7 +544,8 @@ pub fn open_export(spec: &MdSpec, read_only: bool, force: bool) -> Result<Opened
     if report.state.resync_pending {
         tracing::warn!(
             "md array {:?}: resync pending (parity/mirrors not known to match the data); \
-             cairn cannot resync yet, so a member lost now may not be rebuilt correctly",
+             it runs in the background while the array is served writable, and a member \
+             lost before it finishes may not be rebuilt correctly",
             report.name
         );
     }
@@ -559,6 +561,8 @@ pub fn open_export(spec: &MdSpec, read_only: bool, force: bool) -> Result<Opened
         read_only,
         md: Some(array),
         luks: None,
+        base: None,
+        lvm: None,
     })
 }
 

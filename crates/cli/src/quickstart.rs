@@ -1,9 +1,15 @@
-//! `cairn quickstart`: a demo RAID6 over four sparse member files with LUKS2 on it,
-//! served like `cairn serve --md ... --luks`, on a fresh machine with no arguments.
+//! `cairn quickstart`: the classic home-server stack on four sparse member files, a
+//! RAID6 with LUKS2 on it and an LVM2 volume group with `home` and `media` on that,
+//! served like `cairn serve --md ... --luks --lvm`, on a fresh machine with no arguments.
 //!
 //! ```text
-//!   demo-raid6-{0..3}.img ─ md RAID6 (64K chunk) ─ LUKS2 (demo.key) ─ export "demo"
+//!   demo-raid6-{0..3}.img ─ md RAID6 (64K chunk) ─ LUKS2 (demo.key) ─ VG "demo"
+//!                                                   ├─ LV home  ─ export "demo/home"
+//!                                                   └─ LV media ─ export "demo/media"
 //! ```
+//!
+//! A demo directory made by an older quickstart (RAID6, or RAID6 -> LUKS2 without LVM)
+//! is served as it is, never reformatted: it may hold the user's test data.
 //!
 //! Where `serve` fails on a busy default address, quickstart moves to a free one, because
 //! its whole point is to work first time.
@@ -37,6 +43,11 @@ const DEMO_CHUNK: u64 = 64 << 10;
 /// Room for the LUKS2 header in front of the payload (cairn's and cryptsetup's default
 /// data offset), added to the array so the decrypted export has the size asked for.
 const LUKS_HEADER: u64 = 16 << 20;
+/// Room for the LVM2 label, metadata and extent rounding in front of the LVs.
+const LVM_HEADER: u64 = 4 << 20;
+const DEMO_VG: &str = "demo";
+/// The LVs and their share of the VG's extents, in percent (the last takes the rest).
+const DEMO_LVS: [(&str, u64); 2] = [("home", 50), ("media", 50)];
 const DEMO_KEY_FILE: &str = "demo.key";
 /// Printed, stored in a mode-0600 file next to the members, and labelled a demo key
 /// everywhere it is shown: the demo is about the stack, not about secrecy.
@@ -83,7 +94,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     let created = if members.iter().any(|p| p.exists()) {
         false
     } else {
-        create_demo_array(&members, args.size + LUKS_HEADER)?;
+        create_demo_array(&members, args.size + LUKS_HEADER + LVM_HEADER)?;
         true
     };
     let spec = md::MdSpec {
@@ -111,7 +122,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     let has_luks = cairn_luks::probe(&*opened.device)
         .map_err(|e| CliError::new(format!("cannot read the demo array: {e}")))?
         .is_some();
-    let opened = if has_luks {
+    let mut opened = if has_luks {
         let shown = "the demo array";
         let pass = luks::read_key_file(&key_path).map_err(|e| {
             let _ = array.close();
@@ -125,7 +136,28 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     } else {
         opened
     };
-    let size = opened.device.geometry().size;
+    if created {
+        if let Err(e) = make_demo_volumes(&opened.device) {
+            let _ = array.close();
+            return Err(e);
+        }
+    }
+    let has_lvm = has_luks
+        && cairn_lvm::probe(&*opened.device)
+            .map_err(|e| CliError::new(format!("cannot read the demo volume: {e}")))?
+            .is_some();
+    let exports = if has_lvm {
+        let lvs = crate::volumes::open_lv_exports(vec![opened], false).map_err(|e| {
+            let _ = array.close();
+            damaged(e)
+        })?;
+        opened = lvs[0].clone();
+        lvs
+    } else {
+        vec![opened.clone()]
+    };
+    let size: u64 = exports.iter().map(|e| e.device.geometry().size).sum();
+    let first = opened.name.clone();
 
     let listens = if args.listen.is_empty() {
         free_defaults()
@@ -134,8 +166,10 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     };
     let verb = if created { "Created" } else { "Reusing" };
     let list: Vec<String> = members.iter().map(|p| p.display().to_string()).collect();
-    let stack = if has_luks {
-        "RAID6 -> LUKS2"
+    let stack = if has_lvm {
+        "RAID6 -> LUKS2 -> LVM (home, media)"
+    } else if has_luks {
+        "RAID6 -> LUKS2 (made before the demo had LVM)"
     } else {
         "RAID6 (made before the demo had LUKS2)"
     };
@@ -147,9 +181,11 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
             format_size(size)
         ),
         String::new(),
-        format!("$ cairn md detail {}", list.join(" ")),
+        "$ cairn status   (the stack, from the export down to the member files)".to_string(),
     ];
-    preamble.extend(md::detail_text(&report).lines().map(str::to_string));
+    let tree = json!({ "exports": exports.iter().map(crate::stack::describe).collect::<Vec<_>>() });
+    let tree = crate::status::render(&tree, false).unwrap_or_default();
+    preamble.extend(tree.lines().map(|l| format!("  {l}")));
     preamble.push(String::new());
     if has_luks {
         let (t, m, p) = DEMO_KDF;
@@ -171,17 +207,40 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
             String::new(),
         ]);
     }
-    let stride = DEMO_CHUNK / 4096;
+    if has_lvm {
+        preamble.extend([
+            format!(
+                "$ cairn lvm lvs --md {} --luks --key-file {}   (LVM2 on the LUKS volume, as lvs)",
+                list.join(","),
+                key_path.display()
+            ),
+            "  VG demo: LVs home and media; the first extent at 1 MiB, 4 MiB extents: every LV"
+                .to_string(),
+            "  starts on a full stripe of the array, so filesystems on them stay aligned."
+                .to_string(),
+            String::new(),
+        ]);
+    }
+    // The export a filesystem goes on in the example: home, or the whole volume of an
+    // older demo. LUKS2 with 4K sectors needs a loop device with 4K sectors.
+    let block = if has_luks { " -b 4096" } else { "" };
+    let advice = crate::advise::advise(&crate::stack::describe(&opened));
+    preamble.push(format!(
+        "$ cairn advise {first}   (mkfs options that match the stack's real geometry)"
+    ));
+    preamble.extend(advice.text().lines().map(|l| format!("  {l}")));
+    preamble.push(String::new());
+    let ext4 = advice.ext4_options.join(" ");
     let extras = Extras {
         preamble,
         epilogue: vec![
             String::new(),
             "A filesystem on it, through nbdfuse (above) and a loop device, as root, aligned to".into(),
-            "the RAID6 stripe (64K chunk x 2 data members):".into(),
+            "the RAID6 stripe (64K chunk x 2 data members), as cairn advise says:".into(),
             format!(
-                "  LOOP=$(losetup -f --show {fuse}/{DEMO_NAME}) && mkfs.ext4 -E stride={stride},stripe-width={} $LOOP && mount $LOOP /mnt",
-                stride * 2,
-                fuse = serve::fuse_dir(DEMO_NAME)
+                "  LOOP=$(losetup -f --show{block} {fuse}/{file}) && mkfs.ext4 {ext4} $LOOP && mount $LOOP /mnt",
+                fuse = serve::fuse_dir(&first),
+                file = serve::fuse_file(&first),
             ),
             String::new(),
             "Lose a member: stop cairn, move one file away, and run quickstart again; the".into(),
@@ -190,17 +249,15 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
             String::new(),
             "Serve it yourself, as quickstart does:".into(),
             format!(
-                "  cairn serve --md {}:{DEMO_NAME}{}",
+                "  cairn serve --md {}{}",
                 list.join(","),
-                if has_luks {
-                    format!(" --luks --key-file {}", key_path.display())
-                } else {
-                    String::new()
+                match (has_luks, has_lvm) {
+                    (true, true) => format!(" --luks --lvm --key-file {}", key_path.display()),
+                    (true, false) => format!(":{DEMO_NAME} --luks --key-file {}", key_path.display()),
+                    _ => format!(":{DEMO_NAME}"),
                 }
             ),
             String::new(),
-            "Coming next: later versions grow this demo into RAID6 -> LUKS2 -> LVM, the stack".into(),
-            "mdadm + cryptsetup + lvm build today, served by this one process.".into(),
             format!(
                 "Start over by deleting {}/demo-raid6-*.img and {DEMO_KEY_FILE}.",
                 dir.display()
@@ -216,14 +273,54 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
                 "demo_key": true,
                 "pbkdf": {"type": "argon2id", "time": DEMO_KDF.0, "memory_kib": DEMO_KDF.1, "parallel": DEMO_KDF.2},
             })),
+            "lvm": has_lvm.then(|| json!({
+                "vg": DEMO_VG,
+                "lvs": exports.iter().map(|e| e.name.clone()).collect::<Vec<_>>(),
+            })),
         })),
     };
     let opts = ServerOptions {
         listen: listens.clone(),
         threads: crate::args::DEFAULT_THREADS,
         default_export: None,
+        speed_limit_min: 1000,
+        speed_limit_max: 200_000,
+        operator: crate::args::OperatorOptions::default(),
     };
-    serve::serve(vec![opened], listens, &opts, global, extras)
+    serve::serve(exports, listens, &opts, global, extras)
+}
+
+/// The demo's LVM2 layer on the new LUKS volume: a PV, VG "demo", and the LVs.
+fn make_demo_volumes(device: &Arc<dyn BlockDevice>) -> Result<()> {
+    use cairn_lvm::{LvCreate, PvCreateOptions, PvDevice, Vg};
+    let fail = |e: cairn_block::Error| {
+        CliError::new(format!(
+            "cannot put LVM2 on the demo volume: {}",
+            crate::lvm::lvm_error(&e)
+        ))
+    };
+    let pv = PvDevice::new("the demo LUKS volume", device.clone());
+    cairn_lvm::pvcreate(&pv, &PvCreateOptions::default()).map_err(fail)?;
+    let extent = crate::lvm::default_extent_size(std::slice::from_ref(&pv));
+    let mut vg = Vg::create(DEMO_VG, vec![pv], extent).map_err(fail)?;
+    let total = vg.report().extent_count;
+    let mut left = total;
+    for (i, (name, percent)) in DEMO_LVS.iter().enumerate() {
+        let extents = if i + 1 == DEMO_LVS.len() {
+            left
+        } else {
+            (total * percent / 100).max(1)
+        };
+        vg.lv_create(&LvCreate {
+            name: (*name).into(),
+            extents,
+            stripes: 1,
+            stripe_size: None,
+        })
+        .map_err(fail)?;
+        left -= extents;
+    }
+    Ok(())
 }
 
 /// Writes the demo key file (mode 0600, replacing a stale one) and LUKS2 on the array.

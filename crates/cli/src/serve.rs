@@ -5,6 +5,8 @@
 //!   --md M1,M2,...    ─ md::open_export ────────────┤  a bare --luks next to --md: the
 //!   --luks DEV[:NAME] ─ exports::open ─┐            │  arrays are unlocked the same way
 //!                       luks::open_export (key) ────┤  (key: --key-file, or the tty)
+//!   --config FILE     ─ config::open_stacks ────────┤  the [[export]] entries
+//!   --scan PATH       ─ scan::for_serve ────────────┤  md, LUKS found on disk
 //!   --listen / defaults ────────────────────────────┼─> Server::bind ─> announce ─> serve
 //!   SIGINT/SIGTERM thread ──────────────────────────┘   shutdown_handle().shutdown() ends
 //!                                  serve, which finishes in-flight requests and flushes
@@ -14,6 +16,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::thread;
 
+use cairn_block::BlockDevice;
 use cairn_nbd::{Export, Listen, Server, ServerConfig};
 use serde::Serialize;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -39,6 +42,8 @@ pub struct Extras {
 }
 
 pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
+    // --config: the file's settings under the command line's, and its [[export]] stacks.
+    let (args, config_stacks) = crate::config::apply(args)?;
     let specs = args
         .exports
         .iter()
@@ -115,6 +120,40 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
             }
         }
     }
+    // --lvm: the stacks above (bare) or the files listed are PVs; each LV is an export.
+    if !args.lvm.is_empty() {
+        let over_stacks = args.lvm.iter().any(String::is_empty);
+        let mut pvs: Vec<OpenedExport> = Vec::new();
+        if over_stacks {
+            if md_specs.is_empty() && luks_specs.is_empty() {
+                return Err(CliError::new(
+                    "--lvm without PVs means \"the --md/--luks stacks hold LVM\", but neither \
+                     was given; name the PVs: --lvm PV,PV,...",
+                ));
+            }
+            pvs.extend(opened.drain(specs.len()..));
+        }
+        for list in args.lvm.iter().filter(|a| !a.is_empty()) {
+            for p in list.split(',').filter(|p| !p.is_empty()) {
+                let spec = exports::ExportSpec {
+                    path: p.into(),
+                    name: String::new(),
+                };
+                pvs.push(exports::open(&spec, args.read_only, args.direct)?);
+            }
+        }
+        opened.extend(crate::volumes::open_lv_exports(pvs, args.read_only)?);
+    }
+    // The config's [[export]] stacks, then what --scan finds (config.rs, scan.rs).
+    opened.extend(crate::config::open_stacks(&config_stacks, &args)?);
+    let taken = opened.iter().map(|e| e.name.clone()).collect();
+    opened.extend(crate::scan::for_serve(&args, taken)?);
+    if opened.is_empty() {
+        return Err(CliError::new(
+            "nothing to export: the scan found no stack cairn can serve (see the lines \
+             above; `cairn scan PATH` shows what is there)",
+        ));
+    }
     let named: Vec<exports::ExportSpec> = opened
         .iter()
         .map(|e| exports::ExportSpec {
@@ -174,7 +213,8 @@ pub fn serve(
                         None => below,
                     }
                 },
-                device: e.device.clone(),
+                // Counted as the stack node "export:NAME" (cairn top, metrics).
+                device: crate::daemon::wrap_export(&e.name, e.device.clone()),
                 read_only: e.read_only,
             })
             .collect(),
@@ -186,6 +226,9 @@ pub fn serve(
         .bind(&listens)
         .map_err(|e| listen::bind_error(&e, &listens))?;
     let bound = listeners.addresses();
+    // The operator's view: control socket, --metrics, --on-event (daemon.rs). Kept until
+    // serve returns; dropping it removes the socket files.
+    let operator = crate::daemon::start(&opts.operator, &opened, server.exports_handle(), &bound)?;
 
     // Signals are caught from here on, so one that arrives before serve() still stops it.
     let mut signals = Signals::new([SIGINT, SIGTERM])
@@ -216,7 +259,20 @@ pub fn serve(
         .default_export
         .clone()
         .or_else(|| (opened.len() == 1).then(|| opened[0].name.clone()));
-    let announcement = Announcement::new(&opened, &bound, default_export, extras.json.clone());
+    let mut announcement = Announcement::new(&opened, &bound, default_export, extras.json.clone());
+    announcement.control = operator.control.clone();
+    announcement.metrics = operator.metrics.clone();
+    // Arrays that were not stopped cleanly resync in the background while serving.
+    let arrays = exports::all_arrays(&opened);
+    let limits = opts.speed_limits();
+    for a in &arrays {
+        let writable = !a.capabilities().read_only && opened.iter().any(|e| !e.read_only);
+        if writable && a.report().state.resync_pending {
+            if let Err(e) = a.start_resync(limits) {
+                tracing::warn!("{}: cannot resync: {e}", a.report().name);
+            }
+        }
+    }
     let mut out = std::io::stdout().lock();
     // A closed stdout (`cairn serve ... | head -1`) must not stop the server.
     let _ = if global.json {
@@ -241,17 +297,15 @@ pub fn serve(
     // md arrays are marked clean even when serving failed, as far as they can be: a
     // failure here means the next start sees them dirty, which is the truth.
     let mut closed = Ok(());
-    for e in &opened {
-        if let Some(a) = &e.md {
-            if let Err(err) = a.close() {
-                closed = Err(CliError::new(format!(
-                    "export {}: closing the md array failed, so it will need --force or a \
-                     resync: {err}",
-                    e.name
-                )));
-            }
+    for a in &arrays {
+        if let Err(err) = a.close() {
+            closed = Err(CliError::new(format!(
+                "{}: closing the md array failed, so it will need --force or a resync: {err}",
+                a.report().name
+            )));
         }
     }
+    drop(operator);
     served?;
     closed?;
     tracing::info!("stopped cleanly: data flushed");
@@ -280,6 +334,12 @@ pub struct Announcement {
     pub default_export: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quickstart: Option<serde_json::Value>,
+    /// The control socket (`cairn status --control PATH`), if one is served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control: Option<PathBuf>,
+    /// The `--metrics` listener as bound (`tcp:127.0.0.1:9109`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -313,6 +373,28 @@ pub struct ExportInfo {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub md: Option<cairn_md::ArrayReport>,
     /// For `--luks` exports: the LUKS volume served decrypted (no key material).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub luks: Option<luks::LuksInfo>,
+    /// For LV exports (`--lvm`): the LV's mapping and the stacks of its PVs, each as
+    /// an export's `md`/`luks` fields describe them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lvm: Option<LvInfo>,
+}
+
+/// The LV behind an export, for the announcement.
+#[derive(Debug, Serialize)]
+pub struct LvInfo {
+    #[serde(flatten)]
+    pub details: crate::stack::LvDetails,
+    pub pvs: Vec<PvInfo>,
+}
+
+/// One PV stack under an LV.
+#[derive(Debug, Serialize)]
+pub struct PvInfo {
+    pub file: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub md: Option<cairn_md::ArrayReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub luks: Option<luks::LuksInfo>,
 }
@@ -358,6 +440,19 @@ impl Announcement {
                     optimal_io_size: g.optimal_io_size,
                     md: e.md.as_ref().map(|a| a.report()),
                     luks: e.luks.clone(),
+                    lvm: e.lvm.as_ref().map(|l| LvInfo {
+                        details: l.details.clone(),
+                        pvs: l
+                            .pvs
+                            .iter()
+                            .map(|p| PvInfo {
+                                file: std::path::absolute(&p.path)
+                                    .unwrap_or_else(|_| p.path.clone()),
+                                md: p.md.as_ref().map(|a| a.report()),
+                                luks: p.luks.clone(),
+                            })
+                            .collect(),
+                    }),
                 }
             })
             .collect();
@@ -368,6 +463,8 @@ impl Announcement {
             exports,
             default_export,
             quickstart,
+            control: None,
+            metrics: None,
         }
     }
 }
@@ -384,7 +481,13 @@ fn luks_words(l: &luks::LuksInfo) -> String {
 
 /// Where the example nbdfuse command mounts an export.
 pub fn fuse_dir(name: &str) -> String {
-    format!("/tmp/cairn-fuse-{name}")
+    format!("/tmp/cairn-fuse-{}", fuse_file(name))
+}
+
+/// The file name nbdfuse gives the export in [`fuse_dir`]: LV exports (`vg/lv`) lose
+/// the slash (`vg-lv`).
+pub fn fuse_file(name: &str) -> String {
+    name.replace('/', "-")
 }
 
 /// Quotes `s` for a POSIX shell when it needs it.
@@ -438,8 +541,34 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
         } else {
             ""
         };
-        let what = match &e.md {
-            Some(r) => {
+        let what = match (&e.md, e.lvm.as_ref().and_then(|l| l.pvs.first())) {
+            (None, Some(pv)) => {
+                let l = e.lvm.as_ref().expect("checked");
+                let below = match (&pv.md, &pv.luks) {
+                    (Some(r), Some(k)) => {
+                        format!("{} over md {} {}", luks_words(k), r.level, r.name)
+                    }
+                    (Some(r), None) => format!("md {} {}", r.level, r.name),
+                    (None, Some(k)) => format!("{} over {}", luks_words(k), pv.file.display()),
+                    (None, None) => pv.file.display().to_string(),
+                };
+                let kind = if l.details.stripes > 1 {
+                    format!(
+                        "{}-way striped ({} stripes)",
+                        l.details.stripes,
+                        format_size(l.details.stripe_size)
+                    )
+                } else {
+                    "linear".to_string()
+                };
+                let more = if l.pvs.len() > 1 {
+                    format!(" and {} more PV(s)", l.pvs.len() - 1)
+                } else {
+                    String::new()
+                };
+                format!("LV {kind} over {below}{more}")
+            }
+            (Some(r), _) => {
                 let members: Vec<String> = r
                     .members
                     .iter()
@@ -463,7 +592,7 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
                     format_size(u64::from(e.optimal_io_size))
                 )
             }
-            None => e.file.display().to_string(),
+            (None, None) => e.file.display().to_string(),
         };
         let what = match &e.luks {
             Some(l) => format!("{} over {what}", luks_words(l)),
@@ -478,6 +607,19 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
     for l in &a.listen {
         s.push_str(&format!("  {}\n", l.address));
     }
+    if let Some(c) = &a.control {
+        s.push_str(&format!(
+            "Control socket: {} (cairn status, cairn top)\n",
+            c.display()
+        ));
+    }
+    if let Some(m) = &a.metrics {
+        let url = m.strip_prefix("tcp:").map_or_else(
+            || format!("{m} (GET /metrics)"),
+            |hp| format!("http://{hp}/metrics"),
+        );
+        s.push_str(&format!("Metrics: {url}\n"));
+    }
     let bound: Vec<Listen> = a
         .listen
         .iter()
@@ -488,14 +630,15 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
         let unix_uri = shell_quote(&pick_uri(&bound, name, false));
         let tcp_uri = shell_quote(&pick_uri(&bound, name, true));
         let fuse_dir = fuse_dir(name);
+        let fuse_file = fuse_file(name);
         s.push_str("\nTry it from another shell:\n");
         s.push_str(&format!("  nbdinfo {unix_uri}\n"));
         s.push_str(&format!("  qemu-img info {tcp_uri}\n"));
         s.push_str(&format!(
-            "  mkdir -p {fuse_dir} && nbdfuse {fuse_dir}/{name} {unix_uri} &\n"
+            "  mkdir -p {fuse_dir} && nbdfuse {fuse_dir}/{fuse_file} {unix_uri} &\n"
         ));
         s.push_str(&format!(
-            "    (the export is then the file {fuse_dir}/{name}; `fusermount3 -u {fuse_dir}` ends it)\n"
+            "    (the export is then the file {fuse_dir}/{fuse_file}; `fusermount3 -u {fuse_dir}` ends it)\n"
         ));
         if n > 1 {
             s.push_str("  (for the other exports, put their name in place of ");

@@ -268,11 +268,19 @@ fn quickstart_works_with_no_arguments() {
     );
     assert_eq!(run.json["quickstart"]["md"]["level"], "raid6");
     assert_eq!(run.json["quickstart"]["md"]["chunk_kib"], 64);
-    assert_eq!(run.json["exports"][0]["name"], "demo");
-    assert_eq!(run.json["exports"][0]["size"], 1u64 << 30);
+    // RAID6 -> LUKS2 -> LVM: VG "demo" with home and media sharing the 1 GiB.
+    assert_eq!(run.json["exports"][0]["name"], "demo/home");
+    assert_eq!(run.json["exports"][1]["name"], "demo/media");
+    let total = run.json["exports"][0]["size"].as_u64().unwrap()
+        + run.json["exports"][1]["size"].as_u64().unwrap();
+    assert_eq!(total, 1u64 << 30);
     assert_eq!(run.json["exports"][0]["optimal_io_size"], 128 << 10);
-    assert_eq!(run.json["exports"][0]["luks"]["version"], 2);
-    assert_eq!(run.json["exports"][0]["luks"]["sector_size"], 4096);
+    let pv = &run.json["exports"][0]["lvm"]["pvs"][0];
+    assert_eq!(pv["luks"]["version"], 2);
+    assert_eq!(pv["luks"]["sector_size"], 4096);
+    assert_eq!(pv["md"]["level"], "raid6");
+    assert_eq!(run.json["exports"][0]["lvm"]["vg"], "demo");
+    assert_eq!(run.json["quickstart"]["lvm"]["vg"], "demo");
     assert_eq!(run.json["quickstart"]["luks"]["demo_key"], true);
     let key = dir.join("demo.key");
     let mode =

@@ -683,9 +683,12 @@ impl Array {
             let src = locs[0];
             self.read_member(src.member, &mut data, src.sector.0 * SECTOR_SIZE)?;
             for loc in &locs[1..] {
-                if let Err(e) =
-                    self.write_member(loc.member, &data, loc.sector.0 * SECTOR_SIZE, WriteFlags::NONE)
-                {
+                if let Err(e) = self.write_member(
+                    loc.member,
+                    &data,
+                    loc.sector.0 * SECTOR_SIZE,
+                    WriteFlags::NONE,
+                ) {
                     self.fail_member(loc.member, &e);
                     return Err(e.context(format!("resync at array byte {at}")));
                 }

@@ -65,6 +65,12 @@ pub struct BackgroundStatus {
     pub bytes_per_sec: u64,
 }
 
+/// `a / b` as seconds, for pacing (exact enough: the result is a sleep).
+#[allow(clippy::cast_precision_loss)]
+fn ratio(a: u64, b: u64) -> f64 {
+    a as f64 / b.max(1) as f64
+}
+
 /// One piece of background work.
 pub(crate) struct Job {
     action: &'static str,
@@ -205,15 +211,16 @@ impl Array {
             let target = if busy { limits.min } else { limits.max }.max(1);
             let elapsed = window.0.elapsed();
             let moved = done - window.1;
-            let due = Duration::from_secs_f64(moved as f64 / target as f64);
+            let due = Duration::from_secs_f64(ratio(moved, target));
             if due > elapsed {
                 thread::sleep((due - elapsed).min(Duration::from_millis(500)));
             }
             let elapsed = window.0.elapsed();
             if let Some(j) = job {
                 if elapsed >= Duration::from_millis(200) {
+                    let millis = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
                     j.speed.store(
-                        (moved as f64 / elapsed.as_secs_f64()) as u64,
+                        moved.saturating_mul(1000) / millis.max(1),
                         Ordering::Relaxed,
                     );
                 }
@@ -233,11 +240,11 @@ impl Array {
             return Ok(false);
         }
         self.check_resync_possible()?;
-        let mut slot = self.background.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot
-            .as_ref()
-            .is_some_and(|j| j.status().state == "running")
-        {
+        let mut slot = self
+            .background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_some_and(|j| j.status().state == "running") {
             return Ok(false);
         }
         let job = Arc::new(Job {

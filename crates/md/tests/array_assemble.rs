@@ -705,7 +705,10 @@ fn background_resync_runs_under_io_stops_at_a_checkpoint_and_resumes() {
             assert_eq!(st.done_bytes, total);
             break;
         }
-        assert!(start.elapsed().as_secs() < 30, "resync never finished: {st:?}");
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "resync never finished: {st:?}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let r = a.report();

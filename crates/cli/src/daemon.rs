@@ -1,0 +1,948 @@
+//! The daemon half of the operator's view: the control socket, the metrics listener, the
+//! event monitor, and the I/O counters they report.
+//!
+//! ```text
+//!   serve::serve ── wrap_export (StatsDisk "export:NAME") ── Server::new ── bind ──┐
+//!   exports::open ── wrap_file   (StatsDisk "file:PATH")                           │
+//!   md::open_member ─ wrap_member (StatsDisk "member:PATH")                        │
+//!                                                                                  v
+//!   daemon::start ── control socket (http, 0600) ─┐    Daemon { exports (OpenedExport),
+//!                 ├─ --metrics (http) ────────────┼──>   nbd ExportsHandle, events }
+//!                 └─ monitor thread (1 s): describe every export, diff the tree,
+//!                    emit Fail / DegradedArray / RebuildStarted ... to events
+//! ```
+//!
+//! Every answer is built from `stack::describe`, so the status tree, the API, the metrics
+//! labels and the events name the same nodes. Actions (add and remove an export today,
+//! md fail/add/remove/replace/check later) are one [`Action`] enum applied by
+//! [`Daemon::apply`]; each is idempotent and says what changed.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, SystemTime};
+
+use cairn_block::BlockDevice;
+use cairn_engine::events::{self, EventSpec, Events};
+use cairn_engine::http::{self, Handler, Request, Response};
+use cairn_engine::metrics;
+use cairn_engine::stats::{self, Registry};
+use cairn_nbd::{Export, ExportsHandle, Listen};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::args::OperatorOptions;
+use crate::error::{CliError, Result};
+use crate::exports::{self, OpenedExport};
+use crate::size::format_size;
+use crate::stack::{self, Node};
+
+/// Events kept for the API.
+const EVENT_RING: usize = 256;
+/// Events shown in `/v1/status`.
+const STATUS_EVENTS: usize = 20;
+/// How often the monitor looks for state changes.
+const MONITOR_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Counts `dev`'s I/O as the export `name` (what NBD clients see).
+pub fn wrap_export(name: &str, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    Registry::global().wrap(&format!("export:{name}"), dev)
+}
+
+/// Counts a plain file's (or block device's) I/O under its stack node id `file:PATH`.
+pub fn wrap_file(path: &Path, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    Registry::global().wrap(&format!("file:{}", path.display()), dev)
+}
+
+/// Counts an md member's I/O under its stack node id `member:NAME`.
+pub fn wrap_member(name: &str, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    Registry::global().wrap(&format!("member:{name}"), dev)
+}
+
+/// The running daemon's state.
+#[derive(Debug)]
+pub struct Daemon {
+    exports: Mutex<Vec<OpenedExport>>,
+    nbd: ExportsHandle,
+    events: Arc<Events>,
+    listen: Vec<Listen>,
+    control: Option<PathBuf>,
+    metrics: Option<String>,
+    started: SystemTime,
+}
+
+/// What `start` brought up; removes the socket files when dropped.
+#[derive(Debug)]
+pub struct Running {
+    pub control: Option<PathBuf>,
+    pub metrics: Option<String>,
+    pub daemon: Arc<Daemon>,
+    files: Vec<PathBuf>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+/// Starts the control socket, the metrics listener and the event monitor.
+pub fn start(
+    opts: &OperatorOptions,
+    opened: &[OpenedExport],
+    nbd: ExportsHandle,
+    listen: &[Listen],
+) -> Result<Running> {
+    stats::monotonic_ns(); // the clock /v1/stats reports starts now
+    let events = Events::new(EVENT_RING, opts.on_event.clone());
+    let mut files = Vec::new();
+    let mut control_listener = None;
+    if !opts.no_control {
+        let explicit = opts.control.is_some();
+        let path = crate::control::resolve(opts.control.as_deref());
+        match bind_control(&path) {
+            Ok(l) => {
+                files.push(path.clone());
+                control_listener = Some((l, path));
+            }
+            Err(e) if explicit => return Err(e),
+            Err(e) => {
+                tracing::warn!("{e}; serving without a control socket (give --control PATH)")
+            }
+        }
+    }
+    let mut metrics_listener = None;
+    if let Some(addr) = &opts.metrics {
+        let l = match addr {
+            Listen::Tcp(a) => http::bind_tcp(*a),
+            Listen::Unix(p) => {
+                crate::listen::prepare_socket_path(p)?;
+                files.push(p.clone());
+                http::bind_unix(p, 0o600)
+            }
+        }
+        .map_err(|e| CliError::new(format!("--metrics {addr}: cannot listen: {e}")))?;
+        metrics_listener = Some(l);
+    }
+    let daemon = Arc::new(Daemon {
+        exports: Mutex::new(opened.to_vec()),
+        nbd,
+        events,
+        listen: listen.to_vec(),
+        control: control_listener.as_ref().map(|(_, p)| p.clone()),
+        metrics: metrics_listener.as_ref().map(http::Listener::address),
+        started: SystemTime::now(),
+    });
+    if let Some((l, _)) = control_listener {
+        let d = daemon.clone();
+        let h: Handler = Arc::new(move |r: &Request| d.handle(r));
+        http::spawn(l, "control", h)
+            .map_err(|e| CliError::new(format!("cannot start the control thread: {e}")))?;
+    }
+    if let Some(l) = metrics_listener {
+        let d = daemon.clone();
+        let h: Handler = Arc::new(move |r: &Request| d.handle_metrics(r));
+        http::spawn(l, "metrics", h)
+            .map_err(|e| CliError::new(format!("cannot start the metrics thread: {e}")))?;
+    }
+    let d = daemon.clone();
+    thread::Builder::new()
+        .name("monitor".into())
+        .spawn(move || d.monitor())
+        .map_err(|e| CliError::new(format!("cannot start the monitor thread: {e}")))?;
+    Ok(Running {
+        control: daemon.control.clone(),
+        metrics: daemon.metrics.clone(),
+        daemon,
+        files,
+    })
+}
+
+/// Binds the control socket: its directory made owner-only if missing, the socket 0600.
+fn bind_control(path: &Path) -> Result<http::Listener> {
+    crate::listen::prepare_socket_path(path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| CliError::new(format!("cannot create {}: {e}", dir.display())))?;
+        }
+    }
+    http::bind_unix(path, 0o600).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => CliError::new(format!(
+            "another cairn daemon answers on the control socket {}; stop it, or give this \
+             one another --control PATH",
+            path.display()
+        )),
+        _ => CliError::new(format!(
+            "cannot create the control socket {}: {e}",
+            path.display()
+        )),
+    })
+}
+
+// ---- answers -------------------------------------------------------------------------
+
+/// One NBD client connection, as the API shows it.
+#[derive(Debug, Serialize)]
+struct ConnectionView {
+    id: u64,
+    peer: String,
+    export: Option<String>,
+    connected_at: String,
+    seconds: u64,
+}
+
+/// One export, as `/v1/exports` shows it.
+#[derive(Debug, Serialize)]
+struct ExportView {
+    name: String,
+    path: PathBuf,
+    read_only: bool,
+    size: u64,
+    uris: Vec<String>,
+    connections: usize,
+    stack: Node,
+}
+
+/// `POST /v1/exports`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddExport {
+    pub name: String,
+    /// An absolute path to a file or block device.
+    pub path: PathBuf,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A change asked for through the API. `POST /v1/actions` takes any of them as
+/// `{"action": "add-export", ...}`; the REST routes build them too. md's fail, add,
+/// remove, replace and check join here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
+pub enum Action {
+    AddExport(AddExport),
+    RemoveExport { name: String },
+}
+
+/// What an action did.
+#[derive(Debug, Serialize)]
+pub struct Outcome {
+    #[serde(skip)]
+    status: u16,
+    pub changed: bool,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub export: Option<serde_json::Value>,
+}
+
+impl Outcome {
+    fn unchanged(message: String) -> Outcome {
+        Outcome {
+            status: 200,
+            changed: false,
+            message,
+            export: None,
+        }
+    }
+}
+
+const ROUTES: &str = "GET /v1/status, GET /v1/exports, GET /v1/exports/NAME, \
+POST /v1/exports, DELETE /v1/exports/NAME, GET /v1/stats, GET /v1/events, POST /v1/actions, \
+GET /metrics";
+
+impl Daemon {
+    fn exports(&self) -> std::sync::MutexGuard<'_, Vec<OpenedExport>> {
+        self.exports.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The trees of every export now, and the exports' names, paths and modes.
+    fn trees(&self) -> Vec<(OpenedExport, Node)> {
+        let list = self.exports().clone();
+        list.into_iter()
+            .map(|e| {
+                let n = stack::describe(&e);
+                (e, n)
+            })
+            .collect()
+    }
+
+    fn connections(&self) -> Vec<ConnectionView> {
+        let now = SystemTime::now();
+        self.nbd
+            .connections()
+            .into_iter()
+            .map(|c| {
+                let since = c
+                    .since
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default();
+                ConnectionView {
+                    id: c.id,
+                    peer: c.peer,
+                    export: c.export,
+                    connected_at: rfc3339(since),
+                    seconds: now.duration_since(c.since).unwrap_or_default().as_secs(),
+                }
+            })
+            .collect()
+    }
+
+    fn export_view(&self, e: &OpenedExport, stack: Node, conns: &[ConnectionView]) -> ExportView {
+        ExportView {
+            name: e.name.clone(),
+            path: std::path::absolute(&e.path).unwrap_or_else(|_| e.path.clone()),
+            read_only: e.read_only,
+            size: stack.size,
+            uris: self.listen.iter().map(|l| l.uri(&e.name)).collect(),
+            connections: conns
+                .iter()
+                .filter(|c| c.export.as_deref() == Some(e.name.as_str()))
+                .count(),
+            stack,
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let trees = self.trees();
+        let events = self.events.since(0);
+        let recent = &events[events.len().saturating_sub(STATUS_EVENTS)..];
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "uptime_seconds": SystemTime::now()
+                .duration_since(self.started)
+                .unwrap_or_default()
+                .as_secs(),
+            "control": self.control,
+            "metrics": self.metrics,
+            "listen": self.listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "exports": trees.iter().map(|(_, n)| n).collect::<Vec<_>>(),
+            "connections": self.connections(),
+            "events": recent,
+        })
+    }
+
+    /// Every counted node of the current trees: (export, node) once per node id.
+    fn counted_nodes(trees: &[(OpenedExport, Node)]) -> Vec<(String, Node)> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for (e, root) in trees {
+            for n in stack::walk(root) {
+                if matches!(n.kind.as_str(), "export" | "file" | "member")
+                    && seen.insert(n.id.clone())
+                {
+                    let mut n = n.clone();
+                    n.children.clear();
+                    out.push((e.name.clone(), n));
+                }
+            }
+        }
+        out
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let trees = self.trees();
+        let snaps = Registry::global().snapshot();
+        let mut nodes = serde_json::Map::new();
+        for (export, n) in Self::counted_nodes(&trees) {
+            if let Some(s) = snaps.get(&n.id) {
+                nodes.insert(
+                    n.id.clone(),
+                    json!({
+                        "export": export,
+                        "kind": n.kind,
+                        "name": n.name,
+                        "stats": s,
+                    }),
+                );
+            }
+        }
+        json!({
+            "monotonic_ns": stats::monotonic_ns(),
+            "bucket_bounds_ns": stats::BUCKET_BOUNDS_NS,
+            "nodes": nodes,
+        })
+    }
+
+    fn metrics_text(&self) -> String {
+        let trees = self.trees();
+        let snaps = Registry::global().snapshot();
+        let conns = self.nbd.connections();
+        let mut s = metrics::Sample {
+            version: env!("CARGO_PKG_VERSION").into(),
+            events: self.events.counts(),
+            ..metrics::Sample::default()
+        };
+        for (e, root) in &trees {
+            s.exports.push(metrics::ExportSample {
+                export: e.name.clone(),
+                size_bytes: root.size,
+                read_only: e.read_only,
+                connections: conns
+                    .iter()
+                    .filter(|c| c.export.as_deref() == Some(e.name.as_str()))
+                    .count() as u64,
+            });
+            for n in stack::walk(root) {
+                if let Some(md) = &n.md {
+                    s.arrays.push(metrics::ArraySample {
+                        export: e.name.clone(),
+                        device: n.name.clone(),
+                        level: md.level.clone(),
+                        state: n.state.clone(),
+                        raid_devices: md.raid_devices,
+                        active_devices: md.active_devices,
+                        failed_devices: md.raid_devices.saturating_sub(md.active_devices),
+                        degraded: n.state.contains("degraded"),
+                    });
+                }
+                if let Some(p) = &n.progress {
+                    s.progress.push(metrics::ProgressSample {
+                        export: e.name.clone(),
+                        device: n.name.clone(),
+                        action: p.action.clone(),
+                        done_bytes: p.done_bytes,
+                        total_bytes: p.total_bytes,
+                        bytes_per_sec: p.bytes_per_sec,
+                    });
+                }
+            }
+        }
+        for (export, n) in Self::counted_nodes(&trees) {
+            if let Some(st) = snaps.get(&n.id) {
+                s.devices.push(metrics::DeviceSample {
+                    export,
+                    device: n.name.clone(),
+                    kind: n.kind.clone(),
+                    stats: st.clone(),
+                });
+            }
+        }
+        metrics::render(&s)
+    }
+
+    fn metrics_response(&self) -> Response {
+        Response::text(
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            self.metrics_text(),
+        )
+    }
+
+    /// The `--metrics` listener: `GET /metrics` only.
+    fn handle_metrics(&self, r: &Request) -> Response {
+        match r.path.as_str() {
+            "/metrics" if r.method == "GET" => self.metrics_response(),
+            "/metrics" => Response::method_not_allowed(&r.method, &r.path, &["GET"]),
+            _ => Response::error(404, format!("no such route: {}; use GET /metrics", r.path)),
+        }
+    }
+
+    /// The control socket's routes.
+    pub fn handle(&self, r: &Request) -> Response {
+        let path = r.path.trim_end_matches('/');
+        let segs: Vec<&str> = path.split('/').skip(1).collect();
+        let m = r.method.as_str();
+        let only = |allowed: &[&str], f: &dyn Fn() -> Response| {
+            if allowed.contains(&m) {
+                f()
+            } else {
+                Response::method_not_allowed(m, &r.path, allowed)
+            }
+        };
+        match segs.as_slice() {
+            [] | ["v1"] => only(&["GET"], &|| {
+                Response::json(
+                    200,
+                    &json!({ "version": env!("CARGO_PKG_VERSION"), "routes": ROUTES }),
+                )
+            }),
+            ["v1", "status"] => only(&["GET"], &|| Response::json(200, &self.status())),
+            ["v1", "stats"] => only(&["GET"], &|| Response::json(200, &self.stats())),
+            ["v1", "events"] => only(&["GET"], &|| {
+                let after = r
+                    .query_param("after")
+                    .and_then(|a| a.parse().ok())
+                    .unwrap_or(0);
+                Response::json(200, &json!({ "events": self.events.since(after) }))
+            }),
+            ["metrics"] => only(&["GET"], &|| self.metrics_response()),
+            ["v1", "exports"] => match m {
+                "GET" => {
+                    let conns = self.connections();
+                    let list: Vec<ExportView> = self
+                        .trees()
+                        .into_iter()
+                        .map(|(e, n)| self.export_view(&e, n, &conns))
+                        .collect();
+                    Response::json(200, &json!({ "exports": list }))
+                }
+                "POST" => match r.json::<AddExport>() {
+                    Ok(a) => self.respond(Action::AddExport(a)),
+                    Err(resp) => resp,
+                },
+                _ => Response::method_not_allowed(m, &r.path, &["GET", "POST"]),
+            },
+            ["v1", "exports", name] => match m {
+                "GET" => {
+                    let conns = self.connections();
+                    match self.trees().into_iter().find(|(e, _)| e.name == *name) {
+                        Some((e, n)) => Response::json(200, &self.export_view(&e, n, &conns)),
+                        None => Response::error(404, self.no_export(name)),
+                    }
+                }
+                "DELETE" => self.respond(Action::RemoveExport {
+                    name: (*name).to_string(),
+                }),
+                _ => Response::method_not_allowed(m, &r.path, &["GET", "DELETE"]),
+            },
+            ["v1", "actions"] => match m {
+                "POST" => match r.json::<Action>() {
+                    Ok(a) => self.respond(a),
+                    Err(resp) => resp,
+                },
+                _ => Response::method_not_allowed(m, &r.path, &["POST"]),
+            },
+            _ => Response::error(404, format!("no such route: {}; routes: {ROUTES}", r.path)),
+        }
+    }
+
+    fn no_export(&self, name: &str) -> String {
+        let names: Vec<String> = self.exports().iter().map(|e| e.name.clone()).collect();
+        format!(
+            "no export named {name:?}; the exports are: {}",
+            if names.is_empty() {
+                "(none)".to_string()
+            } else {
+                names.join(", ")
+            }
+        )
+    }
+
+    fn respond(&self, action: Action) -> Response {
+        match self.apply(action) {
+            Ok(o) => Response::json(o.status, &o),
+            Err(e) => e,
+        }
+    }
+
+    /// Applies one action. Idempotent: asking for what is already so changes nothing and
+    /// says so.
+    pub fn apply(&self, action: Action) -> std::result::Result<Outcome, Response> {
+        match action {
+            Action::AddExport(a) => self.add_export(a),
+            Action::RemoveExport { name } => self.remove_export(&name),
+        }
+    }
+
+    fn add_export(&self, a: AddExport) -> std::result::Result<Outcome, Response> {
+        check_export_name(&a.name).map_err(|m| Response::error(422, m))?;
+        if !a.path.is_absolute() {
+            return Err(Response::error(
+                422,
+                format!(
+                    "path {:?} must be absolute (the daemon does not share your working \
+                     directory)",
+                    a.path.display().to_string()
+                ),
+            ));
+        }
+        let mut list = self.exports();
+        if let Some(e) = list.iter().find(|e| e.name == a.name) {
+            let plain = e.md.is_none() && e.luks.is_none() && e.lvm.is_none();
+            if plain && same_file(&e.path, &a.path) && e.read_only == a.read_only {
+                return Ok(Outcome::unchanged(format!(
+                    "export {:?} already present; nothing to do",
+                    a.name
+                )));
+            }
+            return Err(Response::error(
+                409,
+                format!(
+                    "export {:?} is already served from {} ({}); remove it first with \
+                     DELETE /v1/exports/{} or choose another name",
+                    a.name,
+                    e.path.display(),
+                    if e.read_only {
+                        "read-only"
+                    } else {
+                        "read-write"
+                    },
+                    a.name
+                ),
+            ));
+        }
+        if let Some(e) = list
+            .iter()
+            .find(|e| e.md.is_none() && same_file(&e.path, &a.path))
+        {
+            return Err(Response::error(
+                409,
+                format!(
+                    "{} is already served as export {:?}",
+                    a.path.display(),
+                    e.name
+                ),
+            ));
+        }
+        let spec = exports::ExportSpec {
+            path: a.path.clone(),
+            name: a.name.clone(),
+        };
+        let opened = exports::open(&spec, a.read_only, false)
+            .map_err(|e| Response::error(422, e.to_string()))?;
+        let g = opened.device.geometry();
+        let device = wrap_export(&opened.name, opened.device.clone());
+        self.nbd
+            .add(Export {
+                name: opened.name.clone(),
+                description: opened.path.display().to_string(),
+                device,
+                read_only: opened.read_only,
+            })
+            .map_err(|e| Response::error(409, e.to_string()))?;
+        let mode = if a.read_only {
+            "read-only"
+        } else {
+            "read-write"
+        };
+        let message = format!(
+            "export {:?} added: {}, {}, {mode}",
+            a.name,
+            a.path.display(),
+            format_size(g.size)
+        );
+        let view = {
+            let n = stack::describe(&opened);
+            serde_json::to_value(self.export_view(&opened, n, &[])).ok()
+        };
+        list.push(opened);
+        drop(list);
+        self.events.emit(EventSpec {
+            event: events::EXPORT_ADDED,
+            export: Some(a.name.clone()),
+            device: Some(a.path.display().to_string()),
+            member: None,
+            message: message.clone(),
+        });
+        Ok(Outcome {
+            status: 201,
+            changed: true,
+            message,
+            export: view,
+        })
+    }
+
+    fn remove_export(&self, name: &str) -> std::result::Result<Outcome, Response> {
+        let removed = {
+            let mut list = self.exports();
+            let Some(i) = list.iter().position(|e| e.name == name) else {
+                return Ok(Outcome::unchanged(format!(
+                    "export {name:?} is not present; nothing to do"
+                )));
+            };
+            list.remove(i)
+        };
+        // Outside the lock: this waits for the export's connections to finish.
+        let closed = self.nbd.remove(name).map_or(0, |r| r.connections);
+        let message = format!(
+            "export {name:?} removed ({}); {closed} client connection{} closed",
+            removed.path.display(),
+            if closed == 1 { "" } else { "s" }
+        );
+        self.events.emit(EventSpec {
+            event: events::EXPORT_REMOVED,
+            export: Some(name.to_string()),
+            device: Some(removed.path.display().to_string()),
+            member: None,
+            message: message.clone(),
+        });
+        Ok(Outcome {
+            status: 200,
+            changed: true,
+            message,
+            export: None,
+        })
+    }
+
+    // ---- the monitor -------------------------------------------------------------------
+
+    /// Looks at every tree each second and turns changes into events.
+    fn monitor(&self) {
+        let mut prev: BTreeMap<String, Seen> = BTreeMap::new();
+        let mut first = true;
+        loop {
+            let now = seen_nodes(&self.trees());
+            for spec in diff(&prev, &now, first) {
+                self.events.emit(spec);
+            }
+            prev = now;
+            first = false;
+            thread::sleep(MONITOR_INTERVAL);
+        }
+    }
+}
+
+/// What the monitor remembers of a node.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    export: String,
+    kind: String,
+    name: String,
+    state: String,
+    /// The md array a member belongs to.
+    parent: Option<String>,
+    progress: Option<(String, u64)>,
+}
+
+fn seen_nodes(trees: &[(OpenedExport, Node)]) -> BTreeMap<String, Seen> {
+    let mut out = BTreeMap::new();
+    fn visit(n: &Node, export: &str, parent: Option<&str>, out: &mut BTreeMap<String, Seen>) {
+        out.entry(n.id.clone()).or_insert_with(|| Seen {
+            export: export.to_string(),
+            kind: n.kind.clone(),
+            name: n.name.clone(),
+            state: n.state.clone(),
+            parent: parent.map(str::to_string),
+            progress: n.progress.as_ref().map(|p| {
+                let pct = u64::try_from(
+                    u128::from(p.done_bytes) * 100 / u128::from(p.total_bytes.max(1)),
+                )
+                .unwrap_or(100);
+                (p.action.clone(), pct)
+            }),
+        });
+        let me = (n.kind == "md").then_some(n.name.as_str());
+        for c in &n.children {
+            visit(c, export, me.or(parent), out);
+        }
+    }
+    for (e, root) in trees {
+        visit(root, &e.name, None, &mut out);
+    }
+    out
+}
+
+/// The events between two looks at the trees. On the first look only problems are
+/// reported (a degraded array, a faulty member), as `mdadm --monitor` does at start.
+fn diff(
+    prev: &BTreeMap<String, Seen>,
+    now: &BTreeMap<String, Seen>,
+    first: bool,
+) -> Vec<EventSpec> {
+    let mut out = Vec::new();
+    for (id, n) in now {
+        let before = prev.get(id);
+        let spec = |event: &'static str, member: Option<String>, message: String| EventSpec {
+            event,
+            export: Some(n.export.clone()),
+            device: if n.kind == "member" {
+                n.parent.clone()
+            } else {
+                Some(n.name.clone())
+            },
+            member,
+            message,
+        };
+        match n.kind.as_str() {
+            "md" => {
+                let degraded = n.state.contains("degraded");
+                let was = before.map(|b| b.state.contains("degraded"));
+                if degraded && (first || was == Some(false)) {
+                    out.push(spec(
+                        events::DEGRADED_ARRAY,
+                        None,
+                        format!("md array {:?} is degraded ({})", n.name, n.state),
+                    ));
+                }
+                let prog = &n.progress;
+                let was_prog = before.and_then(|b| b.progress.clone());
+                match (&was_prog, prog) {
+                    (None, Some((action, _))) => out.push(spec(
+                        events::REBUILD_STARTED,
+                        None,
+                        format!("md array {:?}: {action} started", n.name),
+                    )),
+                    (Some((action, _)), None) if before.is_some() => out.push(spec(
+                        events::REBUILD_FINISHED,
+                        None,
+                        format!("md array {:?}: {action} finished", n.name),
+                    )),
+                    (Some((_, p0)), Some((action, p1))) => {
+                        // mdadm's RebuildNN: at 20, 40, 60 and 80 %.
+                        for nn in [20u64, 40, 60, 80] {
+                            if *p0 < nn && *p1 >= nn {
+                                out.push(EventSpec {
+                                    event: rebuild_nn(nn),
+                                    ..spec(
+                                        "",
+                                        None,
+                                        format!("md array {:?}: {action} {nn}% done", n.name),
+                                    )
+                                });
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "member" => {
+                let st = n.state.as_str();
+                let was = before.map(|b| b.state.as_str());
+                let bad_now = st.contains("faulty");
+                let gone_now = st == "removed" || st == "missing";
+                if bad_now && (first || was.is_some_and(|w| !w.contains("faulty"))) {
+                    out.push(spec(
+                        events::FAIL,
+                        Some(n.name.clone()),
+                        format!(
+                            "member {} of md array {} is faulty",
+                            n.name,
+                            n.parent.as_deref().unwrap_or("?")
+                        ),
+                    ));
+                } else if gone_now && was.is_some_and(|w| w != st && !w.contains("faulty")) {
+                    out.push(spec(
+                        events::DEVICE_DISAPPEARED,
+                        Some(n.name.clone()),
+                        format!(
+                            "member {} of md array {} is gone",
+                            n.name,
+                            n.parent.as_deref().unwrap_or("?")
+                        ),
+                    ));
+                } else if st == "active sync" && was.is_some_and(|w| w != st) {
+                    out.push(spec(
+                        events::SPARE_ACTIVE,
+                        Some(n.name.clone()),
+                        format!(
+                            "member {} of md array {} is in sync",
+                            n.name,
+                            n.parent.as_deref().unwrap_or("?")
+                        ),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn rebuild_nn(nn: u64) -> &'static str {
+    match nn {
+        20 => "Rebuild20",
+        40 => "Rebuild40",
+        60 => "Rebuild60",
+        _ => "Rebuild80",
+    }
+}
+
+fn rfc3339(since_epoch: Duration) -> String {
+    events::rfc3339_at(since_epoch)
+}
+
+/// The rules of `exports::parse_spec` for names: they appear in URIs and shells.
+fn check_export_name(name: &str) -> std::result::Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | ':'))
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "export name {name:?} must be 1 to 255 letters, digits, '.', '_', '-', '+' or \
+             ':', not starting with '.'"
+        ))
+    }
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(kind: &str, name: &str, state: &str, progress: Option<(&str, u64)>) -> Seen {
+        Seen {
+            export: "e".into(),
+            kind: kind.into(),
+            name: name.into(),
+            state: state.into(),
+            parent: (kind == "member").then(|| "demo".to_string()),
+            progress: progress.map(|(a, p)| (a.to_string(), p)),
+        }
+    }
+
+    fn names(v: &[EventSpec]) -> Vec<&str> {
+        v.iter().map(|e| e.event).collect()
+    }
+
+    #[test]
+    fn start_reports_only_problems() {
+        let mut now = BTreeMap::new();
+        now.insert("md:1".into(), seen("md", "demo", "clean, degraded", None));
+        now.insert("member:a".into(), seen("member", "a", "active sync", None));
+        now.insert("member:b".into(), seen("member", "b", "removed", None));
+        let ev = diff(&BTreeMap::new(), &now, true);
+        assert_eq!(names(&ev), ["DegradedArray"]);
+        assert_eq!(ev[0].device.as_deref(), Some("demo"));
+        assert!(diff(&now, &now, false).is_empty());
+    }
+
+    #[test]
+    fn changes_become_mdadm_events() {
+        let mut a = BTreeMap::new();
+        a.insert("md:1".into(), seen("md", "demo", "active", None));
+        a.insert("member:a".into(), seen("member", "a", "active sync", None));
+        a.insert("member:b".into(), seen("member", "b", "active sync", None));
+        let mut b = a.clone();
+        b.insert(
+            "md:1".into(),
+            seen("md", "demo", "active, degraded", Some(("recovery", 10))),
+        );
+        b.insert("member:a".into(), seen("member", "a", "faulty", None));
+        let ev = diff(&a, &b, false);
+        assert_eq!(names(&ev), ["DegradedArray", "RebuildStarted", "Fail"]);
+        assert_eq!(ev[2].member.as_deref(), Some("a"));
+        assert_eq!(ev[2].device.as_deref(), Some("demo"));
+        let mut c = b.clone();
+        c.insert(
+            "md:1".into(),
+            seen("md", "demo", "active, degraded", Some(("recovery", 45))),
+        );
+        assert_eq!(names(&diff(&b, &c, false)), ["Rebuild20", "Rebuild40"]);
+        let mut d = c.clone();
+        d.insert("md:1".into(), seen("md", "demo", "active", None));
+        d.insert("member:a".into(), seen("member", "a", "active sync", None));
+        assert_eq!(
+            names(&diff(&c, &d, false)),
+            ["RebuildFinished", "SpareActive"]
+        );
+    }
+
+    #[test]
+    fn export_names_follow_the_cli_rules() {
+        assert!(check_export_name("home-2.x").is_ok());
+        assert!(check_export_name("").is_err());
+        assert!(check_export_name(".hidden").is_err());
+        assert!(check_export_name("a b").is_err());
+        assert!(check_export_name("a/b").is_err());
+    }
+}

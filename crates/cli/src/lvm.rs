@@ -1,0 +1,943 @@
+//! `cairn lvm pvcreate|pvs|vgcreate|vgs|vgextend|lvcreate|lvs|lvextend|lvreduce|lvrename|
+//! lvremove`: LVM2 volume groups in lvm's on-disk format.
+//!
+//! ```text
+//!   PV paths | --devices | --md M1,M2 [--luks] | --luks=FILE ─ open_pvs ─> PvDevices
+//!        (files via exports::open, md arrays via md::open_export, LUKS via
+//!         luks::open_export + serve_passphrase)
+//!   verb ─> cairn_lvm (pvcreate, Vg::create/open, lv_create, ...) ─> lvm-like lines
+//!        | --json ─> close (md arrays marked clean)
+//! ```
+//!
+//! Words, options and messages follow lvm so its users' habits carry over: `lvcreate -n
+//! lin -L 20M vg`, "Logical volume "lin" created.". cairn has no device scan: the VG's PVs
+//! come from the command line, like lvm's `--devices`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cairn_block::ErrorKind;
+use cairn_lvm::{LvCreate, PvCreateOptions, PvDevice, Vg, VgReport, VolumeGroup};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::args::{
+    Global, LvmCommand, LvmDevices, LvmLvArgs, LvmLvcreateArgs, LvmLvrenameArgs, LvmPvcreateArgs,
+    LvmReportArgs, LvmResizeArgs, LvmVgcfgParseArgs, LvmVgcreateArgs, LvmVgextendArgs,
+};
+use crate::error::{CliError, Result};
+use crate::exports::{self, ExportSpec, OpenedExport};
+use crate::size::parse_size;
+use crate::{luks, md};
+
+pub fn run(cmd: LvmCommand, global: &Global) -> Result<()> {
+    match cmd {
+        LvmCommand::Pvcreate(a) => pvcreate(&a, global),
+        LvmCommand::Pvs(a) => pvs(&a, global),
+        LvmCommand::Vgcreate(a) => vgcreate(&a, global),
+        LvmCommand::Vgs(a) => vgs(&a, global),
+        LvmCommand::Vgextend(a) => vgextend(&a, global),
+        LvmCommand::Lvcreate(a) => lvcreate(&a, global),
+        LvmCommand::Lvs(a) => lvs(&a, global),
+        LvmCommand::Lvextend(a) => resize(&a, true, global),
+        LvmCommand::Lvreduce(a) => resize(&a, false, global),
+        LvmCommand::Lvrename(a) => lvrename(&a, global),
+        LvmCommand::Lvremove(a) => lvremove(&a, global),
+        LvmCommand::VgcfgParse(a) => vgcfg_parse(&a, global),
+    }
+}
+
+/// A library error as one sentence: the kind's words only where they add something.
+pub fn lvm_error(e: &cairn_block::Error) -> CliError {
+    let s = e.to_string();
+    let plain = match e.kind() {
+        ErrorKind::InvalidArgument | ErrorKind::NotFound | ErrorKind::Unsupported => s
+            .strip_suffix(&format!(": {}", e.kind().describe()))
+            .map_or(s.clone(), str::to_string),
+        _ => s,
+    };
+    CliError::new(plain.replace("pass force", "give -f (--force)"))
+}
+
+fn out(text: &str) {
+    println!("{text}");
+}
+
+fn print_json(v: &impl Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string(v).expect("reports serialise to JSON")
+    );
+}
+
+// ---- the PVs -----------------------------------------------------------------------
+
+/// The PVs a command works on, and the md arrays under them (closed at the end).
+struct OpenedPvs {
+    pvs: Vec<PvDevice>,
+    arrays: Vec<Arc<cairn_md::Array>>,
+}
+
+impl OpenedPvs {
+    fn close(&self) -> Result<()> {
+        for a in &self.arrays {
+            a.close().map_err(|e| {
+                CliError::new(format!(
+                    "closing the md array failed, so it will need --force or a resync: {e}"
+                ))
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn open_file(path: &Path, read_only: bool) -> Result<OpenedExport> {
+    exports::open(
+        &ExportSpec {
+            path: path.to_path_buf(),
+            name: String::new(),
+        },
+        read_only,
+        false,
+    )
+}
+
+fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<OpenedPvs> {
+    let mut out = OpenedPvs {
+        pvs: Vec::new(),
+        arrays: Vec::new(),
+    };
+    let mut files: Vec<PathBuf> = paths.to_vec();
+    for list in &d.devices {
+        for p in list.split(',').filter(|p| !p.is_empty()) {
+            files.push(PathBuf::from(p));
+        }
+    }
+    for (i, p) in files.iter().enumerate() {
+        if files[..i].contains(p) {
+            return Err(CliError::new(format!("{} is given twice", p.display())));
+        }
+        let o = open_file(p, read_only)?;
+        out.pvs
+            .push(PvDevice::new(p.display().to_string(), o.device));
+    }
+    let bare_luks = d.luks.iter().any(String::is_empty);
+    if bare_luks && d.md.is_empty() {
+        return Err(CliError::new(
+            "a bare --luks means the --md arrays hold LUKS, but no --md is given; give \
+             --luks=FILE for a LUKS file",
+        ));
+    }
+    for m in &d.md {
+        let spec = md::parse_md_spec(m)?;
+        let members: Vec<String> = spec
+            .members
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let opened = md::open_export(&spec, read_only, false)?;
+        out.arrays.extend(opened.md.iter().cloned());
+        let mut name = format!("md:{}", members.join(","));
+        let device = if bare_luks {
+            let shown = format!("the md array on {}", members.join(", "));
+            let pass = luks::serve_passphrase(d.key.key_file.as_deref(), &shown)?;
+            name = format!("luks:{name}");
+            luks::open_export(opened, pass.as_bytes(), &shown)?.device
+        } else {
+            opened.device
+        };
+        out.pvs.push(PvDevice::new(name, device));
+    }
+    for f in d.luks.iter().filter(|f| !f.is_empty()) {
+        let p = PathBuf::from(f);
+        let opened = open_file(&p, read_only)?;
+        let pass = luks::serve_passphrase(d.key.key_file.as_deref(), f)?;
+        let device = luks::open_export(opened, pass.as_bytes(), f)?.device;
+        out.pvs.push(PvDevice::new(format!("luks:{f}"), device));
+    }
+    if out.pvs.is_empty() {
+        return Err(CliError::new(
+            "no PVs given; name them as lvm's --devices does: --devices pv0.img,pv1.img (or \
+             --md M1,M2,... for an md array, --luks=FILE for a LUKS volume)",
+        ));
+    }
+    Ok(out)
+}
+
+/// Opens the VG the devices hold, checking its name when the command names one.
+fn open_vg(
+    d: &LvmDevices,
+    extra: &[PathBuf],
+    vg: Option<&str>,
+    read_only: bool,
+) -> Result<(Vg, OpenedPvs)> {
+    let opened = open_pvs(extra, d, read_only)?;
+    let result = Vg::open_with(
+        opened.pvs.clone(),
+        cairn_lvm::OpenOptions {
+            partial: read_only,
+            read_only,
+        },
+    );
+    let v = match result {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = opened.close();
+            return Err(lvm_error(&e));
+        }
+    };
+    if let Some(want) = vg {
+        if v.name() != want {
+            let _ = opened.close();
+            return Err(CliError::new(format!(
+                "Volume group \"{want}\" not found: the devices given hold VG \"{}\"",
+                v.name()
+            )));
+        }
+    }
+    // The notes (stale or damaged copies, missing PVs) reach stderr as tracing warnings.
+    Ok((v, opened))
+}
+
+fn no_devices() -> LvmDevices {
+    LvmDevices {
+        devices: vec![],
+        md: vec![],
+        luks: vec![],
+        key: crate::args::KeyFileArgs { key_file: None },
+    }
+}
+
+/// Splits `VG/LV`.
+fn vg_lv(s: &str) -> Result<(&str, &str)> {
+    let s = s.strip_prefix("/dev/").unwrap_or(s);
+    match s.split_once('/') {
+        Some((v, l)) if !v.is_empty() && !l.is_empty() && !l.contains('/') => Ok((v, l)),
+        _ => Err(CliError::new(format!(
+            "{s:?} is not VG/LV; name the logical volume as vg0/data"
+        ))),
+    }
+}
+
+// ---- sizes as lvm prints them ------------------------------------------------------
+
+/// `20.00 MiB`, as lvm's messages say sizes.
+pub fn lvm_size(bytes: u64) -> String {
+    units(bytes, &["B", "KiB", "MiB", "GiB", "TiB", "PiB"], " ")
+}
+
+/// `60.00m`, as lvm's report columns say sizes.
+pub fn lvm_short_size(bytes: u64) -> String {
+    if bytes == 0 {
+        return "0".into();
+    }
+    units(bytes, &["b", "k", "m", "g", "t", "p"], "")
+}
+
+fn units(bytes: u64, names: &[&str], sep: &str) -> String {
+    let mut unit = 0;
+    let mut scale: u64 = 1;
+    while unit + 1 < names.len() && bytes >= scale * 1024 {
+        unit += 1;
+        scale *= 1024;
+    }
+    if unit == 0 {
+        return format!("{bytes}{sep}{}", names[0]);
+    }
+    let hundredths = (u128::from(bytes) * 100 + u128::from(scale) / 2) / u128::from(scale);
+    format!(
+        "{}.{:02}{sep}{}",
+        hundredths / 100,
+        hundredths % 100,
+        names[unit]
+    )
+}
+
+/// Prints rows as lvm's reports do: two spaces, columns padded, numbers right-aligned.
+fn table(head: &[&str], rows: &[Vec<String>], right: &[bool]) {
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::from(" ");
+        for (i, c) in cells.iter().enumerate() {
+            s.push(' ');
+            if right[i] {
+                s.push_str(&format!("{c:>width$}", width = w[i]));
+            } else {
+                s.push_str(&format!("{c:<width$}", width = w[i]));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    out(&line(head.to_vec()));
+    for r in rows {
+        out(&line(r.iter().map(String::as_str).collect()));
+    }
+}
+
+// ---- verbs -------------------------------------------------------------------------
+
+fn pvcreate(a: &LvmPvcreateArgs, global: &Global) -> Result<()> {
+    let opened = open_pvs(&a.pvs, &a.devices, false)?;
+    let opts = PvCreateOptions {
+        data_alignment: a.data_alignment,
+        force: a.force,
+        uuid: None,
+    };
+    let mut made = Vec::new();
+    let mut result = Ok(());
+    for pv in &opened.pvs {
+        match cairn_lvm::pvcreate(pv, &opts) {
+            Ok(info) => {
+                if !global.json {
+                    out(&format!(
+                        "  Physical volume \"{}\" successfully created.",
+                        pv.name
+                    ));
+                }
+                made.push(json!({"pv_name": pv.name, "info": info}));
+            }
+            Err(e) => {
+                result = Err(lvm_error(&e));
+                break;
+            }
+        }
+    }
+    opened.close()?;
+    result?;
+    if global.json {
+        print_json(&json!({ "pvs": made }));
+    }
+    Ok(())
+}
+
+/// lvm's 4 MiB, raised to a multiple of the PVs' full stripe so that every extent
+/// starts on one; a warning when no sensible size does.
+pub fn default_extent_size(pvs: &[PvDevice]) -> u64 {
+    const LVM_DEFAULT: u64 = 4 << 20;
+    match cairn_lvm::aligned_extent_size(LVM_DEFAULT, pvs) {
+        Some(e) => {
+            if e != LVM_DEFAULT {
+                tracing::info!(
+                    "extent size {} (not 4 MiB) so that every extent starts on a full stripe \
+                     of the PVs",
+                    crate::size::format_size(e)
+                );
+            }
+            e
+        }
+        None => {
+            eprintln!(
+                "cairn: warning: no extent size up to 1 GiB is a multiple of the PVs' full \
+                 stripes; using 4 MiB, so LVs after the first may not start on a full stripe"
+            );
+            LVM_DEFAULT
+        }
+    }
+}
+
+fn vgcreate(a: &LvmVgcreateArgs, global: &Global) -> Result<()> {
+    let opened = open_pvs(&a.pvs, &a.devices, false)?;
+    let extent_size = match a.extent_size {
+        Some(e) => e,
+        None => default_extent_size(&opened.pvs),
+    };
+    let r = Vg::create(&a.vg, opened.pvs.clone(), extent_size).map(|v| v.report());
+    opened.close()?;
+    let r = r.map_err(|e| lvm_error(&e))?;
+    if global.json {
+        print_json(&r);
+    } else {
+        out(&format!(
+            "  Volume group \"{}\" successfully created",
+            r.name
+        ));
+    }
+    Ok(())
+}
+
+fn vgextend(a: &LvmVgextendArgs, global: &Global) -> Result<()> {
+    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&a.vg), false)?;
+    let new = match open_pvs(&a.new_pvs, &no_devices(), false) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = opened.close();
+            return Err(e);
+        }
+    };
+    vg.set_description(format!("cairn lvm vgextend {}", a.vg));
+    let r = vg.extend(new.pvs.clone()).map(|()| vg.report());
+    opened.close()?;
+    let r = r.map_err(|e| lvm_error(&e))?;
+    if global.json {
+        print_json(&r);
+    } else {
+        out(&format!(
+            "  Volume group \"{}\" successfully extended",
+            r.name
+        ));
+    }
+    Ok(())
+}
+
+/// `-l N`, `-l N%FREE`, `-l N%VG` in extents.
+fn parse_extents(text: &str, r: &VgReport) -> Result<u64> {
+    let bad = || {
+        CliError::new(format!(
+            "{text:?} is not a number of extents; give N, N%FREE or N%VG"
+        ))
+    };
+    if let Some((n, what)) = text.split_once('%') {
+        let pct: u64 = n.parse().map_err(|_| bad())?;
+        if pct == 0 || pct > 100 {
+            return Err(bad());
+        }
+        let base = match what.to_ascii_uppercase().as_str() {
+            "FREE" => r.free_count,
+            "VG" => r.extent_count,
+            _ => return Err(bad()),
+        };
+        return Ok(base * pct / 100);
+    }
+    text.parse().map_err(|_| bad())
+}
+
+fn lvcreate(a: &LvmLvcreateArgs, global: &Global) -> Result<()> {
+    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&a.vg), false)?;
+    let result = (|| {
+        let r = vg.report();
+        let mut notes = Vec::new();
+        let extents = match (&a.size, &a.extents) {
+            (Some(bytes), _) => {
+                let n = bytes.div_ceil(r.extent_size);
+                if n * r.extent_size != *bytes {
+                    notes.push(format!(
+                        "Rounding up size to full physical extent {}.",
+                        lvm_size(n * r.extent_size)
+                    ));
+                }
+                n
+            }
+            (None, Some(t)) => parse_extents(t, &r)?,
+            (None, None) => return Err(CliError::new("give a size: -L SIZE or -l EXTENTS")),
+        };
+        vg.set_description(format!("cairn lvm lvcreate -n {} {}", a.name, a.vg));
+        let c = vg
+            .lv_create(&LvCreate {
+                name: a.name.clone(),
+                extents,
+                stripes: a.stripes,
+                stripe_size: a.stripe_size,
+            })
+            .map_err(|e| lvm_error(&e))?;
+        notes.extend(c.notes.iter().cloned());
+        Ok((c, notes))
+    })();
+    opened.close()?;
+    let (c, notes) = result?;
+    if global.json {
+        print_json(&json!({ "vg": a.vg, "lv": c.name, "extents": c.extents, "notes": notes }));
+    } else {
+        for n in &notes {
+            out(&format!("  {n}"));
+        }
+        out(&format!("  Logical volume \"{}\" created.", c.name));
+    }
+    Ok(())
+}
+
+/// How many extents to add (extend) or cut (reduce) for `-L`/`-l`.
+fn resize_delta(a: &LvmResizeArgs, grow: bool, cur: u64, extent: u64) -> Result<u64> {
+    let sign = if grow { '+' } else { '-' };
+    let (text, bytes) = match (&a.size, &a.extents) {
+        (Some(s), _) => (s.as_str(), true),
+        (None, Some(e)) => (e.as_str(), false),
+        (None, None) => {
+            return Err(CliError::new(
+                "give a size: -L [+|-]SIZE or -l [+|-]EXTENTS",
+            ))
+        }
+    };
+    let (relative, num) = match text.strip_prefix(sign) {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let value = if bytes {
+        parse_size(num).map_err(|e| CliError::new(e.to_string()))?
+    } else {
+        num.parse::<u64>()
+            .map_err(|_| CliError::new(format!("{text:?} is not a number of extents")))?
+    };
+    let to_ext = |v: u64| if bytes { v.div_ceil(extent) } else { v };
+    let delta = if relative {
+        if grow {
+            to_ext(value)
+        } else {
+            // Cut whole extents only: the new size rounds up.
+            let left = if bytes {
+                (cur * extent).saturating_sub(value).div_ceil(extent)
+            } else {
+                cur.saturating_sub(value)
+            };
+            cur - left.min(cur)
+        }
+    } else {
+        let target = to_ext(value);
+        match (grow, target.cmp(&cur)) {
+            (true, std::cmp::Ordering::Greater) => target - cur,
+            (false, std::cmp::Ordering::Less) => cur - target,
+            _ => {
+                return Err(CliError::new(format!(
+                    "New size given ({target} extents) not {} than existing size ({cur} extents)",
+                    if grow { "larger" } else { "smaller" }
+                )))
+            }
+        }
+    };
+    if delta == 0 {
+        return Err(CliError::new(
+            "the size change is less than one extent; nothing to do",
+        ));
+    }
+    Ok(delta)
+}
+
+fn resize(a: &LvmResizeArgs, grow: bool, global: &Global) -> Result<()> {
+    let (vgn, lvn) = vg_lv(&a.lv)?;
+    let (mut vg, opened) = open_vg(&a.devices, &[], Some(vgn), false)?;
+    let result = (|| {
+        let r = vg.report();
+        let lv = r.lvs.iter().find(|l| l.name == lvn).ok_or_else(|| {
+            CliError::new(format!("Failed to find logical volume \"{vgn}/{lvn}\""))
+        })?;
+        let cur = lv.extents;
+        let delta = resize_delta(a, grow, cur, r.extent_size)?;
+        vg.set_description(format!(
+            "cairn lvm {} {vgn}/{lvn}",
+            if grow { "lvextend" } else { "lvreduce" }
+        ));
+        let c = if grow {
+            vg.lv_extend(lvn, delta)
+        } else {
+            vg.lv_reduce(lvn, delta, a.force)
+        }
+        .map_err(|e| lvm_error(&e))?;
+        Ok((cur, c, r.extent_size))
+    })();
+    opened.close()?;
+    let (cur, c, es) = result?;
+    if global.json {
+        print_json(
+            &json!({ "vg": vgn, "lv": lvn, "old_extents": cur, "extents": c.extents, "notes": c.notes }),
+        );
+    } else {
+        for n in &c.notes {
+            out(&format!("  {n}"));
+        }
+        out(&format!(
+            "  Size of logical volume {vgn}/{lvn} changed from {} ({cur} extents) to {} ({} extents).",
+            lvm_size(cur * es),
+            lvm_size(c.extents * es),
+            c.extents
+        ));
+        out(&format!(
+            "  Logical volume {vgn}/{lvn} successfully resized."
+        ));
+    }
+    Ok(())
+}
+
+fn lvrename(a: &LvmLvrenameArgs, global: &Global) -> Result<()> {
+    let (vgn, old, new) = match a.names.as_slice() {
+        [v, o, n] => (v.clone(), o.clone(), n.clone()),
+        [o, n] => {
+            let (v, o) = vg_lv(o)?;
+            let n = match n.split_once('/') {
+                Some((nv, nl)) if nv == v => nl.to_string(),
+                Some(_) => {
+                    return Err(CliError::new(
+                        "an LV cannot move to another VG: give the same VG in both names",
+                    ))
+                }
+                None => n.clone(),
+            };
+            (v.to_string(), o.to_string(), n)
+        }
+        _ => return Err(CliError::new("give VG OLD NEW, or VG/OLD NEW")),
+    };
+    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&vgn), false)?;
+    vg.set_description(format!("cairn lvm lvrename {vgn} {old} {new}"));
+    let r = vg.lv_rename(&old, &new);
+    opened.close()?;
+    r.map_err(|e| lvm_error(&e))?;
+    if global.json {
+        print_json(&json!({ "vg": vgn, "old": old, "new": new }));
+    } else {
+        out(&format!(
+            "  Renamed \"{old}\" to \"{new}\" in volume group \"{vgn}\""
+        ));
+    }
+    Ok(())
+}
+
+fn lvremove(a: &LvmLvArgs, global: &Global) -> Result<()> {
+    let (vgn, lvn) = vg_lv(&a.lv)?;
+    let (mut vg, opened) = open_vg(&a.devices, &[], Some(vgn), false)?;
+    vg.set_description(format!("cairn lvm lvremove {vgn}/{lvn}"));
+    let r = vg.lv_remove(lvn);
+    opened.close()?;
+    r.map_err(|e| lvm_error(&e))?;
+    if global.json {
+        print_json(&json!({ "vg": vgn, "removed": lvn }));
+    } else {
+        out(&format!("  Logical volume \"{lvn}\" successfully removed."));
+    }
+    Ok(())
+}
+
+// ---- reports -----------------------------------------------------------------------
+
+#[derive(Debug, Serialize)]
+struct PvRow {
+    pv_name: String,
+    vg_name: Option<String>,
+    pv_uuid: String,
+    /// Bytes.
+    pe_start: u64,
+    dev_size: u64,
+    pv_size: u64,
+    pv_free: u64,
+    pe_count: Option<u64>,
+    pe_alloc: Option<u64>,
+    missing: bool,
+}
+
+fn pvs(a: &LvmReportArgs, global: &Global) -> Result<()> {
+    let opened = open_pvs(&a.pvs, &a.devices, true)?;
+    let result = (|| {
+        let mut rows = Vec::new();
+        let mut in_vg = Vec::new();
+        for pv in &opened.pvs {
+            match cairn_lvm::probe(&*pv.dev)
+                .map_err(|e| CliError::new(format!("{}: {e}", pv.name)))?
+            {
+                None => {
+                    return Err(CliError::new(format!(
+                        "{} is not an LVM2 physical volume (no label); make it one with \
+                         `cairn lvm pvcreate`",
+                        pv.name
+                    )))
+                }
+                Some(info) if info.vg_name.is_none() => rows.push(PvRow {
+                    pv_name: pv.name.clone(),
+                    vg_name: None,
+                    pv_uuid: info.uuid,
+                    pe_start: info.pe_start,
+                    dev_size: info.device_size,
+                    pv_size: info.device_size,
+                    pv_free: info.device_size,
+                    pe_count: None,
+                    pe_alloc: None,
+                    missing: false,
+                }),
+                Some(_) => in_vg.push(pv.clone()),
+            }
+        }
+        if !in_vg.is_empty() {
+            let vg = Vg::open_with(
+                in_vg,
+                cairn_lvm::OpenOptions {
+                    partial: true,
+                    read_only: true,
+                },
+            )
+            .map_err(|e| lvm_error(&e))?;
+            let r = vg.report();
+            for p in &r.pvs {
+                rows.push(PvRow {
+                    pv_name: p.name.clone(),
+                    vg_name: Some(r.name.clone()),
+                    pv_uuid: p.uuid.clone(),
+                    pe_start: p.pe_start,
+                    dev_size: p.dev_size,
+                    pv_size: p.size,
+                    pv_free: p.free,
+                    pe_count: Some(p.pe_count),
+                    pe_alloc: Some(p.pe_alloc),
+                    missing: p.missing,
+                });
+            }
+        }
+        Ok(rows)
+    })();
+    opened.close()?;
+    let rows = result?;
+    if global.json {
+        print_json(&json!({ "pvs": rows }));
+        return Ok(());
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.pv_name.clone(),
+                r.vg_name.clone().unwrap_or_default(),
+                "lvm2".into(),
+                match (r.vg_name.is_some(), r.missing) {
+                    (_, true) => "a-m".into(),
+                    (true, _) => "a--".into(),
+                    _ => "---".into(),
+                },
+                lvm_short_size(r.pv_size),
+                lvm_short_size(r.pv_free),
+            ]
+        })
+        .collect();
+    table(
+        &["PV", "VG", "Fmt", "Attr", "PSize", "PFree"],
+        &cells,
+        &[false, false, false, false, true, true],
+    );
+    Ok(())
+}
+
+fn report_of(a: &LvmReportArgs) -> Result<VgReport> {
+    let (vg, opened) = open_vg(&a.devices, &a.pvs, None, true)?;
+    let r = vg.report();
+    opened.close()?;
+    Ok(r)
+}
+
+fn vgs(a: &LvmReportArgs, global: &Global) -> Result<()> {
+    let r = report_of(a)?;
+    if global.json {
+        print_json(&r);
+        return Ok(());
+    }
+    let partial = r.pvs.iter().any(|p| p.missing);
+    table(
+        &["VG", "#PV", "#LV", "#SN", "Attr", "VSize", "VFree"],
+        &[vec![
+            r.name.clone(),
+            r.pv_count.to_string(),
+            r.lv_count.to_string(),
+            "0".into(),
+            format!("wz-{}n-", if partial { "p" } else { "-" }),
+            lvm_short_size(r.size),
+            lvm_short_size(r.free),
+        ]],
+        &[false, true, true, true, false, true, true],
+    );
+    Ok(())
+}
+
+fn lvs(a: &LvmReportArgs, global: &Global) -> Result<()> {
+    let r = report_of(a)?;
+    if global.json {
+        print_json(&json!({ "vg": r.name, "extent_size": r.extent_size, "lvs": r.lvs }));
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for l in &r.lvs {
+        let name = if l.visible {
+            l.name.clone()
+        } else {
+            format!("[{}]", l.name)
+        };
+        let attr = format!("-{}i-------", if l.writable { 'w' } else { 'r' });
+        for s in &l.segments {
+            rows.push(vec![
+                name.clone(),
+                r.name.clone(),
+                attr.clone(),
+                lvm_short_size(l.size),
+                if s.segtype == "striped" && s.stripes == 1 {
+                    "linear".into()
+                } else {
+                    s.segtype.clone()
+                },
+                s.start_extent.to_string(),
+                s.extent_count.to_string(),
+                s.stripes.to_string(),
+                lvm_short_size(s.stripe_size),
+                s.seg_pe_ranges.clone(),
+            ]);
+        }
+        if let Some(why) = &l.unavailable {
+            eprintln!(
+                "  WARNING: LV {}/{} is unavailable to cairn: {why}",
+                r.name, l.name
+            );
+        }
+    }
+    table(
+        &[
+            "LV",
+            "VG",
+            "Attr",
+            "LSize",
+            "Type",
+            "Start",
+            "SSize",
+            "#Str",
+            "Stripe",
+            "PE Ranges",
+        ],
+        &rows,
+        &[
+            false, false, false, true, false, true, true, true, true, false,
+        ],
+    );
+    Ok(())
+}
+
+/// The metadata of a text file, with PV keys in `seg_pe_ranges` replaced by the device
+/// hints, so it compares with `lvs -o seg_pe_ranges`.
+pub fn vgcfg_json(vg: &VolumeGroup) -> serde_json::Value {
+    let es = vg.extent_size * 512;
+    let hint = |key: &str| {
+        vg.pv(key)
+            .and_then(|p| p.device.clone())
+            .unwrap_or_else(|| key.to_string())
+    };
+    let lvs: Vec<serde_json::Value> = vg
+        .lvs
+        .iter()
+        .map(|l| {
+            let segs: Vec<serde_json::Value> = l
+                .segments
+                .iter()
+                .map(|s| {
+                    let k = s.areas().len() as u64;
+                    let per = s.extent_count.checked_div(k).unwrap_or(0);
+                    let stripe_size = match &s.kind {
+                        cairn_lvm::meta::SegKind::Striped { stripe_size, .. } => stripe_size * 512,
+                        cairn_lvm::meta::SegKind::Other(_) => 0,
+                    };
+                    json!({
+                        "start_extent": s.start_extent,
+                        "extent_count": s.extent_count,
+                        "segtype": s.type_name(),
+                        "stripes": k,
+                        "stripe_size": stripe_size,
+                        "seg_pe_ranges": s.areas().iter()
+                            .map(|a| format!("{}:{}-{}", hint(&a.pv), a.pe, a.pe + per.max(1) - 1))
+                            .collect::<Vec<_>>().join(" "),
+                    })
+                })
+                .collect();
+            json!({
+                "name": l.name, "uuid": l.id, "visible": l.visible(),
+                "unavailable": l.unsupported, "extents": l.extents(), "segments": segs,
+            })
+        })
+        .collect();
+    let pvs: Vec<serde_json::Value> = vg
+        .pvs
+        .iter()
+        .map(|p| {
+            json!({
+                "key": p.key, "uuid": p.id, "device": p.device,
+                "pe_start": p.pe_start * 512, "pe_count": p.pe_count, "dev_size": p.dev_size * 512,
+            })
+        })
+        .collect();
+    json!({
+        "name": vg.name, "uuid": vg.id, "seqno": vg.seqno, "extent_size": es,
+        "pvs": pvs, "lvs": lvs,
+    })
+}
+
+fn vgcfg_parse(a: &LvmVgcfgParseArgs, global: &Global) -> Result<()> {
+    let shown = a.file.display();
+    let text =
+        std::fs::read(&a.file).map_err(|e| CliError::new(format!("cannot read {shown}: {e}")))?;
+    let vg = VolumeGroup::from_text(&text)
+        .map_err(|e| CliError::new(format!("metadata in {shown}, {}", lvm_error(&e))))?;
+    let v = vgcfg_json(&vg);
+    if global.json {
+        print_json(&v);
+    } else {
+        out(&serde_json::to_string_pretty(&v).expect("JSON"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_like_lvm() {
+        assert_eq!(lvm_size(20 << 20), "20.00 MiB");
+        assert_eq!(lvm_size(1536 << 20), "1.50 GiB");
+        assert_eq!(lvm_short_size(60 << 20), "60.00m");
+        assert_eq!(lvm_short_size(0), "0");
+        assert_eq!(lvm_short_size(512), "512b");
+    }
+
+    #[test]
+    fn vg_lv_names() {
+        assert_eq!(vg_lv("vg/lv").unwrap(), ("vg", "lv"));
+        assert_eq!(vg_lv("/dev/vg/lv").unwrap(), ("vg", "lv"));
+        assert!(vg_lv("vg").is_err());
+        assert!(vg_lv("vg/").is_err());
+    }
+
+    fn resize_args(size: Option<&str>, extents: Option<&str>) -> LvmResizeArgs {
+        LvmResizeArgs {
+            lv: "vg/lv".into(),
+            size: size.map(str::to_string),
+            extents: extents.map(str::to_string),
+            force: false,
+            devices: no_devices(),
+        }
+    }
+
+    #[test]
+    fn resize_deltas() {
+        let m = 4u64 << 20;
+        assert_eq!(
+            resize_delta(&resize_args(Some("+8M"), None), true, 5, m).unwrap(),
+            2
+        );
+        assert_eq!(
+            resize_delta(&resize_args(Some("+5M"), None), true, 5, m).unwrap(),
+            2
+        );
+        assert_eq!(
+            resize_delta(&resize_args(Some("28M"), None), true, 5, m).unwrap(),
+            2
+        );
+        assert!(resize_delta(&resize_args(Some("20M"), None), true, 5, m).is_err());
+        assert_eq!(
+            resize_delta(&resize_args(None, Some("+3")), true, 5, m).unwrap(),
+            3
+        );
+        assert_eq!(
+            resize_delta(&resize_args(None, Some("-2")), false, 5, m).unwrap(),
+            2
+        );
+        assert_eq!(
+            resize_delta(&resize_args(None, Some("3")), false, 5, m).unwrap(),
+            2
+        );
+        assert_eq!(
+            resize_delta(&resize_args(Some("-8M"), None), false, 5, m).unwrap(),
+            2
+        );
+        // Cutting 5M of 4M extents cuts one whole extent (the new size rounds up).
+        assert_eq!(
+            resize_delta(&resize_args(Some("-5M"), None), false, 5, m).unwrap(),
+            1
+        );
+        assert_eq!(
+            resize_delta(&resize_args(Some("12M"), None), false, 5, m).unwrap(),
+            2
+        );
+    }
+}
