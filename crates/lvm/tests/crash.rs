@@ -91,7 +91,8 @@ fn run(op: &str, seed: u64) {
     let end = clock.now();
     let (mut saw_old, mut saw_new) = (false, false);
     for t in start..=end {
-        for _ in 0..4 {
+        for round in 0..4 {
+            let first = round == 0;
             let imgs: Vec<Vec<u8>> = logged
                 .iter()
                 .map(|d| d.crash_image(&mut rng, CrashPoint::AtTime(t)))
@@ -109,9 +110,11 @@ fn run(op: &str, seed: u64) {
                     given.push(third);
                 }
             }
+            let mut used = given.len();
             let reopened = Vg::open(given.clone())
                 .or_else(|e| {
                     if given.len() == 3 && e.to_string().contains("is not a PV of VG") {
+                        used = 2;
                         Vg::open(given[..2].to_vec())
                     } else {
                         Err(e)
@@ -119,6 +122,9 @@ fn run(op: &str, seed: u64) {
                 })
                 .unwrap_or_else(|e| panic!("{op}: crash at {t} ({start}..{end}): {e}"));
             let got = state(reopened.metadata());
+            if first {
+                export_for_lvm(op, t, &imgs[..used], reopened.metadata());
+            }
             if got == old {
                 saw_old = true;
             } else if got == new {
@@ -142,6 +148,32 @@ fn run(op: &str, seed: u64) {
         saw_old && saw_new,
         "{op}: crash points did not cover both states"
     );
+}
+
+/// With `CAIRN_LVM_CRASH_DIR` set, each instant's first crash state is written there as
+/// PV files (`OP-T/pvN.img`, sparse beyond the metadata) with `expect`: the seqno and LV
+/// names cairn read, so that tests/interop/lvm.sh can check lvm's `vgs`/`lvs` read the
+/// same state.
+fn export_for_lvm(op: &str, t: u64, imgs: &[Vec<u8>], vg: &VolumeGroup) {
+    use std::io::Write as _;
+    let Some(dir) = std::env::var_os("CAIRN_LVM_CRASH_DIR") else {
+        return;
+    };
+    let dir = std::path::Path::new(&dir).join(format!("{op}-{t:05}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, img) in imgs.iter().enumerate() {
+        let mut f = std::fs::File::create(dir.join(format!("pv{i}.img"))).unwrap();
+        // The label and metadata area live in the first MiB; the rest stays a hole.
+        f.write_all(&img[..img.len().min(1 << 20)]).unwrap();
+        f.set_len(img.len() as u64).unwrap();
+    }
+    let mut names: Vec<&str> = vg.lvs.iter().map(|l| l.name.as_str()).collect();
+    names.sort_unstable();
+    std::fs::write(
+        dir.join("expect"),
+        format!("{} {}\n", vg.seqno, names.join(",")),
+    )
+    .unwrap();
 }
 
 #[test]
