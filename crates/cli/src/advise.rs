@@ -534,23 +534,23 @@ mod tests {
 
     fn node(kind: &str, name: &str, children: Vec<Node>) -> Node {
         Node {
-            id: format!("{kind}:{name}"),
-            kind: kind.into(),
-            name: name.into(),
-            path: None,
-            state: "active".into(),
-            size: 1 << 30,
-            geometry: NodeGeometry {
-                logical_block: 512,
-                physical_block: 4096,
-                optimal_io: 4096,
-            },
-            data_offset: 0,
-            md: None,
-            luks: None,
-            lv: None,
-            progress: None,
             children,
+            ..Node::new(
+                kind,
+                format!("{kind}:{name}"),
+                name.into(),
+                "active",
+                1 << 30,
+                geom(),
+            )
+        }
+    }
+
+    fn geom() -> NodeGeometry {
+        NodeGeometry {
+            logical_block: 512,
+            physical_block: 4096,
+            optimal_io: 4096,
         }
     }
 

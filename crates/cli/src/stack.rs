@@ -56,6 +56,34 @@ pub struct Node {
     pub children: Vec<Node>,
 }
 
+impl Node {
+    /// A node with no details, progress or children, its data at offset 0.
+    pub fn new(
+        kind: &str,
+        id: String,
+        name: String,
+        state: &str,
+        size: u64,
+        geometry: NodeGeometry,
+    ) -> Node {
+        Node {
+            id,
+            kind: kind.into(),
+            name,
+            path: None,
+            state: state.into(),
+            size,
+            geometry,
+            data_offset: 0,
+            md: None,
+            luks: None,
+            lv: None,
+            progress: None,
+            children: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeGeometry {
     pub logical_block: u32,
@@ -140,59 +168,49 @@ pub struct LvLayer {
     pub first_byte: u64,
 }
 
+/// "active", or "read-only" for an export served read-only.
+fn mode(e: &OpenedExport) -> &'static str {
+    if e.read_only {
+        "read-only"
+    } else {
+        "active"
+    }
+}
+
 /// The tree for one export: the export node with the stack below as its child.
 pub fn describe(e: &OpenedExport) -> Node {
-    let top = below(e);
+    let g = e.device.geometry();
     Node {
-        id: format!("export:{}", e.name),
-        kind: "export".into(),
-        name: e.name.clone(),
-        path: None,
-        state: if e.read_only { "read-only" } else { "active" }.into(),
-        size: e.device.geometry().size,
-        geometry: e.device.geometry().into(),
-        data_offset: 0,
-        md: None,
-        luks: None,
-        lv: None,
-        progress: None,
-        children: vec![top],
+        children: vec![below(e)],
+        ..Node::new(
+            "export",
+            format!("export:{}", e.name),
+            e.name.clone(),
+            mode(e),
+            g.size,
+            g.into(),
+        )
     }
 }
 
 /// The stack under an export (or under a PV of an LV): LV, LUKS, md or file.
 fn below(e: &OpenedExport) -> Node {
+    let g = e.device.geometry();
     if let Some(lv) = &e.lvm {
         let d = &lv.details;
+        let name = format!("{}/{}", d.vg, d.lv);
         return Node {
-            id: format!("lv:{}/{}", d.vg, d.lv),
-            kind: "lv".into(),
-            name: format!("{}/{}", d.vg, d.lv),
-            path: None,
-            state: if e.read_only { "read-only" } else { "active" }.into(),
-            size: e.device.geometry().size,
-            geometry: e.device.geometry().into(),
             data_offset: lv.first_byte,
-            md: None,
-            luks: None,
             lv: Some(d.clone()),
-            progress: None,
             children: lv.pvs.iter().map(below).collect(),
+            ..Node::new("lv", format!("lv:{name}"), name, mode(e), g.size, g.into())
         };
     }
     let base = base_node(e);
     match &e.luks {
         None => base,
         Some(l) => Node {
-            id: format!("luks:{}", l.uuid),
-            kind: "luks".into(),
-            name: format!("LUKS{} {}", l.version, l.uuid),
-            path: None,
-            state: if e.read_only { "read-only" } else { "active" }.into(),
-            size: e.device.geometry().size,
-            geometry: e.device.geometry().into(),
             data_offset: l.data_offset,
-            md: None,
             luks: Some(LuksDetails {
                 version: l.version,
                 uuid: l.uuid.clone(),
@@ -200,9 +218,15 @@ fn below(e: &OpenedExport) -> Node {
                 sector_size: l.sector_size,
                 payload_offset: l.data_offset,
             }),
-            lv: None,
-            progress: None,
             children: vec![base],
+            ..Node::new(
+                "luks",
+                format!("luks:{}", l.uuid),
+                format!("LUKS{} {}", l.version, l.uuid),
+                mode(e),
+                g.size,
+                g.into(),
+            )
         },
     }
 }
@@ -211,24 +235,20 @@ fn below(e: &OpenedExport) -> Node {
 fn base_node(e: &OpenedExport) -> Node {
     let path = e.path.display().to_string();
     let Some(array) = &e.md else {
-        let (size, geometry) = match &e.base {
-            Some(d) => (d.geometry().size, d.geometry().into()),
-            None => (e.device.geometry().size, e.device.geometry().into()),
-        };
+        let g = e
+            .base
+            .as_ref()
+            .map_or_else(|| e.device.geometry(), |d| d.geometry());
         return Node {
-            id: format!("file:{path}"),
-            kind: "file".into(),
-            name: path.clone(),
-            path: Some(path),
-            state: if e.read_only { "read-only" } else { "active" }.into(),
-            size,
-            geometry,
-            data_offset: 0,
-            md: None,
-            luks: None,
-            lv: None,
-            progress: None,
-            children: Vec::new(),
+            path: Some(path.clone()),
+            ..Node::new(
+                "file",
+                format!("file:{path}"),
+                path,
+                mode(e),
+                g.size,
+                g.into(),
+            )
         };
     };
     let r = array.report();
@@ -247,42 +267,24 @@ fn base_node(e: &OpenedExport) -> Node {
         .iter()
         .map(|m| {
             let name = m.name.clone().unwrap_or_else(|| "(missing)".into());
-            let (size, geometry) = match m.role.and_then(|role| array.member(role as usize)) {
-                Some(d) if m.name.is_some() => (d.geometry().size, d.geometry().into()),
-                _ => (0, NodeGeometry::from(cairn_block::Geometry::simple(0))),
+            let mg = match m.role.and_then(|role| array.member(role as usize)) {
+                Some(d) if m.name.is_some() => d.geometry(),
+                _ => cairn_block::Geometry::simple(0),
+            };
+            let id = match (&m.name, m.role) {
+                (Some(n), _) => format!("member:{n}"),
+                (None, Some(role)) => format!("member:{uuid}/{role}"),
+                (None, None) => format!("member:{uuid}/?"),
             };
             Node {
-                id: match (&m.name, m.role) {
-                    (Some(n), _) => format!("member:{n}"),
-                    (None, Some(role)) => format!("member:{uuid}/{role}"),
-                    (None, None) => format!("member:{uuid}/?"),
-                },
-                kind: "member".into(),
-                name: name.clone(),
                 path: m.name.clone(),
-                state: m.state.text().into(),
-                size,
-                geometry,
-                data_offset: 0,
-                md: None,
-                luks: None,
-                lv: None,
-                progress: None,
-                children: Vec::new(),
+                ..Node::new("member", id, name, m.state.text(), mg.size, mg.into())
             }
         })
         .collect();
     Node {
-        id: format!("md:{uuid}"),
-        kind: "md".into(),
-        name: r.name.clone(),
-        path: None,
-        state: r.state_text.clone(),
-        size: g.size,
-        geometry: g.into(),
-        data_offset: 0,
         md: Some(MdDetails {
-            uuid,
+            uuid: uuid.clone(),
             level: r.level.to_string(),
             layout: r.layout.clone(),
             chunk_bytes,
@@ -292,8 +294,6 @@ fn base_node(e: &OpenedExport) -> Node {
             failed_devices: r.failed_devices,
             events: r.events,
         }),
-        luks: None,
-        lv: None,
         progress: array
             .background()
             .filter(|b| b.state == "running")
@@ -304,6 +304,14 @@ fn base_node(e: &OpenedExport) -> Node {
                 bytes_per_sec: b.bytes_per_sec,
             }),
         children,
+        ..Node::new(
+            "md",
+            format!("md:{uuid}"),
+            r.name.clone(),
+            &r.state_text,
+            g.size,
+            g.into(),
+        )
     }
 }
 

@@ -311,23 +311,23 @@ mod tests {
 
     fn node(kind: &str, name: &str, state: &str, size: u64, children: Vec<Node>) -> Node {
         Node {
-            id: format!("{kind}:{name}"),
-            kind: kind.into(),
-            name: name.into(),
-            path: None,
-            state: state.into(),
-            size,
-            geometry: NodeGeometry {
-                logical_block: 512,
-                physical_block: 4096,
-                optimal_io: 4096,
-            },
-            data_offset: 0,
-            md: None,
-            luks: None,
-            lv: None,
-            progress: None,
             children,
+            ..Node::new(
+                kind,
+                format!("{kind}:{name}"),
+                name.into(),
+                state,
+                size,
+                geom(),
+            )
+        }
+    }
+
+    fn geom() -> NodeGeometry {
+        NodeGeometry {
+            logical_block: 512,
+            physical_block: 4096,
+            optimal_io: 4096,
         }
     }
 
