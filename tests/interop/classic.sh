@@ -99,8 +99,22 @@ assert size == 160 << 20, size'
   rm -f "$SHM/media.out"
   stop_cairn
   expect_eq "$CAIRN_STATUS" 0 "cairn's exit status"
-  # Served again from the members: the filesystem is still there and clean.
-  start_cairn --md "$M" --luks --lvm --key-file "$KEY"
+  # Served again from the members, this time from a config file saying the same: the
+  # filesystem is still there and clean.
+  {
+    echo '[[export]]'
+    echo "md = [$(printf '"%s",' ${M//,/ } | sed 's/,$//')]"
+    echo 'luks = true'
+    echo 'lvm = true'
+    echo "key_file = \"$KEY\""
+  } >"$WORK/cairn.toml"
+  cat "$WORK/cairn.toml"
+  start_cairn --config "$WORK/cairn.toml"
+  py - "$CAIRN_JSON" <<'EOF'
+import json, sys
+names = sorted(e["name"] for e in json.load(open(sys.argv[1]))["exports"])
+assert names == ["vg0/home", "vg0/media"], names
+EOF
   attach_export "$(unix_uri vg0/home)"
   e2fsck -fn "$LOOP"
   dumpe2fs -h "$LOOP" 2>/dev/null | grep -E 'RAID stride:\s+16'

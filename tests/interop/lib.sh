@@ -185,12 +185,14 @@ start_cairn() {
   CAIRN_PID=$!
   register pid "$CAIRN_PID"
   local i
+  # The announcement is one line: wait for its newline, not just its first bytes.
   for i in $(seq 100); do
-    [ -s "$CAIRN_JSON" ] && break
+    [ -s "$CAIRN_JSON" ] && [ -z "$(tail -c1 "$CAIRN_JSON")" ] && break
     kill -0 "$CAIRN_PID" 2>/dev/null || fail "cairn serve $* exited at start: $(cat "$CAIRN_LOG")"
     sleep 0.1
   done
-  [ -s "$CAIRN_JSON" ] || fail "cairn serve $* did not announce itself within 10 s"
+  [ -s "$CAIRN_JSON" ] && [ -z "$(tail -c1 "$CAIRN_JSON")" ] ||
+    fail "cairn serve $* did not announce itself within 10 s"
   CAIRN_PORT=$(py -c 'import json,sys; j=json.load(open(sys.argv[1]));
 print([l["port"] for l in j["listen"] if l["type"]=="tcp"][0])' "$CAIRN_JSON")
 }

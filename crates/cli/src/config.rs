@@ -66,6 +66,10 @@ pub struct ExportEntry {
     /// Serve this one read-only even when the rest is writable.
     #[serde(default)]
     pub read_only: bool,
+    /// The stack (after LUKS, if any) is an LVM2 PV: it is not exported itself; each LV
+    /// of its volume group is, as VG/LV (as `--lvm`). Every PV of a VG needs an entry.
+    #[serde(default)]
+    pub lvm: bool,
 }
 
 /// "line N" for a byte offset into `text`.
@@ -118,6 +122,11 @@ pub fn parse(text: &str, shown: &str, base: &Path) -> Result<Config> {
                     "{which}: give exactly one of file = \"PATH\" or md = [\"MEMBER\", ...]"
                 )))
             }
+        }
+        if e.lvm && e.name.is_some() {
+            return Err(CliError::new(format!(
+                "{which}: name does not apply with lvm = true: each LV is exported as VG/LV"
+            )));
         }
         if let Some(n) = &e.name {
             exports::parse_spec(&format!("x:{n}"))
@@ -191,8 +200,10 @@ pub fn open_stacks(entries: &[ExportEntry], args: &ServeArgs) -> Result<Vec<Open
     let mut out: Vec<OpenedExport> = Vec::new();
     let mut keys = KeyCache::default();
     let terminal = crate::tty::available();
+    let mut pvs: Vec<OpenedExport> = Vec::new();
     for entry in entries {
         match open_one(entry, args, &mut keys, terminal) {
+            Ok(e) if entry.lvm => pvs.push(e),
             Ok(e) => out.push(e),
             Err(err) => {
                 // Not served after all: leave arrays clean, as on shutdown.
@@ -204,6 +215,9 @@ pub fn open_stacks(entries: &[ExportEntry], args: &ServeArgs) -> Result<Vec<Open
                 return Err(err);
             }
         }
+    }
+    if !pvs.is_empty() {
+        out.extend(crate::volumes::open_lv_exports(pvs, args.read_only)?);
     }
     Ok(out)
 }

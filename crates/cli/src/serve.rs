@@ -275,10 +275,11 @@ pub fn serve(
     }
     let mut out = std::io::stdout().lock();
     // A closed stdout (`cairn serve ... | head -1`) must not stop the server.
+    // One write of the whole line, so a reader that sees the newline has all of it.
     let _ = if global.json {
-        serde_json::to_writer(&mut out, &announcement)
+        serde_json::to_string(&announcement)
             .map_err(std::io::Error::from)
-            .and_then(|()| writeln!(out))
+            .and_then(|line| out.write_all(format!("{line}\n").as_bytes()))
     } else {
         out.write_all(render_text(&announcement, &extras).as_bytes())
     };
