@@ -116,9 +116,10 @@ const SCAN_LONG: &str = "\
 Look at PATHs (files, block devices, directories of member images) and report what \
 `cairn serve --scan` would bring up, bottom-up: md arrays from the members found \
 (grouped by array UUID; degraded when members are missing), LUKS volumes on files and \
-on arrays, LVM2 physical volumes (detected; LVM is not served yet). Nothing is written \
-and no passphrase is asked for: arrays are assembled read-only and LUKS headers are read \
-but not unlocked.
+on arrays, then LVM2 volume groups on files, arrays and LUKS volumes (each LV an export \
+named VG/LV). Nothing is written and no passphrase is asked for: arrays are assembled \
+read-only and LUKS headers are read but not unlocked (so LVM inside LUKS shows up only \
+when serving, once unlocked).
 
 Rules: a directory is read one level deep; hidden files, empty files, subdirectories, \
 the key file and the key directory are skipped. Only md superblock 1.2 arrays are \
