@@ -852,13 +852,7 @@ fn rfc3339(since_epoch: Duration) -> String {
 
 /// The rules of `exports::parse_spec` for names: they appear in URIs and shells.
 fn check_export_name(name: &str) -> std::result::Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | ':'))
-        && !name.starts_with('.');
-    if ok {
+    if crate::exports::export_name_ok(name) {
         Ok(())
     } else {
         Err(format!(

@@ -113,15 +113,19 @@ pub fn parse_spec(arg: &str) -> Result<ExportSpec> {
 }
 
 /// Export names appear in URIs (`nbd://host/NAME`), so keep them to characters that need
-/// no escaping there or in a shell.
-fn check_name(name: &str, arg: &str) -> Result<()> {
-    let ok = !name.is_empty()
+/// no escaping there or in a shell: 1 to 255 letters, digits, '.', '_', '-', '+' or ':',
+/// not starting with '.'. (LV exports, `VG/LV`, are named by the LVM layer.)
+pub fn export_name_ok(name: &str) -> bool {
+    !name.is_empty()
         && name.len() <= 255
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | ':'))
-        && !name.starts_with('.');
-    if ok {
+        && !name.starts_with('.')
+}
+
+fn check_name(name: &str, arg: &str) -> Result<()> {
+    if export_name_ok(name) {
         Ok(())
     } else {
         Err(CliError::new(format!(
