@@ -18,7 +18,6 @@
 //! [`Daemon::apply`]; each is idempotent and says what changed.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -164,16 +163,8 @@ pub fn start(
 
 /// Binds the control socket: its directory made owner-only if missing, the socket 0600.
 fn bind_control(path: &Path) -> Result<http::Listener> {
+    // Checks the length and makes the directory, owner-only, if missing.
     crate::listen::prepare_socket_path(path)?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| CliError::new(format!("cannot create {}: {e}", dir.display())))?;
-        }
-    }
     http::bind_unix(path, 0o600).map_err(|e| match e.kind() {
         std::io::ErrorKind::AddrInUse => CliError::new(format!(
             "another cairn daemon answers on the control socket {}; stop it, or give this \

@@ -618,8 +618,10 @@ fn assemble_lvm(
     direct: bool,
     report: &mut ScanReport,
 ) -> Vec<OpenedExport> {
-    // Open bare file PVs; group every PV stack by its VG's uuid.
-    let mut groups: Vec<(String, Vec<(String, OpenedExport)>)> = Vec::new();
+    // Open bare file PVs; group every PV stack by its VG.
+    let mut groups = crate::volumes::VgGroups::default();
+    // How the report names each PV stack, by its device.
+    let mut shown_of: Vec<(Arc<dyn BlockDevice>, String)> = Vec::new();
     for pv in pvs {
         let e = match (pv.export, &pv.file) {
             (Some(e), _) => e,
@@ -638,31 +640,21 @@ fn assemble_lvm(
             }
             (None, None) => continue,
         };
-        let vg = match cairn_lvm::probe(&*e.device) {
-            Ok(Some(info)) => info.vg_uuid,
-            Ok(None) => None,
-            Err(err) => {
-                report.skip(pv.shown, format!("cannot read its LVM2 label: {err}"));
-                continue;
+        match crate::volumes::vg_of(&e) {
+            Ok(vg) => {
+                shown_of.push((e.device.clone(), pv.shown));
+                groups.add(vg, e);
             }
-        };
-        let Some(vg) = vg else {
-            report.skip(
-                pv.shown,
-                "an LVM2 PV in no volume group (or its metadata is unreadable)",
-            );
-            continue;
-        };
-        match groups.iter_mut().find(|g| g.0 == vg) {
-            Some(g) => g.1.push((pv.shown, e)),
-            None => groups.push((vg, vec![(pv.shown, e)])),
+            Err(err) => report.skip(pv.shown, err.to_string()),
         }
     }
     let mut out = Vec::new();
-    for (_, members) in groups {
-        let shown: Vec<String> = members.iter().map(|(s, _)| s.clone()).collect();
-        let stacks: Vec<OpenedExport> = members.into_iter().map(|(_, e)| e).collect();
-        match crate::volumes::open_lv_exports(stacks, read_only) {
+    for (vg_name, stacks) in groups.into_groups() {
+        let shown: Vec<String> = stacks
+            .iter()
+            .map(|e| e.path.display().to_string())
+            .collect();
+        match crate::volumes::open_vg_exports(&vg_name, stacks, read_only) {
             Ok(lvs) => out.extend(lvs),
             Err(err) => {
                 for s in shown {

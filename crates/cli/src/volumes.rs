@@ -26,114 +26,146 @@ fn pv_name(e: &OpenedExport) -> String {
     }
 }
 
+/// The volume group a PV stack belongs to: (VG uuid, VG name), or why it is not usable.
+pub fn vg_of(pv: &OpenedExport) -> Result<(String, String)> {
+    let shown = pv_name(pv);
+    let info = cairn_lvm::probe(&*pv.device)
+        .map_err(|e| CliError::new(format!("{shown}: cannot read its LVM2 label: {e}")))?
+        .ok_or_else(|| {
+            CliError::new(format!(
+                "{shown} holds no LVM2 physical volume label; make it one with `cairn lvm \
+                 pvcreate` and a VG with `cairn lvm vgcreate`"
+            ))
+        })?;
+    match (info.vg_uuid, info.vg_name) {
+        (Some(uuid), Some(name)) => Ok((uuid, name)),
+        _ => Err(CliError::new(match info.metadata_error {
+            Some(why) => format!("{shown}: its LVM2 metadata cannot be read: {why}"),
+            None => format!(
+                "{shown} is an LVM2 PV in no volume group; add it to one with `cairn lvm \
+                 vgcreate` or `vgextend`"
+            ),
+        })),
+    }
+}
+
+/// PV stacks grouped by volume group, in the order they were given.
+#[derive(Debug, Default)]
+pub struct VgGroups(Vec<(String, String, Vec<OpenedExport>)>);
+
+impl VgGroups {
+    /// Adds `pv` to the group of VG `uuid` (named `name`).
+    pub fn add(&mut self, (uuid, name): (String, String), pv: OpenedExport) {
+        match self.0.iter_mut().find(|g| g.0 == uuid) {
+            Some(g) => g.2.push(pv),
+            None => self.0.push((uuid, name, vec![pv])),
+        }
+    }
+
+    /// Each group: the VG's name and its PV stacks.
+    pub fn into_groups(self) -> impl Iterator<Item = (String, Vec<OpenedExport>)> {
+        self.0.into_iter().map(|(_, name, pvs)| (name, pvs))
+    }
+}
+
 /// Opens the volume groups on `pvs` and returns one export per LV. Every PV must carry
 /// an LVM2 label and every PV of each VG must be there.
 pub fn open_lv_exports(pvs: Vec<OpenedExport>, read_only: bool) -> Result<Vec<OpenedExport>> {
-    // Group by VG uuid, keeping the order PVs were given.
-    let mut groups: Vec<(String, String, Vec<OpenedExport>)> = Vec::new();
+    let mut groups = VgGroups::default();
     for pv in pvs {
-        let shown = pv_name(&pv);
-        let info = cairn_lvm::probe(&*pv.device)
-            .map_err(|e| CliError::new(format!("{shown}: cannot read its LVM2 label: {e}")))?
-            .ok_or_else(|| {
-                CliError::new(format!(
-                    "{shown} holds no LVM2 physical volume label; make it one with `cairn lvm \
-                     pvcreate` and a VG with `cairn lvm vgcreate`"
-                ))
-            })?;
-        let (Some(vg_uuid), Some(vg_name)) = (info.vg_uuid.clone(), info.vg_name.clone()) else {
-            return Err(CliError::new(match info.metadata_error {
-                Some(why) => format!("{shown}: its LVM2 metadata cannot be read: {why}"),
-                None => format!(
-                    "{shown} is an LVM2 PV in no volume group; add it to one with `cairn lvm \
-                     vgcreate` or `vgextend`"
-                ),
-            }));
-        };
-        match groups.iter_mut().find(|g| g.0 == vg_uuid) {
-            Some(g) => g.2.push(pv),
-            None => groups.push((vg_uuid, vg_name, vec![pv])),
-        }
+        groups.add(vg_of(&pv)?, pv);
     }
     let mut out = Vec::new();
-    for (_, vg_name, stacks) in groups {
-        let devs: Vec<PvDevice> = stacks
+    for (vg_name, stacks) in groups.into_groups() {
+        out.extend(open_vg_exports(&vg_name, stacks, read_only)?);
+    }
+    Ok(out)
+}
+
+/// Opens one volume group from all its PV stacks; one export per LV cairn can serve.
+pub fn open_vg_exports(
+    vg_name: &str,
+    stacks: Vec<OpenedExport>,
+    read_only: bool,
+) -> Result<Vec<OpenedExport>> {
+    let names: Vec<String> = stacks.iter().map(pv_name).collect();
+    let devs: Vec<PvDevice> = stacks
+        .iter()
+        .zip(&names)
+        .map(|(e, n)| PvDevice::new(n.clone(), e.device.clone()))
+        .collect();
+    let vg = Vg::open_with(
+        devs,
+        OpenOptions {
+            partial: false,
+            read_only,
+        },
+    )
+    .map_err(|e| {
+        CliError::new(format!(
+            "volume group {vg_name}: {}",
+            crate::lvm::lvm_error(&e)
+        ))
+    })?;
+    for note in vg.notes() {
+        tracing::warn!("volume group {vg_name}: {note}");
+    }
+    let report = vg.report();
+    let mut out = Vec::new();
+    for lv_report in &report.lvs {
+        if !lv_report.visible {
+            continue;
+        }
+        if let Some(why) = &lv_report.unavailable {
+            eprintln!("cairn: {vg_name}/{}: not served: {why}", lv_report.name);
+            continue;
+        }
+        let lv = vg
+            .lv(&lv_report.name)
+            .map_err(|e| CliError::new(crate::lvm::lvm_error(&e).to_string()))?;
+        // The PVs this LV uses, in the order its extents first reach them.
+        let used: Vec<usize> = lv
+            .pv_names()
             .iter()
-            .map(|e| PvDevice::new(pv_name(e), e.device.clone()))
+            .filter_map(|n| names.iter().position(|m| m == n))
             .collect();
-        let vg = Vg::open_with(
-            devs,
-            OpenOptions {
-                partial: false,
-                read_only,
-            },
-        )
-        .map_err(|e| {
-            CliError::new(format!(
-                "volume group {vg_name}: {}",
-                crate::lvm::lvm_error(&e)
-            ))
-        })?;
-        for note in vg.notes() {
-            tracing::warn!("volume group {vg_name}: {note}");
-        }
-        let report = vg.report();
-        for lv_report in &report.lvs {
-            if !lv_report.visible {
-                continue;
-            }
-            if let Some(why) = &lv_report.unavailable {
-                eprintln!("cairn: {vg_name}/{}: not served: {why}", lv_report.name);
-                continue;
-            }
-            let lv = vg
-                .lv(&lv_report.name)
-                .map_err(|e| CliError::new(crate::lvm::lvm_error(&e).to_string()))?;
-            // The PVs this LV uses, in the order its extents first reach them.
-            let used: Vec<usize> = lv
-                .pv_names()
+        let first = lv.locate(0).map_or(0, |(_, at)| at);
+        let seg0 = lv_report.segments.first();
+        let details = LvDetails {
+            vg: vg_name.to_string(),
+            lv: lv_report.name.clone(),
+            extent_size: report.extent_size,
+            pe_start: used
+                .first()
+                .and_then(|&i| report.pvs.iter().find(|p| p.name == names[i]))
+                .map_or(0, |p| p.pe_start),
+            stripes: seg0.map_or(1, |s| u32::try_from(s.stripes).unwrap_or(u32::MAX)),
+            stripe_size: seg0.map_or(0, |s| s.stripe_size),
+            seg_pe_ranges: lv_report
+                .segments
                 .iter()
-                .filter_map(|n| stacks.iter().position(|e| pv_name(e) == *n))
-                .collect();
-            let first = lv.locate(0).map_or(0, |(_, at)| at);
-            let seg0 = lv_report.segments.first();
-            let details = LvDetails {
-                vg: vg_name.clone(),
-                lv: lv_report.name.clone(),
-                extent_size: report.extent_size,
-                pe_start: used
-                    .first()
-                    .and_then(|&i| report.pvs.iter().find(|p| p.name == pv_name(&stacks[i])))
-                    .map_or(0, |p| p.pe_start),
-                stripes: seg0.map_or(1, |s| u32::try_from(s.stripes).unwrap_or(u32::MAX)),
-                stripe_size: seg0.map_or(0, |s| s.stripe_size),
-                seg_pe_ranges: lv_report
-                    .segments
-                    .iter()
-                    .map(|s| s.seg_pe_ranges.clone())
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            };
-            let read_only = read_only || !lv_report.writable;
-            let device: Arc<dyn BlockDevice> = lv;
-            out.push(OpenedExport {
-                name: format!("{vg_name}/{}", lv_report.name),
-                path: stacks[used.first().copied().unwrap_or(0)].path.clone(),
-                device,
-                read_only,
-                md: None,
-                luks: None,
-                base: None,
-                lvm: Some(LvLayer {
-                    details,
-                    pvs: used.iter().map(|&i| stacks[i].clone()).collect(),
-                    first_byte: first,
-                }),
-            });
-        }
-        if report.lvs.iter().all(|l| !l.visible) {
-            eprintln!("cairn: volume group {vg_name} has no logical volumes to serve");
-        }
+                .map(|s| s.seg_pe_ranges.clone())
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        let device: Arc<dyn BlockDevice> = lv;
+        out.push(OpenedExport {
+            name: format!("{vg_name}/{}", lv_report.name),
+            path: stacks[used.first().copied().unwrap_or(0)].path.clone(),
+            device,
+            read_only: read_only || !lv_report.writable,
+            md: None,
+            luks: None,
+            base: None,
+            lvm: Some(LvLayer {
+                details,
+                pvs: used.iter().map(|&i| stacks[i].clone()).collect(),
+                first_byte: first,
+            }),
+        });
+    }
+    if report.lvs.iter().all(|l| !l.visible) {
+        eprintln!("cairn: volume group {vg_name} has no logical volumes to serve");
     }
     Ok(out)
 }

@@ -573,6 +573,30 @@ fn write_errors_fail_the_member_and_keep_the_data() {
     );
 }
 
+/// An array created over members full of old data (a pattern mod `modulus`), so with a
+/// resync pending.
+fn create_over_old_data(shape: &Shape, modulus: u8) -> (Array, Vec<Arc<MemDisk>>) {
+    let m: Vec<Arc<MemDisk>> = shape
+        .member_bytes()
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| {
+            Arc::new(MemDisk::from_bytes(
+                &(0..b)
+                    .map(|x| {
+                        u8::try_from(x % u64::from(modulus)).unwrap() ^ u8::try_from(i).unwrap()
+                    })
+                    .collect::<Vec<_>>(),
+            ))
+        })
+        .collect();
+    let mut o = shape.create_options();
+    o.members_zeroed = false;
+    o.force = true;
+    let a = Array::create(dyn_members(&m), names(m.len()), &o).unwrap();
+    (a, m)
+}
+
 #[test]
 fn resync_makes_parity_and_mirrors_agree() {
     let f2 = Raid10Layout::parse("f2").unwrap().to_raw();
@@ -590,22 +614,7 @@ fn resync_makes_parity_and_mirrors_agree() {
     ] {
         let name = shape.name();
         // Members full of old data: created with a resync pending.
-        let m: Vec<Arc<MemDisk>> = shape
-            .member_bytes()
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| {
-                Arc::new(MemDisk::from_bytes(
-                    &(0..b)
-                        .map(|x| (x % 253) as u8 ^ u8::try_from(i).unwrap())
-                        .collect::<Vec<_>>(),
-                ))
-            })
-            .collect();
-        let mut o = shape.create_options();
-        o.members_zeroed = false;
-        o.force = true;
-        let a = Array::create(dyn_members(&m), names(m.len()), &o).unwrap();
+        let (a, m) = create_over_old_data(&shape, 253);
         assert!(a.report().state.resync_pending, "{name}");
         a.write_at(&vec![7u8; 8192], 4096, WriteFlags::NONE)
             .unwrap();
@@ -652,22 +661,8 @@ fn a_member_that_cannot_take_its_superblock_fails() {
 #[test]
 fn background_resync_runs_under_io_stops_at_a_checkpoint_and_resumes() {
     let shape = Shape::new(Level::Raid6, None, 16, 5).rows(64);
-    let m: Vec<Arc<MemDisk>> = shape
-        .member_bytes()
-        .into_iter()
-        .enumerate()
-        .map(|(i, b)| {
-            Arc::new(MemDisk::from_bytes(
-                &(0..b)
-                    .map(|x| (x % 241) as u8 ^ u8::try_from(i).unwrap())
-                    .collect::<Vec<_>>(),
-            ))
-        })
-        .collect();
-    let mut o = shape.create_options();
-    o.members_zeroed = false;
-    o.force = true;
-    let a = Arc::new(Array::create(dyn_members(&m), names(m.len()), &o).unwrap());
+    let (a, m) = create_over_old_data(&shape, 241);
+    let a = Arc::new(a);
     let total = a.geometry().size;
     // Slow enough to be stopped part-way: a few stripes per 100 ms.
     let slow = cairn_md::SpeedLimits {
