@@ -27,7 +27,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use cairn_block::{
     BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
@@ -35,7 +35,7 @@ use cairn_block::{
 
 use crate::layout::{ArrayLayout, Location};
 use crate::level::Level;
-use crate::ondisk::{DevRole, MdTime, SetName, Superblock, Uuid};
+use crate::ondisk::{DevRole, Features, MdTime, SetName, Superblock, Uuid};
 use crate::parity::Parity;
 use crate::units::{small, wide, Sectors, SECTOR_SIZE};
 
@@ -105,9 +105,81 @@ pub(crate) struct Member {
 }
 
 /// A role of the array and the member (if any) that fills it.
+///
+/// The member can change while the array runs (a spare takes over, a replacement
+/// finishes), so it sits behind a lock that I/O only reads.
 pub(crate) struct Slot {
-    pub(crate) member: Option<Member>,
+    member: RwLock<Option<Arc<Member>>>,
     pub(crate) failed: AtomicBool,
+    /// How much of the member's data area holds current data, in bytes: `u64::MAX`
+    /// when in sync. While a rebuild runs onto the member it is the rebuild's position
+    /// (parity levels: member bytes below it are rebuilt; mirrors: 0 until the end,
+    /// since mirror writes go to the rebuilding member everywhere).
+    pub(crate) synced: AtomicU64,
+    /// Where a rebuild onto this member resumes after a restart, in member bytes: the
+    /// superblock's `recovery_offset` while `synced` is not `u64::MAX`.
+    pub(crate) recovery_cp: AtomicU64,
+    /// A replacement being built for this member (`cairn md replace`), and how far.
+    replacement: RwLock<Option<Arc<Member>>>,
+    pub(crate) replacement_synced: AtomicU64,
+}
+
+impl Slot {
+    pub(crate) fn new(member: Option<Member>) -> Slot {
+        Slot::with_synced(member, u64::MAX)
+    }
+
+    pub(crate) fn with_synced(member: Option<Member>, synced: u64) -> Slot {
+        Slot {
+            member: RwLock::new(member.map(Arc::new)),
+            failed: AtomicBool::new(false),
+            synced: AtomicU64::new(synced),
+            recovery_cp: AtomicU64::new(0),
+            replacement: RwLock::new(None),
+            replacement_synced: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn member(&self) -> Option<Arc<Member>> {
+        self.member
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn has_member(&self) -> bool {
+        self.member
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Puts `m` in the slot (in sync up to `synced`), returning the one it held.
+    pub(crate) fn set_member(&self, m: Option<Arc<Member>>, synced: u64) -> Option<Arc<Member>> {
+        let mut g = self.member.write().unwrap_or_else(PoisonError::into_inner);
+        // The new member must never look in sync before its position is set.
+        self.synced.store(synced, Ordering::Release);
+        self.recovery_cp.store(0, Ordering::Release);
+        let old = std::mem::replace(&mut *g, m);
+        self.failed.store(false, Ordering::Release);
+        old
+    }
+
+    pub(crate) fn replacement(&self) -> Option<Arc<Member>> {
+        self.replacement
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set_replacement(&self, m: Option<Arc<Member>>) -> Option<Arc<Member>> {
+        let mut g = self
+            .replacement
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.replacement_synced.store(0, Ordering::Release);
+        std::mem::replace(&mut *g, m)
+    }
 }
 
 /// What the superblocks say about the array as a whole.
@@ -139,6 +211,24 @@ pub(crate) struct Meta {
     pub(crate) sbs: Vec<Option<Superblock>>,
     /// The `dev_roles` table of the freshest superblock.
     pub(crate) dev_roles: Vec<DevRole>,
+    /// Hot spares: members with no role yet, each with its superblock.
+    pub(crate) spares: Vec<Extra>,
+    /// The replacement being built for each role, with its superblock (written as a
+    /// spare's until it takes the role over).
+    pub(crate) replacements: Vec<Option<Superblock>>,
+    /// Members that failed and were displaced from their role (a spare took over), kept
+    /// for reports until `cairn md remove`.
+    pub(crate) faulty: Vec<Extra>,
+}
+
+/// A member outside the roles: a spare or a displaced faulty member.
+#[derive(Clone)]
+pub(crate) struct Extra {
+    pub(crate) member: Arc<Member>,
+    /// Its superblock (None for arrays without superblocks).
+    pub(crate) sb: Option<Superblock>,
+    /// The role it had, for faulty members.
+    pub(crate) role: Option<usize>,
 }
 
 /// Why a member is not part of the running array, for reports.
@@ -174,6 +264,14 @@ impl LockTable {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Locks the whole table (every stripe and region), in table order.
+    fn lock_all(&self) -> Vec<MutexGuard<'_, ()>> {
+        self.locks
+            .iter()
+            .map(|l| l.lock().unwrap_or_else(PoisonError::into_inner))
+            .collect()
+    }
+
     /// Locks every key's mutex, in table order so that two callers cannot deadlock.
     fn lock_many(&self, keys: impl Iterator<Item = u64>) -> Vec<MutexGuard<'_, ()>> {
         let mut idx: Vec<usize> = keys.map(Self::index).collect();
@@ -205,8 +303,10 @@ pub struct Array {
     pub(crate) forced: bool,
     closed: AtomicBool,
     label: String,
-    /// Resync running in the background (background.rs).
-    pub(crate) background: Mutex<Option<Arc<crate::background::Job>>>,
+    /// Background work: rebuilds, resync, scrubs (background.rs).
+    pub(crate) manager: Mutex<crate::background::Manager>,
+    /// Set by `close`: background work stops and does not start again.
+    pub(crate) stopping: AtomicBool,
     /// Client reads and writes so far: the resync slows to its minimum speed while
     /// this moves.
     fg_ops: AtomicU64,
@@ -277,19 +377,16 @@ impl Array {
             .zip(data_offsets)
             .enumerate()
             .map(|(i, (dev, off))| {
-                Ok(Slot {
-                    member: match dev {
-                        Some(dev) => Some(Member {
-                            dev,
-                            name: format!("member {i}"),
-                            base: off.bytes().ok_or_else(|| {
-                                Error::new(ErrorKind::InvalidArgument, "data offset overflows")
-                            })?,
-                        }),
-                        None => None,
-                    },
-                    failed: AtomicBool::new(false),
-                })
+                Ok(Slot::new(match dev {
+                    Some(dev) => Some(Member {
+                        dev,
+                        name: format!("member {i}"),
+                        base: off.bytes().ok_or_else(|| {
+                            Error::new(ErrorKind::InvalidArgument, "data offset overflows")
+                        })?,
+                    }),
+                    None => None,
+                }))
             })
             .collect::<Result<Vec<Slot>>>()?;
         let meta = Meta {
@@ -300,6 +397,9 @@ impl Array {
             resync_from: Sectors::ZERO,
             sbs: (0..n).map(|_| None).collect(),
             dev_roles: Vec::new(),
+            spares: Vec::new(),
+            replacements: (0..n).map(|_| None).collect(),
+            faulty: Vec::new(),
         };
         Array::build(layout, slots, identity, meta, Vec::new(), false)
     }
@@ -316,7 +416,8 @@ impl Array {
             .array_sectors()
             .bytes()
             .expect("layouts keep the size within bytes");
-        let present = || slots.iter().filter_map(|s| s.member.as_ref());
+        let members: Vec<Arc<Member>> = slots.iter().filter_map(Slot::member).collect();
+        let present = || members.iter();
         let lbs = present()
             .map(|m| m.dev.geometry().logical_block_size)
             .max()
@@ -390,7 +491,8 @@ impl Array {
             forced,
             closed: AtomicBool::new(false),
             label,
-            background: Mutex::new(None),
+            manager: Mutex::new(crate::background::Manager::default()),
+            stopping: AtomicBool::new(false),
             fg_ops: AtomicU64::new(0),
         })
     }
@@ -409,25 +511,38 @@ impl Array {
     }
 
     /// The member filling each role (`None` where it is missing), in role order.
-    pub fn member_names(&self) -> Vec<Option<&str>> {
+    pub fn member_names(&self) -> Vec<Option<String>> {
         self.slots
             .iter()
-            .map(|s| s.member.as_ref().map(|m| m.name.as_str()))
+            .map(|s| s.member().map(|m| m.name.clone()))
             .collect()
     }
 
     /// The device filling `role`, if any.
-    pub fn member(&self, role: usize) -> Option<&Arc<dyn BlockDevice>> {
-        self.slots.get(role)?.member.as_ref().map(|m| &m.dev)
+    pub fn member(&self, role: usize) -> Option<Arc<dyn BlockDevice>> {
+        self.slots.get(role)?.member().map(|m| m.dev.clone())
     }
 
-    /// Whether `role` is present and has not failed.
+    /// Whether `role` is present, has not failed and is in sync (not being rebuilt).
     pub fn is_up(&self, role: usize) -> bool {
-        let s = &self.slots[role];
-        s.member.is_some() && !s.failed.load(Ordering::Acquire)
+        self.is_writable(role) && self.slots[role].synced.load(Ordering::Acquire) == u64::MAX
     }
 
-    /// Roles that are missing or have failed.
+    /// Whether `role` is present and has not failed: it takes writes, even while it is
+    /// being rebuilt.
+    pub(crate) fn is_writable(&self, role: usize) -> bool {
+        let s = &self.slots[role];
+        !s.failed.load(Ordering::Acquire) && s.has_member()
+    }
+
+    /// Whether `role` holds current data at byte `member_off` of its data area (parity
+    /// levels ask per stripe: a member being rebuilt is up below the rebuild's
+    /// position). Call it under the stripe's lock, which the rebuild takes too.
+    pub(crate) fn is_up_at(&self, role: usize, member_off: u64) -> bool {
+        self.is_writable(role) && member_off < self.slots[role].synced.load(Ordering::Acquire)
+    }
+
+    /// Roles that are missing, have failed or are being rebuilt.
     pub fn down_roles(&self) -> Vec<usize> {
         (0..self.slots.len()).filter(|&r| !self.is_up(r)).collect()
     }
@@ -436,9 +551,16 @@ impl Array {
         (0..self.slots.len()).map(|r| !self.is_up(r)).collect()
     }
 
+    /// [`Array::down_mask`] for the stripe at member byte `member_off`.
+    pub(crate) fn down_mask_at(&self, member_off: u64) -> Vec<bool> {
+        (0..self.slots.len())
+            .map(|r| !self.is_up_at(r, member_off))
+            .collect()
+    }
+
     /// "role 2 (disk2.img)" or "role 2 (missing)", for messages.
     pub(crate) fn describe_role(&self, role: usize) -> String {
-        match &self.slots[role].member {
+        match self.slots[role].member() {
             Some(m) => format!("{} (role {role})", m.name),
             None => format!("role {role} (missing)"),
         }
@@ -456,8 +578,8 @@ impl Array {
 
     // ---- member I/O ------------------------------------------------------------------
 
-    fn up_member(&self, role: usize) -> Result<&Member> {
-        match &self.slots[role].member {
+    fn up_member(&self, role: usize) -> Result<Arc<Member>> {
+        match self.slots[role].member() {
             Some(m) if !self.slots[role].failed.load(Ordering::Acquire) => Ok(m),
             _ => Err(Error::new(
                 ErrorKind::Degraded,
@@ -495,7 +617,25 @@ impl Array {
                 buf.len(),
                 m.base + off
             ))
-        })
+        })?;
+        self.write_replacement(role, buf, off, flags);
+        Ok(())
+    }
+
+    /// Copies a member write to the replacement being built for `role`, where the
+    /// replacement already holds that region (parity levels: below its position, which
+    /// advances under the stripe locks; mirrors: everywhere). A replacement that fails
+    /// is dropped; the member it was to replace goes on serving.
+    fn write_replacement(&self, role: usize, buf: &[u8], off: u64, flags: WriteFlags) {
+        let slot = &self.slots[role];
+        let Some(r) = slot.replacement() else { return };
+        let parity = matches!(self.layout, ArrayLayout::Parity(_));
+        if parity && off >= slot.replacement_synced.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err(e) = r.dev.write_at(buf, r.base + off, flags) {
+            self.drop_replacement(role, &e);
+        }
     }
 
     // ---- metadata --------------------------------------------------------------------
@@ -518,38 +658,87 @@ impl Array {
                 tracing::warn!("{}: recording the failure: {e}", self.array_label());
             }
         }
+        drop(meta);
+        // A spare, if there is one, takes the role over.
+        self.kick();
     }
 
-    /// Writes every up member's superblock from `meta` (FUA). A member whose write
-    /// fails is failed in turn, and the update is repeated without it.
+    /// Writes the superblock of every member that takes writes (in sync or being
+    /// rebuilt), of replacements and of spares, from `meta` (FUA). A role member whose
+    /// write fails is failed in turn, and the update is repeated without it; a spare or
+    /// replacement that fails is dropped.
     pub(crate) fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
         meta.utime = now();
         for _ in 0..=self.slots.len() {
             let roles = self.current_dev_roles(meta);
+            let resync_offset = if meta.dirty {
+                Sectors::ZERO
+            } else if meta.resync_pending {
+                meta.resync_from
+            } else {
+                Sectors::MAX
+            };
+            let (events, utime) = (meta.events, meta.utime);
+            let stamp = |sb: &mut Superblock| {
+                sb.events = events;
+                sb.utime = utime;
+                sb.resync_offset = resync_offset;
+                sb.dev_roles.clone_from(&roles);
+            };
             let mut failed = Vec::new();
             let mut written = 0;
             for role in 0..self.slots.len() {
-                if !self.is_up(role) {
+                if !self.is_writable(role) {
                     continue;
                 }
                 let Some(sb) = meta.sbs[role].as_mut() else {
                     continue;
                 };
-                sb.events = meta.events;
-                sb.utime = meta.utime;
-                sb.resync_offset = if meta.dirty {
-                    Sectors::ZERO
-                } else if meta.resync_pending {
-                    meta.resync_from
+                stamp(sb);
+                let slot = &self.slots[role];
+                if slot.synced.load(Ordering::Acquire) == u64::MAX {
+                    sb.features.0 &= !Features::RECOVERY_OFFSET;
+                    sb.recovery_offset = Sectors::ZERO;
                 } else {
-                    Sectors::MAX
-                };
-                sb.dev_roles.clone_from(&roles);
-                let m = self.slots[role].member.as_ref().expect("up");
+                    sb.features.0 |= Features::RECOVERY_OFFSET;
+                    sb.recovery_offset =
+                        Sectors(slot.recovery_cp.load(Ordering::Acquire) / SECTOR_SIZE);
+                }
+                let m = slot.member().expect("writable");
                 match sb.write_to(&*m.dev, &m.name) {
                     Ok(()) => written += 1,
                     Err(e) => failed.push((role, e)),
                 }
+            }
+            // Replacements and spares: written as spares; losing one is not fatal.
+            for role in 0..self.slots.len() {
+                let Some(r) = self.slots[role].replacement() else {
+                    continue;
+                };
+                if let Some(sb) = meta.replacements[role].as_mut() {
+                    stamp(sb);
+                    if let Err(e) = sb.write_to(&*r.dev, &r.name) {
+                        self.drop_replacement(role, &e);
+                    }
+                }
+            }
+            let mut lost = Vec::new();
+            for (i, spare) in meta.spares.iter_mut().enumerate() {
+                if let Some(sb) = spare.sb.as_mut() {
+                    stamp(sb);
+                    if let Err(e) = sb.write_to(&*spare.member.dev, &spare.member.name) {
+                        tracing::warn!(
+                            "{}: spare {} failed writing its superblock and is dropped: {e}",
+                            self.array_label(),
+                            spare.member.name
+                        );
+                        lost.push(i);
+                    }
+                }
+            }
+            for i in lost.into_iter().rev() {
+                let s = meta.spares.remove(i);
+                meta.faulty.push(s);
             }
             if failed.is_empty() {
                 return if written > 0 {
@@ -583,22 +772,44 @@ impl Array {
         ))
     }
 
-    /// md's `super_1_sync` rule: roles of members that are not up become faulty.
+    /// md's `super_1_sync` rule: each role member is active in its role (faulty once it
+    /// failed), spares are spares, and any other entry claiming a role is faulty.
     fn current_dev_roles(&self, meta: &Meta) -> Vec<DevRole> {
         let mut roles = meta.dev_roles.clone();
         for r in roles.iter_mut() {
-            if let Some(slot) = r.slot() {
-                if usize::from(slot) >= self.slots.len() || !self.is_up(usize::from(slot)) {
-                    *r = DevRole::FAULTY;
-                }
+            if r.slot().is_some() {
+                *r = DevRole::FAULTY;
             }
         }
+        let mut set = |dev_number: u32, v: DevRole| {
+            if let Some(r) = roles.get_mut(small(u64::from(dev_number))) {
+                *r = v;
+            }
+        };
         for (role, sb) in meta.sbs.iter().enumerate() {
-            if let (Some(sb), true) = (sb, self.is_up(role)) {
-                let i = small(u64::from(sb.dev_number));
-                if i < roles.len() {
-                    roles[i] = DevRole::active(u16::try_from(role).expect("at most 1920 roles"));
-                }
+            if let Some(sb) = sb {
+                let active = DevRole::active(u16::try_from(role).expect("at most 1920 roles"));
+                set(
+                    sb.dev_number,
+                    if self.is_writable(role) {
+                        active
+                    } else {
+                        DevRole::FAULTY
+                    },
+                );
+            }
+        }
+        for sb in meta.replacements.iter().flatten() {
+            set(sb.dev_number, DevRole::SPARE);
+        }
+        for s in &meta.spares {
+            if let Some(sb) = &s.sb {
+                set(sb.dev_number, DevRole::SPARE);
+            }
+        }
+        for f in &meta.faulty {
+            if let Some(sb) = &f.sb {
+                set(sb.dev_number, DevRole::FAULTY);
             }
         }
         roles
@@ -622,7 +833,7 @@ impl Array {
         Ok(())
     }
 
-    fn layout_is_redundant(&self) -> bool {
+    pub(crate) fn layout_is_redundant(&self) -> bool {
         !matches!(self.layout, ArrayLayout::Linear(_) | ArrayLayout::Raid0(_))
     }
 
@@ -872,11 +1083,13 @@ impl Array {
             let mut written = 0;
             let mut bad: Vec<(usize, Error)> = Vec::new();
             for loc in &locs {
-                if !self.is_up(loc.member) {
+                if !self.is_writable(loc.member) {
                     continue;
                 }
                 match self.write_member(loc.member, piece, loc.sector.0 * SECTOR_SIZE, flags) {
-                    Ok(()) => written += 1,
+                    // A copy being rebuilt does not count: it cannot be read yet.
+                    Ok(()) if self.is_up(loc.member) => written += 1,
+                    Ok(()) => {}
                     Err(e) => bad.push((loc.member, e)),
                 }
             }
@@ -903,7 +1116,7 @@ impl Array {
         };
         for (pos, n, locs) in self.pieces(off, len) {
             for loc in &locs {
-                if !self.is_up(loc.member) {
+                if !self.is_writable(loc.member) {
                     continue;
                 }
                 let m = self.up_member(loc.member)?;
@@ -919,6 +1132,21 @@ impl Array {
             }
         }
         Ok(())
+    }
+
+    /// Excludes every write to the array (a member hand-over).
+    pub(crate) fn lock_all(&self) -> Vec<MutexGuard<'_, ()>> {
+        self.locks.lock_all()
+    }
+
+    /// Locks the mirror regions of array bytes `[off, off + len)` (RAID1/10).
+    pub(crate) fn lock_mirrors(&self, off: u64, len: u64) -> Vec<MutexGuard<'_, ()>> {
+        self.locks.lock_many(self.mirror_keys(off, len))
+    }
+
+    /// [`Array::pieces`] for the mirrored levels.
+    pub(crate) fn mirror_pieces(&self, off: u64, len: u64) -> Vec<(u64, u64, Vec<Location>)> {
+        self.pieces(off, len)
     }
 
     /// Locks one stripe of a parity array (stripe.rs).
@@ -991,10 +1219,17 @@ impl BlockDevice for Array {
     fn flush(&self) -> Result<()> {
         let mut last = None;
         for role in 0..self.slots.len() {
-            if !self.is_up(role) {
+            if let Some(r) = self.slots[role].replacement() {
+                if let Err(e) = r.dev.flush() {
+                    self.drop_replacement(role, &e);
+                }
+            }
+            if !self.is_writable(role) {
                 continue;
             }
-            let m = self.slots[role].member.as_ref().expect("up");
+            let Some(m) = self.slots[role].member() else {
+                continue;
+            };
             if let Err(e) = m.dev.flush() {
                 let e = e.context(format!("{}: flush", self.describe_role(role)));
                 if self.layout_is_redundant() {

@@ -16,18 +16,17 @@
 //! because its parity may not match its data.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result};
 
-use crate::array::{now, Array, Identity, LeftOut, Member, Meta, Slot};
+use crate::array::{now, Array, Extra, Identity, LeftOut, Member, Meta, Slot};
 use crate::create::{create, CreateParams};
 use crate::layout::ArrayLayout;
 use crate::level::Level;
 use crate::ondisk::{FeaturePolicy, Superblock, Uuid};
 use crate::probe::probe_signatures;
-use crate::units::{small, Sectors};
+use crate::units::{small, Sectors, SECTOR_SIZE};
 
 /// How to assemble.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -125,6 +124,7 @@ impl Array {
         // Each member's role as the freshest superblock sees it.
         let mut by_role: Vec<Option<Found>> = (0..raid_disks).map(|_| None).collect();
         let mut left_out: Vec<LeftOut> = Vec::new();
+        let mut spares: Vec<Found> = Vec::new();
         for f in found {
             let out = |reason: String, f: &Found| LeftOut {
                 name: f.name.clone(),
@@ -173,7 +173,10 @@ impl Array {
                 let why = match seen_as {
                     crate::ondisk::DevRole::FAULTY => "marked faulty by the other members",
                     crate::ondisk::DevRole::JOURNAL => "a journal device (not implemented)",
-                    _ => "a spare (cairn does not use spares yet)",
+                    _ => {
+                        spares.push(f);
+                        continue;
+                    }
                 };
                 left_out.push(out(why.to_string(), &f));
                 continue;
@@ -293,6 +296,7 @@ impl Array {
         };
         let mut sbs = Vec::with_capacity(raid_disks);
         let mut slots = Vec::with_capacity(raid_disks);
+        let mirrored = matches!(layout, ArrayLayout::Raid1(_) | ArrayLayout::Raid10(_));
         for f in by_role {
             match f {
                 Some(f) => {
@@ -300,25 +304,65 @@ impl Array {
                         f.sb.data_offset
                             .bytes()
                             .expect("checked at parse: data_offset + data_size fits in bytes");
-                    sbs.push(Some(f.sb));
-                    slots.push(Slot {
-                        member: Some(Member {
+                    // A member part-way through a rebuild: in sync below recovery_offset
+                    // (parity levels read it there; mirrors only once it is done).
+                    let recovering = f.sb.features.has(crate::ondisk::Features::RECOVERY_OFFSET);
+                    let cp = f.sb.recovery_offset.0.saturating_mul(SECTOR_SIZE);
+                    let slot = if recovering {
+                        tracing::info!(
+                            "{label}: {} was being rebuilt; the rebuild resumes at member \
+                             sector {}",
+                            f.name,
+                            f.sb.recovery_offset.0
+                        );
+                        let s = Slot::with_synced(
+                            Some(Member {
+                                dev: f.dev,
+                                name: f.name,
+                                base,
+                            }),
+                            if mirrored { 0 } else { cp },
+                        );
+                        s.recovery_cp.store(
+                            if matches!(layout, ArrayLayout::Raid10(_)) {
+                                0
+                            } else {
+                                cp
+                            },
+                            std::sync::atomic::Ordering::Release,
+                        );
+                        s
+                    } else {
+                        Slot::new(Some(Member {
                             dev: f.dev,
                             name: f.name,
                             base,
-                        }),
-                        failed: AtomicBool::new(false),
-                    });
+                        }))
+                    };
+                    sbs.push(Some(f.sb));
+                    slots.push(slot);
                 }
                 None => {
                     sbs.push(None);
-                    slots.push(Slot {
-                        member: None,
-                        failed: AtomicBool::new(false),
-                    });
+                    slots.push(Slot::new(None));
                 }
             }
         }
+        let spares: Vec<Extra> = spares
+            .into_iter()
+            .filter_map(|f| {
+                let base = f.sb.data_offset.bytes()?;
+                Some(Extra {
+                    member: Arc::new(Member {
+                        dev: f.dev,
+                        name: f.name,
+                        base,
+                    }),
+                    sb: Some(f.sb),
+                    role: None,
+                })
+            })
+            .collect();
         let meta = Meta {
             events,
             utime: freshest.utime,
@@ -331,6 +375,9 @@ impl Array {
             },
             sbs,
             dev_roles: freshest.dev_roles.clone(),
+            spares,
+            replacements: (0..raid_disks).map(|_| None).collect(),
+            faulty: Vec::new(),
         };
         Array::build(layout, slots, identity, meta, left_out, opts.force && dirty)
     }
@@ -542,7 +589,7 @@ fn reads_zero(dev: &dyn BlockDevice, name: &str, off: u64, len: u64) -> Result<b
 
 /// 16 random bytes for UUIDs (the kernel's generator; a time-and-counter hash when it
 /// cannot be read).
-fn random_bytes() -> [u8; 16] {
+pub(crate) fn random_bytes() -> [u8; 16] {
     use std::io::Read;
     let mut out = [0u8; 16];
     if std::fs::File::open("/dev/urandom")

@@ -1,32 +1,35 @@
-//! Background work on a running array: resync (parity and mirrors made to agree with
-//! the data) while the array goes on serving I/O, with md's speed limits, progress for
-//! `cairn status`, and a checkpoint so that a clean stop resumes where it left off.
+//! Background work on a running array, one job at a time, while the array goes on
+//! serving I/O: rebuilds onto spares and replacements, resync, and scrubs. Each runs
+//! with md's speed limits, shows progress for `cairn status`, and keeps a checkpoint so
+//! that a clean stop resumes where it left off.
 //!
 //! ```text
-//!   Array::start_resync(limits) ── thread ──> for each unit (a stripe, or 1 MiB of
-//!        │                                    mirrors) from the checkpoint:
-//!        │                                      resync it under the write locks
-//!        │                                      done += unit; pace to min/max speed
-//!        │                                      every 1 s: checkpoint = position
-//!   Array::background() <── progress ──────── Job { done, total, speed, state }
-//!   Array::close() ── stop flag, join ──────> the checkpoint goes into resync_offset
+//!   Array::manage(limits) ─┐   (or fail / add / replace / check: kick())
+//!                          v
+//!   worker thread: loop { next_work() } ── Replace(role) > Recover(role) > take a spare
+//!        │                                  for a down role > Resync > Scrub
+//!        │   for each unit (a stripe, or 1 MiB of mirrors) from the checkpoint:
+//!        │     do it under the write locks; done += unit; pace to min/max speed
+//!   Array::background() <── progress ─────── Job { action, member, done, total, speed }
+//!   Array::close() ── stop flag, join ─────> checkpoints go into the superblocks
 //! ```
 //!
 //! Pacing follows md's `speed_limit_min`/`speed_limit_max`: while clients are doing
-//! I/O the resync runs at the minimum speed, so foreground requests keep the members;
+//! I/O the work runs at the minimum speed, so foreground requests keep the members;
 //! when the array is idle it runs up to the maximum.
 //!
-//! The checkpoint is md's `recovery_cp` (`resync_offset` in the superblock): written
-//! only by a clean stop, as md does (a dirty array records 0, so a crash resyncs all).
-//! It is in member sectors for RAID1 and RAID4/5/6; for RAID10 cairn always records 0,
-//! since md counts RAID10 resync progress differently.
+//! Checkpoints: the resync's is md's `recovery_cp` (`resync_offset`), written only by
+//! a clean stop as md does (a dirty array records 0, so a crash resyncs all); member
+//! sectors for RAID1 and RAID4/5/6, always 0 for RAID10 (md counts RAID10 differently).
+//! A rebuild's is the member's `recovery_offset`, written every few seconds and at a
+//! clean stop (a member part-way through a rebuild reassembles as such).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-use cairn_block::Result;
+use cairn_block::{Error, ErrorKind, Result};
 
 use crate::array::Array;
 use crate::layout::ArrayLayout;
@@ -53,16 +56,20 @@ impl Default for SpeedLimits {
 /// A snapshot of the background work, for status and metrics.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct BackgroundStatus {
-    /// "resync".
+    /// "resync", "recovery", "replace", "check" or "repair".
     pub action: &'static str,
+    /// The member a recovery or replacement writes to.
+    pub member: Option<String>,
     /// "running", "finished", "stopped" or "failed: <reason>".
     pub state: String,
-    /// Array bytes done, counting from the array's start (a resumed resync starts at
-    /// its checkpoint).
+    /// Bytes done, counting from the start (a resumed job starts at its checkpoint):
+    /// array bytes for resync and scrubs, member bytes for rebuilds.
     pub done_bytes: u64,
     pub total_bytes: u64,
     /// Average speed over the last few seconds.
     pub bytes_per_sec: u64,
+    /// Bytes actually rebuilt or resynced (a bitmap-driven job skips clean regions).
+    pub worked_bytes: u64,
 }
 
 /// `a / b` as seconds, for pacing (exact enough: the result is a sleep).
@@ -74,18 +81,31 @@ fn ratio(a: u64, b: u64) -> f64 {
 /// One piece of background work.
 pub(crate) struct Job {
     action: &'static str,
-    done: AtomicU64,
+    member: Option<String>,
+    pub(crate) done: AtomicU64,
     total: u64,
     speed: AtomicU64,
-    stop: AtomicBool,
+    pub(crate) worked: AtomicU64,
     state: Mutex<String>,
-    thread: Mutex<Option<(ThreadId, JoinHandle<()>)>>,
 }
 
 impl Job {
+    pub(crate) fn new(action: &'static str, member: Option<String>, total: u64) -> Job {
+        Job {
+            action,
+            member,
+            done: AtomicU64::new(0),
+            total,
+            speed: AtomicU64::new(0),
+            worked: AtomicU64::new(0),
+            state: Mutex::new("running".into()),
+        }
+    }
+
     fn status(&self) -> BackgroundStatus {
         BackgroundStatus {
             action: self.action,
+            member: self.member.clone(),
             state: self
                 .state
                 .lock()
@@ -94,11 +114,59 @@ impl Job {
             done_bytes: self.done.load(Ordering::Relaxed),
             total_bytes: self.total,
             bytes_per_sec: self.speed.load(Ordering::Relaxed),
+            worked_bytes: self.worked.load(Ordering::Relaxed),
         }
     }
 
-    fn set_state(&self, s: impl Into<String>) {
+    pub(crate) fn set_state(&self, s: impl Into<String>) {
         *self.state.lock().unwrap_or_else(PoisonError::into_inner) = s.into();
+    }
+}
+
+/// Paces a job to the speed limits and keeps its speed figure.
+pub(crate) struct Pacer {
+    limits: Option<SpeedLimits>,
+    window: (Instant, u64),
+    last_fg: u64,
+}
+
+impl Pacer {
+    pub(crate) fn new(array: &Array, limits: Option<SpeedLimits>, done: u64) -> Pacer {
+        Pacer {
+            limits,
+            window: (Instant::now(), done),
+            last_fg: array.foreground_ops(),
+        }
+    }
+
+    /// After a unit: sleeps as the limits ask (at the minimum while clients did I/O
+    /// since the last unit) and updates the job's speed.
+    pub(crate) fn step(&mut self, array: &Array, job: Option<&Job>, done: u64) {
+        let moved = done.saturating_sub(self.window.1);
+        if let Some(limits) = self.limits {
+            let fg = array.foreground_ops();
+            let busy = fg != self.last_fg;
+            self.last_fg = fg;
+            let target = if busy { limits.min } else { limits.max }.max(1);
+            let elapsed = self.window.0.elapsed();
+            let due = Duration::from_secs_f64(ratio(moved, target));
+            if due > elapsed {
+                thread::sleep((due - elapsed).min(Duration::from_millis(500)));
+            }
+        }
+        let elapsed = self.window.0.elapsed();
+        if let Some(j) = job {
+            if elapsed >= Duration::from_millis(200) {
+                let millis = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+                j.speed.store(
+                    moved.saturating_mul(1000) / millis.max(1),
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        if elapsed >= Duration::from_secs(2) {
+            self.window = (Instant::now(), done);
+        }
     }
 }
 
@@ -113,9 +181,38 @@ enum Units {
     None,
 }
 
-const MIRROR_STEP: u64 = 1 << 20;
+pub(crate) const MIRROR_STEP: u64 = 1 << 20;
+
+/// What the worker does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Work {
+    /// Copy the member of a role onto its replacement.
+    Replace(usize),
+    /// Rebuild the member of a role (a spare that took it over, or a re-added member).
+    Recover(usize),
+    Resync,
+    /// A scrub: `true` repairs.
+    Scrub(bool),
+}
+
+/// The state the worker thread shares with the array.
+#[derive(Default)]
+pub(crate) struct Manager {
+    /// Set by [`Array::manage`]: the array itself (for the worker thread) and the limits.
+    me: Option<Weak<Array>>,
+    limits: Option<SpeedLimits>,
+    /// The job running or last finished.
+    job: Option<Arc<Job>>,
+    thread: Option<(ThreadId, JoinHandle<()>)>,
+    /// A check or repair asked for and not started yet.
+    scrub: Option<bool>,
+}
 
 impl Array {
+    fn manager(&self) -> std::sync::MutexGuard<'_, Manager> {
+        self.manager.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn resync_units(&self, from: Sectors) -> Units {
         match &self.layout {
             ArrayLayout::Parity(pl) => {
@@ -160,8 +257,13 @@ impl Array {
         }
     }
 
+    /// Whether background work was asked to stop (the array is closing).
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
     /// Runs the resync from the checkpoint to the end, pacing with `limits` (`None`:
-    /// as fast as possible) and stopping early when `stop` is set.
+    /// as fast as possible). Returns false when stopped early.
     pub(crate) fn run_resync(
         &self,
         limits: Option<SpeedLimits>,
@@ -182,13 +284,12 @@ impl Array {
         if let Some(j) = job {
             j.done.store(done, Ordering::Relaxed);
         }
-        let mut window = (Instant::now(), done);
-        let mut last_fg = self.foreground_ops();
+        let mut pacer = Pacer::new(self, limits, done);
         let mut last_cp = Instant::now();
         let mut i = start;
         let mut cp = from;
         while i < end {
-            if job.is_some_and(|j| j.stop.load(Ordering::Acquire)) {
+            if self.stopping() {
                 self.meta_lock().resync_from = cp;
                 return Ok(false);
             }
@@ -198,122 +299,261 @@ impl Array {
             i += step;
             if let Some(j) = job {
                 j.done.store(done, Ordering::Relaxed);
+                j.worked.fetch_add(bytes, Ordering::Relaxed);
             }
             if last_cp.elapsed() >= Duration::from_secs(1) || i >= end {
                 self.meta_lock().resync_from = cp;
                 last_cp = Instant::now();
             }
-            let Some(limits) = limits else { continue };
-            // Pace: at the minimum while clients did I/O since the last unit.
-            let fg = self.foreground_ops();
-            let busy = fg != last_fg;
-            last_fg = fg;
-            let target = if busy { limits.min } else { limits.max }.max(1);
-            let elapsed = window.0.elapsed();
-            let moved = done - window.1;
-            let due = Duration::from_secs_f64(ratio(moved, target));
-            if due > elapsed {
-                thread::sleep((due - elapsed).min(Duration::from_millis(500)));
-            }
-            let elapsed = window.0.elapsed();
-            if let Some(j) = job {
-                if elapsed >= Duration::from_millis(200) {
-                    let millis = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
-                    j.speed.store(
-                        moved.saturating_mul(1000) / millis.max(1),
-                        Ordering::Relaxed,
-                    );
-                }
-            }
-            if elapsed >= Duration::from_secs(2) {
-                window = (Instant::now(), done);
-            }
+            pacer.step(self, job, done);
         }
         self.finish_resync()?;
         Ok(true)
     }
 
-    /// Starts resyncing in the background when a resync is pending. Returns whether a
-    /// job was started (false: nothing pending, or one is running already).
+    /// Lets the array run its own background work from now on: rebuilds onto spares
+    /// when a member fails or one is added, replacements, a pending resync, and scrubs
+    /// asked for with [`Array::request_scrub`], each paced by `limits`. Starts whatever
+    /// is pending now.
+    pub fn manage(self: &Arc<Self>, limits: SpeedLimits) {
+        {
+            let mut m = self.manager();
+            m.me = Some(Arc::downgrade(self));
+            m.limits = Some(limits);
+        }
+        self.kick();
+    }
+
+    /// Starts resyncing in the background when a resync is pending (and lets the array
+    /// manage its background work, [`Array::manage`]). Returns whether a resync is now
+    /// running.
     pub fn start_resync(self: &Arc<Self>, limits: SpeedLimits) -> Result<bool> {
         if !self.meta_lock().resync_pending {
             return Ok(false);
         }
         self.check_resync_possible()?;
-        let mut slot = self
-            .background
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if slot.as_ref().is_some_and(|j| j.status().state == "running") {
-            return Ok(false);
+        self.manage(limits);
+        Ok(self
+            .background()
+            .is_some_and(|s| s.action == "resync" && s.state == "running"))
+    }
+
+    /// Starts the worker thread if the array is managed, work is pending and no worker
+    /// runs. Safe to call from anywhere, the I/O path included.
+    pub(crate) fn kick(&self) {
+        if self.stopping() {
+            return;
         }
-        let job = Arc::new(Job {
-            action: "resync",
-            done: AtomicU64::new(0),
-            total: self.size_bytes(),
-            speed: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-            state: Mutex::new("running".into()),
-            thread: Mutex::new(None),
-        });
-        let weak: Weak<Array> = Arc::downgrade(self);
-        let j = job.clone();
-        let label = self.array_label().to_string();
-        tracing::info!("{label}: resync started in the background");
-        let handle = thread::Builder::new()
-            .name("md-resync".into())
+        let mut m = self.manager();
+        let Some(me) = m.me.clone() else { return };
+        if m.thread.as_ref().is_some_and(|(_, h)| !h.is_finished()) {
+            return;
+        }
+        // Claim the first job now, so that status shows it as soon as this returns.
+        let Some(work) = self.next_work(&mut m) else {
+            return;
+        };
+        let first = self.job_for(work);
+        m.job = Some(first.clone());
+        let limits = m.limits;
+        let spawned = thread::Builder::new()
+            .name("md-background".into())
             .spawn(move || {
-                let Some(array) = weak.upgrade() else { return };
-                match array.run_resync(Some(limits), Some(&j)) {
-                    Ok(true) => {
-                        j.set_state("finished");
-                        tracing::info!("{label}: resync finished");
-                    }
-                    Ok(false) => {
-                        j.set_state("stopped");
-                        tracing::info!("{label}: resync stopped; it resumes at the next start");
-                    }
-                    Err(e) => {
-                        j.set_state(format!("failed: {e}"));
-                        tracing::warn!("{label}: resync failed: {e}");
+                let Some(array) = me.upgrade() else { return };
+                array.worker(limits, work, first);
+            });
+        match spawned {
+            Ok(h) => m.thread = Some((h.thread().id(), h)),
+            Err(e) => tracing::warn!("{}: cannot start background work: {e}", self.array_label()),
+        }
+    }
+
+    fn job_for(&self, work: Work) -> Arc<Job> {
+        let (action, member, total) = match work {
+            Work::Replace(r) => (
+                "replace",
+                self.slots[r].replacement().map(|m| m.name.clone()),
+                self.member_extent_bytes(),
+            ),
+            Work::Recover(r) => (
+                "recovery",
+                self.slots[r].member().map(|m| m.name.clone()),
+                self.member_extent_bytes(),
+            ),
+            Work::Resync => ("resync", None, self.size_bytes()),
+            Work::Scrub(repair) => (
+                if repair { "repair" } else { "check" },
+                None,
+                self.size_bytes(),
+            ),
+        };
+        Arc::new(Job::new(action, member, total))
+    }
+
+    fn worker(&self, limits: Option<SpeedLimits>, first: Work, job: Arc<Job>) {
+        let mut next = Some((first, job));
+        while let Some((work, job)) = next.take() {
+            let label = self.array_label().to_string();
+            let what = match &job.member {
+                Some(m) => format!("{} of {m}", job.action),
+                None => job.action.to_string(),
+            };
+            tracing::info!("{label}: {what} started");
+            let r = self.run_work(work, limits, &job);
+            match r {
+                Ok(true) => {
+                    job.set_state("finished");
+                    tracing::info!("{label}: {what} finished");
+                }
+                Ok(false) => {
+                    job.set_state("stopped");
+                    tracing::info!("{label}: {what} stopped; it resumes at the next start");
+                    return;
+                }
+                Err(e) => {
+                    job.set_state(format!("failed: {e}"));
+                    tracing::warn!("{label}: {what} failed: {e}");
+                    if matches!(work, Work::Resync | Work::Scrub(_)) {
+                        return;
                     }
                 }
-            })
-            .map_err(|e| {
-                cairn_block::Error::new(
-                    cairn_block::ErrorKind::Io,
-                    format!("starting the resync thread: {e}"),
-                )
-            })?;
-        *job.thread.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some((handle.thread().id(), handle));
-        *slot = Some(job);
-        Ok(true)
+            }
+            if self.stopping() {
+                return;
+            }
+            let mut m = self.manager();
+            if let Some(w) = self.next_work(&mut m) {
+                let j = self.job_for(w);
+                m.job = Some(j.clone());
+                next = Some((w, j));
+            }
+        }
+    }
+
+    fn run_work(&self, work: Work, limits: Option<SpeedLimits>, job: &Job) -> Result<bool> {
+        match work {
+            Work::Replace(role) => self.run_replace(role, limits, Some(job)),
+            Work::Recover(role) => self.run_recovery(role, limits, Some(job)),
+            Work::Resync => {
+                self.check_resync_possible()?;
+                self.run_resync(limits, Some(job))
+            }
+            Work::Scrub(repair) => self.run_scrub(repair, limits, Some(job)),
+        }
+    }
+
+    /// The next piece of work, in md's order: replacements and rebuilds first, then a
+    /// spare for a role that is down, then a pending resync, then a scrub.
+    fn next_work(&self, m: &mut Manager) -> Option<Work> {
+        if !self.layout_is_redundant() {
+            return None;
+        }
+        for role in 0..self.slots.len() {
+            if self.slots[role].replacement().is_some() && self.is_writable(role) {
+                return Some(Work::Replace(role));
+            }
+        }
+        for role in 0..self.slots.len() {
+            if self.is_writable(role) && !self.is_up(role) {
+                return Some(Work::Recover(role));
+            }
+        }
+        if let Some(role) = self.take_spare() {
+            return Some(Work::Recover(role));
+        }
+        let resync = self.meta_lock().resync_pending;
+        if resync && self.down_roles().is_empty() {
+            return Some(Work::Resync);
+        }
+        if let Some(repair) = m.scrub.take() {
+            return Some(Work::Scrub(repair));
+        }
+        None
+    }
+
+    /// Asks for a check (`repair` false) or repair of the whole array in the background
+    /// (the array must be managed, [`Array::manage`]). Progress and the result show in
+    /// [`Array::background`] and [`Array::last_scrub`].
+    pub fn request_scrub(&self, repair: bool) -> Result<()> {
+        if !self.layout_is_redundant() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "{}: {} has no redundancy to check",
+                    self.array_label(),
+                    self.identity.level
+                ),
+            ));
+        }
+        {
+            let mut m = self.manager();
+            if m.me.is_none() {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "{}: background work is not enabled on this array",
+                        self.array_label()
+                    ),
+                ));
+            }
+            if m.job
+                .as_ref()
+                .is_some_and(|j| j.status().state == "running")
+            {
+                let running = m.job.as_ref().map(|j| j.action).unwrap_or("work");
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "{}: a {running} is running; try again when it has finished",
+                        self.array_label()
+                    ),
+                ));
+            }
+            m.scrub = Some(repair);
+        }
+        self.kick();
+        Ok(())
+    }
+
+    /// Runs every pending piece of work (rebuilds, spares taking over, resync) in this
+    /// thread, as fast as possible. For tests and offline tools.
+    pub fn run_pending(&self) -> Result<()> {
+        loop {
+            let work = {
+                let mut m = self.manager();
+                self.next_work(&mut m)
+            };
+            let Some(work) = work else { return Ok(()) };
+            let job = self.job_for(work);
+            self.manager().job = Some(job.clone());
+            match self.run_work(work, None, &job) {
+                Ok(true) => job.set_state("finished"),
+                Ok(false) => {
+                    job.set_state("stopped");
+                    return Ok(());
+                }
+                Err(e) => {
+                    job.set_state(format!("failed: {e}"));
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Placeholder until the scrub lands (scrub.rs).
+    fn run_scrub(&self, _repair: bool, _l: Option<SpeedLimits>, _j: Option<&Job>) -> Result<bool> {
+        Err(Error::new(ErrorKind::Unsupported, "scrub is not built yet"))
     }
 
     /// The background work, running or last finished.
     pub fn background(&self) -> Option<BackgroundStatus> {
-        self.background
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|j| j.status())
+        self.manager().job.as_ref().map(|j| j.status())
     }
 
     /// Asks the background work to stop and waits for it (unless called from it).
     pub(crate) fn stop_background(&self) {
-        let job = self
-            .background
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let Some(job) = job else { return };
-        job.stop.store(true, Ordering::Release);
-        let t = job
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        self.stopping.store(true, Ordering::Release);
+        let t = self.manager().thread.take();
         if let Some((id, handle)) = t {
             if id != thread::current().id() {
                 let _ = handle.join();

@@ -41,6 +41,7 @@ pub mod create;
 pub mod examine;
 pub mod layout;
 pub mod level;
+pub mod members;
 pub mod ondisk;
 pub mod parity;
 pub mod probe;

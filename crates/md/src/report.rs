@@ -57,8 +57,14 @@ pub enum MemberState {
     Missing,
     /// Failed while the array ran; out of the array.
     Faulty,
-    /// Given at assembly but left out (stale, marked faulty, spare).
+    /// Given at assembly but left out (stale, marked faulty, foreign).
     LeftOut,
+    /// Being rebuilt into its role (md's "spare rebuilding").
+    Rebuilding,
+    /// A hot spare: takes over the first role that fails.
+    Spare,
+    /// Being built as the replacement of the member in its role (`cairn md replace`).
+    Replacement,
 }
 
 impl MemberState {
@@ -68,6 +74,9 @@ impl MemberState {
             MemberState::Missing => "removed",
             MemberState::Faulty => "faulty",
             MemberState::LeftOut => "left out",
+            MemberState::Rebuilding => "spare rebuilding",
+            MemberState::Spare => "spare",
+            MemberState::Replacement => "replacement",
         }
     }
 }
@@ -106,6 +115,7 @@ pub struct ArrayReport {
     pub state_text: String,
     pub active_devices: u32,
     pub failed_devices: u32,
+    pub spare_devices: u32,
     pub events: u64,
     pub creation_time: u64,
     pub update_time: u64,
@@ -125,20 +135,47 @@ impl Array {
             .iter()
             .enumerate()
             .map(|(role, slot)| {
-                let state = match (&slot.member, down[role]) {
+                let member = slot.member();
+                let state = match (&member, down[role]) {
                     (None, _) => MemberState::Missing,
+                    (Some(_), true) if self.is_writable(role) => MemberState::Rebuilding,
                     (Some(_), true) => MemberState::Faulty,
                     (Some(_), false) => MemberState::ActiveSync,
                 };
                 MemberReport {
                     role: u32::try_from(role).ok(),
-                    name: slot.member.as_ref().map(|m| m.name.clone()),
+                    name: member.map(|m| m.name.clone()),
                     state,
                     reason: None,
                     events: None,
                 }
             })
             .collect();
+        for (role, slot) in self.slots.iter().enumerate() {
+            if let Some(r) = slot.replacement() {
+                members.push(MemberReport {
+                    role: u32::try_from(role).ok(),
+                    name: Some(r.name.clone()),
+                    state: MemberState::Replacement,
+                    reason: None,
+                    events: None,
+                });
+            }
+        }
+        members.extend(meta.spares.iter().map(|s| MemberReport {
+            role: None,
+            name: Some(s.member.name.clone()),
+            state: MemberState::Spare,
+            reason: None,
+            events: None,
+        }));
+        members.extend(meta.faulty.iter().map(|f| MemberReport {
+            role: f.role.and_then(|r| u32::try_from(r).ok()),
+            name: Some(f.member.name.clone()),
+            state: MemberState::Faulty,
+            reason: None,
+            events: None,
+        }));
         members.extend(self.left_out.iter().map(|l| MemberReport {
             role: l.role,
             name: Some(l.name.clone()),
@@ -163,8 +200,9 @@ impl Array {
             .slots
             .iter()
             .enumerate()
-            .filter(|(r, s)| s.member.is_some() && down[*r])
-            .count();
+            .filter(|(r, s)| s.has_member() && !self.is_writable(*r))
+            .count()
+            + meta.faulty.len();
         ArrayReport {
             version: has_sb.then_some("1.2"),
             uuid: id.uuid,
@@ -183,6 +221,7 @@ impl Array {
             state,
             active_devices: u32::try_from(down.iter().filter(|&&d| !d).count()).expect("small"),
             failed_devices: u32::try_from(failed).expect("small"),
+            spare_devices: u32::try_from(meta.spares.len()).expect("small"),
             events: meta.events,
             creation_time: id.ctime.secs(),
             update_time: meta.utime.secs(),
@@ -241,9 +280,13 @@ impl fmt::Display for ArrayReport {
         line(f, "Update Time", &ctime_utc(self.update_time))?;
         line(f, "State", &self.state_text)?;
         line(f, "Active Devices", &self.active_devices)?;
-        line(f, "Working Devices", &self.active_devices)?;
+        line(
+            f,
+            "Working Devices",
+            &(self.active_devices + self.spare_devices),
+        )?;
         line(f, "Failed Devices", &self.failed_devices)?;
-        line(f, "Spare Devices", &0)?;
+        line(f, "Spare Devices", &self.spare_devices)?;
         writeln!(f)?;
         let mut blank = false;
         if let Some(layout) = &self.layout {

@@ -72,7 +72,9 @@ impl Array {
             let chunk_no = off / c;
             let stripe = chunk_no / k;
             let member = pl.data_member(StripeNo(stripe), small(chunk_no % k));
-            if self.is_up(member) && self.read_member(member, buf, stripe * c + off % c).is_ok() {
+            if self.is_up_at(member, stripe * c)
+                && self.read_member(member, buf, stripe * c + off % c).is_ok()
+            {
                 return Ok(());
             }
         }
@@ -98,7 +100,7 @@ impl Array {
                 b: a + wide(n),
                 buf: pos,
             };
-            if self.is_up(member) {
+            if self.is_up_at(member, stripe * c) {
                 jobs.push((member, (member, stripe, touch, piece)));
             } else {
                 rebuild.push((stripe, touch, None));
@@ -138,7 +140,7 @@ impl Array {
         let map = pl.stripe_map(StripeNo(stripe));
         let lo = pieces.iter().map(|p| p.1.a).min().expect("non-empty");
         let hi = pieces.iter().map(|p| p.1.b).max().expect("non-empty");
-        let mut down = self.down_mask();
+        let mut down = self.down_mask_at(stripe * c);
         let mut read_errors = Vec::new();
         for (_, _, failed) in pieces.iter_mut() {
             if let Some((member, e)) = failed.take() {
@@ -175,7 +177,7 @@ impl Array {
     /// the rows of the down ones (data, P and Q). Returns the rows by member. Members
     /// whose read fails are added to `down` and `read_errors`.
     #[allow(clippy::too_many_arguments)]
-    fn read_row(
+    pub(crate) fn read_row(
         &self,
         pl: &ParityLayout,
         map: &StripeMap,
@@ -434,7 +436,7 @@ impl Array {
         // cannot be read for this stripe, which adds those whose read just failed; they
         // are still written (their new bytes are computed, not read), which also repairs
         // what they could not read.
-        let absent = self.down_mask();
+        let absent = self.down_mask_at(stripe * c);
         let mut down = absent.clone();
         let parity_members: Vec<usize> = [Some(map.p), map.q].into_iter().flatten().collect();
         let parity_present: Vec<usize> = parity_members

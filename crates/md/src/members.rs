@@ -1,0 +1,864 @@
+//! Members coming and going on a running array, as `mdadm --manage` does it: fail,
+//! remove, add (a new spare, or a former member re-added), replace; and the rebuilds
+//! that follow (run by the background worker, background.rs).
+//!
+//! ```text
+//!   fail X ─────> X faulty (superblocks: events + 1) ─┐
+//!   I/O error ──> the member fails the same way ──────┤
+//!                                                     v
+//!   add D ─> D spare ──────────────> worker: a down role takes a spare: the spare
+//!                                    fills the role "being rebuilt", the failed member
+//!                                    moves to the faulty list; rebuild stripe by stripe
+//!   replace X [D] ─> D replacement of X: X keeps serving; copy X onto D; swap; X faulty
+//!   remove X ─> a faulty member or a spare leaves the array (its role stays down)
+//! ```
+//!
+//! A member being rebuilt takes writes at once. Parity levels read it below the
+//! rebuild's position (advanced under each stripe's lock), mirrors only once it is
+//! done. Its superblock carries `recovery_offset`, so a restart resumes the rebuild.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
+
+use crate::array::{Array, Extra, Member};
+use crate::assemble::random_bytes;
+use crate::background::{Job, Pacer, SpeedLimits, MIRROR_STEP};
+use crate::layout::ArrayLayout;
+use crate::ondisk::{DevRole, FeaturePolicy, Features, Superblock, Uuid};
+use crate::probe::probe_signatures;
+use crate::units::{small, Sectors, StripeNo, SECTOR_SIZE};
+
+/// Where a named member sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Role(usize),
+    Replacement(usize),
+    Spare(usize),
+    Faulty(usize),
+}
+
+fn invalid(msg: String) -> Error {
+    Error::new(ErrorKind::InvalidArgument, msg)
+}
+
+/// Whether `who` names `name`: the same string, the same file, or the same file name.
+fn names_match(who: &str, name: &str) -> bool {
+    if who == name {
+        return true;
+    }
+    let canon = |p: &str| std::fs::canonicalize(p).ok();
+    if let (Some(a), Some(b)) = (canon(who), canon(name)) {
+        return a == b;
+    }
+    !who.contains('/') && std::path::Path::new(name).file_name() == Some(who.as_ref())
+}
+
+impl Array {
+    fn find(&self, who: &str) -> Result<Place> {
+        let mut hits = Vec::new();
+        for (role, slot) in self.slots.iter().enumerate() {
+            if slot.member().is_some_and(|m| names_match(who, &m.name)) {
+                hits.push(Place::Role(role));
+            }
+            if slot
+                .replacement()
+                .is_some_and(|m| names_match(who, &m.name))
+            {
+                hits.push(Place::Replacement(role));
+            }
+        }
+        {
+            let meta = self.meta_lock();
+            for (i, s) in meta.spares.iter().enumerate() {
+                if names_match(who, &s.member.name) {
+                    hits.push(Place::Spare(i));
+                }
+            }
+            for (i, s) in meta.faulty.iter().enumerate() {
+                if names_match(who, &s.member.name) {
+                    hits.push(Place::Faulty(i));
+                }
+            }
+        }
+        match hits.len() {
+            1 => Ok(hits[0]),
+            0 => Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{}: no member named {who}; members: {}",
+                    self.array_label(),
+                    self.all_names().join(", ")
+                ),
+            )),
+            _ => Err(invalid(format!(
+                "{}: {who} names more than one member; give the full path",
+                self.array_label()
+            ))),
+        }
+    }
+
+    fn all_names(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .slots
+            .iter()
+            .flat_map(|s| [s.member(), s.replacement()])
+            .flatten()
+            .map(|m| m.name.clone())
+            .collect();
+        let meta = self.meta_lock();
+        out.extend(meta.spares.iter().map(|s| s.member.name.clone()));
+        out.extend(meta.faulty.iter().map(|s| s.member.name.clone()));
+        out
+    }
+
+    /// Marks a member faulty, as `mdadm --fail` does: it takes no more I/O and the
+    /// other superblocks record it. Refused when the array could not go on without it.
+    /// A spare, if any, takes its role over once the array is managed.
+    pub fn fail(&self, who: &str) -> Result<String> {
+        let place = self.find(who)?;
+        match place {
+            Place::Role(role) => {
+                if !self.is_writable(role) {
+                    return Ok(format!(
+                        "{} is already faulty; nothing to do",
+                        self.describe_role(role)
+                    ));
+                }
+                let mut down = self.down_mask();
+                down[role] = true;
+                if !self.layout_is_redundant() || !self.layout.tolerates(&down) {
+                    return Err(invalid(format!(
+                        "{}: refusing to fail {}: the array could not serve all its data \
+                         without it",
+                        self.array_label(),
+                        self.describe_role(role)
+                    )));
+                }
+                self.fail_member(
+                    role,
+                    &Error::new(ErrorKind::Io, "marked faulty by the operator"),
+                );
+                Ok(format!("{} marked faulty", self.describe_role(role)))
+            }
+            Place::Replacement(role) => {
+                self.drop_replacement(
+                    role,
+                    &Error::new(ErrorKind::Io, "marked faulty by the operator"),
+                );
+                self.forget_replacement(role);
+                Ok(format!("replacement for role {role} dropped"))
+            }
+            Place::Spare(i) => {
+                let mut meta = self.meta_lock();
+                let s = meta.spares.remove(i);
+                let name = s.member.name.clone();
+                meta.faulty.push(s);
+                meta.events += 1;
+                self.write_superblocks(&mut meta)?;
+                Ok(format!("spare {name} marked faulty"))
+            }
+            Place::Faulty(_) => Ok(format!("{who} is already faulty; nothing to do")),
+        }
+    }
+
+    /// Takes a faulty member or a spare out of the array (`mdadm --remove`). An active
+    /// member must be failed first.
+    pub fn remove(&self, who: &str) -> Result<String> {
+        let place = self.find(who)?;
+        let mut meta = self.meta_lock();
+        let name = match place {
+            Place::Role(role) => {
+                if self.is_writable(role) {
+                    return Err(invalid(format!(
+                        "{}: {} is active; fail it first (cairn md fail)",
+                        self.array_label(),
+                        self.describe_role(role)
+                    )));
+                }
+                let name = self.describe_role(role);
+                // The role stays down: no member, and the superblocks call the old one
+                // faulty.
+                if let Some(sb) = meta.sbs[role].take() {
+                    if let Some(r) = meta.dev_roles.get_mut(small(u64::from(sb.dev_number))) {
+                        *r = DevRole::FAULTY;
+                    }
+                }
+                self.slots[role].set_member(None, u64::MAX);
+                name
+            }
+            Place::Replacement(role) => {
+                drop(meta);
+                self.drop_replacement(role, &Error::new(ErrorKind::Io, "removed"));
+                self.forget_replacement(role);
+                return Ok(format!("replacement for role {role} removed"));
+            }
+            Place::Spare(i) => {
+                let s = meta.spares.remove(i);
+                if let Some(sb) = &s.sb {
+                    if let Some(r) = meta.dev_roles.get_mut(small(u64::from(sb.dev_number))) {
+                        *r = DevRole::FAULTY;
+                    }
+                }
+                s.member.name.clone()
+            }
+            Place::Faulty(i) => meta.faulty.remove(i).member.name.clone(),
+        };
+        if meta.sbs.iter().any(Option::is_some) {
+            meta.events += 1;
+            self.write_superblocks(&mut meta)?;
+        }
+        Ok(format!("{name} removed"))
+    }
+
+    /// Adds `dev` (called `name`) to the running array (`mdadm --add`). A former
+    /// member of this array is re-added into its old role when that role is down and
+    /// rebuilt there; anything else becomes a spare, which a down role takes at once.
+    /// A device holding another array, a filesystem, LUKS or LVM is refused unless
+    /// `force`.
+    pub fn add(&self, dev: Arc<dyn BlockDevice>, name: String, force: bool) -> Result<String> {
+        if !self.layout_is_redundant() {
+            return Err(invalid(format!(
+                "{}: {} has no redundancy; members cannot be added",
+                self.array_label(),
+                self.identity.level
+            )));
+        }
+        if self.all_names().iter().any(|n| names_match(&name, n)) {
+            return Ok(format!("{name} is already in the array; nothing to do"));
+        }
+        let template = {
+            let meta = self.meta_lock();
+            meta.sbs.iter().flatten().next().cloned()
+        };
+        let Some(template) = template else {
+            return Err(invalid(format!(
+                "{}: an array without superblocks cannot take new members",
+                self.array_label()
+            )));
+        };
+        let old = Superblock::read_from(&*dev, &name, FeaturePolicy::Supported).ok();
+        if let Some(old) = &old {
+            if old.set_uuid == self.identity.uuid {
+                if let Some(msg) = self.re_add(&dev, &name, old)? {
+                    return Ok(msg);
+                }
+            } else if !force {
+                return Err(invalid(format!(
+                    "{name} belongs to md array {} ({}); give --force to overwrite it",
+                    old.set_name, old.set_uuid
+                )));
+            }
+        } else if !force {
+            let sigs = probe_signatures(&*dev)?;
+            if let Some(s) = sigs.first() {
+                return Err(invalid(format!(
+                    "{name} holds {} at byte {}; give --force to overwrite it",
+                    s.kind, s.offset
+                )));
+            }
+        }
+        let sb = self.new_member_superblock(&template, &*dev, &name)?;
+        let base = sb
+            .data_offset
+            .bytes()
+            .ok_or_else(|| invalid("data offset overflows".into()))?;
+        let member = Arc::new(Member { dev, name, base });
+        {
+            let mut meta = self.meta_lock();
+            meta.spares.push(Extra {
+                member: member.clone(),
+                sb: Some(sb),
+                role: None,
+            });
+            meta.events += 1;
+            self.write_superblocks(&mut meta)?;
+        }
+        self.kick();
+        Ok(format!("{} added as a spare", member.name))
+    }
+
+    /// A former member comes back. Returns `None` when it cannot take its old role back
+    /// (it is then added as a new spare).
+    fn re_add(
+        &self,
+        dev: &Arc<dyn BlockDevice>,
+        name: &str,
+        old: &Superblock,
+    ) -> Result<Option<String>> {
+        let role = old
+            .dev_roles
+            .get(small(u64::from(old.dev_number)))
+            .and_then(|r| r.slot())
+            .map(usize::from);
+        let Some(role) = role.filter(|&r| r < self.slots.len()) else {
+            return Ok(None);
+        };
+        if self.is_writable(role) {
+            return Ok(None);
+        }
+        if old.data_offset.bytes().is_none() {
+            return Ok(None);
+        }
+        let base = old.data_offset.bytes().expect("checked");
+        let member = Arc::new(Member {
+            dev: dev.clone(),
+            name: name.to_string(),
+            base,
+        });
+        let mut sb = old.clone();
+        sb.features.0 |= Features::RECOVERY_OFFSET;
+        sb.recovery_offset = Sectors::ZERO;
+        {
+            let mut meta = self.meta_lock();
+            if let Some(cur) = meta.sbs[role].take() {
+                if let Some(prev) = self.slots[role].member() {
+                    meta.faulty.push(Extra {
+                        member: prev,
+                        sb: Some(cur),
+                        role: Some(role),
+                    });
+                }
+            }
+            self.slots[role].set_member(Some(member), 0);
+            meta.sbs[role] = Some(sb);
+            meta.events += 1;
+            self.write_superblocks(&mut meta)?;
+        }
+        tracing::info!(
+            "{}: {name} re-added into role {role}; it is rebuilt there",
+            self.array_label()
+        );
+        self.kick();
+        Ok(Some(format!("{name} re-added into role {role}")))
+    }
+
+    /// A superblock for a new member, from a current one: a new device number and
+    /// UUID, the same data offset, a spare's role.
+    fn new_member_superblock(
+        &self,
+        template: &Superblock,
+        dev: &dyn BlockDevice,
+        name: &str,
+    ) -> Result<Superblock> {
+        let dev_sectors = Sectors(dev.geometry().size / SECTOR_SIZE);
+        let need = Sectors(template.data_offset.0 + self.member_extent_bytes() / SECTOR_SIZE);
+        if dev_sectors < need {
+            return Err(invalid(format!(
+                "{name} holds {} sectors; members of {} need at least {} (data offset {} + {} \
+                 data sectors)",
+                dev_sectors.0,
+                self.array_label(),
+                need.0,
+                template.data_offset.0,
+                need.0 - template.data_offset.0
+            )));
+        }
+        let meta = self.meta_lock();
+        let mut used: Vec<u32> = meta.sbs.iter().flatten().map(|s| s.dev_number).collect();
+        used.extend(
+            meta.spares
+                .iter()
+                .filter_map(|s| s.sb.as_ref().map(|s| s.dev_number)),
+        );
+        used.extend(
+            meta.faulty
+                .iter()
+                .filter_map(|s| s.sb.as_ref().map(|s| s.dev_number)),
+        );
+        used.extend(meta.replacements.iter().flatten().map(|s| s.dev_number));
+        let roles = &meta.dev_roles;
+        let dev_number = (0..u32::try_from(roles.len()).unwrap_or(0))
+            .find(|i| {
+                !used.contains(i)
+                    && roles
+                        .get(small(u64::from(*i)))
+                        .is_some_and(|r| r.slot().is_none())
+            })
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{}: all {} device numbers are in use",
+                    self.array_label(),
+                    roles.len()
+                ))
+            })?;
+        let mut sb = template.clone();
+        sb.dev_number = dev_number;
+        sb.device_uuid = Uuid(random_bytes());
+        sb.data_size = Sectors(dev_sectors.0 - template.data_offset.0);
+        sb.features.0 &= !Features::RECOVERY_OFFSET;
+        sb.recovery_offset = Sectors::ZERO;
+        sb.events = meta.events;
+        sb.cnt_corrected_read = 0;
+        Ok(sb)
+    }
+
+    /// Bytes of each member's data area the array uses.
+    pub(crate) fn member_extent_bytes(&self) -> u64 {
+        match &self.layout {
+            ArrayLayout::Parity(pl) => pl.stripes() * pl.chunk().0 * SECTOR_SIZE,
+            ArrayLayout::Raid1(l) => l.array_sectors().0 * SECTOR_SIZE,
+            ArrayLayout::Raid10(l) => l.dev_sectors().0 * SECTOR_SIZE,
+            _ => self.identity.component_size.0 * SECTOR_SIZE,
+        }
+    }
+
+    /// Builds `new` (or, without one, the first spare) as the replacement of `who`
+    /// (`mdadm --replace`): `who` keeps serving while its contents are copied; then the
+    /// replacement takes its role and `who` is marked faulty.
+    pub fn replace(
+        &self,
+        who: &str,
+        new: Option<(Arc<dyn BlockDevice>, String)>,
+        force: bool,
+    ) -> Result<String> {
+        let Place::Role(role) = self.find(who)? else {
+            return Err(invalid(format!(
+                "{}: {who} has no role to hand over",
+                self.array_label()
+            )));
+        };
+        if !self.is_writable(role) {
+            return Err(invalid(format!(
+                "{}: {} has failed; add a spare instead (it takes the role over)",
+                self.array_label(),
+                self.describe_role(role)
+            )));
+        }
+        if self.slots[role].replacement().is_some() {
+            return Ok(format!(
+                "{} is already being replaced; nothing to do",
+                self.describe_role(role)
+            ));
+        }
+        if let Some((dev, name)) = new {
+            if !self.all_names().iter().any(|n| names_match(&name, n)) {
+                self.add_spare_quietly(dev, name.clone(), force)?;
+            }
+            return self.replace_with_spare(role, Some(&name));
+        }
+        self.replace_with_spare(role, None)
+    }
+
+    fn add_spare_quietly(
+        &self,
+        dev: Arc<dyn BlockDevice>,
+        name: String,
+        force: bool,
+    ) -> Result<()> {
+        let template = self.meta_lock().sbs.iter().flatten().next().cloned();
+        let Some(template) = template else {
+            return Err(invalid(format!(
+                "{}: an array without superblocks cannot take new members",
+                self.array_label()
+            )));
+        };
+        if !force {
+            if let Ok(old) = Superblock::read_from(&*dev, &name, FeaturePolicy::Supported) {
+                return Err(invalid(format!(
+                    "{name} belongs to md array {} ({}); give --force to overwrite it",
+                    old.set_name, old.set_uuid
+                )));
+            }
+            if let Some(s) = probe_signatures(&*dev)?.first() {
+                return Err(invalid(format!(
+                    "{name} holds {} at byte {}; give --force to overwrite it",
+                    s.kind, s.offset
+                )));
+            }
+        }
+        let sb = self.new_member_superblock(&template, &*dev, &name)?;
+        let base = sb
+            .data_offset
+            .bytes()
+            .ok_or_else(|| invalid("data offset overflows".into()))?;
+        let mut meta = self.meta_lock();
+        meta.spares.push(Extra {
+            member: Arc::new(Member { dev, name, base }),
+            sb: Some(sb),
+            role: None,
+        });
+        Ok(())
+    }
+
+    fn replace_with_spare(&self, role: usize, name: Option<&str>) -> Result<String> {
+        let mut meta = self.meta_lock();
+        let i = match name {
+            Some(n) => meta
+                .spares
+                .iter()
+                .position(|s| names_match(n, &s.member.name)),
+            None => (!meta.spares.is_empty()).then_some(0),
+        };
+        let Some(i) = i else {
+            return Err(invalid(format!(
+                "{}: no spare to replace {} with; add one, or name a device",
+                self.array_label(),
+                self.describe_role(role)
+            )));
+        };
+        let spare = meta.spares.remove(i);
+        let msg = format!(
+            "{} is being replaced by {}",
+            self.describe_role(role),
+            spare.member.name
+        );
+        meta.replacements[role] = spare.sb;
+        self.slots[role].set_replacement(Some(spare.member));
+        meta.events += 1;
+        self.write_superblocks(&mut meta)?;
+        drop(meta);
+        self.kick();
+        Ok(msg)
+    }
+
+    /// Stops using the replacement being built for `role` after `err`. Takes no lock
+    /// but the slot's (it runs inside superblock updates); its superblock is forgotten
+    /// by [`Array::forget_replacement`].
+    pub(crate) fn drop_replacement(&self, role: usize, err: &Error) {
+        if let Some(r) = self.slots[role].set_replacement(None) {
+            tracing::warn!(
+                "{}: replacement {} for {} dropped: {err}",
+                self.array_label(),
+                r.name,
+                self.describe_role(role)
+            );
+        }
+    }
+
+    fn forget_replacement(&self, role: usize) {
+        let mut meta = self.meta_lock();
+        if self.slots[role].replacement().is_none() {
+            meta.replacements[role] = None;
+        }
+    }
+
+    /// The first role that is down gets the first spare; returns that role.
+    pub(crate) fn take_spare(&self) -> Option<usize> {
+        let mut meta = self.meta_lock();
+        if meta.spares.is_empty() {
+            return None;
+        }
+        let role = (0..self.slots.len()).find(|&r| !self.is_writable(r))?;
+        if !self.layout.tolerates(&self.down_mask()) {
+            return None;
+        }
+        let spare = meta.spares.remove(0);
+        let mut sb = spare
+            .sb
+            .expect("spares of arrays with superblocks have one");
+        sb.features.0 |= Features::RECOVERY_OFFSET;
+        sb.recovery_offset = Sectors::ZERO;
+        if let Some(prev) = self.slots[role].set_member(Some(spare.member.clone()), 0) {
+            let sb = meta.sbs[role].take();
+            meta.faulty.push(Extra {
+                member: prev,
+                sb,
+                role: Some(role),
+            });
+        }
+        meta.sbs[role] = Some(sb);
+        meta.events += 1;
+        if let Err(e) = self.write_superblocks(&mut meta) {
+            tracing::warn!(
+                "{}: recording the spare's new role: {e}",
+                self.array_label()
+            );
+        }
+        tracing::info!(
+            "{}: spare {} takes over role {role}",
+            self.array_label(),
+            spare.member.name
+        );
+        Some(role)
+    }
+
+    // ---- rebuilds ------------------------------------------------------------------
+
+    /// Rebuilds the member of `role` from the others, from its checkpoint on.
+    pub(crate) fn run_recovery(
+        &self,
+        role: usize,
+        limits: Option<SpeedLimits>,
+        job: Option<&Job>,
+    ) -> Result<bool> {
+        let slot = &self.slots[role];
+        let from = slot.recovery_cp.load(Ordering::Acquire);
+        let step = self.rebuild_step();
+        let end = self.member_extent_bytes();
+        let mut pos = from - from % step;
+        if let Some(j) = job {
+            j.done.store(pos, Ordering::Relaxed);
+        }
+        let mut pacer = Pacer::new(self, limits, pos);
+        let mut last_cp = std::time::Instant::now();
+        while pos < end {
+            if self.stopping() {
+                self.checkpoint_recovery()?;
+                return Ok(false);
+            }
+            if !self.is_writable(role) {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!("{} failed during its rebuild", self.describe_role(role)),
+                ));
+            }
+            let n = step.min(end - pos);
+            self.rebuild_unit(role, pos, n)?;
+            pos += n;
+            let cp = match self.layout {
+                ArrayLayout::Raid10(_) => 0,
+                _ => pos,
+            };
+            slot.recovery_cp.store(cp, Ordering::Release);
+            if let Some(j) = job {
+                j.done.store(pos, Ordering::Relaxed);
+                j.worked.fetch_add(n, Ordering::Relaxed);
+            }
+            if last_cp.elapsed() >= std::time::Duration::from_secs(5) {
+                self.checkpoint_recovery()?;
+                last_cp = std::time::Instant::now();
+            }
+            pacer.step(self, job, pos);
+        }
+        self.flush()?;
+        {
+            let mut meta = self.meta_lock();
+            slot.synced.store(u64::MAX, Ordering::Release);
+            slot.recovery_cp.store(0, Ordering::Release);
+            meta.events += 1;
+            self.write_superblocks(&mut meta)?;
+        }
+        tracing::info!(
+            "{}: {} rebuilt and in sync",
+            self.array_label(),
+            self.describe_role(role)
+        );
+        Ok(true)
+    }
+
+    /// Writes the rebuild checkpoints into the superblocks.
+    pub(crate) fn checkpoint_recovery(&self) -> Result<()> {
+        self.flush()?;
+        let mut meta = self.meta_lock();
+        if meta.sbs.iter().any(Option::is_some) {
+            meta.events += 1;
+            self.write_superblocks(&mut meta)?;
+        }
+        Ok(())
+    }
+
+    /// Member bytes per rebuild unit: a chunk for parity levels (one stripe), 1 MiB of
+    /// mirrors (RAID10: rounded to whole chunks).
+    fn rebuild_step(&self) -> u64 {
+        match &self.layout {
+            ArrayLayout::Parity(pl) => pl.chunk().0 * SECTOR_SIZE,
+            ArrayLayout::Raid10(l) => {
+                let c = l.chunk().0 * SECTOR_SIZE;
+                MIRROR_STEP.div_ceil(c) * c
+            }
+            _ => MIRROR_STEP,
+        }
+    }
+
+    /// Rebuilds member bytes `[pos, pos + n)` of `role` (parity: one stripe; RAID1: the
+    /// same array bytes; RAID10: array bytes `[pos·k, ...)` scanned for pieces on
+    /// `role`, see [`Array::raid10_scan`]).
+    fn rebuild_unit(&self, role: usize, pos: u64, n: u64) -> Result<()> {
+        match &self.layout {
+            ArrayLayout::Parity(pl) => {
+                let c = pl.chunk().0 * SECTOR_SIZE;
+                let stripe = pos / c;
+                let _g = self.lock_stripe(stripe);
+                let map = pl.stripe_map(StripeNo(stripe));
+                let mut down = self.down_mask_at(stripe * c);
+                down[role] = true;
+                let mut errs = Vec::new();
+                let rows = self.read_row(pl, &map, stripe, 0, c, &mut down, &mut errs)?;
+                self.write_member(role, &rows[role], stripe * c, WriteFlags::NONE)
+                    .inspect_err(|e| self.fail_member(role, e))?;
+                self.slots[role]
+                    .synced
+                    .store((stripe + 1) * c, Ordering::Release);
+                Ok(())
+            }
+            ArrayLayout::Raid1(_) => self.copy_mirror_range(role, pos, n, false),
+            ArrayLayout::Raid10(_) => {
+                let (from, len) = self.raid10_scan(pos, n);
+                self.copy_mirror_range(role, from, len, false)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// RAID10 rebuilds walk the array, not the member: member unit `[pos, pos + n)` of
+    /// the walk covers array bytes `[pos·A/M, (pos + n)·A/M)` (A the array size, M the
+    /// member extent), so the walk ends with the array.
+    fn raid10_scan(&self, pos: u64, n: u64) -> (u64, u64) {
+        let a = u128::from(self.size_bytes());
+        let m = u128::from(self.member_extent_bytes().max(1));
+        let scale = |x: u64| u64::try_from(u128::from(x) * a / m).unwrap_or(u64::MAX);
+        let c = match &self.layout {
+            ArrayLayout::Raid10(l) => l.chunk().0 * SECTOR_SIZE,
+            _ => SECTOR_SIZE,
+        };
+        let lo = scale(pos) / c * c;
+        let hi = if pos + n >= self.member_extent_bytes() {
+            self.size_bytes()
+        } else {
+            scale(pos + n) / c * c
+        };
+        (lo, hi.saturating_sub(lo))
+    }
+
+    /// Copies array bytes `[pos, pos + n)` onto `role` (or its replacement) from
+    /// another copy, under the mirror locks.
+    fn copy_mirror_range(&self, role: usize, pos: u64, n: u64, to_replacement: bool) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let _guards = self.lock_mirrors(pos, n);
+        for (at, len, locs) in self.mirror_pieces(pos, n) {
+            let Some(dst) = locs.iter().find(|l| l.member == role) else {
+                continue;
+            };
+            let mut data = vec![0u8; small(len)];
+            let mut ok = false;
+            // The member itself first when replacing (it is the natural source).
+            let mut sources: Vec<_> = locs.iter().filter(|l| self.is_up(l.member)).collect();
+            if to_replacement {
+                sources.sort_by_key(|l| l.member != role);
+            } else {
+                sources.retain(|l| l.member != role);
+            }
+            let mut last = None;
+            for src in sources {
+                match self.read_member(src.member, &mut data, src.sector.0 * SECTOR_SIZE) {
+                    Ok(()) => {
+                        ok = true;
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            if !ok {
+                return Err(last.unwrap_or_else(|| {
+                    Error::new(
+                        ErrorKind::Degraded,
+                        format!(
+                            "{}: no copy of array bytes {at}..{} is left to rebuild {} from",
+                            self.array_label(),
+                            at + len,
+                            self.describe_role(role)
+                        ),
+                    )
+                }));
+            }
+            let off = dst.sector.0 * SECTOR_SIZE;
+            if to_replacement {
+                let r = self.slots[role]
+                    .replacement()
+                    .ok_or_else(|| Error::new(ErrorKind::Io, "the replacement was dropped"))?;
+                r.dev
+                    .write_at(&data, r.base + off, WriteFlags::NONE)
+                    .inspect_err(|e| self.drop_replacement(role, e))?;
+            } else {
+                self.write_member(role, &data, off, WriteFlags::NONE)
+                    .inspect_err(|e| self.fail_member(role, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the member of `role` onto its replacement, then hands the role over.
+    pub(crate) fn run_replace(
+        &self,
+        role: usize,
+        limits: Option<SpeedLimits>,
+        job: Option<&Job>,
+    ) -> Result<bool> {
+        let slot = &self.slots[role];
+        let step = self.rebuild_step();
+        let end = self.member_extent_bytes();
+        let mut pos = 0;
+        let mut pacer = Pacer::new(self, limits, 0);
+        while pos < end {
+            if self.stopping() {
+                return Ok(false);
+            }
+            let Some(r) = slot.replacement() else {
+                self.forget_replacement(role);
+                return Err(Error::new(ErrorKind::Io, "the replacement was dropped"));
+            };
+            let n = step.min(end - pos);
+            match &self.layout {
+                ArrayLayout::Parity(pl) => {
+                    let c = pl.chunk().0 * SECTOR_SIZE;
+                    let stripe = pos / c;
+                    let _g = self.lock_stripe(stripe);
+                    let mut data = vec![0u8; small(c)];
+                    if self.read_member(role, &mut data, stripe * c).is_err() {
+                        let map = pl.stripe_map(StripeNo(stripe));
+                        let mut down = self.down_mask_at(stripe * c);
+                        down[role] = true;
+                        let mut errs = Vec::new();
+                        let rows = self.read_row(pl, &map, stripe, 0, c, &mut down, &mut errs)?;
+                        data.clone_from(&rows[role]);
+                    }
+                    r.dev
+                        .write_at(&data, r.base + stripe * c, WriteFlags::NONE)
+                        .inspect_err(|e| self.drop_replacement(role, e))?;
+                    slot.replacement_synced
+                        .store((stripe + 1) * c, Ordering::Release);
+                }
+                ArrayLayout::Raid1(_) => self.copy_mirror_range(role, pos, n, true)?,
+                ArrayLayout::Raid10(_) => {
+                    let (from, len) = self.raid10_scan(pos, n);
+                    self.copy_mirror_range(role, from, len, true)?;
+                }
+                _ => {}
+            }
+            pos += n;
+            if let Some(j) = job {
+                j.done.store(pos, Ordering::Relaxed);
+                j.worked.fetch_add(n, Ordering::Relaxed);
+            }
+            pacer.step(self, job, pos);
+        }
+        self.flush()?;
+        // Hand over with every write excluded, so none lands on one device only.
+        let _all = self.lock_all();
+        let mut meta = self.meta_lock();
+        let Some(r) = slot.replacement() else {
+            meta.replacements[role] = None;
+            return Err(Error::new(ErrorKind::Io, "the replacement was dropped"));
+        };
+        slot.set_replacement(None);
+        let Some(mut sb) = meta.replacements[role].take() else {
+            return Err(Error::new(
+                ErrorKind::Io,
+                "the replacement has no superblock",
+            ));
+        };
+        sb.features.0 &= !Features::RECOVERY_OFFSET;
+        sb.recovery_offset = Sectors::ZERO;
+        let old_sb = meta.sbs[role].replace(sb);
+        if let Some(old) = slot.set_member(Some(r.clone()), u64::MAX) {
+            tracing::info!(
+                "{}: {} replaced by {}; it is now faulty and can be removed",
+                self.array_label(),
+                old.name,
+                r.name
+            );
+            meta.faulty.push(Extra {
+                member: old,
+                sb: old_sb,
+                role: Some(role),
+            });
+        }
+        meta.events += 1;
+        self.write_superblocks(&mut meta)?;
+        Ok(true)
+    }
+}

@@ -1,0 +1,547 @@
+//! Members coming and going on a running array: fail, spare takeover and rebuild,
+//! replace, remove, re-add, rebuild checkpoints, and failures during a rebuild. Every
+//! check reads back through the array and, where it matters, through a fresh assembly
+//! of the member images with another member missing (which only works if the rebuilt
+//! member really holds its data).
+
+#![allow(clippy::cast_possible_truncation)]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_block::testkit::{test_seed, FaultyDisk};
+use cairn_block::{BlockDevice, ErrorKind, MemDisk, WriteFlags};
+use cairn_md::{Array, AssembleOptions, Level, MemberState, Raid10Layout, SpeedLimits};
+use common::{create, dyn_members, names, Shape};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+fn shapes() -> Vec<Shape> {
+    vec![
+        Shape::new(Level::Raid1, None, 64, 2).rows(16),
+        Shape::new(Level::Raid5, None, 16, 4).rows(16),
+        Shape::new(Level::Raid6, None, 16, 5).rows(16),
+        Shape::new(
+            Level::Raid10,
+            Some(
+                Raid10Layout {
+                    near: 2,
+                    far: 1,
+                    offset: false,
+                }
+                .to_raw(),
+            ),
+            16,
+            4,
+        )
+        .rows(16),
+        Shape::new(
+            Level::Raid10,
+            Some(
+                Raid10Layout {
+                    near: 1,
+                    far: 2,
+                    offset: false,
+                }
+                .to_raw(),
+            ),
+            16,
+            4,
+        )
+        .rows(16),
+    ]
+}
+
+fn spare_like(m: &[Arc<MemDisk>]) -> Arc<MemDisk> {
+    Arc::new(MemDisk::new(m[0].geometry().size))
+}
+
+/// Fills the array with random data; returns the model.
+fn fill(a: &Array, rng: &mut SmallRng) -> Vec<u8> {
+    let size = a.geometry().size;
+    let mut model = vec![0u8; usize::try_from(size).unwrap()];
+    rng.fill(&mut model[..]);
+    a.write_at(&model, 0, WriteFlags::NONE).unwrap();
+    model
+}
+
+fn check(a: &dyn BlockDevice, model: &[u8], what: &str) {
+    let mut back = vec![0u8; model.len()];
+    a.read_at(&mut back, 0).unwrap();
+    if back != model {
+        let at = back.iter().zip(model).position(|(x, y)| x != y).unwrap();
+        panic!("{what}: array data differs from the model at byte {at}");
+    }
+}
+
+/// Assembles the images with `role`'s member left out and checks the data: proves
+/// the other members (the rebuilt one included) are right.
+fn check_without(images: &[Arc<MemDisk>], leave_out: usize, model: &[u8], what: &str) {
+    let devs: Vec<Arc<dyn BlockDevice>> = images
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != leave_out)
+        .map(|(_, d)| Arc::new(MemDisk::from_bytes(&d.to_vec())) as Arc<dyn BlockDevice>)
+        .collect();
+    let n = devs.len();
+    let a = Array::assemble(devs, names(n), AssembleOptions::default())
+        .unwrap_or_else(|e| panic!("{what}: assembling without member {leave_out}: {e}"));
+    check(&a, model, &format!("{what}, without member {leave_out}"));
+}
+
+/// Which of `images` fills each role, by their superblocks.
+fn roles_of(a: &Array) -> Vec<Option<String>> {
+    a.member_names()
+}
+
+#[test]
+fn fail_spare_takes_over_and_rebuilds() {
+    let seed = test_seed("array_members");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for shape in shapes() {
+        let name = shape.name();
+        let (a, mut m) = create(&shape);
+        let model = fill(&a, &mut rng);
+        let victim = rng.gen_range(0..shape.members);
+        let msg = a.fail(&format!("disk{victim}.img")).unwrap();
+        assert!(msg.contains("faulty"), "{name}: {msg}");
+        assert!(a.report().state.degraded, "{name}");
+        // Refused: failing one more than the level tolerates.
+        if matches!(shape.level, Level::Raid1 | Level::Raid5) {
+            let other = (victim + 1) % shape.members;
+            let e = a.fail(&format!("disk{other}.img")).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{name}");
+        }
+        check(&a, &model, &format!("{name} degraded"));
+        let spare = spare_like(&m);
+        let msg = a
+            .add(
+                spare.clone() as Arc<dyn BlockDevice>,
+                "spare.img".into(),
+                false,
+            )
+            .unwrap();
+        assert!(msg.contains("spare"), "{name}: {msg}");
+        a.run_pending().unwrap();
+        let r = a.report();
+        assert!(
+            !r.state.degraded,
+            "{name}: still degraded after the rebuild: {r:?}"
+        );
+        assert_eq!(roles_of(&a)[victim].as_deref(), Some("spare.img"), "{name}");
+        let faulty: Vec<_> = r
+            .members
+            .iter()
+            .filter(|x| x.state == MemberState::Faulty)
+            .collect();
+        assert_eq!(faulty.len(), 1, "{name}: {r:?}");
+        check(&a, &model, &format!("{name} rebuilt"));
+        a.close().unwrap();
+        drop(a);
+        m[victim] = spare;
+        // Every other member may now go missing: the rebuilt one carries its part.
+        for leave_out in 0..shape.members {
+            if leave_out != victim {
+                check_without(&m, leave_out, &model, &name);
+            }
+        }
+        println!("{name}: rebuilt role {victim}");
+    }
+    println!("seed {seed}");
+}
+
+#[test]
+fn rebuild_under_concurrent_writes() {
+    let seed = test_seed("array_members");
+    println!("seed {seed}");
+    for shape in shapes() {
+        let name = shape.name();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let (a, mut m) = create(&shape);
+        let a = Arc::new(a);
+        let model = Arc::new(std::sync::Mutex::new(fill(&a, &mut rng)));
+        // Slow enough that the writer overlaps the rebuild.
+        a.manage(SpeedLimits {
+            min: 2 << 20,
+            max: 4 << 20,
+        });
+        let victim = rng.gen_range(0..shape.members);
+        a.fail(&format!("disk{victim}.img")).unwrap();
+        let spare = spare_like(&m);
+        a.add(
+            spare.clone() as Arc<dyn BlockDevice>,
+            "spare.img".into(),
+            false,
+        )
+        .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (a, model, stop) = (a.clone(), model.clone(), stop.clone());
+            let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
+            std::thread::spawn(move || {
+                let size = a.geometry().size;
+                let mut n = 0;
+                while !stop.load(Ordering::Acquire) {
+                    let len = rng.gen_range(1..=32u64) * 512;
+                    let off = rng.gen_range(0..(size - len) / 512) * 512;
+                    let mut buf = vec![0u8; len as usize];
+                    rng.fill(&mut buf[..]);
+                    let mut model = model.lock().unwrap();
+                    a.write_at(&buf, off, WriteFlags::NONE).unwrap();
+                    model[off as usize..(off + len) as usize].copy_from_slice(&buf);
+                    drop(model);
+                    let mut back = vec![0u8; len as usize];
+                    a.read_at(&mut back, off).unwrap();
+                    assert_eq!(back, buf);
+                    n += 1;
+                }
+                n
+            })
+        };
+        let t0 = Instant::now();
+        loop {
+            let st = a.background().expect("a rebuild");
+            if st.state == "finished" && !a.report().state.degraded {
+                break;
+            }
+            assert!(
+                !st.state.starts_with("failed"),
+                "{name}: rebuild failed: {}",
+                st.state
+            );
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{name}: rebuild too slow: {st:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Release);
+        let writes = writer.join().unwrap();
+        assert!(writes > 0, "{name}");
+        let model = model.lock().unwrap().clone();
+        check(&*a, &model, &format!("{name} after rebuild under writes"));
+        a.close().unwrap();
+        drop(a);
+        m[victim] = spare;
+        for leave_out in 0..shape.members {
+            if leave_out != victim {
+                check_without(&m, leave_out, &model, &name);
+            }
+        }
+        println!("{name}: {writes} writes during the rebuild");
+    }
+}
+
+#[test]
+fn rebuild_checkpoint_resumes_after_restart() {
+    let seed = test_seed("array_members");
+    println!("seed {seed}");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for shape in [
+        Shape::new(Level::Raid5, None, 16, 4).rows(64),
+        Shape::new(Level::Raid1, None, 64, 2).rows(64),
+    ] {
+        let name = shape.name();
+        let (a, mut m) = create(&shape);
+        let a = Arc::new(a);
+        let model = fill(&a, &mut rng);
+        a.fail("disk1.img").unwrap();
+        let spare = spare_like(&m);
+        a.add(
+            spare.clone() as Arc<dyn BlockDevice>,
+            "spare.img".into(),
+            false,
+        )
+        .unwrap();
+        a.manage(SpeedLimits {
+            min: 256 << 10,
+            max: 256 << 10,
+        });
+        std::thread::sleep(Duration::from_millis(700));
+        a.close().unwrap();
+        let st = a.background().unwrap();
+        assert_eq!(st.state, "stopped", "{name}: {st:?}");
+        assert!(
+            st.done_bytes > 0 && st.done_bytes < st.total_bytes,
+            "{name}: {st:?}"
+        );
+        drop(a);
+        m[1] = spare;
+        let devs = dyn_members(&m);
+        let a =
+            Arc::new(Array::assemble(devs, names(m.len()), AssembleOptions::default()).unwrap());
+        let r = a.report();
+        assert_eq!(r.members[1].state, MemberState::Rebuilding, "{name}: {r:?}");
+        a.run_pending().unwrap();
+        let st = a.background().unwrap();
+        assert_eq!(st.state, "finished");
+        // Resumed: the second run did not start from zero.
+        assert!(
+            st.worked_bytes < st.total_bytes,
+            "{name}: resumed rebuild redid everything: {st:?}"
+        );
+        check(&*a, &model, &name);
+        a.close().unwrap();
+        drop(a);
+        check_without(&m, 0, &model, &name);
+        println!(
+            "{name}: resumed with {} of {} bytes left",
+            st.worked_bytes, st.total_bytes
+        );
+    }
+}
+
+#[test]
+fn replace_copies_then_hands_over() {
+    let seed = test_seed("array_members");
+    println!("seed {seed}");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for shape in shapes() {
+        let name = shape.name();
+        let (a, mut m) = create(&shape);
+        let model = fill(&a, &mut rng);
+        let new = spare_like(&m);
+        let msg = a
+            .replace(
+                "disk0.img",
+                Some((new.clone() as Arc<dyn BlockDevice>, "new.img".into())),
+                false,
+            )
+            .unwrap();
+        assert!(msg.contains("replaced by new.img"), "{name}: {msg}");
+        assert!(
+            !a.report().state.degraded,
+            "{name}: replace must not degrade"
+        );
+        let r = a.report();
+        assert!(
+            r.members
+                .iter()
+                .any(|x| x.state == MemberState::Replacement),
+            "{name}: {r:?}"
+        );
+        // A write during the replacement lands on both.
+        let mut extra = vec![0u8; 8192];
+        rng.fill(&mut extra[..]);
+        a.write_at(&extra, 4096, WriteFlags::NONE).unwrap();
+        let mut model = model;
+        model[4096..4096 + 8192].copy_from_slice(&extra);
+        a.run_pending().unwrap();
+        assert_eq!(roles_of(&a)[0].as_deref(), Some("new.img"), "{name}");
+        let r = a.report();
+        assert!(
+            r.members
+                .iter()
+                .any(|x| x.state == MemberState::Faulty && x.name.as_deref() == Some("disk0.img")),
+            "{name}: {r:?}"
+        );
+        assert_eq!(a.remove("disk0.img").unwrap(), "disk0.img removed");
+        check(&a, &model, &name);
+        a.close().unwrap();
+        drop(a);
+        m[0] = new;
+        for leave_out in 1..shape.members {
+            check_without(&m, leave_out, &model, &name);
+        }
+    }
+}
+
+#[test]
+fn re_add_takes_the_old_role_back() {
+    let mut rng = SmallRng::seed_from_u64(test_seed("array_members"));
+    let shape = Shape::new(Level::Raid5, None, 16, 3).rows(16);
+    let (a, m) = create(&shape);
+    let model = fill(&a, &mut rng);
+    a.fail("disk2.img").unwrap();
+    assert!(
+        a.remove("disk0.img").is_err(),
+        "an active member cannot be removed"
+    );
+    a.remove("disk2.img").unwrap();
+    assert_eq!(a.report().members[2].state, MemberState::Missing);
+    let msg = a
+        .add(
+            m[2].clone() as Arc<dyn BlockDevice>,
+            "disk2.img".into(),
+            false,
+        )
+        .unwrap();
+    assert!(msg.contains("re-added into role 2"), "{msg}");
+    a.run_pending().unwrap();
+    assert!(!a.report().state.degraded);
+    check(&a, &model, "re-added");
+    a.close().unwrap();
+    drop(a);
+    check_without(&m, 0, &model, "re-added");
+}
+
+#[test]
+fn add_refuses_foreign_devices() {
+    let shape = Shape::new(Level::Raid1, None, 64, 2).rows(16);
+    let (a, m) = create(&shape);
+    let (other, _) = create(&shape);
+    drop(other);
+    // A member of another array.
+    let (b, bm) = create(&shape);
+    b.close().unwrap();
+    let e = a
+        .add(
+            bm[0].clone() as Arc<dyn BlockDevice>,
+            "foreign.img".into(),
+            false,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("belongs to md array"), "{e}");
+    // Too small.
+    let small = Arc::new(MemDisk::new(m[0].geometry().size / 2));
+    let e = a
+        .add(small as Arc<dyn BlockDevice>, "small.img".into(), false)
+        .unwrap_err();
+    assert!(e.to_string().contains("need at least"), "{e}");
+    // Unknown names.
+    assert_eq!(a.fail("nope.img").unwrap_err().kind(), ErrorKind::NotFound);
+    // RAID0 takes no members.
+    let (z, zm) = create(&Shape::new(Level::Raid0, None, 16, 2));
+    let e = z
+        .add(
+            spare_like(&zm) as Arc<dyn BlockDevice>,
+            "s.img".into(),
+            false,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("no redundancy"), "{e}");
+}
+
+#[test]
+fn spare_persists_and_mdadm_roles_stay_consistent() {
+    // A spare added and the array closed: reassembly finds the spare again.
+    let shape = Shape::new(Level::Raid5, None, 16, 3).rows(16);
+    let (a, mut m) = create(&shape);
+    let spare = spare_like(&m);
+    a.add(
+        spare.clone() as Arc<dyn BlockDevice>,
+        "spare.img".into(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(a.report().spare_devices, 1);
+    a.close().unwrap();
+    drop(a);
+    m.push(spare);
+    let mut n = names(3);
+    n.push("spare.img".into());
+    let a = Array::assemble(dyn_members(&m), n, AssembleOptions::default()).unwrap();
+    let r = a.report();
+    assert_eq!(r.spare_devices, 1, "{r:?}");
+    assert!(!r.state.degraded);
+}
+
+#[test]
+fn raid6_second_failure_during_rebuild() {
+    let seed = test_seed("array_members");
+    println!("seed {seed}");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let shape = Shape::new(Level::Raid6, None, 16, 5).rows(64);
+    let (a, m) = create(&shape);
+    let a = Arc::new(a);
+    let model = fill(&a, &mut rng);
+    a.fail("disk1.img").unwrap();
+    let spare = spare_like(&m);
+    a.add(spare as Arc<dyn BlockDevice>, "spare.img".into(), false)
+        .unwrap();
+    a.manage(SpeedLimits {
+        min: 1 << 20,
+        max: 1 << 20,
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let st = a.background().unwrap();
+    assert_eq!(st.state, "running", "{st:?}");
+    a.fail("disk3.img").unwrap();
+    // Reads stay right while the rebuild goes on with two members down.
+    check(&*a, &model, "raid6 with a second failure");
+    let t0 = Instant::now();
+    while a.background().unwrap().state == "running" {
+        assert!(t0.elapsed() < Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(a.background().unwrap().state, "finished");
+    check(&*a, &model, "raid6 after the rebuild");
+    let r = a.report();
+    assert!(r.state.degraded, "disk3 is still out: {r:?}");
+    assert!(!r.state.failed);
+}
+
+#[test]
+fn raid5_losing_the_rebuild_source_gives_clean_errors() {
+    let seed = test_seed("array_members");
+    println!("seed {seed}");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let shape = Shape::new(Level::Raid5, None, 16, 4).rows(64);
+    let (a, m) = create(&shape);
+    let model = fill(&a, &mut rng);
+    a.close().unwrap();
+    drop(a);
+    let faulty: Vec<Arc<FaultyDisk<MemDisk>>> = m
+        .iter()
+        .map(|d| Arc::new(FaultyDisk::new(MemDisk::from_bytes(&d.to_vec()))))
+        .collect();
+    let handle = faulty[2].handle();
+    let devs = faulty
+        .iter()
+        .map(|d| d.clone() as Arc<dyn BlockDevice>)
+        .collect();
+    let a = Arc::new(Array::assemble(devs, names(4), AssembleOptions::default()).unwrap());
+    a.fail("disk1.img").unwrap();
+    let spare = spare_like(&m);
+    a.add(spare as Arc<dyn BlockDevice>, "spare.img".into(), false)
+        .unwrap();
+    a.manage(SpeedLimits {
+        min: 1 << 20,
+        max: 1 << 20,
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // The operator cannot fail it (it would lose data) ... but an I/O error can.
+    assert!(a.fail("disk2.img").is_err());
+    handle.fail_always();
+    let t0 = Instant::now();
+    loop {
+        let st = a.background().unwrap();
+        if st.state != "running" {
+            assert!(st.state.starts_with("failed"), "{st:?}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60));
+        // Trigger the failure with a read somewhere on disk2.
+        let mut b = vec![0u8; 64 << 10];
+        let _ = a.read_at(&mut b, 0);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Every read either fails cleanly or returns the right bytes.
+    let (mut good, mut bad) = (0, 0);
+    let unit = 16 << 10;
+    for off in (0..model.len() as u64).step_by(unit) {
+        let mut b = vec![0u8; unit];
+        match a.read_at(&mut b, off) {
+            Ok(()) => {
+                assert_eq!(
+                    b,
+                    model[off as usize..off as usize + unit],
+                    "wrong data at {off}"
+                );
+                good += 1;
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e.kind(), ErrorKind::Degraded | ErrorKind::Io),
+                    "unexpected error kind at {off}: {e}"
+                );
+                bad += 1;
+            }
+        }
+    }
+    assert!(good > 0 && bad > 0, "good {good} bad {bad}");
+    println!("{good} chunks read right, {bad} refused cleanly");
+}
