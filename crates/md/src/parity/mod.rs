@@ -16,6 +16,7 @@
 //! All blocks of one call have the same length; any length works, SIMD kernels handle
 //! the multiple of their vector width and the scalar kernel the tail.
 
+pub mod check;
 pub mod gf;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
