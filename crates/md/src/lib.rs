@@ -6,6 +6,7 @@
 //!   assemble         superblocks -> roles, stale/missing members    -> Array; Array::create
 //!   array, stripe    Array: BlockDevice over the members, every level, degraded I/O
 //!   report, probe    mdadm --detail data; signatures create refuses to overwrite
+//!   scrub            md's check / repair: redundancy against data, per stripe or region
 //!   create           what mdadm 4.2 writes at --create             -> Superblock per member
 //!   ondisk, examine  superblock v1.2 bytes <-> Superblock; mdadm --examine fields
 //!   layout           array sector -> (member, member sector); P/Q placement per stripe
@@ -45,6 +46,7 @@ pub mod ondisk;
 pub mod parity;
 pub mod probe;
 pub mod report;
+pub mod scrub;
 mod stripe;
 pub mod units;
 
@@ -57,4 +59,5 @@ pub use level::{Level, ParityAlgorithm, Raid0Layout, Raid10Layout};
 pub use ondisk::{DevRole, FeaturePolicy, Features, MdTime, SetName, Superblock, Uuid};
 pub use probe::{probe_signatures, Signature};
 pub use report::{ArrayReport, ArrayState, MemberReport, MemberState};
+pub use scrub::{Finding, Mismatch, ScrubReport, ScrubUnits};
 pub use units::{ChunkNo, Sectors, StripeNo};

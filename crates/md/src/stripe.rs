@@ -175,7 +175,7 @@ impl Array {
     /// the rows of the down ones (data, P and Q). Returns the rows by member. Members
     /// whose read fails are added to `down` and `read_errors`.
     #[allow(clippy::too_many_arguments)]
-    fn read_row(
+    pub(crate) fn read_row(
         &self,
         pl: &ParityLayout,
         map: &StripeMap,
@@ -258,7 +258,7 @@ impl Array {
     }
 
     /// P (and Q) of `data`, the data rows by data index, all of one length.
-    fn gen_parity(&self, map: &StripeMap, data: &[&[u8]]) -> (Vec<u8>, Option<Vec<u8>>) {
+    pub(crate) fn gen_parity(&self, map: &StripeMap, data: &[&[u8]]) -> (Vec<u8>, Option<Vec<u8>>) {
         let len = data[0].len();
         let mut p = vec![0u8; len];
         match map.q {
@@ -359,7 +359,7 @@ impl Array {
 
     /// Issues a batch of member writes; a member whose write fails is failed, and the
     /// request fails only when the array can no longer rebuild what was written.
-    fn execute_writes(
+    pub(crate) fn execute_writes(
         &self,
         pl: &ParityLayout,
         writes: Vec<(usize, u64, Bytes<'_>)>,
