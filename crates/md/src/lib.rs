@@ -31,6 +31,9 @@
 //!   and the scalar parity; the `stripe_kats` written through the array; every one- and
 //!   two-member loss read back, degraded writes rebuilt by the test's own maths; crash
 //!   images from `LogWritesDisk`; assembly rules, member faults and resync.
+//! * scrub (`tests/scrub.rs`): bytes corrupted behind the array's back on one member
+//!   are found page by page (RAID6: on the right member), repaired, and checked clean;
+//!   the RAID6 error location against a brute-force search (`parity::check`).
 //!
 //! The AVX-512 and GFNI kernels need Rust 1.89 or later (their intrinsics were
 //! stabilised then).

@@ -10,6 +10,9 @@
 //!                                                                     └─ AVX-512 + GFNI
 //! ```
 //!
+//! [`check`] holds the scrub's maths: which single block of a RAID6 row (data, P or Q)
+//! explains a parity mismatch.
+//!
 //! Blocks are passed in **syndrome-slot order**: `data[i]` enters Q multiplied by g^i.
 //! [`crate::layout::StripeMap::syndrome_order`] gives that order for a stripe; where a
 //! slot contributes nothing (the P/Q positions of DDF layouts) pass a zero block.
