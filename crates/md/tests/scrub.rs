@@ -441,3 +441,77 @@ fn a_report_serialises_with_its_regions() {
     assert_eq!(v["regions"][0]["len"], 4096);
     assert_eq!(v["regions"][0]["repaired"], false);
 }
+
+/// Created over old data: the parity and mirrors disagree until the resync has run, so
+/// a scrub is refused until then; afterwards a check finds nothing.
+#[test]
+fn a_scrub_waits_for_a_pending_resync() {
+    let mut r = rng("scrub resync pending");
+    for shape in [
+        Shape::new(Level::Raid6, None, 16, 5).rows(8),
+        Shape::new(Level::Raid1, None, 64, 2).rows(4),
+    ] {
+        let name = shape.name();
+        let m: Vec<Arc<MemDisk>> = shape
+            .member_bytes()
+            .into_iter()
+            .map(|b| {
+                let mut old = vec![0u8; us(b)];
+                r.fill_bytes(&mut old);
+                Arc::new(MemDisk::from_bytes(&old))
+            })
+            .collect();
+        let mut o = shape.create_options();
+        o.members_zeroed = false;
+        o.force = true;
+        let devs = m
+            .iter()
+            .map(|d| d.clone() as Arc<dyn BlockDevice>)
+            .collect();
+        let a = Array::create(devs, names(m.len()), &o).unwrap();
+        let e = a.scrub(false, &|_, _| true).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{name}: {e}");
+        assert!(e.to_string().contains("resync is pending"), "{name}: {e}");
+        a.resync().unwrap();
+        let report = check(&a);
+        assert_eq!(report.mismatch_sectors, 0, "{name}: {report:#?}");
+    }
+}
+
+#[test]
+fn a_report_keeps_the_first_regions_and_counts_the_rest() {
+    let (a, m) = create(&Shape::new(Level::Raid1, None, 64, 2).rows(128));
+    let b = bases(&m);
+    let pages = a.geometry().size / PAGE;
+    assert_eq!(pages, 2048);
+    // Every other page of the second copy differs: no two regions merge.
+    for p in (0..pages).step_by(2) {
+        m[1].write_at(&[1u8; 512], b[1] + p * PAGE, WriteFlags::NONE)
+            .unwrap();
+    }
+    let report = check(&a);
+    assert_eq!(report.mismatch_sectors, 8 * pages / 2);
+    assert_eq!(report.regions.len(), cairn_md::scrub::REGION_LIMIT);
+    assert_eq!(
+        report.regions_omitted,
+        pages / 2 - cairn_md::scrub::REGION_LIMIT as u64
+    );
+    assert!(report
+        .regions
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r.array_offset == 2 * i as u64 * PAGE && r.len == PAGE));
+    // Contiguous pages merge into one region.
+    let fixed = repair(&a);
+    assert_eq!(fixed.regions_omitted, report.regions_omitted);
+    m[0].write_at(&vec![7u8; 3 * 4096], b[0] + 8192, WriteFlags::NONE)
+        .unwrap();
+    let report = check(&a);
+    let [r] = &report.regions[..] else {
+        panic!("{report:#?}")
+    };
+    assert_eq!(
+        (r.array_offset, r.len, &r.rewritten),
+        (8192, 3 * PAGE, &vec![1])
+    );
+}
