@@ -198,9 +198,9 @@ impl Array {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!(
-                    "{}: cannot {} while a resync is pending: the array was not stopped \
-                     cleanly, so its parity or mirrors may rightly disagree with the data; \
-                     let the resync finish first",
+                    "{}: cannot {} while a resync is pending (after an unclean stop, or a \
+                     create over old data): until it has run, parity and mirrors may rightly \
+                     disagree with the data; let the resync finish first",
                     self.array_label(),
                     action(repair)
                 ),
@@ -271,6 +271,9 @@ impl Array {
     /// locks writes take, adding what it finds to `report`. Returns the array bytes the
     /// unit covers. Fails with `Degraded` once a member is down (also when a repair
     /// write failed it): there is nothing left to compare.
+    ///
+    /// A caller walking the units itself runs [`Array::check_scrub_possible`] first, and
+    /// flushes after a repair, as [`Array::scrub`] does.
     pub fn scrub_unit(&self, i: u64, repair: bool, report: &mut ScrubReport) -> Result<u64> {
         let units = self.scrub_units()?;
         debug_assert!(i < units.count);
