@@ -937,7 +937,7 @@ impl Array {
 
     /// Splits `[off, off + len)` (bytes) into pieces that each map contiguously onto
     /// every copy: `(array offset, length, copies)`.
-    fn pieces(&self, off: u64, len: u64) -> Vec<(u64, u64, Vec<Location>)> {
+    pub(crate) fn pieces(&self, off: u64, len: u64) -> Vec<(u64, u64, Vec<Location>)> {
         let mut out = Vec::new();
         let end = off + len;
         let mut pos = off;
@@ -1063,7 +1063,7 @@ impl Array {
     }
 
     /// Lock keys that serialise writes to mirrored `[off, off + len)`.
-    fn mirror_keys(&self, off: u64, len: u64) -> impl Iterator<Item = u64> {
+    pub(crate) fn mirror_keys(&self, off: u64, len: u64) -> impl Iterator<Item = u64> {
         let unit = match &self.layout {
             ArrayLayout::Raid10(l) => l.chunk().0 * SECTOR_SIZE,
             _ => MIRROR_REGION,

@@ -6,6 +6,7 @@
 //!   assemble         superblocks -> roles, stale/missing members    -> Array; Array::create
 //!   array, stripe    Array: BlockDevice over the members, every level, degraded I/O
 //!   report, probe    mdadm --detail data; signatures create refuses to overwrite
+//!   scrub            md's check / repair: redundancy against data, per stripe or region
 //!   create           what mdadm 4.2 writes at --create             -> Superblock per member
 //!   ondisk, examine  superblock v1.2 bytes <-> Superblock; mdadm --examine fields
 //!   layout           array sector -> (member, member sector); P/Q placement per stripe
@@ -30,6 +31,9 @@
 //!   and the scalar parity; the `stripe_kats` written through the array; every one- and
 //!   two-member loss read back, degraded writes rebuilt by the test's own maths; crash
 //!   images from `LogWritesDisk`; assembly rules, member faults and resync.
+//! * scrub (`tests/scrub.rs`): bytes corrupted behind the array's back on one member
+//!   are found page by page (RAID6: on the right member), repaired, and checked clean;
+//!   the RAID6 error location against a brute-force search (`parity::check`).
 //!
 //! The AVX-512 and GFNI kernels need Rust 1.89 or later (their intrinsics were
 //! stabilised then).
@@ -46,6 +50,7 @@ pub mod ondisk;
 pub mod parity;
 pub mod probe;
 pub mod report;
+pub mod scrub;
 mod stripe;
 pub mod units;
 
@@ -58,4 +63,5 @@ pub use level::{Level, ParityAlgorithm, Raid0Layout, Raid10Layout};
 pub use ondisk::{DevRole, FeaturePolicy, Features, MdTime, SetName, Superblock, Uuid};
 pub use probe::{probe_signatures, Signature};
 pub use report::{ArrayReport, ArrayState, MemberReport, MemberState};
+pub use scrub::{Finding, Mismatch, ScrubReport, ScrubUnits};
 pub use units::{ChunkNo, Sectors, StripeNo};

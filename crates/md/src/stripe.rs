@@ -260,7 +260,7 @@ impl Array {
     }
 
     /// P (and Q) of `data`, the data rows by data index, all of one length.
-    fn gen_parity(&self, map: &StripeMap, data: &[&[u8]]) -> (Vec<u8>, Option<Vec<u8>>) {
+    pub(crate) fn gen_parity(&self, map: &StripeMap, data: &[&[u8]]) -> (Vec<u8>, Option<Vec<u8>>) {
         let len = data[0].len();
         let mut p = vec![0u8; len];
         match map.q {
@@ -361,7 +361,7 @@ impl Array {
 
     /// Issues a batch of member writes; a member whose write fails is failed, and the
     /// request fails only when the array can no longer rebuild what was written.
-    fn execute_writes(
+    pub(crate) fn execute_writes(
         &self,
         pl: &ParityLayout,
         writes: Vec<(usize, u64, Bytes<'_>)>,

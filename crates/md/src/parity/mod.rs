@@ -10,12 +10,16 @@
 //!                                                                     └─ AVX-512 + GFNI
 //! ```
 //!
+//! [`check`] holds the scrub's maths: which single block of a RAID6 row (data, P or Q)
+//! explains a parity mismatch.
+//!
 //! Blocks are passed in **syndrome-slot order**: `data[i]` enters Q multiplied by g^i.
 //! [`crate::layout::StripeMap::syndrome_order`] gives that order for a stripe; where a
 //! slot contributes nothing (the P/Q positions of DDF layouts) pass a zero block.
 //! All blocks of one call have the same length; any length works, SIMD kernels handle
 //! the multiple of their vector width and the scalar kernel the tail.
 
+pub mod check;
 pub mod gf;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
