@@ -566,6 +566,7 @@ mod tests {
             active_devices: n,
             failed_devices: 0,
             events: 0,
+            mismatch_sectors: None,
         });
         m
     }

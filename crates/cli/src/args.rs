@@ -238,6 +238,30 @@ pub enum MdCommand {
     /// Assemble an array read-only and print its state (mdadm --detail)
     #[command(long_about = MD_DETAIL_LONG, after_help = MD_DETAIL_EXAMPLES)]
     Detail(MdDetailArgs),
+
+    /// Mark a member of a served array faulty (mdadm --fail)
+    #[command(long_about = crate::md_manage::FAIL_LONG)]
+    Fail(crate::md_manage::MdMemberArgs),
+
+    /// Take a faulty member or a spare out of a served array (mdadm --remove)
+    #[command(long_about = crate::md_manage::REMOVE_LONG)]
+    Remove(crate::md_manage::MdMemberArgs),
+
+    /// Add a spare, or a former member back, to a served array (mdadm --add)
+    #[command(long_about = crate::md_manage::ADD_LONG)]
+    Add(crate::md_manage::MdAddArgs),
+
+    /// Copy a member onto a new device and swap them, staying redundant (mdadm --replace)
+    #[command(long_about = crate::md_manage::REPLACE_LONG)]
+    Replace(crate::md_manage::MdReplaceArgs),
+
+    /// Scrub a served array: compare parity/copies with the data (md's check)
+    #[command(long_about = crate::md_manage::CHECK_LONG)]
+    Check(crate::md_manage::MdScrubArgs),
+
+    /// Scrub a served array and rewrite what does not match (md's repair)
+    #[command(long_about = crate::md_manage::REPAIR_LONG)]
+    Repair(crate::md_manage::MdScrubArgs),
 }
 
 const MD_CREATE_LONG: &str = "\

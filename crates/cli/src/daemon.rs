@@ -220,7 +220,58 @@ pub struct AddExport {
 #[serde(tag = "action", rename_all = "kebab-case")]
 pub enum Action {
     AddExport(AddExport),
-    RemoveExport { name: String },
+    RemoveExport {
+        name: String,
+    },
+    /// `cairn md fail`: mark a member faulty.
+    MdFail(MdMember),
+    /// `cairn md remove`: take a faulty member or a spare out.
+    MdRemove(MdMember),
+    /// `cairn md add`: a new spare, or a former member back into its role.
+    MdAdd(MdAdd),
+    /// `cairn md replace`: copy a member onto a new device, then swap.
+    MdReplace(MdReplace),
+    /// `cairn md check` / `cairn md repair`.
+    MdScrub(MdScrub),
+}
+
+/// An md array and one of its members. The array is named by its name (with or
+/// without the `host:` part), its UUID, or an export it is under.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MdMember {
+    pub array: String,
+    pub member: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MdAdd {
+    pub array: String,
+    /// An absolute path to a file or block device.
+    pub path: PathBuf,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MdReplace {
+    pub array: String,
+    pub member: String,
+    /// The new device (absolute path); without it the first spare is used.
+    #[serde(default)]
+    pub with: Option<PathBuf>,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MdScrub {
+    pub array: String,
+    #[serde(default)]
+    pub repair: bool,
 }
 
 /// What an action did.
@@ -246,8 +297,8 @@ impl Outcome {
 }
 
 const ROUTES: &str = "GET /v1/status, GET /v1/exports, GET /v1/exports/NAME, \
-POST /v1/exports, DELETE /v1/exports/NAME, GET /v1/stats, GET /v1/events, POST /v1/actions, \
-GET /metrics";
+POST /v1/exports, DELETE /v1/exports/NAME, GET /v1/arrays, GET /v1/arrays/NAME, \
+GET /v1/stats, GET /v1/events, POST /v1/actions, GET /metrics";
 
 impl Daemon {
     fn exports(&self) -> std::sync::MutexGuard<'_, Vec<OpenedExport>> {
@@ -495,6 +546,21 @@ impl Daemon {
                 }),
                 _ => Response::method_not_allowed(m, &r.path, &["GET", "DELETE"]),
             },
+            ["v1", "arrays"] => only(&["GET"], &|| Response::json(200, &self.arrays_view())),
+            ["v1", "arrays", name] => only(&["GET"], &|| {
+                let v = self.arrays_view();
+                let hit = self.find_array(name).map(|a| a.uuid().to_string());
+                match hit {
+                    Ok(uuid) => v["arrays"]
+                        .as_array()
+                        .and_then(|l| l.iter().find(|x| x["uuid"] == uuid.as_str()))
+                        .map_or_else(
+                            || Response::error(404, format!("no md array named {name:?}")),
+                            |x| Response::json(200, x),
+                        ),
+                    Err(resp) => resp,
+                }
+            }),
             ["v1", "actions"] => match m {
                 "POST" => match r.json::<Action>() {
                     Ok(a) => self.respond(a),
@@ -531,7 +597,133 @@ impl Daemon {
         match action {
             Action::AddExport(a) => self.add_export(a),
             Action::RemoveExport { name } => self.remove_export(&name),
+            Action::MdFail(m) => self.md_change(&m.array, |a| a.fail(&m.member)),
+            Action::MdRemove(m) => self.md_change(&m.array, |a| a.remove(&m.member)),
+            Action::MdAdd(m) => {
+                let dev = open_new_member(&m.path)?;
+                let name = m.path.display().to_string();
+                self.md_change(&m.array, |a| a.add(dev.clone(), name.clone(), m.force))
+            }
+            Action::MdReplace(m) => {
+                let with = match &m.with {
+                    Some(p) => Some((open_new_member(p)?, p.display().to_string())),
+                    None => None,
+                };
+                self.md_change(&m.array, |a| a.replace(&m.member, with.clone(), m.force))
+            }
+            Action::MdScrub(m) => self.md_change(&m.array, |a| {
+                a.request_scrub(m.repair).map(|()| {
+                    format!(
+                        "{} started; follow it with cairn status, the result with cairn md \
+                         check --wait",
+                        if m.repair { "repair" } else { "check" }
+                    )
+                })
+            }),
         }
+    }
+
+    /// The md arrays being served: (name, array, the exports it is under).
+    fn md_arrays(&self) -> Vec<(String, Arc<cairn_md::Array>, Vec<String>)> {
+        let list = self.exports();
+        let mut out: Vec<(String, Arc<cairn_md::Array>, Vec<String>)> = Vec::new();
+        for e in list.iter() {
+            for a in e.arrays() {
+                match out.iter_mut().find(|(_, b, _)| Arc::ptr_eq(&a, b)) {
+                    Some((_, _, exports)) => exports.push(e.name.clone()),
+                    None => out.push((a.report().name, a, vec![e.name.clone()])),
+                }
+            }
+        }
+        out
+    }
+
+    /// The array `who` names (its name, with or without `host:`, its UUID, or an
+    /// export in front of it), or a 404 that lists them.
+    fn find_array(&self, who: &str) -> std::result::Result<Arc<cairn_md::Array>, Response> {
+        let arrays = self.md_arrays();
+        let short = |n: &str| n.rsplit(':').next().unwrap_or(n).to_string();
+        let hits: Vec<&Arc<cairn_md::Array>> = arrays
+            .iter()
+            .filter(|(name, a, exports)| {
+                name == who
+                    || short(name) == who
+                    || a.uuid().to_string() == who
+                    || exports.iter().any(|e| e == who)
+            })
+            .map(|(_, a, _)| a)
+            .collect();
+        match hits.as_slice() {
+            [a] => Ok((*a).clone()),
+            [] => Err(Response::error(
+                404,
+                format!(
+                    "no md array named {who:?}; the arrays are: {}",
+                    if arrays.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        arrays
+                            .iter()
+                            .map(|(n, _, e)| format!("{n} (export {})", e.join(", ")))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    }
+                ),
+            )),
+            _ => Err(Response::error(
+                409,
+                format!("{who:?} names more than one md array; use its UUID"),
+            )),
+        }
+    }
+
+    /// Runs a change on an array and words the outcome: "nothing to do" answers are
+    /// unchanged, refusals 409 (conflict with the array's state) or 404 (no such member).
+    fn md_change(
+        &self,
+        array: &str,
+        f: impl FnOnce(&cairn_md::Array) -> cairn_block::Result<String>,
+    ) -> std::result::Result<Outcome, Response> {
+        let a = self.find_array(array)?;
+        match f(&a) {
+            Ok(message) => {
+                let changed = !message.contains("nothing to do");
+                tracing::info!("md array {}: {message}", a.report().name);
+                Ok(Outcome {
+                    status: 200,
+                    changed,
+                    message,
+                    export: None,
+                })
+            }
+            Err(e) => Err(Response::error(
+                match e.kind() {
+                    cairn_block::ErrorKind::NotFound => 404,
+                    cairn_block::ErrorKind::Io => 500,
+                    _ => 409,
+                },
+                e.to_string(),
+            )),
+        }
+    }
+
+    /// `GET /v1/arrays`: each md array's report, background work and last scrub.
+    fn arrays_view(&self) -> serde_json::Value {
+        let list: Vec<serde_json::Value> = self
+            .md_arrays()
+            .into_iter()
+            .map(|(name, a, exports)| {
+                json!({
+                    "name": name,
+                    "uuid": a.uuid().to_string(),
+                    "exports": exports,
+                    "detail": a.report(),
+                    "background": a.background(),
+                    "scrub": a.last_scrub(),
+                })
+            })
+            .collect();
+        json!({ "arrays": list })
     }
 
     fn add_export(&self, a: AddExport) -> std::result::Result<Outcome, Response> {
@@ -692,6 +884,8 @@ struct Seen {
     /// The md array a member belongs to.
     parent: Option<String>,
     progress: Option<(String, u64)>,
+    /// md arrays: mismatched sectors of the last finished scrub.
+    mismatch: Option<u64>,
 }
 
 fn seen_nodes(trees: &[(OpenedExport, Node)]) -> BTreeMap<String, Seen> {
@@ -710,6 +904,7 @@ fn seen_nodes(trees: &[(OpenedExport, Node)]) -> BTreeMap<String, Seen> {
                 .unwrap_or(100);
                 (p.action.clone(), pct)
             }),
+            mismatch: n.md.as_ref().and_then(|m| m.mismatch_sectors),
         });
         let me = (n.kind == "md").then_some(n.name.as_str());
         for c in &n.children {
@@ -753,6 +948,18 @@ fn diff(
                         None,
                         format!("md array {:?} is degraded ({})", n.name, n.state),
                     ));
+                }
+                if let Some(x) = n.mismatch.filter(|&x| x > 0) {
+                    if before.is_some_and(|b| b.mismatch != Some(x)) {
+                        out.push(spec(
+                            events::MISMATCHES_FOUND,
+                            None,
+                            format!(
+                                "md array {:?}: a scrub found {x} mismatched sectors",
+                                n.name
+                            ),
+                        ));
+                    }
                 }
                 let prog = &n.progress;
                 let was_prog = before.and_then(|b| b.progress.clone());
@@ -837,6 +1044,37 @@ fn rebuild_nn(nn: u64) -> &'static str {
     }
 }
 
+/// Opens a device named in an md action (read-write, counted like other members).
+fn open_new_member(
+    path: &Path,
+) -> std::result::Result<Arc<dyn cairn_block::BlockDevice>, Response> {
+    if !path.is_absolute() {
+        return Err(Response::error(
+            422,
+            format!(
+                "path {:?} must be absolute (the daemon does not share your working \
+                 directory)",
+                path.display().to_string()
+            ),
+        ));
+    }
+    let opts = cairn_block::OpenOptions {
+        read_only: false,
+        direct: false,
+        create_size: None,
+    };
+    let disk = cairn_block::FileDisk::open(path, &opts).map_err(|e| {
+        Response::error(
+            match e.kind() {
+                cairn_block::ErrorKind::NotFound => 404,
+                _ => 422,
+            },
+            format!("cannot open {}: {e}", path.display()),
+        )
+    })?;
+    Ok(wrap_member(&path.display().to_string(), Arc::new(disk)))
+}
+
 fn rfc3339(since_epoch: Duration) -> String {
     events::rfc3339_at(since_epoch)
 }
@@ -872,6 +1110,7 @@ mod tests {
             state: state.into(),
             parent: (kind == "member").then(|| "demo".to_string()),
             progress: progress.map(|(a, p)| (a.to_string(), p)),
+            mismatch: None,
         }
     }
 

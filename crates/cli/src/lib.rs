@@ -28,6 +28,7 @@ pub mod logging;
 pub mod luks;
 pub mod lvm;
 pub mod md;
+pub mod md_manage;
 pub mod quickstart;
 pub mod scan;
 pub mod serve;

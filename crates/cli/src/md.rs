@@ -32,6 +32,12 @@ pub fn run(cmd: MdCommand, global: &Global) -> Result<()> {
         MdCommand::Create(a) => create(a, global),
         MdCommand::Examine(a) => examine(&a, global),
         MdCommand::Detail(a) => detail(&a, global),
+        MdCommand::Fail(a) => crate::md_manage::fail(&a, global),
+        MdCommand::Remove(a) => crate::md_manage::remove(&a, global),
+        MdCommand::Add(a) => crate::md_manage::add(&a, global),
+        MdCommand::Replace(a) => crate::md_manage::replace(&a, global),
+        MdCommand::Check(a) => crate::md_manage::scrub(&a, false, global),
+        MdCommand::Repair(a) => crate::md_manage::scrub(&a, true, global),
     }
 }
 

@@ -262,15 +262,15 @@ pub fn serve(
     let mut announcement = Announcement::new(&opened, &bound, default_export, extras.json.clone());
     announcement.control = operator.control.clone();
     announcement.metrics = operator.metrics.clone();
-    // Arrays that were not stopped cleanly resync in the background while serving.
+    // Writable arrays run their own background work while serving: a resync after an
+    // unclean stop, rebuilds onto spares (now, or when a member fails), replacements,
+    // and scrubs asked for with `cairn md check`.
     let arrays = exports::all_arrays(&opened);
     let limits = opts.speed_limits();
     for a in &arrays {
         let writable = !a.capabilities().read_only && opened.iter().any(|e| !e.read_only);
-        if writable && a.report().state.resync_pending {
-            if let Err(e) = a.start_resync(limits) {
-                tracing::warn!("{}: cannot resync: {e}", a.report().name);
-            }
+        if writable {
+            a.manage(limits);
         }
     }
     let mut out = std::io::stdout().lock();

@@ -117,6 +117,9 @@ pub struct MdDetails {
     pub active_devices: u32,
     pub failed_devices: u32,
     pub events: u64,
+    /// The last finished check or repair: mismatched sectors found (md's mismatch_cnt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mismatch_sectors: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,8 +151,11 @@ pub struct LvDetails {
 /// Background work: resync, rebuild, scrub.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
-    /// "resync", "recovery", "check", "repair".
+    /// "resync", "recovery", "replace", "check", "repair".
     pub action: String,
+    /// The member a recovery or replacement writes to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
     pub done_bytes: u64,
     pub total_bytes: u64,
     /// Recent speed; 0 when not known yet.
@@ -293,12 +299,17 @@ fn base_node(e: &OpenedExport) -> Node {
             active_devices: r.active_devices,
             failed_devices: r.failed_devices,
             events: r.events,
+            mismatch_sectors: array
+                .last_scrub()
+                .filter(|s| s.complete)
+                .map(|s| s.mismatch_sectors),
         }),
         progress: array
             .background()
             .filter(|b| b.state == "running")
             .map(|b| Progress {
                 action: b.action.into(),
+                member: b.member.clone(),
                 done_bytes: b.done_bytes,
                 total_bytes: b.total_bytes,
                 bytes_per_sec: b.bytes_per_sec,

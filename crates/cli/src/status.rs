@@ -231,6 +231,10 @@ pub fn progress_line(p: &Progress, tty: bool) -> String {
         .unwrap_or(1000)
     };
     let pct = format!("{}.{}", tenths / 10, tenths % 10);
+    let action = match &p.member {
+        Some(m) => format!("{} of {m}", p.action),
+        None => p.action.clone(),
+    };
     let speed = if p.bytes_per_sec == 0 {
         "speed ?".to_string()
     } else {
@@ -244,11 +248,10 @@ pub fn progress_line(p: &Progress, tty: bool) -> String {
         } else {
             format!("{}>{}", "=".repeat(filled), " ".repeat(BAR - filled - 1))
         };
-        format!("[{bar}] {pct:>5}% {}  {speed}  ETA {}", p.action, eta(p))
+        format!("[{bar}] {pct:>5}% {action}  {speed}  ETA {}", eta(p))
     } else {
         format!(
-            "{} {pct}% done ({} of {}), {speed}, ETA {}",
-            p.action,
+            "{action} {pct}% done ({} of {}), {speed}, ETA {}",
             format_size(p.done_bytes),
             format_size(p.total_bytes),
             eta(p)
@@ -264,6 +267,7 @@ mod tests {
 
     fn p(done: u64, total: u64, speed: u64) -> Progress {
         Progress {
+            member: None,
             action: "resync".into(),
             done_bytes: done,
             total_bytes: total,
@@ -349,6 +353,7 @@ mod tests {
             active_devices: 2,
             failed_devices: 0,
             events: 3,
+            mismatch_sectors: None,
         });
         md.progress = Some(p(1 << 28, 1 << 29, 1 << 20));
         let mut luks = node("luks", "LUKS2 u", "active", 496 << 20, vec![md]);

@@ -38,6 +38,9 @@ pub const SPARE_ACTIVE: &str = "SpareActive";
 pub const REBUILD_STARTED: &str = "RebuildStarted";
 /// Background work finished.
 pub const REBUILD_FINISHED: &str = "RebuildFinished";
+/// A check or repair found parity or copies that do not match the data (cairn's
+/// name; mdadm reports this only in its RebuildFinished mail).
+pub const MISMATCHES_FOUND: &str = "MismatchesFound";
 /// An export was added at runtime.
 pub const EXPORT_ADDED: &str = "ExportAdded";
 /// An export was removed at runtime.

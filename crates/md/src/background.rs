@@ -29,10 +29,11 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-use cairn_block::{Error, ErrorKind, Result};
+use cairn_block::{BlockDevice, Error, ErrorKind, Result};
 
 use crate::array::Array;
 use crate::layout::ArrayLayout;
+use crate::scrub::ScrubReport;
 use crate::units::{Sectors, SECTOR_SIZE};
 
 /// md's `speed_limit_min` and `speed_limit_max`, in bytes per second of array data.
@@ -206,6 +207,8 @@ pub(crate) struct Manager {
     thread: Option<(ThreadId, JoinHandle<()>)>,
     /// A check or repair asked for and not started yet.
     scrub: Option<bool>,
+    /// The report of the running or last scrub.
+    last_scrub: Option<ScrubReport>,
 }
 
 impl Array {
@@ -510,6 +513,7 @@ impl Array {
                 ));
             }
             m.scrub = Some(repair);
+            m.last_scrub = None;
         }
         self.kick();
         Ok(())
@@ -540,9 +544,58 @@ impl Array {
         }
     }
 
-    /// Placeholder until the scrub lands (scrub.rs).
-    fn run_scrub(&self, _repair: bool, _l: Option<SpeedLimits>, _j: Option<&Job>) -> Result<bool> {
-        Err(Error::new(ErrorKind::Unsupported, "scrub is not built yet"))
+    /// A check or repair of the whole array (scrub.rs does each unit), paced like the
+    /// rest; the report so far is kept for [`Array::last_scrub`].
+    fn run_scrub(
+        &self,
+        repair: bool,
+        limits: Option<SpeedLimits>,
+        job: Option<&Job>,
+    ) -> Result<bool> {
+        self.check_scrub_possible(repair)?;
+        let units = self.scrub_units()?;
+        let mut report = ScrubReport::new(repair);
+        let mut pacer = Pacer::new(self, limits, 0);
+        let mut published = Instant::now();
+        let mut done = 0;
+        for i in 0..units.count {
+            if self.stopping() {
+                self.manager().last_scrub = Some(report);
+                return Ok(false);
+            }
+            done += self.scrub_unit(i, repair, &mut report)?;
+            if let Some(j) = job {
+                j.done.store(done, Ordering::Relaxed);
+                j.worked.store(done, Ordering::Relaxed);
+            }
+            if published.elapsed() >= Duration::from_secs(1) {
+                self.manager().last_scrub = Some(report.clone());
+                published = Instant::now();
+            }
+            pacer.step(self, job, done);
+        }
+        if repair {
+            self.flush()?;
+        }
+        report.complete = true;
+        let regions = report.regions.len() as u64 + report.regions_omitted;
+        if report.mismatch_sectors > 0 || report.read_errors > 0 {
+            tracing::warn!(
+                "{}: {} found {} mismatched sectors in {regions} regions and {} read errors{}",
+                self.array_label(),
+                if repair { "repair" } else { "check" },
+                report.mismatch_sectors,
+                report.read_errors,
+                if repair { " (repaired)" } else { "" }
+            );
+        }
+        self.manager().last_scrub = Some(report);
+        Ok(true)
+    }
+
+    /// The report of the check or repair running now or last run, if any.
+    pub fn last_scrub(&self) -> Option<ScrubReport> {
+        self.manager().last_scrub.clone()
     }
 
     /// The background work, running or last finished.
