@@ -478,16 +478,7 @@ impl Array {
     /// (the array must be managed, [`Array::manage`]). Progress and the result show in
     /// [`Array::background`] and [`Array::last_scrub`].
     pub fn request_scrub(&self, repair: bool) -> Result<()> {
-        if !self.layout_is_redundant() {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "{}: {} has no redundancy to check",
-                    self.array_label(),
-                    self.identity.level
-                ),
-            ));
-        }
+        self.check_scrub_possible(repair)?;
         {
             let mut m = self.manager();
             if m.me.is_none() {

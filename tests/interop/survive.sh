@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# Arrays that survive: a member failed under fio verify=crc32c load, a spare added through
+# `cairn md add`, the rebuild running and finishing while fio goes on; 0 verify errors,
+# then `cairn md check` finds 0 mismatches and mdadm reads the rebuilt members. For RAID1,
+# RAID5, RAID6 and RAID10; and a second failure during a RAID6 rebuild.
+. "$(dirname "$0")/lib.sh"
+
+# serve_array NAME: serves the array in ${M[@]} with a control socket and an event log;
+# sets CTL, EVENTS, URI and SIZE (the export's bytes).
+serve_array() {
+  local name=$1
+  CTL=$WORK/c$((CAIRN_N + 1)).sock
+  EVENTS=$WORK/events$((CAIRN_N + 1)).log
+  : >"$EVENTS"
+  # The minimum speed applies while fio runs: fast enough to finish during the run.
+  start_cairn --control "$CTL" --speed-limit-min 40000 --speed-limit-max 200000 \
+    --on-event "echo \"\$CAIRN_EVENT|\$CAIRN_DEVICE|\$CAIRN_MEMBER|\$CAIRN_MESSAGE\" >>$EVENTS" \
+    --md "$(IFS=,; echo "${M[*]}"):$name"
+  URI=$(unix_uri "$name")
+  SIZE=$(nbdinfo --size "$URI")
+}
+
+md() { "$CAIRN" md "$@" --control "$CTL"; }
+
+# bg_state ARRAY: "ACTION STATE" of the array's background work, or "none".
+bg_state() {
+  "$CAIRN" --json status --control "$CTL" >/dev/null 2>&1 || true
+  curl -s --unix-socket "$CTL" "http://cairn/v1/arrays/$1" |
+    jq -r 'if .background then "\(.background.action) \(.background.state)" else "none" end'
+}
+
+degraded() {
+  curl -s --unix-socket "$CTL" "http://cairn/v1/arrays/$1" | jq -r .detail.state.degraded
+}
+
+# wait_rebuilt ARRAY SECS: waits until a recovery has finished and the array is not
+# degraded; fails after SECS.
+wait_rebuilt() {
+  local i st
+  for i in $(seq $(($2 * 10))); do
+    st=$(bg_state "$1")
+    case $st in
+      "recovery finished") [ "$(degraded "$1")" = false ] && return 0 ;;
+      *failed*) fail "rebuild of $1 failed: $st" ;;
+    esac
+    sleep 0.1
+  done
+  fail "rebuild of $1 did not finish within $2 s (last: $st)"
+}
+
+# start_fio: random read/write with crc32c verification over the whole export, paced to
+# last about RUN seconds; sets FIO_PID.
+start_fio() {
+  local rate=$((SIZE / RUN))
+  fio --name=verify --ioengine=nbd --uri="$URI" --rw=randrw --rwmixread=30 \
+    --bsrange=4k-64k --iodepth=4 --size="$SIZE" --verify=crc32c --verify_backlog=64 \
+    --verify_fatal=1 --rate="$rate,$rate" --output-format=json --output="$WORK/fio.json" \
+    >"$WORK/fio.stdout" 2>"$WORK/fio.err" &
+  FIO_PID=$!
+  register pid "$FIO_PID"
+}
+
+fio_ok() {
+  local status=0
+  wait "$FIO_PID" || status=$?
+  [ "$status" = 0 ] || fail "fio failed ($status): $(tail -5 "$WORK/fio.err") $(tail -5 "$WORK/fio.stdout")"
+  local errs verified
+  errs=$(jq '[.jobs[].error] | add' "$WORK/fio.json")
+  expect_eq "$errs" 0 "fio errors"
+  grep -qi "verify" "$WORK/fio.err" && fail "fio reported verify trouble: $(grep -i verify "$WORK/fio.err" | head -3)"
+  verified=$(jq '[.jobs[].read.io_bytes] | add' "$WORK/fio.json")
+  say "fio: read (and verified) $verified bytes, 0 errors"
+}
+
+check_clean() {
+  md check "$1" --wait >"$WORK/check.txt" || fail "cairn md check $1: $(cat "$WORK/check.txt")"
+  cat "$WORK/check.txt"
+  expect_contains "$(cat "$WORK/check.txt")" " 0 mismatched sectors" "check result"
+}
+
+# rebuild_under_fio NAME LEVEL N [CREATE-ARGS...]
+rebuild_under_fio() {
+  need_tool fio jq curl nbdinfo mdadm
+  local name=$1 level=$2 n=$3 i
+  shift 3
+  M=()
+  for i in $(seq 0 $((n - 1))); do M+=("$SHM/$name-$i.img"); done
+  "$CAIRN" md create --level "$level" --raid-devices "$n" --size 48M --name "$name" "$@" "${M[@]}" >/dev/null
+  truncate -s 48M "$SHM/$name-spare.img"
+  serve_array "$name"
+  RUN=12
+  start_fio
+  sleep $((RUN / 4))
+  kill -0 "$FIO_PID" 2>/dev/null || fail "fio ended before the failure"
+  md fail "$name" "${M[1]}"
+  expect_eq "$(degraded "$name")" true "degraded after the failure"
+  md add "$name" "$SHM/$name-spare.img"
+  wait_rebuilt "$name" $((RUN * 2))
+  kill -0 "$FIO_PID" 2>/dev/null || fail "the rebuild did not finish during the fio run"
+  say "rebuild finished while fio was running"
+  "$CAIRN" status --control "$CTL"
+  fio_ok
+  check_clean "$name"
+  for ev in Fail RebuildStarted RebuildFinished SpareActive; do
+    grep -q "^$ev|" "$EVENTS" || fail "no $ev event: $(cat "$EVENTS")"
+  done
+  md remove "$name" "${M[1]}"
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "clean stop"
+  # mdadm reads the rebuilt member: right checksum, the failed member's role, in sync.
+  mdadm --examine "$SHM/$name-spare.img" >"$WORK/examine.txt" || fail "mdadm --examine: $(cat "$WORK/examine.txt")"
+  expect_contains "$(cat "$WORK/examine.txt")" "Checksum : " "examine"
+  grep -q "Checksum.*correct" "$WORK/examine.txt" || fail "bad checksum: $(cat "$WORK/examine.txt")"
+  expect_contains "$(cat "$WORK/examine.txt")" "Device Role : Active device 1" "the spare took role 1"
+  expect_contains "$(cat "$WORK/examine.txt")" "State : clean" "clean after the stop"
+  grep -q "Recovery Offset" "$WORK/examine.txt" && fail "a finished rebuild still has a recovery offset"
+  # And cairn assembles the new set.
+  M[1]=$SHM/$name-spare.img
+  "$CAIRN" md detail --json "${M[@]}" | jq -e '.state.degraded == false and .state.clean == true' >/dev/null ||
+    fail "the rebuilt set does not assemble clean: $("$CAIRN" md detail "${M[@]}")"
+}
+
+t_raid6() { rebuild_under_fio r6 6 4 --chunk 64K; }
+t_raid5() { rebuild_under_fio r5 5 4 --chunk 64K; }
+t_raid1() { rebuild_under_fio r1 1 2; }
+t_raid10() { rebuild_under_fio r10 10 4 --chunk 64K; }
+
+# RAID6: a second member fails while the first rebuild runs: fio sees no error, the
+# rebuild finishes, a second spare rebuilds the second role, and check finds nothing.
+t_raid6_second_failure() {
+  need_tool fio jq curl nbdinfo
+  local name=d6 i
+  M=()
+  for i in 0 1 2 3 4; do M+=("$SHM/$name-$i.img"); done
+  "$CAIRN" md create --level 6 --chunk 64K --raid-devices 5 --size 48M --name "$name" "${M[@]}" >/dev/null
+  truncate -s 48M "$SHM/$name-s1.img" "$SHM/$name-s2.img"
+  CTL=$WORK/c$((CAIRN_N + 1)).sock
+  EVENTS=$WORK/events$((CAIRN_N + 1)).log
+  start_cairn --control "$CTL" --speed-limit-min 8000 --speed-limit-max 8000 \
+    --md "$(IFS=,; echo "${M[*]}"):$name"
+  URI=$(unix_uri "$name")
+  SIZE=$(nbdinfo --size "$URI")
+  RUN=16
+  start_fio
+  sleep 3
+  md fail "$name" "${M[1]}"
+  md add "$name" "$SHM/$name-s1.img"
+  sleep 2
+  expect_eq "$(bg_state "$name")" "recovery running" "first rebuild running"
+  md fail "$name" "${M[3]}"
+  say "second member failed during the rebuild"
+  wait_rebuilt_or_degraded() {
+    local i st
+    for i in $(seq 400); do
+      st=$(bg_state "$name")
+      [ "$st" = "recovery finished" ] && return 0
+      case $st in *failed*) fail "rebuild failed: $st" ;; esac
+      sleep 0.1
+    done
+    fail "first rebuild did not finish: $st"
+  }
+  wait_rebuilt_or_degraded
+  md add "$name" "$SHM/$name-s2.img"
+  wait_rebuilt "$name" 60
+  fio_ok
+  check_clean "$name"
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "clean stop"
+}
+
+# Refusals through the CLI: each one sentence, nothing changed.
+t_refusals() {
+  need_tool jq curl
+  M=("$SHM/x0.img" "$SHM/x1.img" "$SHM/x2.img")
+  "$CAIRN" md create --level 5 --chunk 64K --raid-devices 3 --size 16M --name x "${M[@]}" >/dev/null
+  serve_array x
+  local out
+  out=$(md fail x nope.img 2>&1) && fail "failing an unknown member worked"
+  expect_contains "$out" "no member named nope.img" "unknown member"
+  out=$(md fail nosuch "${M[0]}" 2>&1) && fail "an unknown array worked"
+  expect_contains "$out" "no md array named" "unknown array"
+  md fail x "${M[0]}"
+  out=$(md fail x "${M[1]}" 2>&1) && fail "failing a second RAID5 member worked"
+  expect_contains "$out" "could not serve all its data" "second failure refused"
+  out=$(md remove x "${M[1]}" 2>&1) && fail "removing an active member worked"
+  expect_contains "$out" "fail it first" "active member"
+  truncate -s 4M "$SHM/small.img"
+  out=$(md add x "$SHM/small.img" 2>&1) && fail "a too small spare was added"
+  expect_contains "$out" "need at least" "too small"
+  out=$(md fail x "${M[0]}" 2>&1)
+  expect_contains "$out" "nothing to do" "repeat"
+  out=$(md check x 2>&1) && fail "check of a degraded array started"
+  say "$out"
+  stop_cairn
+}
+
+if [ -n "${ONLY:-}" ]; then
+  for t in $ONLY; do run_test "$t" "t_$t"; done
+  finish
+  exit
+fi
+run_test raid6-rebuild-under-fio t_raid6
+run_test raid5-rebuild-under-fio t_raid5
+run_test raid1-rebuild-under-fio t_raid1
+run_test raid10-rebuild-under-fio t_raid10
+run_test raid6-second-failure t_raid6_second_failure
+run_test refusals t_refusals
+finish
