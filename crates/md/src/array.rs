@@ -210,6 +210,10 @@ pub struct Array {
     /// Client reads and writes so far: the resync slows to its minimum speed while
     /// this moves.
     fg_ops: AtomicU64,
+    /// The internal write-intent bitmap, when the array has one (bitmap.rs).
+    pub(crate) bitmap: Option<crate::bitmap::Bitmap>,
+    /// Bytes resynced since assembly ([`Array::resynced_bytes`]).
+    pub(crate) resynced: AtomicU64,
 }
 
 impl fmt::Debug for Array {
@@ -392,6 +396,8 @@ impl Array {
             label,
             background: Mutex::new(None),
             fg_ops: AtomicU64::new(0),
+            bitmap: None,
+            resynced: AtomicU64::new(0),
         })
     }
 
@@ -525,6 +531,7 @@ impl Array {
     pub(crate) fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
         meta.utime = now();
         for _ in 0..=self.slots.len() {
+            self.bitmap_write_events(meta.events);
             let roles = self.current_dev_roles(meta);
             let mut failed = Vec::new();
             let mut written = 0;
@@ -632,6 +639,7 @@ impl Array {
     pub fn close(&self) -> Result<()> {
         self.stop_background();
         self.flush()?;
+        self.bitmap_close()?;
         let mut meta = self.meta_lock();
         if (meta.dirty || meta.resync_pending) && meta.sbs.iter().any(Option::is_some) {
             meta.dirty = false;
@@ -982,13 +990,17 @@ impl BlockDevice for Array {
         }
         self.start_write()?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        match &self.layout {
+        self.bitmap_start(offset, wide(buf.len()))?;
+        let r = match &self.layout {
             ArrayLayout::Parity(pl) => self.parity_write(pl, buf, offset, flags),
             _ => self.simple_write(buf, offset, flags),
-        }
+        };
+        self.bitmap_end(offset, wide(buf.len()));
+        r
     }
 
     fn flush(&self) -> Result<()> {
+        let gen = self.bitmap_flush_start();
         let mut last = None;
         for role in 0..self.slots.len() {
             if !self.is_up(role) {
@@ -1007,7 +1019,10 @@ impl BlockDevice for Array {
             Some(e) if !self.layout.tolerates(&self.down_mask()) || !self.layout_is_redundant() => {
                 Err(e)
             }
-            _ => Ok(()),
+            _ => {
+                self.bitmap_flushed(gen);
+                Ok(())
+            }
         }
     }
 
@@ -1022,7 +1037,10 @@ impl BlockDevice for Array {
             return Ok(());
         }
         self.start_write()?;
-        self.simple_discard(offset, len)
+        self.bitmap_start(offset, len)?;
+        let r = self.simple_discard(offset, len);
+        self.bitmap_end(offset, len);
+        r
     }
 }
 

@@ -144,12 +144,12 @@ impl Array {
     fn resync_unit(&self, units: Units, i: u64) -> Result<(u64, Sectors)> {
         match (units, &self.layout) {
             (Units::Stripes { bytes, .. }, ArrayLayout::Parity(pl)) => {
-                self.resync_stripe(pl, i)?;
+                self.resync_stripe_if_dirty(pl, i)?;
                 Ok((bytes, Sectors((i + 1) * pl.chunk().0)))
             }
             (Units::Bytes { to, .. }, layout) => {
                 let n = MIRROR_STEP.min(to - i);
-                self.resync_mirrors(i, n)?;
+                self.resync_mirrors_if_dirty(i, n)?;
                 let cp = match layout {
                     ArrayLayout::Raid1(_) => Sectors((i + n) / SECTOR_SIZE),
                     _ => Sectors::ZERO,
