@@ -501,7 +501,7 @@ pub(crate) fn load_bitmap(
     let mut images: Vec<(BitmapSuper, Vec<u8>)> = Vec::new();
     for m in slots.iter().filter_map(|s| s.member.as_ref()) {
         let lbs = u64::from(m.dev.geometry().logical_block_size);
-        if lbs > BLOCK || BLOCK % lbs != 0 {
+        if lbs > BLOCK || !BLOCK.is_multiple_of(lbs) {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 format!(
