@@ -923,19 +923,25 @@ impl Array {
     }
 
     /// md's bitmap daemon pass, for a caller with a timer: flushes when idle chunks
-    /// wait for one, then clears what may be cleared. Returns the bits cleared.
+    /// wait for one, then clears what may be cleared. Returns the bits cleared (less
+    /// any set meanwhile by concurrent writes).
     pub fn bitmap_daemon_work(&self) -> Result<u64> {
         let Some(bm) = &self.bitmap else {
             return Ok(0);
         };
-        let waiting = {
+        let (waiting, before) = {
             let st = bm.lock();
-            st.done.values().any(|d| d.gen > st.flushed)
+            (
+                st.done.values().any(|d| d.gen > st.flushed),
+                st.dirty(bm.chunks),
+            )
         };
         if waiting {
+            // The flush runs a pass of its own.
             cairn_block::BlockDevice::flush(self)?;
         }
-        self.bitmap_sweep(false, WriteFlags::NONE)
+        self.bitmap_sweep(false, WriteFlags::NONE)?;
+        Ok(before.saturating_sub(bm.lock().dirty(bm.chunks)))
     }
 
     /// The dirty regions as `(start, len)` byte ranges, merged: member data-area bytes
@@ -1124,6 +1130,39 @@ mod tests {
             sync_size_for(Level::Raid10, 0x102, Sectors(1000), 3),
             Sectors(1500)
         );
+    }
+
+    #[test]
+    fn dirty_ranges_and_the_readd_rule() {
+        use cairn_block::{BlockDevice, MemDisk};
+        use std::sync::Arc;
+        let members: Vec<Arc<dyn BlockDevice>> = (0..2)
+            .map(|_| Arc::new(MemDisk::new(8 << 20)) as Arc<dyn BlockDevice>)
+            .collect();
+        let mut o = crate::CreateOptions::new(Level::Raid1, "t");
+        o.members_zeroed = true;
+        o.bitmap = BitmapChoice::Internal {
+            chunk_bytes: Some(64 << 10),
+        };
+        let a = Array::create(members, vec!["a".into(), "b".into()], &o).unwrap();
+        a.set_bitmap_daemon_sleep(Duration::from_secs(3600));
+        for off in [0, (64 << 10) + 4096, 5 << 20] {
+            cairn_block::BlockDevice::write_at(&a, &[1u8; 4096], off, WriteFlags::NONE).unwrap();
+        }
+        assert_eq!(
+            a.bitmap_dirty_ranges(),
+            vec![(0, 128 << 10), (5 << 20, 64 << 10)]
+        );
+        // Clearing records the events; a member that left before then cannot use the
+        // bitmap.
+        a.set_bitmap_daemon_sleep(Duration::ZERO);
+        assert_eq!(a.bitmap_daemon_work().unwrap(), 3);
+        assert!(a.bitmap_dirty_ranges().is_empty());
+        let cleared = a.bitmap_info().unwrap().events_cleared;
+        assert!(cleared >= 2);
+        assert!(a.bitmap_allows_readd(cleared));
+        assert!(!a.bitmap_allows_readd(cleared - 1));
+        a.close().unwrap();
     }
 
     #[test]
