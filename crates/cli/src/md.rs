@@ -17,8 +17,9 @@ use std::sync::Arc;
 
 use cairn_block::{BlockDevice, ErrorKind, FileDisk, OpenOptions};
 use cairn_md::{
-    probe_signatures, Array, BitmapChoice, ArrayReport, AssembleOptions, CreateOptions, Examine, FeaturePolicy,
-    Level, MemberState, ParityAlgorithm, Raid0Layout, Raid10Layout, Sectors, Superblock,
+    probe_signatures, Array, ArrayReport, AssembleOptions, BitmapChoice, CreateOptions, Examine,
+    FeaturePolicy, Level, MemberState, ParityAlgorithm, Raid0Layout, Raid10Layout, Sectors,
+    Superblock,
 };
 use serde::Serialize;
 
