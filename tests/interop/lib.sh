@@ -180,9 +180,9 @@ start_cairn() {
   CAIRN_SOCK=$WORK/cairn$CAIRN_N.sock
   CAIRN_JSON=$WORK/cairn$CAIRN_N.json
   CAIRN_LOG=$WORK/cairn$CAIRN_N.log
-  # Emptied here, not by the redirect below: that runs in the child, and a file left by
-  # an earlier test (run_test subshells count from 1 again) could be read first.
-  : >"$CAIRN_JSON"
+  # Each test is a subshell, so CAIRN_N starts again at 1 in $WORK: a previous test's
+  # announcement must not pass for this one's before the new server truncates it.
+  rm -f "$CAIRN_JSON" "$CAIRN_LOG"
   "$CAIRN" serve --json --listen "unix:$CAIRN_SOCK" --listen tcp:127.0.0.1:0 "$@" \
     >"$CAIRN_JSON" 2>"$CAIRN_LOG" &
   CAIRN_PID=$!

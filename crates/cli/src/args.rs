@@ -355,6 +355,22 @@ pub struct MdCreateArgs {
     #[arg(long)]
     pub assume_clean: bool,
 
+    /// Write-intent bitmap: `internal` keeps one after the superblock (mdadm
+    /// --bitmap=internal), so that after a crash, or when a member comes back, only the
+    /// regions written shortly before are resynced instead of the whole array; each
+    /// first write to a region costs one extra small write per member. `none` resyncs
+    /// everything after a crash [default: internal for RAID1/4/5/6/10; linear and RAID0
+    /// have nothing to resync]
+    #[arg(long, value_name = "internal|none", value_parser = ["internal", "none"])]
+    pub bitmap: Option<String>,
+
+    /// Bytes one bitmap bit covers (mdadm --bitmap-chunk), e.g. 64K, 1M, 64M: a power of
+    /// two of at least 4K. Smaller chunks resync less after a crash but set bits more
+    /// often; the bits must fit the space mdadm leaves (4K for components up to 8G, so
+    /// e.g. at least 64K per 1.8G). [default: 64M, larger on huge arrays]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub bitmap_chunk: Option<u64>,
+
     /// Create member files that do not exist yet, sparse, of this size (e.g. 1G); they
     /// read as zeroes, so the new array needs no sync. (Not mdadm's --size, which limits
     /// the space used on each member.)

@@ -17,8 +17,9 @@ use std::sync::Arc;
 
 use cairn_block::{BlockDevice, ErrorKind, FileDisk, OpenOptions};
 use cairn_md::{
-    probe_signatures, Array, ArrayReport, AssembleOptions, CreateOptions, Examine, FeaturePolicy,
-    Level, MemberState, ParityAlgorithm, Raid0Layout, Raid10Layout, Sectors, Superblock,
+    probe_signatures, Array, ArrayReport, AssembleOptions, BitmapChoice, CreateOptions, Examine,
+    FeaturePolicy, Level, MemberState, ParityAlgorithm, Raid0Layout, Raid10Layout, Sectors,
+    Superblock,
 };
 use serde::Serialize;
 
@@ -137,6 +138,34 @@ fn check_create_args(a: &MdCreateArgs) -> Result<Option<u32>> {
             a.level
         )));
     }
+    let redundant = !matches!(a.level, Level::Linear | Level::Raid0);
+    match (a.bitmap.as_deref(), a.bitmap_chunk) {
+        (Some("internal"), _) if !redundant => {
+            return Err(CliError::new(format!(
+                "--bitmap internal: {} has no redundancy, so there is nothing for a bitmap to \
+                 resync; leave --bitmap out",
+                a.level
+            )))
+        }
+        (Some("none"), Some(_)) => {
+            return Err(CliError::new(
+                "--bitmap-chunk with --bitmap none: there is no bitmap to size; drop one",
+            ))
+        }
+        (None, Some(_)) if !redundant => {
+            return Err(CliError::new(format!(
+                "--bitmap-chunk: {} has no bitmap; leave it out",
+                a.level
+            )))
+        }
+        (_, Some(c)) if !c.is_power_of_two() || c < 4096 => {
+            return Err(CliError::new(format!(
+                "--bitmap-chunk {c}: a bitmap chunk is a power of two of at least 4K (e.g. 64K, \
+                 1M, 64M)"
+            )))
+        }
+        _ => {}
+    }
     if let Some(size) = a.size {
         if size < 4 << 20 || size % 4096 != 0 {
             return Err(CliError::new(format!(
@@ -248,6 +277,18 @@ fn create(a: MdCreateArgs, global: &Global) -> Result<()> {
         opts.force = true;
         opts.members_zeroed = made.len() == a.members.len();
         opts.assume_clean = a.assume_clean;
+        opts.bitmap = match a.bitmap.as_deref() {
+            Some("none") => BitmapChoice::None,
+            Some(_) => BitmapChoice::Internal {
+                chunk_bytes: a.bitmap_chunk,
+            },
+            None => match BitmapChoice::default_for(a.level) {
+                BitmapChoice::Internal { .. } => BitmapChoice::Internal {
+                    chunk_bytes: a.bitmap_chunk,
+                },
+                none => none,
+            },
+        };
         let array = Array::create(members, names, &opts)
             .map_err(|e| CliError::new(format!("cannot create the array: {e}")))?;
         array.close().map_err(|e| {
@@ -316,6 +357,14 @@ fn create_summary(r: &ArrayReport, made: &[PathBuf], members: &[PathBuf]) -> Str
         format!("{} (no initial sync needed)", r.state_text)
     };
     s.push_str(&format!("  State  {state}\n"));
+    match &r.bitmap {
+        Some(b) => s.push_str(&format!(
+            "  Bitmap internal, {} per bit ({} bits): after a crash only written regions resync\n",
+            format_size(b.chunk_bytes),
+            b.chunks
+        )),
+        None => s.push_str("  Bitmap none\n"),
+    }
     if let (Some(c), Some(data)) = (r.chunk_kib, data_members(r)) {
         let full = c * data;
         s.push_str(&format!(

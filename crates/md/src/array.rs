@@ -119,6 +119,9 @@ pub(crate) struct Slot {
     /// Where a rebuild onto this member resumes after a restart, in member bytes: the
     /// superblock's `recovery_offset` while `synced` is not `u64::MAX`.
     pub(crate) recovery_cp: AtomicU64,
+    /// A re-added member's rebuild needs only these ranges (from the bitmap: member
+    /// bytes, or array bytes for RAID10); `None` rebuilds everything.
+    pub(crate) recover_only: Mutex<Option<Vec<(u64, u64)>>>,
     /// A replacement being built for this member (`cairn md replace`), and how far.
     replacement: RwLock<Option<Arc<Member>>>,
     pub(crate) replacement_synced: AtomicU64,
@@ -135,6 +138,7 @@ impl Slot {
             failed: AtomicBool::new(false),
             synced: AtomicU64::new(synced),
             recovery_cp: AtomicU64::new(0),
+            recover_only: Mutex::new(None),
             replacement: RwLock::new(None),
             replacement_synced: AtomicU64::new(0),
         }
@@ -160,6 +164,10 @@ impl Slot {
         // The new member must never look in sync before its position is set.
         self.synced.store(synced, Ordering::Release);
         self.recovery_cp.store(0, Ordering::Release);
+        *self
+            .recover_only
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
         let old = std::mem::replace(&mut *g, m);
         self.failed.store(false, Ordering::Release);
         old
@@ -310,6 +318,10 @@ pub struct Array {
     /// Client reads and writes so far: the resync slows to its minimum speed while
     /// this moves.
     fg_ops: AtomicU64,
+    /// The internal write-intent bitmap, when the array has one (bitmap.rs).
+    pub(crate) bitmap: Option<crate::bitmap::Bitmap>,
+    /// Bytes resynced since assembly ([`Array::resynced_bytes`]).
+    pub(crate) resynced: AtomicU64,
 }
 
 impl fmt::Debug for Array {
@@ -494,6 +506,8 @@ impl Array {
             manager: Mutex::new(crate::background::Manager::default()),
             stopping: AtomicBool::new(false),
             fg_ops: AtomicU64::new(0),
+            bitmap: None,
+            resynced: AtomicU64::new(0),
         })
     }
 
@@ -670,6 +684,7 @@ impl Array {
     pub(crate) fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
         meta.utime = now();
         for _ in 0..=self.slots.len() {
+            self.bitmap_write_events(meta.events);
             let roles = self.current_dev_roles(meta);
             let resync_offset = if meta.dirty {
                 Sectors::ZERO
@@ -843,6 +858,7 @@ impl Array {
     pub fn close(&self) -> Result<()> {
         self.stop_background();
         self.flush()?;
+        self.bitmap_close()?;
         let mut meta = self.meta_lock();
         if (meta.dirty || meta.resync_pending) && meta.sbs.iter().any(Option::is_some) {
             meta.dirty = false;
@@ -1210,13 +1226,17 @@ impl BlockDevice for Array {
         }
         self.start_write()?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        match &self.layout {
+        self.bitmap_start(offset, wide(buf.len()))?;
+        let r = match &self.layout {
             ArrayLayout::Parity(pl) => self.parity_write(pl, buf, offset, flags),
             _ => self.simple_write(buf, offset, flags),
-        }
+        };
+        self.bitmap_end(offset, wide(buf.len()));
+        r
     }
 
     fn flush(&self) -> Result<()> {
+        let gen = self.bitmap_flush_start();
         let mut last = None;
         for role in 0..self.slots.len() {
             if let Some(r) = self.slots[role].replacement() {
@@ -1242,7 +1262,10 @@ impl BlockDevice for Array {
             Some(e) if !self.layout.tolerates(&self.down_mask()) || !self.layout_is_redundant() => {
                 Err(e)
             }
-            _ => Ok(()),
+            _ => {
+                self.bitmap_flushed(gen);
+                Ok(())
+            }
         }
     }
 
@@ -1257,7 +1280,10 @@ impl BlockDevice for Array {
             return Ok(());
         }
         self.start_write()?;
-        self.simple_discard(offset, len)
+        self.bitmap_start(offset, len)?;
+        let r = self.simple_discard(offset, len);
+        self.bitmap_end(offset, len);
+        r
     }
 }
 

@@ -18,9 +18,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cairn_block::{BlockDevice, Error, ErrorKind, Result};
+use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
 use crate::array::{now, Array, Extra, Identity, LeftOut, Member, Meta, Slot};
+use crate::bitmap::BitmapChoice;
 use crate::create::{create, CreateParams};
 use crate::layout::ArrayLayout;
 use crate::level::Level;
@@ -56,6 +57,9 @@ pub struct CreateOptions {
     pub members_zeroed: bool,
     /// Mark the array clean whatever the members hold (mdadm `--assume-clean`).
     pub assume_clean: bool,
+    /// The write-intent bitmap (mdadm `--bitmap`); [`CreateOptions::new`] picks an
+    /// internal one for the redundant levels.
+    pub bitmap: BitmapChoice,
 }
 
 impl CreateOptions {
@@ -71,6 +75,7 @@ impl CreateOptions {
             force: false,
             members_zeroed: false,
             assume_clean: false,
+            bitmap: BitmapChoice::default_for(level),
         }
     }
 }
@@ -272,18 +277,7 @@ impl Array {
                 describe_missing(&missing, &left_out)
             );
         }
-        if freshest
-            .features
-            .has(crate::ondisk::Features::BITMAP_OFFSET)
-        {
-            // cairn does not maintain the bitmap yet: after cairn has written, Linux must
-            // not trust it (a --re-add or a crash resync guided by it would skip what
-            // cairn wrote). Resync or re-add fully on Linux.
-            tracing::warn!(
-                "{label}: has an internal write-intent bitmap, which cairn does not update;                  after writing with cairn, do not rely on the bitmap on Linux (re-add members                  with a full recovery)"
-            );
-        }
-
+        let bitmap_sb = freshest.clone();
         let identity = Identity {
             uuid: freshest.set_uuid,
             set_name: freshest.set_name,
@@ -379,7 +373,10 @@ impl Array {
             replacements: (0..raid_disks).map(|_| None).collect(),
             faulty: Vec::new(),
         };
-        Array::build(layout, slots, identity, meta, left_out, opts.force && dirty)
+        let bitmap = crate::bitmap::load_bitmap(&slots, &layout, &bitmap_sb, events, &label)?;
+        let mut array = Array::build(layout, slots, identity, meta, left_out, opts.force && dirty)?;
+        array.install_bitmap(bitmap);
+        Ok(array)
     }
 
     /// Creates a new array on `members` (in role order) as `mdadm --create` would, and
@@ -435,6 +432,7 @@ impl Array {
             device_uuids: (0..members.len()).map(|_| Uuid(random_bytes())).collect(),
             ctime: now(),
             assume_clean: true,
+            bitmap: opts.bitmap,
         };
         let mut created = create(&params)?;
         let redundant = !matches!(opts.level, Level::Linear | Level::Raid0);
@@ -452,7 +450,13 @@ impl Array {
                 created.superblocks[0].set_name
             );
         }
+        // The bitmap first: the superblock's feature bit points at it.
+        let bitmap = created.bitmap_area();
         for ((sb, dev), name) in created.superblocks.iter().zip(&members).zip(&names) {
+            if let Some(area) = &bitmap {
+                dev.write_at(area, created.bitmap_byte_offset(), WriteFlags::FUA)
+                    .map_err(|e| e.context(format!("writing the bitmap on {name}")))?;
+            }
             sb.write_to(&**dev, name)?;
         }
         Array::assemble(members, names, AssembleOptions::default())

@@ -244,12 +244,12 @@ impl Array {
     fn resync_unit(&self, units: Units, i: u64) -> Result<(u64, Sectors)> {
         match (units, &self.layout) {
             (Units::Stripes { bytes, .. }, ArrayLayout::Parity(pl)) => {
-                self.resync_stripe(pl, i)?;
+                self.resync_stripe_if_dirty(pl, i)?;
                 Ok((bytes, Sectors((i + 1) * pl.chunk().0)))
             }
             (Units::Bytes { to, .. }, layout) => {
                 let n = MIRROR_STEP.min(to - i);
-                self.resync_mirrors(i, n)?;
+                self.resync_mirrors_if_dirty(i, n)?;
                 let cp = match layout {
                     ArrayLayout::Raid1(_) => Sectors((i + n) / SECTOR_SIZE),
                     _ => Sectors::ZERO,
@@ -319,12 +319,42 @@ impl Array {
     /// asked for with [`Array::request_scrub`], each paced by `limits`. Starts whatever
     /// is pending now.
     pub fn manage(self: &Arc<Self>, limits: SpeedLimits) {
-        {
+        let first = {
             let mut m = self.manager();
+            let first = m.me.is_none();
             m.me = Some(Arc::downgrade(self));
             m.limits = Some(limits);
+            first
+        };
+        if first && self.bitmap_chunk().is_some() {
+            self.start_bitmap_daemon();
         }
         self.kick();
+    }
+
+    /// md's bitmap daemon: every second, clears the bits of chunks that have been idle
+    /// and flushed for the daemon sleep, so they do not wait for the next client flush
+    /// or the stop.
+    fn start_bitmap_daemon(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let spawned = thread::Builder::new()
+            .name("md-bitmap".into())
+            .spawn(move || loop {
+                thread::sleep(Duration::from_secs(1));
+                let Some(array) = weak.upgrade() else { return };
+                if array.stopping() {
+                    return;
+                }
+                if let Err(e) = array.bitmap_daemon_work() {
+                    tracing::warn!("{}: clearing bitmap bits: {e}", array.array_label());
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(
+                "{}: cannot start the bitmap daemon: {e}",
+                self.array_label()
+            );
+        }
     }
 
     /// Starts resyncing in the background when a resync is pending (and lets the array

@@ -15,12 +15,15 @@
 //! * Without `assume_clean`, mdadm creates RAID4/5 with the last member as a spare and
 //!   lets the kernel rebuild onto it; cairn writes every member active in its slot with
 //!   `resync_offset` 0 (resync pending), the state the kernel reaches for RAID1/6/10.
-//! * No internal bitmap: mdadm adds one on its own for component sizes over 100 GiB;
-//!   cairn does not write bitmaps yet, so such arrays differ in feature bit 1.
+//! * The internal bitmap is a choice ([`CreateParams::bitmap`]): mdadm adds one on its
+//!   own only for component sizes over 100 GiB, `Array::create` by default for every
+//!   redundant level. Its header is mdadm's (`add_internal_bitmap1`) with `events` 1,
+//!   like the superblock.
 //! * No `missing` members and no spares.
 
 use cairn_block::{Error, ErrorKind, Result};
 
+use crate::bitmap::{BitmapChoice, BitmapSuper};
 use crate::layout::ArrayLayout;
 use crate::level::{Level, ParityAlgorithm, Raid0Layout, Raid10Layout};
 use crate::ondisk::{
@@ -60,6 +63,8 @@ pub struct CreateParams {
     /// members, or mdadm's `--assume-clean`): mark the array clean instead of pending a
     /// resync. RAID0 and linear are always clean.
     pub assume_clean: bool,
+    /// An internal write-intent bitmap, or none (mdadm `--bitmap`).
+    pub bitmap: BitmapChoice,
 }
 
 /// The superblocks to write and what the array will be.
@@ -72,6 +77,30 @@ pub struct CreatedArray {
     /// The array's size as the kernel computes it (for RAID10 this can be below what
     /// `mdadm --examine` prints as "Array Size", which ignores chunk rounding).
     pub array_sectors: Sectors,
+    /// The bitmap header, when one was asked for; its area goes at
+    /// [`CreatedArray::bitmap_byte_offset`] of every member.
+    pub bitmap: Option<BitmapSuper>,
+}
+
+impl CreatedArray {
+    /// Byte offset of the bitmap on each member (`super_offset + bitmap_offset`).
+    pub fn bitmap_byte_offset(&self) -> u64 {
+        let sb = &self.superblocks[0];
+        // Created arrays put it after the superblock (`BITMAP_OFFSET_1_2`).
+        sb.super_offset
+            .0
+            .checked_add_signed(i64::from(sb.bitmap_offset))
+            .expect("8 sectors after the superblock")
+            * 512
+    }
+
+    /// The bitmap area to write on every member: all bits set when the superblocks
+    /// say a resync is pending (mdadm's first assembly resyncs everything), none when
+    /// the array is created clean.
+    pub fn bitmap_area(&self) -> Option<Vec<u8>> {
+        let dirty = self.superblocks[0].resync_offset != Sectors::MAX;
+        self.bitmap.as_ref().map(|b| b.initial_area(dirty))
+    }
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -233,9 +262,29 @@ pub fn create(p: &CreateParams) -> Result<CreatedArray> {
         return Err(invalid("raid1 members are smaller than 64 KiB of data"));
     }
 
-    // Bad-block log right after the space reserved for a bitmap (sized by the component
-    // size; write_init_super1).
-    let bm_space = choose_bm_space(size);
+    // The bitmap, if any (add_internal_bitmap1): room is what choose_bm_space leaves.
+    let bitmap = match p.bitmap {
+        BitmapChoice::None => None,
+        BitmapChoice::Internal { .. } if matches!(p.level, Level::Linear | Level::Raid0) => {
+            return Err(invalid(format!(
+                "a bitmap is not meaningful for {}: it has no redundancy to resync",
+                p.level
+            )))
+        }
+        BitmapChoice::Internal { chunk_bytes } => Some(crate::bitmap::plan(
+            p.uuid,
+            crate::bitmap::sync_size_for(p.level, layout, size, raid_disks),
+            choose_bm_space(size),
+            chunk_bytes,
+            1,
+        )?),
+    };
+    // Bad-block log right after the space reserved for a bitmap: sized by the component
+    // size, or the bitmap's own size when there is one (write_init_super1).
+    let bm_space = match &bitmap {
+        Some(b) => Sectors(b.area_bytes().expect("planned") / 512),
+        None => choose_bm_space(size),
+    };
     let bm_offset: u64 = 8;
     let (bblog_size, bblog_offset) =
         if data_offset.0 >= SUPER_OFFSET_1_2.0 + bm_offset + bm_space.0 + 8 {
@@ -249,11 +298,20 @@ pub fn create(p: &CreateParams) -> Result<CreatedArray> {
         i32::try_from(bblog_offset).expect("below data_offset, a few hundred sectors");
 
     // A RAID0 with a layout word gets the feature bit (mdadm on kernel >= 5.4).
-    let features = if p.level == Level::Raid0 && layout != 0 {
+    let mut features = if p.level == Level::Raid0 && layout != 0 {
         Features(Features::RAID0_LAYOUT)
     } else {
         Features(0)
     };
+    if bitmap.is_some() {
+        if data_offset.0 < SUPER_OFFSET_1_2.0 + bm_offset + bm_space.0 {
+            return Err(invalid(format!(
+                "the bitmap ({} sectors) does not fit before the data at sector {}",
+                bm_space.0, data_offset.0
+            )));
+        }
+        features.0 |= Features::BITMAP_OFFSET;
+    }
     let max_dev = (wide(FIXED_SIZE + 2 * n).div_ceil(512) * 512 - wide(FIXED_SIZE)) / 2;
     let mut dev_roles = vec![DevRole::SPARE; small(max_dev)];
     for (i, r) in dev_roles.iter_mut().take(n).enumerate() {
@@ -277,7 +335,11 @@ pub fn create(p: &CreateParams) -> Result<CreatedArray> {
             size,
             chunk,
             raid_disks,
-            bitmap_offset: 0,
+            bitmap_offset: if bitmap.is_some() {
+                crate::bitmap::BITMAP_OFFSET_1_2
+            } else {
+                0
+            },
             reshape: Reshape::default(),
             data_offset,
             data_size: Sectors(member.0 - data_offset.0),
@@ -311,6 +373,7 @@ pub fn create(p: &CreateParams) -> Result<CreatedArray> {
         superblocks,
         layout,
         array_sectors,
+        bitmap,
     })
 }
 
@@ -366,6 +429,7 @@ mod tests {
                 .collect(),
             ctime: MdTime::from_secs(1_700_000_000),
             assume_clean: true,
+            bitmap: BitmapChoice::None,
         }
     }
 
@@ -426,6 +490,53 @@ mod tests {
             create(&p).unwrap().superblocks[0].resync_offset,
             Sectors::ZERO
         );
+    }
+
+    #[test]
+    fn bitmaps_as_mdadm_adds_them() {
+        let mut p = params(Level::Raid5, &[64 * MIB; 4]);
+        p.bitmap = BitmapChoice::Internal { chunk_bytes: None };
+        let a = create(&p).unwrap();
+        let sb = &a.superblocks[0];
+        assert!(sb.features.has(Features::BITMAP_OFFSET));
+        assert_eq!(sb.bitmap_offset, 8);
+        assert_eq!((sb.bblog_offset, sb.bblog_size), (16, 8));
+        let b = a.bitmap.as_ref().unwrap();
+        assert_eq!(b.chunk_bytes, 64 << 20);
+        assert_eq!(b.sync_size, sb.size);
+        assert_eq!(b.events, 1);
+        assert_eq!(a.bitmap_byte_offset(), 8192);
+        // Clean (assume_clean): no bit set; otherwise all of them.
+        assert!(a.bitmap_area().unwrap()[256..].iter().all(|&x| x == 0));
+        p.assume_clean = false;
+        let a = create(&p).unwrap();
+        assert!(a.bitmap_area().unwrap()[256..].iter().all(|&x| x == 0xff));
+        // A chosen small chunk; 10 GiB components: the log follows the 4 KiB bitmap.
+        let mut p = params(Level::Raid6, &[10 * GIB; 4]);
+        p.bitmap = BitmapChoice::Internal {
+            chunk_bytes: Some(1 << 20),
+        };
+        let a = create(&p).unwrap();
+        assert_eq!(a.superblocks[0].bblog_offset, 16);
+        // Component: (10 GiB - 18432 sectors) rounded to the chunk = 10231 MiB.
+        assert_eq!(a.bitmap.unwrap().chunks(), Some(10231));
+        // 64 KiB chunks fit the 64 KiB of room left for 10 GiB members: the log moves.
+        p.bitmap = BitmapChoice::Internal {
+            chunk_bytes: Some(64 << 10),
+        };
+        assert_eq!(create(&p).unwrap().superblocks[0].bblog_offset, 8 + 48);
+        // Too small a chunk for the room, RAID0, RAID10 sync size.
+        p.bitmap = BitmapChoice::Internal {
+            chunk_bytes: Some(4 << 10),
+        };
+        assert_eq!(create(&p).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        let mut p = params(Level::Raid0, &[64 * MIB; 2]);
+        p.bitmap = BitmapChoice::Internal { chunk_bytes: None };
+        assert_eq!(create(&p).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        let mut p = params(Level::Raid10, &[64 * MIB; 3]);
+        p.bitmap = BitmapChoice::Internal { chunk_bytes: None };
+        let a = create(&p).unwrap();
+        assert_eq!(a.bitmap.unwrap().sync_size, Sectors(126_976 * 3 / 2));
     }
 
     #[test]

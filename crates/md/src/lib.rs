@@ -8,6 +8,7 @@
 //!   report, probe    mdadm --detail data; signatures create refuses to overwrite
 //!   scrub            md's check / repair: redundancy against data, per stripe or region
 //!   create           what mdadm 4.2 writes at --create             -> Superblock per member
+//!   bitmap           write-intent bitmap: format, create, set before write, lazy clear
 //!   ondisk, examine  superblock v1.2 bytes <-> Superblock; mdadm --examine fields
 //!   layout           array sector -> (member, member sector); P/Q placement per stripe
 //!   parity           XOR, RAID6 P/Q over GF(2^8), recovery; scalar and SIMD kernels
@@ -41,6 +42,7 @@
 pub mod array;
 pub mod assemble;
 pub mod background;
+pub mod bitmap;
 pub mod create;
 pub mod examine;
 pub mod layout;
@@ -57,6 +59,7 @@ pub mod units;
 pub use array::Array;
 pub use assemble::{AssembleOptions, CreateOptions};
 pub use background::{BackgroundStatus, SpeedLimits};
+pub use bitmap::{BitmapChoice, BitmapInfo};
 pub use create::{create, CreateParams, CreatedArray};
 pub use examine::Examine;
 pub use level::{Level, ParityAlgorithm, Raid0Layout, Raid10Layout};

@@ -310,6 +310,13 @@ impl Array {
         let mut sb = old.clone();
         sb.features.0 |= Features::RECOVERY_OFFSET;
         sb.recovery_offset = Sectors::ZERO;
+        // md's rule: a member whose events are at least the bitmap's events_cleared
+        // missed only what the bitmap marks; it is rebuilt there alone.
+        let only = self
+            .bitmap_allows_readd(old.events)
+            .then(|| self.bitmap_dirty_ranges());
+        // Ranges are shown; the rebuild reads the live bits (later writes add to them).
+        self.bitmap_init_member(&member)?;
         {
             let mut meta = self.meta_lock();
             if let Some(cur) = meta.sbs[role].take() {
@@ -322,16 +329,27 @@ impl Array {
                 }
             }
             self.slots[role].set_member(Some(member), 0);
+            *self.slots[role]
+                .recover_only
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = only.clone();
             meta.sbs[role] = Some(sb);
             meta.events += 1;
             self.write_superblocks(&mut meta)?;
         }
+        let how = match &only {
+            Some(r) => format!(
+                "only the {} bytes the bitmap marks are rebuilt",
+                r.iter().map(|x| x.1).sum::<u64>()
+            ),
+            None => "it is rebuilt in full".to_string(),
+        };
         tracing::info!(
-            "{}: {name} re-added into role {role}; it is rebuilt there",
+            "{}: {name} re-added into role {role}; {how}",
             self.array_label()
         );
         self.kick();
-        Ok(Some(format!("{name} re-added into role {role}")))
+        Ok(Some(format!("{name} re-added into role {role}; {how}")))
     }
 
     /// A superblock for a new member, from a current one: a new device number and
@@ -544,6 +562,16 @@ impl Array {
         if !self.layout.tolerates(&self.down_mask()) {
             return None;
         }
+        if let Err(e) = self.bitmap_init_member(&meta.spares[0].member) {
+            tracing::warn!(
+                "{}: spare {} cannot take the bitmap: {e}",
+                self.array_label(),
+                meta.spares[0].member.name
+            );
+            let s = meta.spares.remove(0);
+            meta.faulty.push(s);
+            return None;
+        }
         let spare = meta.spares.remove(0);
         let mut sb = spare
             .sb
@@ -605,7 +633,11 @@ impl Array {
                 ));
             }
             let n = step.min(end - pos);
-            self.rebuild_unit(role, pos, n)?;
+            let worked = if self.skip_clean_unit(role, pos) {
+                0
+            } else {
+                self.rebuild_unit(role, pos, n)?
+            };
             pos += n;
             let cp = match self.layout {
                 ArrayLayout::Raid10(_) => 0,
@@ -614,7 +646,7 @@ impl Array {
             slot.recovery_cp.store(cp, Ordering::Release);
             if let Some(j) = job {
                 j.done.store(pos, Ordering::Relaxed);
-                j.worked.fetch_add(n, Ordering::Relaxed);
+                j.worked.fetch_add(worked, Ordering::Relaxed);
             }
             if last_cp.elapsed() >= std::time::Duration::from_secs(5) {
                 self.checkpoint_recovery()?;
@@ -636,6 +668,67 @@ impl Array {
             self.describe_role(role)
         );
         Ok(true)
+    }
+
+    /// For a bitmap-guided re-add: when the bitmap has no dirty bit over member unit
+    /// `[pos, pos + n)` of `role`, the member already holds it; marks it rebuilt and
+    /// returns true. The bits are read live (they are never cleared while a member is
+    /// being rebuilt), under the stripe's lock for parity levels: a write sets its bits
+    /// before it takes that lock, so none can slip past unseen.
+    fn skip_clean_unit(&self, role: usize, pos: u64) -> bool {
+        if !self.guided(role) {
+            return false;
+        }
+        match &self.layout {
+            ArrayLayout::Parity(pl) => {
+                let c = pl.chunk().0 * SECTOR_SIZE;
+                let stripe = pos / c;
+                let _g = self.lock_stripe(stripe);
+                if self.bitmap_range_dirty(stripe * c, (stripe + 1) * c) {
+                    return false;
+                }
+                self.slots[role]
+                    .synced
+                    .store((stripe + 1) * c, Ordering::Release);
+                true
+            }
+            // Mirrors skip per bitmap chunk in copy_dirty.
+            _ => false,
+        }
+    }
+
+    /// Whether the rebuild of `role` is a bitmap-guided re-add.
+    fn guided(&self, role: usize) -> bool {
+        self.slots[role]
+            .recover_only
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Copies array bytes `[pos, pos + n)` onto `role`, or for a guided re-add only the
+    /// bitmap chunks in it with bits set (mirror writes reach a member being rebuilt
+    /// anyway, so a clean chunk stays right). Returns the bytes copied.
+    fn copy_dirty(&self, role: usize, pos: u64, n: u64) -> Result<u64> {
+        let chunk = match self.bitmap_chunk() {
+            Some(c) if self.guided(role) => c,
+            _ => {
+                self.copy_mirror_range(role, pos, n, false)?;
+                return Ok(n);
+            }
+        };
+        let end = pos + n;
+        let mut at = pos;
+        let mut copied = 0;
+        while at < end {
+            let stop = ((at / chunk + 1) * chunk).min(end);
+            if self.bitmap_range_dirty(at, stop) {
+                self.copy_mirror_range(role, at, stop - at, false)?;
+                copied += stop - at;
+            }
+            at = stop;
+        }
+        Ok(copied)
     }
 
     /// Writes the rebuild checkpoints into the superblocks.
@@ -665,7 +758,7 @@ impl Array {
     /// Rebuilds member bytes `[pos, pos + n)` of `role` (parity: one stripe; RAID1: the
     /// same array bytes; RAID10: array bytes `[pos·k, ...)` scanned for pieces on
     /// `role`, see [`Array::raid10_scan`]).
-    fn rebuild_unit(&self, role: usize, pos: u64, n: u64) -> Result<()> {
+    fn rebuild_unit(&self, role: usize, pos: u64, n: u64) -> Result<u64> {
         match &self.layout {
             ArrayLayout::Parity(pl) => {
                 let c = pl.chunk().0 * SECTOR_SIZE;
@@ -681,14 +774,14 @@ impl Array {
                 self.slots[role]
                     .synced
                     .store((stripe + 1) * c, Ordering::Release);
-                Ok(())
+                Ok(n)
             }
-            ArrayLayout::Raid1(_) => self.copy_mirror_range(role, pos, n, false),
+            ArrayLayout::Raid1(_) => self.copy_dirty(role, pos, n),
             ArrayLayout::Raid10(_) => {
                 let (from, len) = self.raid10_scan(pos, n);
-                self.copy_mirror_range(role, from, len, false)
+                self.copy_dirty(role, from, len)
             }
-            _ => Ok(()),
+            _ => Ok(0),
         }
     }
 
@@ -835,6 +928,7 @@ impl Array {
             return Err(Error::new(ErrorKind::Io, "the replacement was dropped"));
         };
         slot.set_replacement(None);
+        self.bitmap_init_member(&r)?;
         let Some(mut sb) = meta.replacements[role].take() else {
             return Err(Error::new(
                 ErrorKind::Io,

@@ -76,7 +76,7 @@ impl Le64 {
 }
 
 /// A field type of a raw struct: a fixed number of bytes, copied in and out.
-trait RawField: Sized {
+pub(crate) trait RawField: Sized {
     const SIZE: usize;
     fn read(b: &[u8]) -> Self;
     fn write(&self, b: &mut [u8]);
@@ -104,6 +104,8 @@ raw_field_bytes!(Le32, 4, Le32, |v: &Le32| v.0);
 raw_field_bytes!(Le64, 8, Le64, |v: &Le64| v.0);
 raw_field_bytes!([u8; 16], 16, |a| a, |v: &[u8; 16]| *v);
 raw_field_bytes!([u8; 32], 32, |a| a, |v: &[u8; 32]| *v);
+raw_field_bytes!([u8; 64], 64, |a| a, |v: &[u8; 64]| *v);
+raw_field_bytes!([u8; 120], 120, |a| a, |v: &[u8; 120]| *v);
 
 /// Declares a `#[repr(C)]` struct of byte-array fields (alignment 1, so no padding) and
 /// its copy-in/copy-out at the compiler-derived field offsets.
@@ -117,17 +119,20 @@ macro_rules! raw_struct {
         impl $name {
             /// Copies the struct out of the first `size_of::<Self>()` bytes.
             pub fn read_from(b: &[u8; size_of::<$name>()]) -> $name {
-                $name { $($field: <$ty as RawField>::read(&b[offset_of!($name, $field)..]),)* }
+                $name { $($field: <$ty as RawField>::read(&b[std::mem::offset_of!($name, $field)..]),)* }
             }
             /// Copies the struct into the first `size_of::<Self>()` bytes.
             pub fn write_to(&self, b: &mut [u8; size_of::<$name>()]) {
-                $(RawField::write(&self.$field, &mut b[offset_of!($name, $field)..]);)*
+                $(RawField::write(&self.$field, &mut b[std::mem::offset_of!($name, $field)..]);)*
             }
         }
         // Every field is a byte array: the struct is exactly the sum of its fields.
         const _: () = assert!(0 $(+ <$ty as RawField>::SIZE)* == size_of::<$name>());
     };
 }
+
+// bitmap.rs lays out `bitmap_super_t` with the same machinery.
+pub(crate) use raw_struct;
 
 raw_struct! {
     /// `struct mdp_superblock_1` (`md_p.h`), without the `dev_roles[]` that follows it.

@@ -121,6 +121,8 @@ pub struct ArrayReport {
     pub update_time: u64,
     /// One row per role, then one per member left out at assembly.
     pub members: Vec<MemberReport>,
+    /// The internal write-intent bitmap, when the array has one.
+    pub bitmap: Option<crate::bitmap::BitmapInfo>,
 }
 
 impl Array {
@@ -226,6 +228,7 @@ impl Array {
             creation_time: id.ctime.secs(),
             update_time: meta.utime.secs(),
             members,
+            bitmap: self.bitmap_info(),
         }
     }
 }
@@ -277,6 +280,10 @@ impl fmt::Display for ArrayReport {
             },
         )?;
         writeln!(f)?;
+        if self.bitmap.is_some() {
+            line(f, "Intent Bitmap", &"Internal")?;
+            writeln!(f)?;
+        }
         line(f, "Update Time", &ctime_utc(self.update_time))?;
         line(f, "State", &self.state_text)?;
         line(f, "Active Devices", &self.active_devices)?;

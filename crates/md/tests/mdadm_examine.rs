@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cairn_md::examine::Examine;
-use cairn_md::{create, CreateParams, Level, MdTime, Raid10Layout, Sectors, Superblock, Uuid};
+use cairn_md::{
+    create, BitmapChoice, CreateParams, Level, MdTime, Raid10Layout, Sectors, Superblock, Uuid,
+};
 
 const MIB: u64 = 2048;
 const GIB: u64 = 1024 * MIB;
@@ -45,6 +47,7 @@ struct Shape {
     chunk_kib: Option<u64>,
     sizes: Vec<u64>,
     clean: bool,
+    bitmap: BitmapChoice,
 }
 
 fn shape(level: Level, layout: Option<u32>, chunk_kib: Option<u64>, sizes: &[u64]) -> Shape {
@@ -54,7 +57,14 @@ fn shape(level: Level, layout: Option<u32>, chunk_kib: Option<u64>, sizes: &[u64
         chunk_kib,
         sizes: sizes.to_vec(),
         clean: true,
+        bitmap: BitmapChoice::None,
     }
+}
+
+fn with_bitmap(mut s: Shape, chunk_bytes: Option<u64>, clean: bool) -> Shape {
+    s.bitmap = BitmapChoice::Internal { chunk_bytes };
+    s.clean = clean;
+    s
 }
 
 fn shapes() -> Vec<Shape> {
@@ -91,7 +101,23 @@ fn shapes() -> Vec<Shape> {
             chunk_kib: Some(256),
             sizes: vec![m64; 4],
             clean: false,
+            bitmap: BitmapChoice::None,
         },
+        // Internal bitmaps (mdadm reads the bitmap header and drops feature bit 1 when
+        // its magic or UUID is wrong, so "Feature Map : 0x1" checks it too).
+        with_bitmap(
+            shape(Level::Raid5, None, Some(64), &[m64; 3]),
+            Some(64 << 10),
+            false,
+        ),
+        with_bitmap(shape(Level::Raid1, None, None, &[m64; 2]), None, true),
+        with_bitmap(shape(Level::Raid6, None, None, &[10 * GIB; 4]), None, false),
+        with_bitmap(
+            shape(Level::Raid10, Some(0x102), Some(64), &[m64; 3]),
+            Some(1 << 20),
+            true,
+        ),
+        with_bitmap(shape(Level::Raid4, None, None, &[300 * GIB; 3]), None, true),
     ];
     for n in [3, 4, 5] {
         for layout in 0..=5 {
@@ -227,6 +253,13 @@ fn write_member(path: &Path, member_sectors: u64, sb: &[u8]) {
     f.sync_all().unwrap();
 }
 
+fn write_at(path: &Path, off: u64, bytes: &[u8]) {
+    let mut f = OpenOptions::new().write(true).open(path).unwrap();
+    f.seek(SeekFrom::Start(off)).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+}
+
 fn read_sb(path: &Path) -> Vec<u8> {
     let mut f = File::open(path).unwrap();
     f.seek(SeekFrom::Start(4096)).unwrap();
@@ -269,6 +302,7 @@ fn mdadm_examine_accepts_every_shape() {
                 .collect(),
             ctime: MdTime::from_secs(1_700_000_000 + u64::try_from(si).unwrap()),
             assume_clean: s.clean,
+            bitmap: s.bitmap,
         };
         let created = create(&params).unwrap_or_else(|e| panic!("shape {si} {:?}: {e}", s.level));
         let sb0 = &created.superblocks[0];
@@ -277,6 +311,9 @@ fn mdadm_examine_accepts_every_shape() {
             .collect();
         for (i, sb) in created.superblocks.iter().enumerate() {
             write_member(&paths[i], s.sizes[i], &sb.encode().unwrap());
+            if let Some(area) = created.bitmap_area() {
+                write_at(&paths[i], created.bitmap_byte_offset(), &area);
+            }
         }
         let what = format!(
             "shape {si}: {} layout {:#x} chunk {}K x{n}",
@@ -348,6 +385,8 @@ fn mdadm_examine_accepts_every_shape() {
                 get("Feature Map"),
                 if s.level == Level::Raid0 {
                     "0x1000"
+                } else if s.bitmap != BitmapChoice::None {
+                    "0x1"
                 } else {
                     "0x0"
                 },
@@ -493,6 +532,7 @@ fn mdadm_and_cairn_agree_on_a_bad_checksum() {
         device_uuids: vec![Uuid([1; 16]), Uuid([2; 16]), Uuid([3; 16])],
         ctime: MdTime::from_secs(1_700_000_000),
         assume_clean: true,
+        bitmap: BitmapChoice::None,
     };
     let created = create(&params).unwrap();
     let mut bytes = created.superblocks[0].encode().unwrap();

@@ -35,6 +35,7 @@ fn seeds() -> Vec<Vec<u8>> {
                 .collect(),
             ctime: MdTime::from_secs(1_700_000_000),
             assume_clean: false,
+            bitmap: cairn_md::BitmapChoice::None,
         };
         for sb in create(&p).unwrap().superblocks {
             v.push(sb.encode().unwrap());

@@ -1,0 +1,1217 @@
+//! md's internal write-intent bitmap (ondisk-formats.md §1.8): the on-disk format, what
+//! `mdadm --create --bitmap=internal` writes, and the write-intent protocol the array
+//! follows so that a crash or a returning member needs only the dirty chunks resynced.
+//!
+//! ```text
+//!   member: 4096 superblock │ 8192 bitmap_super_t (256 B) + bits, 4 KiB blocks │ bblog │ data
+//!
+//!   write_at ─► bitmap_start: chunk bits clear? set them, write their blocks FUA on
+//!   │           every up member (durable before any data is issued); in-flight + 1
+//!   ├─► data to the members (the level's own path)
+//!   └─► bitmap_end: in-flight - 1; at 0 the chunk waits for a flush that starts later
+//!   flush ─► members flushed ─► sweep: chunks flushed and idle for daemon_sleep whose
+//!            array is neither degraded nor resyncing get their bits cleared (no FUA)
+//!   write_superblocks ─► bitmap events = superblock events (written first, as md does)
+//!   close ─► flush, clear every clearable bit (FUA), then the clean superblocks
+//!   assemble ─► load (union of the up members' bits; stale events: every bit set)
+//!   resync ─► only stripes / mirror ranges whose bits are set (background.rs hooks)
+//! ```
+//!
+//! Bits cover member (component) bytes from `data_offset` for RAID1/4/5/6, and array
+//! bytes for RAID10 ([`Coverage`]). A parity write dirties the whole stripe row it
+//! touches, since parity is rewritten for all of it.
+//!
+//! The kernel rules followed (`drivers/md/md-bitmap.c`): a bit is set and persisted
+//! before the data write is issued; it is cleared only after the writes have completed,
+//! been flushed and the region was idle, never while the array is degraded (those bits
+//! are what a re-add needs); `events` follows the superblock's; `events_cleared` records
+//! the events when bits were last cleared, and a returning member with fewer events than
+//! that cannot use the bitmap (it may have missed writes whose bits are gone). A bitmap
+//! whose `events` is older than the array's is out of date: every bit counts as set.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::mem::size_of;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use cairn_block::{Error, ErrorKind, Result, WriteFlags};
+
+use crate::array::{Array, Slot};
+use crate::layout::{ArrayLayout, ParityLayout};
+use crate::level::Level;
+use crate::ondisk::{raw_struct, Le32, Le64, RawField, Superblock, Uuid};
+use crate::units::{small, wide, Sectors, SECTOR_SIZE};
+
+/// `BITMAP_MAGIC`: "bitm" read as a little-endian `u32`.
+pub const BITMAP_MAGIC: u32 = 0x6d74_6962;
+/// `BITMAP_MAJOR_HI`: what mdadm writes for v1.x superblocks.
+pub const BITMAP_VERSION: u32 = 4;
+/// `BITMAP_MAJOR_LO`: the oldest version; little-endian bits unless `HOSTENDIAN`.
+pub const BITMAP_VERSION_LO: u32 = 3;
+/// The header before the bits.
+pub const HEADER_SIZE: usize = 256;
+/// The area is rounded to, and written in, blocks of this many bytes
+/// (`calc_bitmap_size(…, 4096)`).
+pub const BLOCK: u64 = 4096;
+/// mdadm's `DEFAULT_BITMAP_DELAY`, seconds.
+pub const DEFAULT_DAEMON_SLEEP: u32 = 5;
+/// mdadm's default bitmap chunk floor: 64 MiB.
+pub const DEFAULT_MIN_CHUNK: u64 = 64 << 20;
+/// The kernel's `COUNTER_MAX`: the write-behind limit.
+pub const MAX_WRITE_BEHIND: u32 = 16383;
+/// Sectors from the v1.2 superblock to the bitmap, as mdadm places it.
+pub const BITMAP_OFFSET_1_2: i32 = 8;
+
+/// `enum bitmap_state` bits in `state`.
+pub mod state {
+    pub const STALE: u32 = 1 << 1;
+    pub const WRITE_ERROR: u32 = 1 << 2;
+    pub const FIRST_USE: u32 = 1 << 3;
+    pub const CLEAN: u32 = 1 << 4;
+    pub const DAEMON_BUSY: u32 = 1 << 5;
+    pub const HOSTENDIAN: u32 = 1 << 15;
+}
+
+raw_struct! {
+    /// `bitmap_super_t` (kernel `md-bitmap.h`, mdadm `bitmap.h`), 256 bytes.
+    pub struct RawBitmapSuper {
+        pub magic: Le32,
+        pub version: Le32,
+        pub uuid: [u8; 16],
+        pub events: Le64,
+        pub events_cleared: Le64,
+        pub sync_size: Le64,
+        pub state: Le32,
+        pub chunksize: Le32,
+        pub daemon_sleep: Le32,
+        pub write_behind: Le32,
+        pub sectors_reserved: Le32,
+        pub nodes: Le32,
+        pub cluster_name: [u8; 64],
+        pub pad: [u8; 120],
+    }
+}
+
+const _: () = assert!(size_of::<RawBitmapSuper>() == HEADER_SIZE);
+const _: () = assert!(std::mem::offset_of!(RawBitmapSuper, events) == 24);
+const _: () = assert!(std::mem::offset_of!(RawBitmapSuper, sync_size) == 40);
+const _: () = assert!(std::mem::offset_of!(RawBitmapSuper, chunksize) == 52);
+const _: () = assert!(std::mem::offset_of!(RawBitmapSuper, cluster_name) == 72);
+const _: () = assert!(std::mem::offset_of!(RawBitmapSuper, pad) == 136);
+
+/// A parsed, validated bitmap header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BitmapSuper {
+    pub version: u32,
+    pub uuid: Uuid,
+    /// The array's event count when the bitmap was last written.
+    pub events: u64,
+    /// The event count when bits were last cleared.
+    pub events_cleared: u64,
+    /// Sectors covered by the bits.
+    pub sync_size: Sectors,
+    pub state: u32,
+    /// Bytes covered by one bit: a power of two, at least 512.
+    pub chunk_bytes: u32,
+    /// Seconds between clearing passes.
+    pub daemon_sleep: u32,
+    pub write_behind: u32,
+    pub sectors_reserved: u32,
+    pub nodes: u32,
+    pub cluster_name: [u8; 64],
+}
+
+fn corrupt(member: &str, detail: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::Corrupt,
+        format!("{member}: bitmap superblock: {detail}"),
+    )
+}
+
+impl BitmapSuper {
+    /// A new header as mdadm writes it (`add_internal_bitmap1`), at array events
+    /// `events`.
+    pub fn new(uuid: Uuid, sync_size: Sectors, chunk_bytes: u32, events: u64) -> BitmapSuper {
+        BitmapSuper {
+            version: BITMAP_VERSION,
+            uuid,
+            events,
+            events_cleared: 0,
+            sync_size,
+            state: 0,
+            chunk_bytes,
+            daemon_sleep: DEFAULT_DAEMON_SLEEP,
+            write_behind: 0,
+            sectors_reserved: 0,
+            nodes: 0,
+            cluster_name: [0; 64],
+        }
+    }
+
+    /// Parses and checks the header at the start of `bytes` with the kernel's
+    /// acceptance rules (`md_bitmap_read_sb`), refusing what cairn does not implement
+    /// (clustered and lockless bitmaps, host-endian bits). `member` names the device.
+    pub fn parse(bytes: &[u8], member: &str) -> Result<BitmapSuper> {
+        let head: &[u8; HEADER_SIZE] = bytes
+            .get(..HEADER_SIZE)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| corrupt(member, format!("only {} bytes", bytes.len())))?;
+        let raw = RawBitmapSuper::read_from(head);
+        if raw.magic.get() != BITMAP_MAGIC {
+            return Err(corrupt(
+                member,
+                format!(
+                    "bad magic {:08x} (expected {BITMAP_MAGIC:08x})",
+                    raw.magic.get()
+                ),
+            ));
+        }
+        let version = raw.version.get();
+        let st = raw.state.get();
+        let unsupported = |what: String| {
+            Error::new(
+                ErrorKind::Unsupported,
+                format!("{member}: bitmap: {what} (cairn implements version 4 bitmaps)"),
+            )
+        };
+        match version {
+            BITMAP_VERSION_LO | BITMAP_VERSION => {}
+            5 => return Err(unsupported("a clustered bitmap (version 5)".into())),
+            6 => return Err(unsupported("a lockless bitmap (version 6)".into())),
+            v => return Err(corrupt(member, format!("unknown version {v}"))),
+        }
+        if st & state::HOSTENDIAN != 0 {
+            return Err(unsupported("host-endian bits".into()));
+        }
+        let chunk = raw.chunksize.get();
+        if chunk < 512 || !chunk.is_power_of_two() {
+            return Err(corrupt(
+                member,
+                format!("chunk size {chunk} is not a power of two of at least 512"),
+            ));
+        }
+        let daemon_sleep = raw.daemon_sleep.get();
+        if daemon_sleep == 0 || daemon_sleep > 24 * 3600 {
+            return Err(corrupt(
+                member,
+                format!("daemon sleep {daemon_sleep}s out of range"),
+            ));
+        }
+        let write_behind = raw.write_behind.get();
+        if write_behind > MAX_WRITE_BEHIND {
+            return Err(corrupt(
+                member,
+                format!("write-behind limit {write_behind} out of range (0 - {MAX_WRITE_BEHIND})"),
+            ));
+        }
+        let nodes = raw.nodes.get();
+        if nodes != 0 {
+            return Err(unsupported(format!("a bitmap for {nodes} cluster nodes")));
+        }
+        let events = raw.events.get();
+        let events_cleared = raw.events_cleared.get();
+        let sb = BitmapSuper {
+            version,
+            uuid: Uuid(raw.uuid),
+            events,
+            events_cleared,
+            sync_size: Sectors(raw.sync_size.get()),
+            state: st,
+            chunk_bytes: chunk,
+            daemon_sleep,
+            write_behind,
+            sectors_reserved: raw.sectors_reserved.get(),
+            nodes,
+            cluster_name: raw.cluster_name,
+        };
+        // The area must be addressable: bits and bytes computed without overflow.
+        sb.area_bytes()
+            .ok_or_else(|| corrupt(member, format!("sync size {} overflows", sb.sync_size.0)))?;
+        Ok(sb)
+    }
+
+    /// The 256 header bytes.
+    pub fn encode(&self) -> [u8; HEADER_SIZE] {
+        let raw = RawBitmapSuper {
+            magic: Le32::new(BITMAP_MAGIC),
+            version: Le32::new(self.version),
+            uuid: self.uuid.0,
+            events: Le64::new(self.events),
+            events_cleared: Le64::new(self.events_cleared),
+            sync_size: Le64::new(self.sync_size.0),
+            state: Le32::new(self.state),
+            chunksize: Le32::new(self.chunk_bytes),
+            daemon_sleep: Le32::new(self.daemon_sleep),
+            write_behind: Le32::new(self.write_behind),
+            sectors_reserved: Le32::new(self.sectors_reserved),
+            nodes: Le32::new(self.nodes),
+            cluster_name: self.cluster_name,
+            pad: [0; 120],
+        };
+        let mut out = [0u8; HEADER_SIZE];
+        raw.write_to(&mut out);
+        out
+    }
+
+    /// Bits in the map: `ceil(sync_size * 512 / chunk)` (mdadm `bitmap_bits`).
+    pub fn chunks(&self) -> Option<u64> {
+        let bytes = self.sync_size.0.checked_mul(SECTOR_SIZE)?;
+        Some(bytes.div_ceil(u64::from(self.chunk_bytes)))
+    }
+
+    /// Bytes of the on-disk area: header plus bits, rounded up to [`BLOCK`].
+    pub fn area_bytes(&self) -> Option<u64> {
+        let bits = self.chunks()?;
+        let raw = bits.div_ceil(8).checked_add(wide(HEADER_SIZE))?;
+        raw.checked_next_multiple_of(BLOCK)
+    }
+
+    /// The area mdadm writes at create (`write_bitmap1`): the header, then every bit
+    /// set (`dirty`: the first assembly resyncs everything) or none.
+    pub fn initial_area(&self, dirty: bool) -> Vec<u8> {
+        let len = small(self.area_bytes().expect("checked when made"));
+        let mut area = vec![if dirty { 0xff } else { 0 }; len];
+        area[..HEADER_SIZE].copy_from_slice(&self.encode());
+        area
+    }
+}
+
+/// Little-endian bit `i` of `bits` (kernel `test_bit_le`).
+fn test_bit(bits: &[u8], i: u64) -> bool {
+    bits[small(i / 8)] & (1 << (i % 8)) != 0
+}
+
+fn set_bit(bits: &mut [u8], i: u64, on: bool) {
+    let b = &mut bits[small(i / 8)];
+    if on {
+        *b |= 1 << (i % 8);
+    } else {
+        *b &= !(1 << (i % 8));
+    }
+}
+
+/// Whether to give a new array a bitmap (mdadm `--bitmap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BitmapChoice {
+    /// No bitmap: a crash resyncs the whole array.
+    None,
+    /// An internal bitmap after the superblock. `chunk_bytes`: bytes per bit (mdadm
+    /// `--bitmap-chunk`); `None` for mdadm's default (at least 64 MiB).
+    Internal { chunk_bytes: Option<u64> },
+}
+
+impl BitmapChoice {
+    /// mdadm's choice for `level` when nothing is asked for, in cairn: internal for the
+    /// redundant levels (a bitmap has nothing to say about RAID0 or linear).
+    pub fn default_for(level: Level) -> BitmapChoice {
+        if matches!(level, Level::Linear | Level::Raid0) {
+            BitmapChoice::None
+        } else {
+            BitmapChoice::Internal { chunk_bytes: None }
+        }
+    }
+}
+
+/// The sectors a bitmap covers, as mdadm computes them at create (`Create.c`): the
+/// component size, or for RAID10 `size * raid_disks / (near * far)`.
+pub fn sync_size_for(level: Level, layout: u32, size: Sectors, raid_disks: u32) -> Sectors {
+    if level == Level::Raid10 {
+        let copies = u64::from(layout & 0xff) * u64::from((layout >> 8) & 0xff);
+        Sectors(size.0 * u64::from(raid_disks) / copies.max(1))
+    } else {
+        size
+    }
+}
+
+/// The bitmap mdadm would add when creating a v1.2 array (`add_internal_bitmap1`,
+/// creating case): room is `choose_bm_space(size)` sectors (at most 128 KiB when the
+/// chunk is not chosen), the smallest chunk from 4 KiB up whose bits fit, raised to
+/// 64 MiB by default. A chosen chunk must be a power of two of at least that smallest.
+pub fn plan(
+    uuid: Uuid,
+    sync_size: Sectors,
+    room: Sectors,
+    chunk: Option<u64>,
+    events: u64,
+) -> Result<BitmapSuper> {
+    let invalid = |m: String| Error::new(ErrorKind::InvalidArgument, m);
+    let room = if chunk.is_none() {
+        room.0.min(256)
+    } else {
+        room.0
+    };
+    if room <= 1 {
+        return Err(invalid(format!(
+            "no room for a bitmap: a component of {} sectors leaves none after the superblock",
+            sync_size.0
+        )));
+    }
+    let max_bits = (room * 512 - wide(HEADER_SIZE)) * 8;
+    let mut min_chunk: u64 = 4096;
+    let mut bits = sync_size.0 * 512 / min_chunk + 1;
+    while bits > max_bits {
+        min_chunk *= 2;
+        bits = bits.div_ceil(2);
+    }
+    let chunk = match chunk {
+        None => min_chunk.max(DEFAULT_MIN_CHUNK),
+        Some(c) if !c.is_power_of_two() || c < 4096 => {
+            return Err(invalid(format!(
+                "bitmap chunk of {c} bytes: need a power of two of at least 4 KiB"
+            )))
+        }
+        Some(c) if c < min_chunk => {
+            return Err(invalid(format!(
+                "bitmap chunk of {} KiB is too small: {} KiB of room holds bits for chunks of \
+                 at least {} KiB on this array",
+                c >> 10,
+                room / 2,
+                min_chunk >> 10
+            )))
+        }
+        Some(c) => c,
+    };
+    let chunk = u32::try_from(chunk)
+        .map_err(|_| invalid(format!("bitmap chunk of {chunk} bytes is over 2 GiB")))?;
+    Ok(BitmapSuper::new(uuid, sync_size, chunk, events))
+}
+
+// ---- the running bitmap ---------------------------------------------------------------
+
+/// What the bits count in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coverage {
+    /// Member bytes from `data_offset` (RAID1/4/5/6).
+    Member,
+    /// Array bytes (RAID10).
+    Array,
+}
+
+/// A snapshot of the bitmap, for reports and tests.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BitmapInfo {
+    pub chunk_bytes: u64,
+    pub chunks: u64,
+    /// Bits set now (what `mdadm -X` would count once written).
+    pub dirty: u64,
+    pub events: u64,
+    pub events_cleared: u64,
+    pub sync_size: u64,
+    /// Byte offset of the bitmap on each member.
+    pub offset: u64,
+    /// "member" or "array": what one chunk of bits counts.
+    pub coverage: &'static str,
+}
+
+/// A chunk whose writes have all completed: cleared once a flush numbered `gen` or
+/// later has completed and it has been idle since `at` for the daemon sleep.
+#[derive(Debug, Clone, Copy)]
+struct Done {
+    gen: u64,
+    at: Instant,
+}
+
+struct State {
+    sb: BitmapSuper,
+    /// The area as on disk: header, then the bits; whole blocks.
+    area: Vec<u8>,
+    inflight: Vec<u32>,
+    /// Set bits with nothing in flight.
+    done: BTreeMap<u64, Done>,
+    flushes_started: u64,
+    flushed: u64,
+}
+
+impl State {
+    fn bits(&self) -> &[u8] {
+        &self.area[HEADER_SIZE..]
+    }
+
+    fn test(&self, c: u64) -> bool {
+        test_bit(self.bits(), c)
+    }
+
+    fn set(&mut self, c: u64, on: bool) {
+        set_bit(&mut self.area[HEADER_SIZE..], c, on);
+    }
+
+    fn sync_header(&mut self) {
+        let h = self.sb.encode();
+        self.area[..HEADER_SIZE].copy_from_slice(&h);
+    }
+
+    fn dirty(&self, chunks: u64) -> u64 {
+        wide((0..chunks).filter(|&c| self.test(c)).count())
+    }
+}
+
+/// The bitmap of a running array: one per array, written to every up member.
+pub(crate) struct Bitmap {
+    /// Byte offset of the area on each member.
+    at: u64,
+    chunk: u64,
+    chunks: u64,
+    coverage: Coverage,
+    daemon_sleep_ms: AtomicU64,
+    state: Mutex<State>,
+}
+
+/// The block of the area holding bit `c`.
+fn block_of(c: u64) -> u64 {
+    (wide(HEADER_SIZE) + c / 8) / BLOCK
+}
+
+impl Bitmap {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Reads the bitmap of an array being assembled whose superblock `sb` has feature bit
+/// 1, from every present member of `slots` (bits are OR-ed; the header with the most
+/// events wins). `events` is the array's. Returns the bitmap and whether it was out of
+/// date (then every bit is set, and it must be written back). Nothing is written.
+pub(crate) fn load_bitmap(
+    slots: &[Slot],
+    layout: &ArrayLayout,
+    sb: &Superblock,
+    events: u64,
+    label: &str,
+) -> Result<Option<(Bitmap, bool)>> {
+    if !sb.features.has(crate::ondisk::Features::BITMAP_OFFSET) {
+        return Ok(None);
+    }
+    let (coverage, covered) = match layout {
+        ArrayLayout::Raid10(l) => (Coverage::Array, l.array_sectors()),
+        ArrayLayout::Raid1(_) | ArrayLayout::Parity(_) => (Coverage::Member, sb.size),
+        ArrayLayout::Linear(_) | ArrayLayout::Raid0(_) => {
+            tracing::warn!("{label}: ignoring the bitmap of a {} array", sb.level);
+            return Ok(None);
+        }
+    };
+    let start = i128::from(sb.super_offset.0) + i128::from(sb.bitmap_offset);
+    let at =
+        u64::try_from(start * 512).map_err(|_| corrupt(label, "bitmap before the device start"))?;
+    let limit = if sb.bblog_offset > 0 {
+        i128::from(sb.super_offset.0) + i128::from(sb.bblog_offset)
+    } else {
+        i128::from(sb.data_offset.0)
+    } * 512;
+    let mut images: Vec<(BitmapSuper, Vec<u8>)> = Vec::new();
+    // Only members in sync carry a bitmap that means anything (one part-way through a
+    // rebuild got it when the rebuild began, but its own may be older).
+    let in_sync = slots
+        .iter()
+        .filter(|s| s.synced.load(std::sync::atomic::Ordering::Acquire) == u64::MAX)
+        .filter_map(crate::array::Slot::member);
+    for m in in_sync {
+        let lbs = u64::from(m.dev.geometry().logical_block_size);
+        if lbs > BLOCK || !BLOCK.is_multiple_of(lbs) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "{}: logical blocks of {lbs} bytes cannot hold md's 4 KiB bitmap blocks",
+                    m.name
+                ),
+            ));
+        }
+        let mut head = vec![0u8; small(BLOCK)];
+        m.dev
+            .read_at(&mut head, at)
+            .map_err(|e| e.context(format!("{}: reading the bitmap", m.name)))?;
+        let bsb = BitmapSuper::parse(&head, &m.name)?;
+        if bsb.uuid != sb.set_uuid {
+            return Err(corrupt(
+                &m.name,
+                format!("UUID {} is not the array's {}", bsb.uuid, sb.set_uuid),
+            ));
+        }
+        let len = bsb.area_bytes().expect("checked by parse");
+        if i128::from(at) + i128::from(len) > limit {
+            return Err(corrupt(
+                &m.name,
+                format!("{len} bitmap bytes at byte {at} overlap what follows (byte {limit})"),
+            ));
+        }
+        let mut area = vec![0u8; small(len)];
+        m.dev
+            .read_at(&mut area, at)
+            .map_err(|e| e.context(format!("{}: reading the bitmap", m.name)))?;
+        images.push((bsb, area));
+    }
+    let Some(best) = images.iter().map(|(s, _)| s.events).max() else {
+        return Ok(None);
+    };
+    let (mut bsb, mut area) = images
+        .iter()
+        .find(|(s, _)| s.events == best)
+        .cloned()
+        .expect("the maximum is one of them");
+    let chunks = bsb.chunks().expect("checked by parse");
+    if chunks * u64::from(bsb.chunk_bytes) < covered.0 * SECTOR_SIZE {
+        return Err(corrupt(
+            label,
+            format!(
+                "the bitmap covers {} sectors but the array needs {}",
+                bsb.sync_size.0, covered.0
+            ),
+        ));
+    }
+    // Union of the members' bits (one may hold bits another never got).
+    for (s, img) in &images {
+        if s.chunk_bytes == bsb.chunk_bytes && s.sync_size == bsb.sync_size {
+            for c in (0..chunks).filter(|&c| test_bit(&img[HEADER_SIZE..], c)) {
+                set_bit(&mut area[HEADER_SIZE..], c, true);
+            }
+        }
+    }
+    let stale = bsb.events < events || bsb.state & state::STALE != 0;
+    if stale {
+        tracing::warn!(
+            "{label}: bitmap is out of date (events {} < {events}); every chunk counts as \
+             dirty, so a resync covers the whole array",
+            bsb.events
+        );
+        for c in 0..chunks {
+            set_bit(&mut area[HEADER_SIZE..], c, true);
+        }
+        bsb.state &= !state::STALE;
+    }
+    bsb.events = bsb.events.max(events);
+    let now = Instant::now();
+    let mut st = State {
+        sb: bsb.clone(),
+        area,
+        inflight: vec![0; small(chunks)],
+        done: BTreeMap::new(),
+        flushes_started: 0,
+        flushed: 0,
+    };
+    st.sync_header();
+    let set: Vec<u64> = (0..chunks).filter(|&c| st.test(c)).collect();
+    for c in set {
+        st.done.insert(c, Done { gen: 0, at: now });
+    }
+    Ok(Some((
+        Bitmap {
+            at,
+            chunk: u64::from(bsb.chunk_bytes),
+            chunks,
+            coverage,
+            daemon_sleep_ms: AtomicU64::new(u64::from(bsb.daemon_sleep) * 1000),
+            state: Mutex::new(st),
+        },
+        stale,
+    )))
+}
+
+impl Array {
+    /// Installs the bitmap [`load_bitmap`] read into a freshly built array; an out of
+    /// date one is written back whole (every bit set, events current), as md does.
+    pub(crate) fn install_bitmap(&mut self, loaded: Option<(Bitmap, bool)>) {
+        let Some((bm, stale)) = loaded else { return };
+        self.bitmap = Some(bm);
+        if !stale {
+            return;
+        }
+        let bm = self.bitmap.as_ref().expect("just set");
+        let st = bm.lock();
+        let all: BTreeSet<u64> = (0..wide(st.area.len()) / BLOCK).collect();
+        let r = self.write_bitmap_blocks(bm, &st, &all, WriteFlags::FUA);
+        drop(st);
+        match r {
+            Ok(failed) => {
+                for (role, e) in failed {
+                    self.fail_member(role, &e);
+                }
+            }
+            Err(e) => tracing::warn!("{}: {e}", self.array_label()),
+        }
+    }
+
+    /// Writes the whole bitmap area, as it is now, to `m` (FUA): a member taking a role
+    /// (a spare, a re-added member, a replacement) must carry the array's bitmap.
+    pub(crate) fn bitmap_init_member(&self, m: &crate::array::Member) -> Result<()> {
+        let Some(bm) = &self.bitmap else {
+            return Ok(());
+        };
+        let st = bm.lock();
+        m.dev
+            .write_at(&st.area, bm.at, WriteFlags::FUA)
+            .map_err(|e| e.context(format!("{}: writing the bitmap", m.name)))
+    }
+
+    /// Writes `blocks` of the area to every up member. Returns the members that failed
+    /// (to be failed by the caller once the bitmap lock is released); an error when
+    /// none took it.
+    fn write_bitmap_blocks(
+        &self,
+        bm: &Bitmap,
+        st: &State,
+        blocks: &BTreeSet<u64>,
+        flags: WriteFlags,
+    ) -> Result<Vec<(usize, Error)>> {
+        let mut failed = Vec::new();
+        let mut written = 0;
+        for role in 0..self.slots.len() {
+            // Members being rebuilt too: they must hold the bitmap once in sync.
+            if !self.is_writable(role) {
+                continue;
+            }
+            let Some(m) = self.slots[role].member() else {
+                continue;
+            };
+            let r = blocks.iter().try_for_each(|&b| {
+                let piece = &st.area[small(b * BLOCK)..small((b + 1) * BLOCK)];
+                m.dev.write_at(piece, bm.at + b * BLOCK, flags)
+            });
+            match r {
+                Ok(()) => written += 1,
+                Err(e) => failed.push((
+                    role,
+                    e.context(format!("{}: writing the bitmap", self.describe_role(role))),
+                )),
+            }
+        }
+        if written == 0 {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{}: no member took the bitmap update{}",
+                    self.array_label(),
+                    failed
+                        .last()
+                        .map(|(_, e)| format!(": {e}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        Ok(failed)
+    }
+
+    /// The bits `[first, last]` a write of array bytes `[off, off + len)` dirties.
+    fn bitmap_span(&self, bm: &Bitmap, off: u64, len: u64) -> (u64, u64) {
+        let (start, end) = match (&self.layout, bm.coverage) {
+            (ArrayLayout::Parity(pl), _) => {
+                let c = pl.chunk().0 * SECTOR_SIZE;
+                let row = c * wide(pl.data_disks());
+                ((off / row) * c, (off + len - 1) / row * c + c)
+            }
+            _ => (off, off + len),
+        };
+        let last = ((end - 1) / bm.chunk).min(bm.chunks - 1);
+        ((start / bm.chunk).min(last), last)
+    }
+
+    /// Before a write or discard of array bytes `[off, off + len)`: set and persist the
+    /// bits it dirties (md's `bitmap_startwrite`).
+    pub(crate) fn bitmap_start(&self, off: u64, len: u64) -> Result<()> {
+        let Some(bm) = &self.bitmap else {
+            return Ok(());
+        };
+        let (first, last) = self.bitmap_span(bm, off, len);
+        let mut st = bm.lock();
+        let mut blocks = BTreeSet::new();
+        for c in first..=last {
+            let i = small(c);
+            if st.inflight[i] == 0 {
+                st.done.remove(&c);
+            }
+            st.inflight[i] += 1;
+            if !st.test(c) {
+                st.set(c, true);
+                blocks.insert(block_of(c));
+            }
+        }
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        match self.write_bitmap_blocks(bm, &st, &blocks, WriteFlags::FUA) {
+            Ok(failed) => {
+                drop(st);
+                for (role, e) in failed {
+                    self.fail_member(role, &e);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                drop(st);
+                self.bitmap_end(off, len);
+                Err(e.context("setting write-intent bits before a write"))
+            }
+        }
+    }
+
+    /// After the write started by [`Array::bitmap_start`] (whatever its outcome).
+    pub(crate) fn bitmap_end(&self, off: u64, len: u64) {
+        let Some(bm) = &self.bitmap else { return };
+        let (first, last) = self.bitmap_span(bm, off, len);
+        let mut st = bm.lock();
+        let gen = st.flushes_started + 1;
+        let now = Instant::now();
+        for c in first..=last {
+            let i = small(c);
+            debug_assert!(st.inflight[i] > 0);
+            st.inflight[i] = st.inflight[i].saturating_sub(1);
+            if st.inflight[i] == 0 && st.test(c) {
+                st.done.insert(c, Done { gen, at: now });
+            }
+        }
+    }
+
+    /// Before the members are flushed: the flush's number.
+    pub(crate) fn bitmap_flush_start(&self) -> u64 {
+        let Some(bm) = &self.bitmap else { return 0 };
+        let mut st = bm.lock();
+        st.flushes_started += 1;
+        st.flushes_started
+    }
+
+    /// After flush `gen` succeeded: writes completed before it are durable, so their
+    /// chunks may be cleared once idle (md's bitmap daemon, run here).
+    pub(crate) fn bitmap_flushed(&self, gen: u64) {
+        let Some(bm) = &self.bitmap else { return };
+        {
+            let mut st = bm.lock();
+            st.flushed = st.flushed.max(gen);
+        }
+        if let Err(e) = self.bitmap_sweep(false, WriteFlags::NONE) {
+            tracing::warn!("{}: clearing bitmap bits: {e}", self.array_label());
+        }
+    }
+
+    /// Whether bits may be cleared now: not degraded (the bits are what a re-add
+    /// needs) and no resync pending (they say what it must cover).
+    fn bitmap_may_clear(&self) -> bool {
+        self.down_roles().is_empty() && !self.meta_lock().resync_pending
+    }
+
+    /// Clears the bits of chunks that are flushed and idle (all of those when
+    /// `force`), and writes the blocks that changed. Returns how many were cleared.
+    fn bitmap_sweep(&self, force: bool, flags: WriteFlags) -> Result<u64> {
+        let Some(bm) = &self.bitmap else {
+            return Ok(0);
+        };
+        if !self.bitmap_may_clear() {
+            return Ok(0);
+        }
+        let idle = Duration::from_millis(bm.daemon_sleep_ms.load(Ordering::Relaxed));
+        let mut st = bm.lock();
+        let now = Instant::now();
+        let flushed = st.flushed;
+        let ready: Vec<u64> = st
+            .done
+            .iter()
+            .filter(|(_, d)| flushed >= d.gen && (force || now.duration_since(d.at) >= idle))
+            .map(|(&c, _)| c)
+            .collect();
+        if ready.is_empty() {
+            return Ok(0);
+        }
+        let mut blocks = BTreeSet::from([0]);
+        for &c in &ready {
+            st.done.remove(&c);
+            st.set(c, false);
+            blocks.insert(block_of(c));
+        }
+        st.sb.events_cleared = st.sb.events;
+        st.sync_header();
+        let failed = self.write_bitmap_blocks(bm, &st, &blocks, flags)?;
+        drop(st);
+        for (role, e) in failed {
+            self.fail_member(role, &e);
+        }
+        Ok(wide(ready.len()))
+    }
+
+    /// Superblock events changed to `events` (hook in `write_superblocks`, which holds
+    /// the metadata lock): the bitmap header follows, written first as md does
+    /// (`md_bitmap_update_sb`). A member that cannot take it is marked failed here; the
+    /// superblocks written next record it faulty.
+    pub(crate) fn bitmap_write_events(&self, events: u64) {
+        let Some(bm) = &self.bitmap else { return };
+        let mut st = bm.lock();
+        st.sb.events = events;
+        st.events_cleared_not_ahead();
+        st.sync_header();
+        let all = BTreeSet::from([0]);
+        match self.write_bitmap_blocks(bm, &st, &all, WriteFlags::FUA) {
+            Ok(failed) => {
+                for (role, e) in failed {
+                    self.slots[role].failed.store(true, Ordering::Release);
+                    tracing::warn!(
+                        "{}: {} failed writing the bitmap and is now out of the array: {e}",
+                        self.array_label(),
+                        self.describe_role(role)
+                    );
+                }
+            }
+            Err(e) => tracing::warn!("{}: {e}", self.array_label()),
+        }
+    }
+
+    /// On a clean close, after the flush: clear every clearable bit and write them
+    /// durably, so a clean stop leaves no dirty bits unless degraded.
+    pub(crate) fn bitmap_close(&self) -> Result<()> {
+        self.bitmap_sweep(true, WriteFlags::FUA).map(|_| ())
+    }
+
+    // ---- resync (background.rs hooks) -------------------------------------------------
+
+    /// Whether a pending resync may skip what the bitmap says is clean.
+    fn bitmap_guides_resync(&self) -> bool {
+        self.bitmap.is_some() && self.meta_lock().resync_pending
+    }
+
+    /// Bytes one bit covers, if the array has a bitmap.
+    pub(crate) fn bitmap_chunk(&self) -> Option<u64> {
+        self.bitmap.as_ref().map(|b| b.chunk)
+    }
+
+    /// Whether any bit over `[start, end)` (member bytes; array bytes for RAID10) is set;
+    /// true without a bitmap.
+    pub(crate) fn bitmap_range_dirty(&self, start: u64, end: u64) -> bool {
+        match &self.bitmap {
+            Some(bm) if end > start => self.any_dirty(bm, start, end),
+            Some(_) => false,
+            None => true,
+        }
+    }
+
+    fn any_dirty(&self, bm: &Bitmap, start: u64, end: u64) -> bool {
+        let st = bm.lock();
+        let last = ((end - 1) / bm.chunk).min(bm.chunks - 1);
+        ((start / bm.chunk).min(last)..=last).any(|c| st.test(c))
+    }
+
+    /// Resyncs stripe `i` unless the bitmap says it is clean (a pending resync with a
+    /// bitmap covers only dirty chunks).
+    pub(crate) fn resync_stripe_if_dirty(&self, pl: &ParityLayout, i: u64) -> Result<()> {
+        let c = pl.chunk().0 * SECTOR_SIZE;
+        if let (Some(bm), true) = (&self.bitmap, self.bitmap_guides_resync()) {
+            if !self.any_dirty(bm, i * c, (i + 1) * c) {
+                return Ok(());
+            }
+        }
+        self.resync_stripe(pl, i)?;
+        self.resynced.fetch_add(c, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Resyncs the mirrored array bytes `[pos, pos + n)`, only their dirty chunks when
+    /// the bitmap guides a pending resync.
+    pub(crate) fn resync_mirrors_if_dirty(&self, pos: u64, n: u64) -> Result<()> {
+        let Some(bm) = self.bitmap.as_ref().filter(|_| self.bitmap_guides_resync()) else {
+            self.resync_mirrors(pos, n)?;
+            self.resynced.fetch_add(n, Ordering::Relaxed);
+            return Ok(());
+        };
+        // RAID1 bits count member bytes, which are array bytes; RAID10's count array
+        // bytes: either way the range maps one to one.
+        let end = pos + n;
+        let mut at = pos;
+        while at < end {
+            let stop = ((at / bm.chunk + 1) * bm.chunk).min(end);
+            if self.any_dirty(bm, at, stop) {
+                self.resync_mirrors(at, stop - at)?;
+                self.resynced.fetch_add(stop - at, Ordering::Relaxed);
+            }
+            at = stop;
+        }
+        Ok(())
+    }
+
+    // ---- for tests, reports and the re-add path ------------------------------------------
+
+    /// Bytes resynced since assembly: member bytes per member for RAID1/4/5/6 (one
+    /// stripe counts its chunk), array bytes for RAID10 — the units bitmap chunks count.
+    pub fn resynced_bytes(&self) -> u64 {
+        self.resynced.load(Ordering::Relaxed)
+    }
+
+    /// The bitmap's state, if the array has one.
+    pub fn bitmap_info(&self) -> Option<BitmapInfo> {
+        let bm = self.bitmap.as_ref()?;
+        let st = bm.lock();
+        Some(BitmapInfo {
+            chunk_bytes: bm.chunk,
+            chunks: bm.chunks,
+            dirty: st.dirty(bm.chunks),
+            events: st.sb.events,
+            events_cleared: st.sb.events_cleared,
+            sync_size: st.sb.sync_size.0,
+            offset: bm.at,
+            coverage: match bm.coverage {
+                Coverage::Member => "member",
+                Coverage::Array => "array",
+            },
+        })
+    }
+
+    /// How long a chunk must be idle before its bit is cleared (md's `daemon_sleep`;
+    /// from the bitmap header, 5 s as mdadm writes it).
+    pub fn set_bitmap_daemon_sleep(&self, d: Duration) {
+        if let Some(bm) = &self.bitmap {
+            let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+            bm.daemon_sleep_ms.store(ms, Ordering::Relaxed);
+        }
+    }
+
+    /// md's bitmap daemon pass, for a caller with a timer: flushes when idle chunks
+    /// wait for one, then clears what may be cleared. Returns the bits cleared (less
+    /// any set meanwhile by concurrent writes).
+    pub fn bitmap_daemon_work(&self) -> Result<u64> {
+        let Some(bm) = &self.bitmap else {
+            return Ok(0);
+        };
+        let (waiting, before) = {
+            let st = bm.lock();
+            (
+                st.done.values().any(|d| d.gen > st.flushed),
+                st.dirty(bm.chunks),
+            )
+        };
+        if waiting {
+            // The flush runs a pass of its own.
+            cairn_block::BlockDevice::flush(self)?;
+        }
+        self.bitmap_sweep(false, WriteFlags::NONE)?;
+        Ok(before.saturating_sub(bm.lock().dirty(bm.chunks)))
+    }
+
+    /// The dirty regions as `(start, len)` byte ranges, merged: member data-area bytes
+    /// (from `data_offset`) for RAID1/4/5/6, array bytes for RAID10 (see
+    /// [`BitmapInfo::coverage`]). A member re-added with a usable bitmap needs only
+    /// these. Empty without a bitmap.
+    pub(crate) fn bitmap_dirty_ranges(&self) -> Vec<(u64, u64)> {
+        let Some(bm) = &self.bitmap else {
+            return Vec::new();
+        };
+        let st = bm.lock();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for c in (0..bm.chunks).filter(|&c| st.test(c)) {
+            let start = c * bm.chunk;
+            match out.last_mut() {
+                Some((s, l)) if *s + *l == start => *l += bm.chunk,
+                _ => out.push((start, bm.chunk)),
+            }
+        }
+        out
+    }
+
+    /// md's re-add rule (`super_1_validate`): a returning member whose superblock has
+    /// `member_events` can be brought back by resyncing only the dirty ranges when it
+    /// has seen every clearing of bits (`member_events >= events_cleared`). Without a
+    /// bitmap, never.
+    // Used by the re-add path, which lands separately.
+    #[allow(dead_code)]
+    pub(crate) fn bitmap_allows_readd(&self, member_events: u64) -> bool {
+        self.bitmap
+            .as_ref()
+            .is_some_and(|bm| member_events >= bm.lock().sb.events_cleared)
+    }
+}
+
+impl State {
+    /// md: events going back (never in cairn) pull `events_cleared` with them.
+    fn events_cleared_not_ahead(&mut self) {
+        if self.sb.events < self.sb.events_cleared {
+            self.sb.events_cleared = self.sb.events;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> BitmapSuper {
+        let mut s = BitmapSuper::new(
+            "01234567:89abcdef:01234567:89abcdef".parse().unwrap(),
+            Sectors(2_095_104),
+            4 << 20,
+            1,
+        );
+        s.events_cleared = 1;
+        s
+    }
+
+    #[test]
+    fn header_round_trips_byte_for_byte() {
+        let s = sample();
+        let b = s.encode();
+        assert_eq!(&b[0..4], b"bitm");
+        assert_eq!(u32::from_le_bytes(b[4..8].try_into().unwrap()), 4);
+        assert_eq!(u64::from_le_bytes(b[40..48].try_into().unwrap()), 2_095_104);
+        assert_eq!(u32::from_le_bytes(b[52..56].try_into().unwrap()), 4 << 20);
+        assert_eq!(u32::from_le_bytes(b[56..60].try_into().unwrap()), 5);
+        assert_eq!(BitmapSuper::parse(&b, "m").unwrap(), s);
+        // verification.md §2.2: mdadm -X prints the sync size in KiB, 1047552 for these
+        // 2095104 sectors; at 4 MiB per bit that is 256 bits.
+        assert_eq!(s.chunks(), Some(256));
+        assert_eq!(s.area_bytes(), Some(4096));
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let good = sample().encode();
+        let patch = |off: usize, v: &[u8]| {
+            let mut b = good;
+            b[off..off + v.len()].copy_from_slice(v);
+            b
+        };
+        let kind = |b: &[u8]| BitmapSuper::parse(b, "m").unwrap_err().kind();
+        assert_eq!(kind(&patch(0, b"xitm")), ErrorKind::Corrupt);
+        assert_eq!(kind(&patch(4, &7u32.to_le_bytes())), ErrorKind::Corrupt);
+        assert_eq!(kind(&patch(4, &5u32.to_le_bytes())), ErrorKind::Unsupported);
+        assert_eq!(kind(&patch(52, &3000u32.to_le_bytes())), ErrorKind::Corrupt);
+        assert_eq!(kind(&patch(52, &256u32.to_le_bytes())), ErrorKind::Corrupt);
+        assert_eq!(kind(&patch(56, &0u32.to_le_bytes())), ErrorKind::Corrupt);
+        assert_eq!(
+            kind(&patch(60, &16384u32.to_le_bytes())),
+            ErrorKind::Corrupt
+        );
+        assert_eq!(
+            kind(&patch(68, &2u32.to_le_bytes())),
+            ErrorKind::Unsupported
+        );
+        assert_eq!(
+            kind(&patch(48, &(1u32 << 15).to_le_bytes())),
+            ErrorKind::Unsupported
+        );
+        assert_eq!(
+            kind(&patch(40, &u64::MAX.to_le_bytes())),
+            ErrorKind::Corrupt
+        );
+        assert_eq!(kind(&good[..100]), ErrorKind::Corrupt);
+        // Version 3 without HOSTENDIAN reads as 4.
+        assert!(BitmapSuper::parse(&patch(4, &3u32.to_le_bytes()), "m").is_ok());
+    }
+
+    #[test]
+    fn parser_never_panics_on_mutations() {
+        // Fuzz-style: random bytes, and the good header with random bytes changed.
+        let good = sample().encode();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..20_000 {
+            let mut b = if round % 2 == 0 {
+                good
+            } else {
+                let mut r = [0u8; HEADER_SIZE];
+                r.iter_mut().for_each(|v| *v = next().to_le_bytes()[0]);
+                r[..4].copy_from_slice(&BITMAP_MAGIC.to_le_bytes());
+                r
+            };
+            for _ in 0..(next() % 6) {
+                let i = small(next() % wide(HEADER_SIZE));
+                b[i] = next().to_le_bytes()[0];
+            }
+            let len = small(next() % (wide(HEADER_SIZE) + 1));
+            if let Ok(s) = BitmapSuper::parse(
+                &b[..len.max(if round % 3 == 0 { 0 } else { HEADER_SIZE })],
+                "m",
+            ) {
+                let area = s.area_bytes().unwrap();
+                assert_eq!(area % BLOCK, 0);
+                assert_eq!(BitmapSuper::parse(&s.encode(), "m").unwrap(), s);
+            }
+        }
+    }
+
+    #[test]
+    fn bits_are_little_endian() {
+        let mut bits = vec![0u8; 4];
+        set_bit(&mut bits, 0, true);
+        set_bit(&mut bits, 9, true);
+        set_bit(&mut bits, 31, true);
+        assert_eq!(bits, [0x01, 0x02, 0x00, 0x80]);
+        assert!(test_bit(&bits, 9) && !test_bit(&bits, 8));
+        set_bit(&mut bits, 9, false);
+        assert_eq!(bits, [0x01, 0, 0, 0x80]);
+        assert_eq!(block_of(0), 0);
+        assert_eq!(block_of((4096 - 256) * 8 - 1), 0);
+        assert_eq!(block_of((4096 - 256) * 8), 1);
+    }
+
+    #[test]
+    fn plan_follows_mdadm() {
+        let u = Uuid::default();
+        // Small component: 8 sectors of room, default chunk raised to 64 MiB.
+        let s = plan(u, Sectors(126_976), Sectors(8), None, 1).unwrap();
+        assert_eq!(s.chunk_bytes, 64 << 20);
+        assert_eq!(s.chunks(), Some(1));
+        // A chosen 64 KiB chunk fits in 8 sectors for 62 MiB.
+        let s = plan(u, Sectors(126_976), Sectors(8), Some(64 << 10), 1).unwrap();
+        assert_eq!(s.chunks(), Some(992));
+        assert_eq!(s.area_bytes(), Some(4096));
+        // Too small a chunk for the room, or not a power of two.
+        let big = Sectors(8 << 21); // 8 GiB
+        assert!(plan(u, big, Sectors(8), Some(64 << 10), 1).is_err());
+        assert!(plan(u, big, Sectors(8), Some(3 << 20), 1).is_err());
+        assert!(plan(u, Sectors(100), Sectors(0), None, 1).is_err());
+        // 8 GiB in 8 sectors: the smallest chunk that fits is 512 KiB; the default 64M.
+        assert!(plan(u, big, Sectors(8), Some(512 << 10), 1).is_ok());
+        assert!(plan(u, big, Sectors(8), Some(256 << 10), 1).is_err());
+        // RAID10 covers the array.
+        assert_eq!(
+            sync_size_for(Level::Raid10, 0x102, Sectors(1000), 3),
+            Sectors(1500)
+        );
+    }
+
+    #[test]
+    fn dirty_ranges_and_the_readd_rule() {
+        use cairn_block::{BlockDevice, MemDisk};
+        use std::sync::Arc;
+        let members: Vec<Arc<dyn BlockDevice>> = (0..2)
+            .map(|_| Arc::new(MemDisk::new(8 << 20)) as Arc<dyn BlockDevice>)
+            .collect();
+        let mut o = crate::CreateOptions::new(Level::Raid1, "t");
+        o.members_zeroed = true;
+        o.bitmap = BitmapChoice::Internal {
+            chunk_bytes: Some(64 << 10),
+        };
+        let a = Array::create(members, vec!["a".into(), "b".into()], &o).unwrap();
+        a.set_bitmap_daemon_sleep(Duration::from_secs(3600));
+        for off in [0, (64 << 10) + 4096, 5 << 20] {
+            cairn_block::BlockDevice::write_at(&a, &[1u8; 4096], off, WriteFlags::NONE).unwrap();
+        }
+        assert_eq!(
+            a.bitmap_dirty_ranges(),
+            vec![(0, 128 << 10), (5 << 20, 64 << 10)]
+        );
+        // Clearing records the events; a member that left before then cannot use the
+        // bitmap.
+        a.set_bitmap_daemon_sleep(Duration::ZERO);
+        assert_eq!(a.bitmap_daemon_work().unwrap(), 3);
+        assert!(a.bitmap_dirty_ranges().is_empty());
+        let cleared = a.bitmap_info().unwrap().events_cleared;
+        assert!(cleared >= 2);
+        assert!(a.bitmap_allows_readd(cleared));
+        assert!(!a.bitmap_allows_readd(cleared - 1));
+        a.close().unwrap();
+    }
+
+    #[test]
+    fn initial_area_is_mdadms() {
+        let s = plan(
+            Uuid::default(),
+            Sectors(126_976),
+            Sectors(8),
+            Some(64 << 10),
+            1,
+        )
+        .unwrap();
+        let a = s.initial_area(true);
+        assert_eq!(a.len(), 4096);
+        assert!(a[HEADER_SIZE..].iter().all(|&b| b == 0xff));
+        assert!(s.initial_area(false)[HEADER_SIZE..].iter().all(|&b| b == 0));
+    }
+}
