@@ -541,13 +541,20 @@ fn degraded_warning(r: &ArrayReport, missing: &[PathBuf]) -> Option<String> {
     };
     Some(format!(
         "WARNING: md array {:?} ({}) is running DEGRADED, {} of {} members missing: {}{files}; \
-         {redundancy}. Replace the member soon (cairn cannot rebuild yet: that comes with \
-         `cairn md add`).",
+         {redundancy}.{}",
         r.name,
         r.level,
         roles.len(),
         r.raid_devices,
-        roles.join(", ")
+        roles.join(", "),
+        if r.members.iter().any(|m| m.state == MemberState::Rebuilding) {
+            " A rebuild resumes in the background when it is served writable."
+        } else if r.spare_devices > 0 {
+            " A spare takes the role over when it is served writable."
+        } else {
+            " Add a spare while it is served (`cairn md add ARRAY DEVICE`): it is rebuilt \
+             in the background."
+        }
     ))
 }
 

@@ -25,6 +25,8 @@ pub struct ArrayState {
     pub forced: bool,
     /// Too many members are gone to serve all data.
     pub failed: bool,
+    /// A member is being rebuilt (md's "recovering").
+    pub recovering: bool,
 }
 
 impl ArrayState {
@@ -36,6 +38,9 @@ impl ArrayState {
         }
         if self.failed {
             parts.push("FAILED");
+        }
+        if self.recovering {
+            parts.push("recovering");
         }
         if self.resync_pending {
             parts.push("resync pending");
@@ -192,6 +197,8 @@ impl Array {
             resync_pending: meta.resync_pending,
             forced: self.forced,
             failed: !self.layout.tolerates(&down),
+            recovering: (0..self.slots.len()).any(|r| self.is_writable(r) && !self.is_up(r))
+                || self.slots.iter().any(|s| s.replacement().is_some()),
         };
         let used = match &self.layout {
             ArrayLayout::Linear(_) | ArrayLayout::Raid0(_) => None,
@@ -308,7 +315,12 @@ impl fmt::Display for ArrayReport {
             writeln!(f)?;
         }
         if !matches!(self.level, Level::Linear | Level::Raid0) {
-            line(f, "Consistency Policy", &"resync")?;
+            let policy = if self.bitmap.is_some() {
+                "bitmap"
+            } else {
+                "resync"
+            };
+            line(f, "Consistency Policy", &policy)?;
             writeln!(f)?;
         }
         line(f, "Name", &self.name)?;
