@@ -239,6 +239,45 @@ t_bitmap_readd() {
   stop_cairn
 }
 
+# Scrub through the CLI: bytes corrupted on one RAID6 member behind cairn's back are found
+# by `md check` (the stripe, and the member the P/Q syndromes blame), which changes
+# nothing; `md repair` rewrites them; a second check is clean and the data is the original.
+t_scrub() {
+  need_tool jq curl nbdinfo nbdcopy
+  local name=sc i
+  M=()
+  for i in 0 1 2 3 4; do M+=("$SHM/$name-$i.img"); done
+  "$CAIRN" md create --level 6 --chunk 64K --raid-devices 5 --size 32M --name "$name" "${M[@]}" >/dev/null
+  serve_array "$name"
+  random_file "$WORK/data" "$SIZE"
+  nbdcopy "$WORK/data" "$URI"
+  stop_cairn
+  # Member 2's data area, 64 KiB into stripe 5 (a data chunk or P or Q: the syndromes tell).
+  local off
+  off=$("$CAIRN" md examine --json "${M[2]}" | jq '.[0].examine.data_offset')
+  off=$((off * 512 + 5 * 65536 + 4096))
+  printf 'corrupted!' | dd of="${M[2]}" bs=1 seek="$off" conv=notrunc status=none
+  local before
+  before=$(sha256sum "${M[@]}")
+  serve_array "$name"
+  md check "$name" --wait >"$WORK/check.txt" 2>&1 && fail "check passed over a corrupted member"
+  cat "$WORK/check.txt"
+  expect_contains "$(cat "$WORK/check.txt")" "8 mismatched sectors" "one page found"
+  grep -Eq '^ +(data|p|q) +5 .* role 2$' "$WORK/check.txt" ||
+    fail "check did not blame role 2 in stripe 5: $(cat "$WORK/check.txt")"
+  grep -q "MismatchesFound" <(sleep 1.5; "$CAIRN" status --control "$CTL") ||
+    fail "no MismatchesFound event: $("$CAIRN" status --control "$CTL")"
+  stop_cairn
+  expect_eq "$(sha256sum "${M[@]}")" "$before" "check wrote nothing"
+  serve_array "$name"
+  md repair "$name" --wait >"$WORK/repair.txt" 2>&1 && fail "repair reported nothing to repair"
+  expect_contains "$(cat "$WORK/repair.txt")" "repaired" "repair"
+  check_clean "$name"
+  expect_eq "$(nbdcopy "$URI" - | sha256sum | cut -d' ' -f1)" \
+    "$(sha256sum <"$WORK/data" | cut -d' ' -f1)" "data after the repair"
+  stop_cairn
+}
+
 # Refusals through the CLI: each one sentence, nothing changed.
 t_refusals() {
   need_tool jq curl
@@ -276,5 +315,6 @@ run_test raid1-rebuild-under-fio t_raid1
 run_test raid10-rebuild-under-fio t_raid10
 run_test raid6-second-failure t_raid6_second_failure
 run_test bitmap-readd t_bitmap_readd
+run_test scrub t_scrub
 run_test refusals t_refusals
 finish

@@ -155,6 +155,11 @@ fn absolute(p: &Path) -> Result<PathBuf> {
 
 /// Sends one action; prints its message (or the JSON answer).
 fn act(control: &ControlArgs, body: &Value, global: &Global) -> Result<Value> {
+    act_quietly(control, body, global, false)
+}
+
+/// [`act`], printing nothing when `quiet`.
+fn act_quietly(control: &ControlArgs, body: &Value, global: &Global, quiet: bool) -> Result<Value> {
     let path = control::resolve(control.control.as_deref());
     let (status, v) = control::request(&path, "POST", "/v1/actions", Some(body))?;
     if !(200..300).contains(&status) {
@@ -163,7 +168,8 @@ fn act(control: &ControlArgs, body: &Value, global: &Global) -> Result<Value> {
             str::to_string,
         )));
     }
-    if global.json {
+    if quiet {
+    } else if global.json {
         println!("{v}");
     } else if let Some(m) = v["message"].as_str() {
         println!("{m}");
@@ -205,15 +211,10 @@ pub fn replace(a: &MdReplaceArgs, global: &Global) -> Result<()> {
 
 pub fn scrub(a: &MdScrubArgs, repair: bool, global: &Global) -> Result<()> {
     let body = json!({"action": "md-scrub", "array": a.array, "repair": repair});
-    let quiet = Global {
-        json: true,
-        ..global.clone()
-    };
-    let started = act(&a.control, &body, if a.wait { &quiet } else { global })?;
+    act_quietly(&a.control, &body, global, a.wait)?;
     if !a.wait {
         return Ok(());
     }
-    drop(started);
     let path = control::resolve(a.control.control.as_deref());
     let route = format!("/v1/arrays/{}", a.array);
     let action = if repair { "repair" } else { "check" };
