@@ -168,11 +168,11 @@ fn act_quietly(control: &ControlArgs, body: &Value, global: &Global, quiet: bool
             str::to_string,
         )));
     }
-    if quiet {
-    } else if global.json {
-        println!("{v}");
-    } else if let Some(m) = v["message"].as_str() {
-        println!("{m}");
+    match v["message"].as_str() {
+        _ if quiet => {}
+        _ if global.json => println!("{v}"),
+        Some(m) => println!("{m}"),
+        None => {}
     }
     Ok(v)
 }
