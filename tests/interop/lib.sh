@@ -281,6 +281,32 @@ finish() {
   [ "$f" -eq 0 ]
 }
 
+# --- md ----------------------------------------------------------------------------------
+
+# bitmap_x MEMBER: mdadm -X on a read-only loop device over MEMBER (mdadm 4.2 reads a
+# plain file as an external bitmap), as KEY=value lines in $WORK/x.env.
+bitmap_x() {
+  local l
+  l=$(losetup -r -f --show "$1") || fail "losetup -r $1"
+  register loop "$l"
+  mdadm -X "$l" >"$WORK/x.txt" 2>&1 || fail "mdadm -X $1: $(cat "$WORK/x.txt")"
+  losetup -d "$l"
+  py - "$WORK/x.txt" >"$WORK/x.env" <<'EOF2'
+import re, sys
+f = {}
+for line in open(sys.argv[1]):
+    if " : " in line:
+        k, v = line.split(" : ", 1)
+        f[k.strip()] = v.strip()
+m = re.match(r"(\d+) bits \(chunks\), (\d+) dirty", f["Bitmap"])
+print(f"X_UUID={f['UUID']}\nX_EVENTS={f['Events']}\nX_CLEARED={f['Events Cleared']}")
+print(f"X_CHUNK='{f['Chunksize']}'\nX_SYNC={f['Sync Size'].split()[0]}\nX_STATE={f['State']}")
+print(f"X_BITS={m.group(1)}\nX_DIRTY={m.group(2)}\nX_MAGIC={f['Magic']}")
+EOF2
+  # shellcheck disable=SC1091
+  . "$WORK/x.env"
+}
+
 # --- a kernel block device on an export ---------------------------------------------------
 
 # attach_export URI: nbdfuse exposes the export as a file, a loop device makes it a block

@@ -168,19 +168,6 @@ t_raid6_second_failure() {
   expect_eq "$CAIRN_STATUS" 0 "clean stop"
 }
 
-# bitmap_x MEMBER: mdadm -X on a read-only loop device (mdadm 4.2 reads a plain file as an
-# external bitmap); sets X_DIRTY, X_CHUNK, X_EVENTS.
-bitmap_x() {
-  local l
-  l=$(losetup -r -f --show "$1") || fail "losetup -r $1"
-  register loop "$l"
-  mdadm -X "$l" >"$WORK/x.txt" 2>&1 || fail "mdadm -X $1: $(cat "$WORK/x.txt")"
-  losetup -d "$l"
-  X_DIRTY=$(sed -n 's/.*Bitmap : [0-9]* bits (chunks), \([0-9]*\) dirty.*/\1/p' "$WORK/x.txt")
-  X_CHUNK=$(sed -n 's/^ *Chunksize : //p' "$WORK/x.txt")
-  X_EVENTS=$(sed -n 's/^ *Events : //p' "$WORK/x.txt")
-}
-
 # A member failed, removed, written around (a known amount) and added back: the bitmap
 # limits the rebuild to the chunks written meanwhile; the data is right without any other
 # member; a clean stop leaves 0 dirty bits, and mdadm -X agrees on every member.

@@ -228,50 +228,17 @@ impl Array {
         if self.all_names().iter().any(|n| names_match(&name, n)) {
             return Ok(format!("{name} is already in the array; nothing to do"));
         }
-        let template = {
-            let meta = self.meta_lock();
-            meta.sbs.iter().flatten().next().cloned()
-        };
-        let Some(template) = template else {
-            return Err(invalid(format!(
-                "{}: an array without superblocks cannot take new members",
-                self.array_label()
-            )));
-        };
         let old = Superblock::read_from(&*dev, &name, FeaturePolicy::Supported).ok();
-        if let Some(old) = &old {
-            if old.set_uuid == self.identity.uuid {
-                if let Some(msg) = self.re_add(&dev, &name, old)? {
-                    return Ok(msg);
-                }
-            } else if !force {
-                return Err(invalid(format!(
-                    "{name} belongs to md array {} ({}); give --force to overwrite it",
-                    old.set_name, old.set_uuid
-                )));
-            }
-        } else if !force {
-            let sigs = probe_signatures(&*dev)?;
-            if let Some(s) = sigs.first() {
-                return Err(invalid(format!(
-                    "{name} holds {} at byte {}; give --force to overwrite it",
-                    s.kind, s.offset
-                )));
+        if let Some(old) = old.as_ref().filter(|o| o.set_uuid == self.identity.uuid) {
+            if let Some(msg) = self.re_add(&dev, &name, old)? {
+                return Ok(msg);
             }
         }
-        let sb = self.new_member_superblock(&template, &*dev, &name)?;
-        let base = sb
-            .data_offset
-            .bytes()
-            .ok_or_else(|| invalid("data offset overflows".into()))?;
-        let member = Arc::new(Member { dev, name, base });
+        let spare = self.new_spare(dev, name, force, old.as_ref())?;
+        let member = spare.member.clone();
         {
             let mut meta = self.meta_lock();
-            meta.spares.push(Extra {
-                member: member.clone(),
-                sb: Some(sb),
-                role: None,
-            });
+            meta.spares.push(spare);
             meta.events += 1;
             self.write_superblocks(&mut meta)?;
         }
@@ -279,6 +246,52 @@ impl Array {
         Ok(format!("{} added as a spare", member.name))
     }
 
+    /// `dev` made ready to be a spare: refused when it holds another array, a
+    /// filesystem, LUKS or LVM (unless `force`; a former member of this array is fine)
+    /// or is too small; given a new member's superblock (written with the next update).
+    fn new_spare(
+        &self,
+        dev: Arc<dyn BlockDevice>,
+        name: String,
+        force: bool,
+        old: Option<&Superblock>,
+    ) -> Result<Extra> {
+        let template = self.meta_lock().sbs.iter().flatten().next().cloned();
+        let Some(template) = template else {
+            return Err(invalid(format!(
+                "{}: an array without superblocks cannot take new members",
+                self.array_label()
+            )));
+        };
+        match old {
+            Some(o) if o.set_uuid == self.identity.uuid || force => {}
+            Some(o) => {
+                return Err(invalid(format!(
+                    "{name} belongs to md array {} ({}); give --force to overwrite it",
+                    o.set_name, o.set_uuid
+                )))
+            }
+            None if force => {}
+            None => {
+                if let Some(s) = probe_signatures(&*dev)?.first() {
+                    return Err(invalid(format!(
+                        "{name} holds {} at byte {}; give --force to overwrite it",
+                        s.kind, s.offset
+                    )));
+                }
+            }
+        }
+        let sb = self.new_member_superblock(&template, &*dev, &name)?;
+        let base = sb
+            .data_offset
+            .bytes()
+            .ok_or_else(|| invalid("data offset overflows".into()))?;
+        Ok(Extra {
+            member: Arc::new(Member { dev, name, base }),
+            sb: Some(sb),
+            role: None,
+        })
+    }
     /// A former member comes back. Returns `None` when it cannot take its old role back
     /// (it is then added as a new spare).
     fn re_add(
@@ -465,38 +478,9 @@ impl Array {
         name: String,
         force: bool,
     ) -> Result<()> {
-        let template = self.meta_lock().sbs.iter().flatten().next().cloned();
-        let Some(template) = template else {
-            return Err(invalid(format!(
-                "{}: an array without superblocks cannot take new members",
-                self.array_label()
-            )));
-        };
-        if !force {
-            if let Ok(old) = Superblock::read_from(&*dev, &name, FeaturePolicy::Supported) {
-                return Err(invalid(format!(
-                    "{name} belongs to md array {} ({}); give --force to overwrite it",
-                    old.set_name, old.set_uuid
-                )));
-            }
-            if let Some(s) = probe_signatures(&*dev)?.first() {
-                return Err(invalid(format!(
-                    "{name} holds {} at byte {}; give --force to overwrite it",
-                    s.kind, s.offset
-                )));
-            }
-        }
-        let sb = self.new_member_superblock(&template, &*dev, &name)?;
-        let base = sb
-            .data_offset
-            .bytes()
-            .ok_or_else(|| invalid("data offset overflows".into()))?;
-        let mut meta = self.meta_lock();
-        meta.spares.push(Extra {
-            member: Arc::new(Member { dev, name, base }),
-            sb: Some(sb),
-            role: None,
-        });
+        let old = Superblock::read_from(&*dev, &name, FeaturePolicy::Supported).ok();
+        let spare = self.new_spare(dev, name, force, old.as_ref())?;
+        self.meta_lock().spares.push(spare);
         Ok(())
     }
 
