@@ -210,6 +210,9 @@ pub struct Array {
     /// Client reads and writes so far: the resync slows to its minimum speed while
     /// this moves.
     fg_ops: AtomicU64,
+    /// The partial-parity log closing the RAID4/5/6 write hole (ppl.rs), when the
+    /// members carry one.
+    pub(crate) ppl: Option<crate::ppl::Ppl>,
 }
 
 impl fmt::Debug for Array {
@@ -392,6 +395,7 @@ impl Array {
             label,
             background: Mutex::new(None),
             fg_ops: AtomicU64::new(0),
+            ppl: None,
         })
     }
 
@@ -632,6 +636,9 @@ impl Array {
     pub fn close(&self) -> Result<()> {
         self.stop_background();
         self.flush()?;
+        if let Some(log) = &self.ppl {
+            log.reset(self)?;
+        }
         let mut meta = self.meta_lock();
         if (meta.dirty || meta.resync_pending) && meta.sbs.iter().any(Option::is_some) {
             meta.dirty = false;
@@ -989,6 +996,7 @@ impl BlockDevice for Array {
     }
 
     fn flush(&self) -> Result<()> {
+        let generation = self.ppl.as_ref().map(crate::ppl::Ppl::begin_flush);
         let mut last = None;
         for role in 0..self.slots.len() {
             if !self.is_up(role) {
@@ -1002,6 +1010,9 @@ impl BlockDevice for Array {
                 }
                 last = Some(e);
             }
+        }
+        if let (Some(log), Some(g), None) = (&self.ppl, generation, &last) {
+            log.end_flush(g);
         }
         match last {
             Some(e) if !self.layout.tolerates(&self.down_mask()) || !self.layout_is_redundant() => {

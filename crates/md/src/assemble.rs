@@ -57,6 +57,11 @@ pub struct CreateOptions {
     pub members_zeroed: bool,
     /// Mark the array clean whatever the members hold (mdadm `--assume-clean`).
     pub assume_clean: bool,
+    /// RAID4/5/6: keep a partial-parity log on the members (ppl.rs,
+    /// docs/write-hole.md), so that a crash during a partial-stripe write followed by a
+    /// member loss cannot corrupt data that was not being written. Costs one extra
+    /// durable write per partial-stripe write. Ignored for other levels.
+    pub write_journal: bool,
 }
 
 impl CreateOptions {
@@ -72,6 +77,7 @@ impl CreateOptions {
             force: false,
             members_zeroed: false,
             assume_clean: false,
+            write_journal: level.parity_members() > 0,
         }
     }
 }
@@ -246,7 +252,11 @@ impl Array {
             }
         }
         let dirty = !freshest.is_clean();
-        if dirty && !missing.is_empty() && freshest.level.parity_members() > 0 {
+        let present: Vec<&Arc<dyn BlockDevice>> = by_role.iter().flatten().map(|f| &f.dev).collect();
+        // With a partial-parity log, replay makes parity match every chunk that was not
+        // being written, so a dirty degraded start is safe.
+        let logged = dirty && crate::ppl::probe(&present, &freshest);
+        if dirty && !missing.is_empty() && freshest.level.parity_members() > 0 && !logged {
             if !opts.force {
                 return Err(Error::new(
                     ErrorKind::Degraded,
@@ -332,7 +342,10 @@ impl Array {
             sbs,
             dev_roles: freshest.dev_roles.clone(),
         };
-        Array::build(layout, slots, identity, meta, left_out, opts.force && dirty)
+        let mut array = Array::build(layout, slots, identity, meta, left_out, opts.force && dirty)?;
+        array.ppl = crate::ppl::Ppl::open(&array, &freshest, dirty)
+            .map_err(|e| e.context(format!("{label}: replaying the partial-parity log")))?;
+        Ok(array)
     }
 
     /// Creates a new array on `members` (in role order) as `mdadm --create` would, and
@@ -407,6 +420,9 @@ impl Array {
         }
         for ((sb, dev), name) in created.superblocks.iter().zip(&members).zip(&names) {
             sb.write_to(&**dev, name)?;
+        }
+        if opts.write_journal && opts.level.parity_members() > 0 {
+            crate::ppl::format(&members, &names, &created.superblocks)?;
         }
         Array::assemble(members, names, AssembleOptions::default())
     }

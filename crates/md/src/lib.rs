@@ -44,6 +44,7 @@ pub mod level;
 pub mod ondisk;
 pub mod parity;
 pub mod probe;
+pub(crate) mod ppl;
 pub mod report;
 mod stripe;
 pub mod units;
