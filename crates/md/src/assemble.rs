@@ -252,7 +252,8 @@ impl Array {
             }
         }
         let dirty = !freshest.is_clean();
-        let present: Vec<&Arc<dyn BlockDevice>> = by_role.iter().flatten().map(|f| &f.dev).collect();
+        let present: Vec<&Arc<dyn BlockDevice>> =
+            by_role.iter().flatten().map(|f| &f.dev).collect();
         // With a partial-parity log, replay makes parity match every chunk that was not
         // being written, so a dirty degraded start is safe.
         let logged = dirty && crate::ppl::probe(&present, &freshest);

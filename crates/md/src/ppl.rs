@@ -297,7 +297,11 @@ pub(crate) fn crc32c(data: &[u8]) -> u32 {
             let mut c = i as u32;
             let mut k = 0;
             while k < 8 {
-                c = if c & 1 != 0 { 0x82f6_3b78 ^ (c >> 1) } else { c >> 1 };
+                c = if c & 1 != 0 {
+                    0x82f6_3b78 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
                 k += 1;
             }
             t[i] = c;
@@ -535,9 +539,8 @@ impl Ppl {
                 };
                 partial
                     && st.unflushed.get(&it.stripe).is_some_and(|rows| {
-                        rows.iter().any(|&(a, b, g)| {
-                            a < hi && lo < b && !self.is_durable(Some(g))
-                        })
+                        rows.iter()
+                            .any(|&(a, b, g)| a < hi && lo < b && !self.is_durable(Some(g)))
                     })
             })
         };
@@ -650,8 +653,7 @@ impl Ppl {
             buf.extend_from_slice(&payload);
             buf.resize(small(BLOCK) + padded, 0);
             ticket.roles.push(pm);
-            if let Err(e) = self.write_abs(array, pm, &buf, self.ring_off + pos, WriteFlags::FUA)
-            {
+            if let Err(e) = self.write_abs(array, pm, &buf, self.ring_off + pos, WriteFlags::FUA) {
                 // The parity member is out; its planned write fails too, which is what
                 // a member failure means for the stripe anyway.
                 array.fail_member(pm, &e);
@@ -819,7 +821,8 @@ impl Ppl {
         let mut st = self.lock();
         let floor = st.next_seq;
         for role in 0..st.rings.len() {
-            if array.is_up(role) && (st.rings[role].floor != floor || !st.rings[role].live.is_empty())
+            if array.is_up(role)
+                && (st.rings[role].floor != floor || !st.rings[role].live.is_empty())
             {
                 self.write_header(array, role, floor)?;
             }
@@ -865,7 +868,10 @@ fn read_ring(
     }
     let mut ring = vec![0u8; small(h.ring_len)];
     if let Err(e) = m.dev.read_at(&mut ring, h.ring_off) {
-        tracing::warn!("{}: reading its partial-parity log: {e}", array.describe_role(role));
+        tracing::warn!(
+            "{}: reading its partial-parity log: {e}",
+            array.describe_role(role)
+        );
         return None;
     }
     Some((h, scan(&ring, &h, role)))
@@ -1183,7 +1189,12 @@ fn replay_rows(
             .map(|d| map.data[d])
             .collect();
         if !rest.is_empty() {
-            rest.extend([Some(map.p), map.q].into_iter().flatten().filter(|&m| down[m]));
+            rest.extend(
+                [Some(map.p), map.q]
+                    .into_iter()
+                    .flatten()
+                    .filter(|&m| down[m]),
+            );
             rest.sort_unstable();
             if rest.len() > pl.level().parity_members() {
                 continue;
@@ -1337,7 +1348,10 @@ mod tests {
         assert_eq!(row_of(4096, 4000, 4096 + 3000), Some((0, 4096)));
         assert_eq!(row_of(4096, 3000, 4096 + 100), Some((0, 4096)));
         assert_eq!(row_of(4096, 512, 1024), Some((512, 1024)));
-        assert_eq!(uncovered(0, 100, &[(10, 20), (50, 200)]), vec![(0, 10), (20, 50)]);
+        assert_eq!(
+            uncovered(0, 100, &[(10, 20), (50, 200)]),
+            vec![(0, 10), (20, 50)]
+        );
         assert_eq!(uncovered(0, 100, &[(0, 100)]), vec![]);
     }
 }

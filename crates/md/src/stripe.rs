@@ -220,7 +220,12 @@ impl Array {
     }
 
     /// Rebuilds the rows of `missing` members from the others.
-    pub(crate) fn recover(&self, map: &StripeMap, rows: &mut [Vec<u8>], missing: &[usize]) -> Result<()> {
+    pub(crate) fn recover(
+        &self,
+        map: &StripeMap,
+        rows: &mut [Vec<u8>],
+        missing: &[usize],
+    ) -> Result<()> {
         let len = rows[0].len();
         match map.q {
             None => {
