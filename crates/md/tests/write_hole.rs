@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use cairn_block::testkit::{test_seed, CrashPoint, LogClock, LogOptions, LogWritesDisk, WriteLog};
 use cairn_block::{BlockDevice, ErrorKind, MemDisk, WriteFlags};
-use cairn_md::{Array, AssembleOptions, Level};
+use cairn_md::{Array, AssembleOptions, FeaturePolicy, Level, Superblock};
 use common::{dyn_members, mem_members, names, read_all, us, Shape};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -38,6 +38,8 @@ struct Tally {
     corrupt: u64,
     /// Degraded assemblies refused for want of force.
     refused: usize,
+    /// Ring header writes while the workload ran (ring reclaims).
+    reclaims: usize,
 }
 
 /// What a crash at `t` may have left in the array: the image as of the last flush, and
@@ -75,7 +77,13 @@ fn drop_sets(level: Level, n: usize) -> Vec<Vec<usize>> {
     out
 }
 
-fn run(shape: &Shape, log: bool, instants: usize, rng: &mut SmallRng, seed: u64) -> Tally {
+fn run(
+    shape: &Shape,
+    log: bool,
+    (ops, instants): (usize, usize),
+    rng: &mut SmallRng,
+    seed: u64,
+) -> Tally {
     let name = format!("{} {}", shape.name(), if log { "log" } else { "no log" });
     let m = mem_members(shape);
     let mut o = shape.create_options();
@@ -108,7 +116,7 @@ fn run(shape: &Shape, log: bool, instants: usize, rng: &mut SmallRng, seed: u64)
     // Mostly small writes inside one stripe, some across two, some whole stripes, a few
     // rewriting the rows just written (the overlap rule), flushes every few writes.
     let mut last = (0u64, 512u64);
-    for i in 0..64 {
+    for i in 0..ops {
         if rng.gen_ratio(1, 5) {
             top.flush().unwrap();
             continue;
@@ -141,6 +149,15 @@ fn run(shape: &Shape, log: bool, instants: usize, rng: &mut SmallRng, seed: u64)
     }
     let end = clock.now();
     let top_log = top.log();
+    // Ring headers written while the array ran: the ring filled and was reclaimed.
+    let sb = Superblock::read_from(&*m[0], "m0", FeaturePolicy::Supported).unwrap();
+    let header = (8 + u64::try_from(sb.bblog_offset).unwrap() + u64::from(sb.bblog_size)) * 512;
+    let header = header.div_ceil(4096) * 4096;
+    let reclaims = logged
+        .iter()
+        .flat_map(|d| d.log().entries().to_vec())
+        .filter(|e| e.op.range().is_some_and(|(off, _)| off == header))
+        .count();
     // Every flush point (just after it), then random instants.
     let mut times: Vec<u64> = top_log
         .entries()
@@ -148,6 +165,10 @@ fn run(shape: &Shape, log: bool, instants: usize, rng: &mut SmallRng, seed: u64)
         .filter(|e| e.op.is_flush())
         .map(|e| e.completed + 1)
         .collect();
+    // Long runs: a random half of the budget from the flush points.
+    while times.len() > instants / 2 && times.len() > 16 {
+        times.swap_remove(rng.gen_range(0..times.len()));
+    }
     while times.len() < instants {
         times.push(rng.gen_range(0..=end));
     }
@@ -217,6 +238,7 @@ fn run(shape: &Shape, log: bool, instants: usize, rng: &mut SmallRng, seed: u64)
             }
         }
     }
+    tally.reclaims = reclaims;
     eprintln!("{name}: {tally:?}");
     tally
 }
@@ -237,7 +259,7 @@ fn the_log_closes_the_write_hole() {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut total = Tally::default();
     for shape in shapes() {
-        let t = run(&shape, true, 120, &mut rng, seed);
+        let t = run(&shape, true, (64, 120), &mut rng, seed);
         total.states += t.states;
         total.degraded += t.degraded;
     }
@@ -257,7 +279,7 @@ fn without_the_log_the_hole_is_real() {
         Shape::new(Level::Raid5, None, 4, 3).rows(8),
         Shape::new(Level::Raid6, None, 4, 4).rows(6),
     ] {
-        let t = run(&shape, false, 150, &mut rng, seed);
+        let t = run(&shape, false, (64, 150), &mut rng, seed);
         total.refused += t.refused;
         total.degraded += t.degraded;
         total.corrupt += t.corrupt;
@@ -270,4 +292,22 @@ fn without_the_log_the_hole_is_real() {
         total.corrupt > 0,
         "no crash state lost data nobody was writing (seed {seed}): {total:?}"
     );
+}
+
+#[test]
+fn the_ring_wraps_and_stays_correct() {
+    // Long enough that each ring fills, is reclaimed and wraps several times.
+    let seed = test_seed("write hole ring");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for shape in [
+        Shape::new(Level::Raid5, None, 4, 3).rows(8),
+        Shape::new(Level::Raid6, None, 8, 4).rows(6),
+    ] {
+        let t = run(&shape, true, (1500, 80), &mut rng, seed);
+        assert!(
+            t.reclaims > 0,
+            "{}: the ring never filled: {t:?}",
+            shape.name()
+        );
+    }
 }
