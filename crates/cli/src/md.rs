@@ -242,6 +242,7 @@ fn create(a: MdCreateArgs, global: &Global) -> Result<()> {
         opts.force = true;
         opts.members_zeroed = made.len() == a.members.len();
         opts.assume_clean = a.assume_clean;
+        opts.write_journal = a.write_hole == crate::args::WriteHole::Log;
         let array = Array::create(members, names, &opts)
             .map_err(|e| CliError::new(format!("cannot create the array: {e}")))?;
         array.close().map_err(|e| {
