@@ -198,7 +198,8 @@ impl RingHeader {
             log_id: get_u64(b, 40),
             uuid: Uuid(b[48..64].try_into().expect("16 bytes")),
         };
-        (h.ring_off % BLOCK == 0 && h.ring_len % BLOCK == 0 && h.ring_len > 0).then_some(h)
+        (h.ring_off.is_multiple_of(BLOCK) && h.ring_len.is_multiple_of(BLOCK) && h.ring_len > 0)
+            .then_some(h)
     }
 }
 
@@ -311,7 +312,7 @@ pub(crate) fn crc32c(data: &[u8]) -> u32 {
     };
     let mut crc = !0u32;
     for &b in data {
-        crc = TABLE[usize::from((crc as u8) ^ b)] ^ (crc >> 8);
+        crc = TABLE[usize::from(crc.to_le_bytes()[0] ^ b)] ^ (crc >> 8);
     }
     !crc
 }
@@ -1230,7 +1231,7 @@ mod tests {
             x: 4096 + 512,
             y: 2 * 4096 + 1024,
             chunk: 4096,
-            payload: 4096 - 512 + 1024 - 0,
+            payload: 4096,
             pcrc: 0,
         }
     }
