@@ -637,11 +637,11 @@ impl Ppl {
         }
         // Room on every ring, or reclaim and try again.
         let (seq, placed) = loop {
-            if let Some(got) = self.allocate(&mut entries) {
+            if let Some(got) = self.allocate(array, &mut entries) {
                 break got;
             }
             self.reclaim(array)?;
-            if let Some(got) = self.allocate(&mut entries) {
+            if let Some(got) = self.allocate(array, &mut entries) {
                 break got;
             }
             // Other requests' entries fill the ring until their writes return.
@@ -665,7 +665,11 @@ impl Ppl {
 
     /// Places `entries` on their rings under one sequence number; `None` when a ring is
     /// short of room.
-    fn allocate(&self, entries: &mut [(usize, EntryHeader, Vec<u8>)]) -> Option<(u64, Vec<u64>)> {
+    fn allocate(
+        &self,
+        array: &Array,
+        entries: &mut [(usize, EntryHeader, Vec<u8>)],
+    ) -> Option<(u64, Vec<u64>)> {
         let mut st = self.lock();
         let mut heads: HashMap<usize, (u64, Option<u64>)> = HashMap::new();
         let mut placed = Vec::with_capacity(entries.len());
@@ -710,6 +714,17 @@ impl Ppl {
         }
         let seq = st.next_seq;
         st.next_seq += 1;
+        // A member that came without this log's header (added since assembly) gets one
+        // before its first entry, or replay would not find the entry. Under the lock, so
+        // no entry of a later sequence can land first.
+        for (pm, _, _) in entries.iter() {
+            if st.rings[*pm].floor == 0 {
+                st.rings[*pm].floor = seq;
+                if let Err(e) = self.write_header(array, *pm, seq) {
+                    array.fail_member(*pm, &e);
+                }
+            }
+        }
         for ((pm, header, _), &pos) in entries.iter_mut().zip(&placed) {
             header.seq = seq;
             let stripe = (header.kind != Kind::Full).then_some(header.stripe);
@@ -764,11 +779,15 @@ impl Ppl {
                 continue;
             }
             let floor = st.rings[role].live.get(n).map_or(next, |l| l.seq);
-            if array.is_up(role) {
-                self.write_header(array, role, floor)?;
+            let up = array.is_up(role);
+            if up {
+                if let Err(e) = self.write_header(array, role, floor) {
+                    array.fail_member(role, &e);
+                }
             }
             let gone: Vec<Live> = st.rings[role].live.drain(..n).collect();
-            st.rings[role].floor = floor;
+            // A member that is not up gets a header again before its next entry.
+            st.rings[role].floor = if up { floor } else { 0 };
             if st.rings[role].live.is_empty() {
                 st.rings[role].head = 0;
             }
@@ -825,12 +844,14 @@ impl Ppl {
             if array.is_up(role)
                 && (st.rings[role].floor != floor || !st.rings[role].live.is_empty())
             {
-                self.write_header(array, role, floor)?;
+                if let Err(e) = self.write_header(array, role, floor) {
+                    array.fail_member(role, &e);
+                }
             }
             st.rings[role] = RingState {
                 head: 0,
                 live: VecDeque::new(),
-                floor,
+                floor: if array.is_up(role) { floor } else { 0 },
             };
         }
         st.live.clear();
