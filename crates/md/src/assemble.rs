@@ -3,10 +3,12 @@
 //! ```text
 //!   members ─► read each v1.2 superblock (strict) ─► one array UUID? ─► freshest (events)
 //!           ─► each member's role per the freshest dev_roles; stale / faulty / spare out
-//!           ─► missing roles ─► still redundant? dirty + degraded parity needs force
-//!           ─► Array (slots by role, metadata state)
+//!           ─► missing roles ─► still redundant? dirty + degraded parity needs force,
+//!              unless the members carry a partial-parity log (ppl.rs)
+//!           ─► Array (slots by role, metadata state) ─► dirty? replay the log
 //!   create ─► refuse signatures (probe.rs) unless force ─► create::create (mdadm 4.2)
-//!          ─► zeroed members? clean : resync pending ─► write superblocks (FUA) ─► assemble
+//!          ─► zeroed members? clean : resync pending ─► write superblocks (FUA)
+//!          ─► RAID4/5/6: empty partial-parity log ─► assemble
 //! ```
 //!
 //! The rules are the kernel's and mdadm's (ondisk-formats.md §1.6): the member with the
@@ -256,7 +258,10 @@ impl Array {
             by_role.iter().flatten().map(|f| &f.dev).collect();
         // With a partial-parity log, replay makes parity match every chunk that was not
         // being written, so a dirty degraded start is safe.
-        let logged = dirty && crate::ppl::probe(&present, &freshest);
+        // Replay writes: read-only members cannot have it.
+        let logged = dirty
+            && !present.iter().any(|d| d.capabilities().read_only)
+            && crate::ppl::probe(&present, &freshest);
         if dirty && !missing.is_empty() && freshest.level.parity_members() > 0 && !logged {
             if !opts.force {
                 return Err(Error::new(
@@ -264,7 +269,9 @@ impl Array {
                     format!(
                         "{label} cannot start: it is degraded ({}) and was not shut down \
                          cleanly, so its parity may not match its data and rebuilt data could \
-                         be wrong; start it with force to accept that (mdadm --assemble --force)",
+                         be wrong; start it with force to accept that (mdadm --assemble --force). \
+                         Arrays cairn creates with a partial-parity log (the default) start safely \
+                         here, unless opened read-only",
                         describe_missing(&missing, &left_out)
                     ),
                 ));

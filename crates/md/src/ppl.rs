@@ -457,7 +457,13 @@ struct State {
     live: HashMap<u64, u32>,
     /// Rows written to a stripe and not yet known durable: (lo, hi, completion generation).
     unflushed: HashMap<u64, Vec<(u64, u64, u64)>>,
+    /// How many rows `unflushed` holds.
+    unflushed_rows: usize,
 }
+
+/// Past this many unflushed rows a write flushes the members first, which bounds the
+/// memory the overlap rule needs when a client never flushes.
+const UNFLUSHED_MAX: usize = 1 << 16;
 
 /// The log of an assembled array (`Array::ppl`).
 #[derive(Debug)]
@@ -511,6 +517,7 @@ impl Ppl {
             rows.retain(|r| r.2 > g);
             !rows.is_empty()
         });
+        st.unflushed_rows = st.unflushed.values().map(Vec::len).sum();
     }
 
     fn is_durable(&self, done: Option<u64>) -> bool {
@@ -533,17 +540,18 @@ impl Ppl {
         // Partial stripes whose rows overlap a write not yet durable: flush first.
         let overlaps = {
             let st = self.lock();
-            items.iter().any(|it| {
-                let partial = !(it.x == 0 && it.y == width);
-                let Some((lo, hi)) = row_of(c, it.x, it.y) else {
-                    return false;
-                };
-                partial
-                    && st.unflushed.get(&it.stripe).is_some_and(|rows| {
-                        rows.iter()
-                            .any(|&(a, b, g)| a < hi && lo < b && !self.is_durable(Some(g)))
-                    })
-            })
+            st.unflushed_rows > UNFLUSHED_MAX
+                || items.iter().any(|it| {
+                    let partial = !(it.x == 0 && it.y == width);
+                    let Some((lo, hi)) = row_of(c, it.x, it.y) else {
+                        return false;
+                    };
+                    partial
+                        && st.unflushed.get(&it.stripe).is_some_and(|rows| {
+                            rows.iter()
+                                .any(|&(a, b, g)| a < hi && lo < b && !self.is_durable(Some(g)))
+                        })
+                })
         };
         if overlaps {
             cairn_block::BlockDevice::flush(array)?;
@@ -759,6 +767,7 @@ impl Ppl {
         }
         for (s, lo, hi) in ticket.rows {
             st.unflushed.entry(s).or_default().push((lo, hi, g));
+            st.unflushed_rows += 1;
         }
     }
 
@@ -856,6 +865,7 @@ impl Ppl {
         }
         st.live.clear();
         st.unflushed.clear();
+        st.unflushed_rows = 0;
         Ok(())
     }
 }
@@ -992,6 +1002,7 @@ impl Ppl {
                     .collect(),
                 live: HashMap::new(),
                 unflushed: HashMap::new(),
+                unflushed_rows: 0,
             }),
             reclaim: Mutex::new(()),
             gen: AtomicU64::new(1),

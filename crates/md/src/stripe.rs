@@ -12,6 +12,8 @@
 //!       (RMW or RCW, whichever reads fewer bytes; a read error falls through to ...)
 //!     degraded                         ─► read the row from every up member, rebuild the
 //!                                         missing ones, overlay, P/Q from scratch
+//!   with a partial-parity log (ppl.rs), a partial stripe's plan is logged (PP/PQ on
+//!   its parity members, FUA) before any of its writes is issued
 //!   read ─► each chunk piece from its member; pieces whose member is down or fails to
 //!           read are rebuilt from the rest of the row (and written back if it failed)
 //! ```
