@@ -51,6 +51,8 @@ fn random_writes(dev: &dyn BlockDevice, secs: u64, threads: u64) -> f64 {
 }
 
 fn make(dir: &Path, level: Level, n: u64, array_mib: u64, log: bool) -> Array {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
     let data = (array_mib << 20) / (n - level.parity_members() as u64);
     let member = data + (4 << 20);
     let mut members: Vec<Arc<dyn BlockDevice>> = Vec::new();
