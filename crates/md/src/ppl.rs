@@ -31,7 +31,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
@@ -505,6 +505,8 @@ pub(crate) struct Ppl {
     state: Mutex<State>,
     /// Serialises reclaims (each flushes the members).
     reclaim: Mutex<()>,
+    /// Signalled when a batch's writes return (a writer waiting for ring room).
+    completed: Condvar,
     /// Flush generations: a write completed at generation g is durable once a flush that
     /// started at g or later has finished (`durable >= g`).
     gen: AtomicU64,
@@ -681,7 +683,10 @@ impl Ppl {
                 break got;
             }
             // Other requests' entries fill the ring until their writes return.
-            std::thread::sleep(std::time::Duration::from_millis(1));
+            let st = self.lock();
+            let _ = self
+                .completed
+                .wait_timeout(st, std::time::Duration::from_millis(1));
         };
         ticket.seq = seq;
         for ((pm, header, payload), pos) in entries.into_iter().zip(placed) {
@@ -796,6 +801,10 @@ impl Ppl {
         for (s, lo, hi) in ticket.rows {
             st.unflushed.entry(s).or_default().push((lo, hi, g));
             st.unflushed_rows += 1;
+        }
+        drop(st);
+        if !ticket.roles.is_empty() {
+            self.completed.notify_all();
         }
     }
 
@@ -1033,6 +1042,7 @@ impl Ppl {
                 unflushed_rows: 0,
             }),
             reclaim: Mutex::new(()),
+            completed: Condvar::new(),
             gen: AtomicU64::new(1),
             durable: AtomicU64::new(0),
         };
