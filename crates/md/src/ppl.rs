@@ -921,7 +921,7 @@ struct Found {
 fn read_ring(
     array: &Array,
     role: usize,
-    start: u64,
+    (start, end): (u64, u64),
     uuid: Uuid,
     log_id: Option<u64>,
     entries: bool,
@@ -929,8 +929,12 @@ fn read_ring(
     let m = array.slots[role].member.as_ref()?;
     let mut b = vec![0u8; small(BLOCK)];
     m.dev.read_at(&mut b, start).ok()?;
+    // Checked before anything is sized from it: the ring lies inside the area.
     let h = RingHeader::decode(&b).filter(|h| {
-        h.uuid == uuid && h.ring_off == start + BLOCK && log_id.is_none_or(|id| id == h.log_id)
+        h.uuid == uuid
+            && h.ring_off == start + BLOCK
+            && h.ring_off.checked_add(h.ring_len).is_some_and(|e| e <= end)
+            && log_id.is_none_or(|id| id == h.log_id)
     })?;
     if !entries {
         return Some((h, Vec::new()));
@@ -993,7 +997,7 @@ impl Ppl {
         let mut rings: Vec<Option<(RingHeader, Vec<Found>)>> = Vec::with_capacity(n);
         let mut log_id = None;
         for role in 0..n {
-            let r = read_ring(array, role, start, sb.set_uuid, log_id, dirty);
+            let r = read_ring(array, role, (start, end), sb.set_uuid, log_id, dirty);
             if let Some((h, _)) = &r {
                 log_id = Some(h.log_id);
             }
@@ -1002,9 +1006,6 @@ impl Ppl {
         let Some(first) = rings.iter().flatten().map(|r| r.0).next() else {
             return Ok(None);
         };
-        if first.ring_off + first.ring_len > end {
-            return Ok(None);
-        }
         // A ring read before the log id was known may belong to another log.
         for r in rings.iter_mut() {
             if r.as_ref().is_some_and(|(h, _)| h.log_id != first.log_id) {
