@@ -11,6 +11,9 @@
 //!     starts without force (dirty and degraded is safe with the log), and every sector
 //!     that no unflushed or in-flight write covered holds its last flushed value.
 //!
+//! (c) now and then, a crash in the middle of that replay (its own crash images): the
+//!     next assembly replays again and (b) still holds.
+//!
 //! Without the log the same workload must show the hole: assembly without force is
 //! refused, and with force some sector nobody was writing comes back wrong.
 
@@ -40,6 +43,8 @@ struct Tally {
     refused: usize,
     /// Ring header writes while the workload ran (ring reclaims).
     reclaims: usize,
+    /// Crashes during replay, replayed again and checked.
+    replay_crashes: usize,
 }
 
 /// What a crash at `t` may have left in the array: the image as of the last flush, and
@@ -208,33 +213,81 @@ fn run(
                     Ok(a) => a,
                     Err(e) if !log && e.kind() == ErrorKind::Degraded => {
                         tally.refused += 1;
-                        Array::assemble(disks(&keep), nm, AssembleOptions { force: true })
+                        Array::assemble(disks(&keep), nm.clone(), AssembleOptions { force: true })
                             .unwrap_or_else(|e| panic!("{}", ctx(&format!("forced: {e}"))))
                     }
                     Err(e) => panic!("{}", ctx(&format!("without {out:?}: {e}"))),
                 };
-                let got = read_all(&a);
+                let untouched_bad = |got: &[u8]| -> Vec<u64> {
+                    (0..size / 512)
+                        .filter(|&s| {
+                            let r = us(s * 512)..us(s * 512 + 512);
+                            !written[us(s)] && got[r.clone()] != base[r]
+                        })
+                        .collect()
+                };
+                let report = |bad: &[u64], when: &str| {
+                    format!(
+                        "without member(s) {out:?}{when}, {} sector(s) nobody was writing came \
+                         back wrong, the first at array sector {} (chunk {})",
+                        bad.len(),
+                        bad[0],
+                        bad[0] * 512 / chunk
+                    )
+                };
+                let bad = untouched_bad(&read_all(&a));
                 drop(a);
                 tally.degraded += 1;
-                let bad: Vec<u64> = (0..size / 512)
-                    .filter(|&s| {
-                        let r = us(s * 512)..us(s * 512 + 512);
-                        !written[us(s)] && got[r.clone()] != base[r]
-                    })
-                    .collect();
                 if log && !bad.is_empty() {
-                    panic!(
-                        "{}",
-                        ctx(&format!(
-                            "without member(s) {out:?}, {} sector(s) nobody was writing came \
-                             back wrong, the first at array sector {} (chunk {})",
-                            bad.len(),
-                            bad[0],
-                            bad[0] * 512 / chunk
-                        ))
-                    );
+                    panic!("{}", ctx(&report(&bad, "")));
                 }
                 tally.corrupt += bad.len() as u64;
+                // A crash during the replay itself: replaying again must give the same.
+                if log && rng.gen_ratio(1, 10) {
+                    let clock = LogClock::new();
+                    let under: Vec<Arc<LogWritesDisk<MemDisk>>> = keep
+                        .iter()
+                        .map(|&i| {
+                            Arc::new(
+                                LogWritesDisk::with_options(
+                                    MemDisk::from_bytes(&images[i]),
+                                    LogOptions::with_clock(&clock),
+                                )
+                                .unwrap(),
+                            )
+                        })
+                        .collect();
+                    let devs = under
+                        .iter()
+                        .map(|d| d.clone() as Arc<dyn BlockDevice>)
+                        .collect();
+                    let a = Array::assemble(devs, nm.clone(), AssembleOptions::default()).unwrap();
+                    // Up to the end of assembly (replay, flush, log emptied); the close's
+                    // superblock update after it is not the log's business.
+                    let replay_end = clock.now();
+                    drop(a);
+                    for _ in 0..2 {
+                        let t2 = rng.gen_range(0..=replay_end);
+                        let devs: Vec<Arc<dyn BlockDevice>> = under
+                            .iter()
+                            .map(|d| {
+                                Arc::new(MemDisk::from_bytes(
+                                    &d.crash_image(rng, CrashPoint::AtTime(t2)),
+                                )) as Arc<dyn BlockDevice>
+                            })
+                            .collect();
+                        let a = Array::assemble(devs, nm.clone(), AssembleOptions::default())
+                            .unwrap_or_else(|e| {
+                                panic!("{}", ctx(&format!("after a crash in replay: {e}")))
+                            });
+                        let bad = untouched_bad(&read_all(&a));
+                        if !bad.is_empty() {
+                            let when = format!(" and a crash at tick {t2} of the replay");
+                            panic!("{}", ctx(&report(&bad, &when)));
+                        }
+                        tally.replay_crashes += 1;
+                    }
+                }
             }
         }
     }
