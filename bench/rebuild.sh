@@ -107,9 +107,26 @@ def get(sock, route):
     c.close()
     return json.loads(body)
 
-def watch(sock, array, member, out, timeout):
-    """Samples the array's background job every 20 ms until the rebuild onto `member`
-    ends (state other than running) or `timeout` passes; one JSON line per sample."""
+def worker_sched(pid):
+    """(run ns, runqueue-wait ns) of the server's md-background thread, from schedstat:
+    its CPU time, and the time it was ready to run but waited for a CPU."""
+    base = f"/proc/{pid}/task"
+    try:
+        for tid in os.listdir(base):
+            try:
+                if open(f"{base}/{tid}/comm").read().strip() == "md-background":
+                    run, wait, _ = open(f"{base}/{tid}/schedstat").read().split()
+                    return [int(tid), int(run), int(wait)]
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return None
+
+def watch(sock, array, member, out, timeout, pid):
+    """Samples the array's background job (and the worker thread's schedstat) every
+    20 ms until the rebuild onto `member` ends (state other than running) or `timeout`
+    passes; one JSON line per sample."""
     end = time.time() + float(timeout)
     with open(out, "w") as f:
         while time.time() < end:
@@ -118,27 +135,55 @@ def watch(sock, array, member, out, timeout):
                 bg = get(sock, "/v1/arrays/" + array).get("background")
             except (OSError, ValueError) as e:
                 bg = {"error": str(e)}
-            f.write(json.dumps({"t": t, "bg": bg}) + "\n")
+            f.write(json.dumps({"t": t, "bg": bg, "sched": worker_sched(pid)}) + "\n")
             f.flush()
             if bg and str(bg.get("member") or "").endswith(member) and bg.get("state") != "running":
                 return 0 if bg.get("state") == "finished" else 1
             time.sleep(0.02)
     return 2
 
-def fio(path):
-    try:
-        text = open(path).read()
-        job = json.loads(text[text.index("{"):])["jobs"][0]
-        r = job["read"]
-        p = r["clat_ns"]["percentile"]
-        return {"iops": r["iops"], "p50_us": p["50.000000"] / 1000, "p99_us": p["99.000000"] / 1000,
-                "p999_us": p["99.900000"] / 1000, "mean_us": r["clat_ns"]["mean"] / 1000}
-    except (OSError, ValueError, KeyError, IndexError):
-        return None
+def reads(sock, export):
+    return get(sock, "/v1/stats")["nodes"]["export:" + export]["stats"]["read"]["ops"]
 
-def rebuild(samples, member, t_add, t_fs=None, t_fe=None):
+def wait_reads(sock, export, n, timeout):
+    """Returns once the export has served `n` more reads (a client is reading steadily)."""
+    start = reads(sock, export)
+    end = time.time() + float(timeout)
+    while time.time() < end:
+        if reads(sock, export) >= start + int(n):
+            return 0
+        time.sleep(0.01)
+    return 1
+
+def lat(log, t0=None, t1=None):
+    """p50/p99/p99.9 and mean completion latency (µs) of the requests in fio's per-request
+    log (Unix ms, ns) that completed in [t0, t1] (Unix seconds; default all)."""
+    v = []
+    lo = float(t0) * 1000 if t0 is not None else float("-inf")
+    hi = float(t1) * 1000 if t1 is not None else float("inf")
+    first = last = None
+    try:
+        for line in open(log):
+            f = line.split(",")
+            t = int(f[0])
+            if lo <= t <= hi:
+                v.append(int(f[1]))
+                first = t if first is None else first
+                last = t
+    except OSError:
+        return None
+    if not v:
+        return None
+    v.sort()
+    pct = lambda q: v[min(len(v) - 1, int(q * len(v)))] / 1000
+    span = max((last - first) / 1000, 1e-3)
+    return {"requests": len(v), "seconds": span, "iops": len(v) / span, "p50_us": pct(0.5),
+            "p99_us": pct(0.99), "p999_us": pct(0.999), "mean_us": sum(v) / len(v) / 1000}
+
+def rebuild(samples, member, t_add, t_fe=None):
     """Duration from the add to the first sample that shows the rebuild finished, the
-    member bytes, and (under fio) the speed over the samples inside the fio run."""
+    member bytes, and (under fio) the speed from the add to the end of fio or of the
+    rebuild, whichever came first."""
     rows = [json.loads(l) for l in open(samples)]
     mine = [r for r in rows if r["bg"] and str(r["bg"].get("member") or "").endswith(member)]
     if not mine:
@@ -146,17 +191,26 @@ def rebuild(samples, member, t_add, t_fs=None, t_fe=None):
     last = mine[-1]["bg"]
     res = {"state": last.get("state"), "total_bytes": last.get("total_bytes"),
            "worked_bytes": last.get("worked_bytes"), "done_bytes": last.get("done_bytes")}
+    t_add = float(t_add)
     if last.get("state") == "finished":
         t_end = next(r["t"] for r in mine if r["bg"].get("state") == "finished")
         res["seconds"] = t_end - t_add
         res["t_end"] = t_end
-    if t_fs is not None:
-        inside = [r for r in mine if t_fs <= r["t"] <= t_fe and r["bg"].get("state") == "running"]
-        if len(inside) >= 2:
-            a, b = inside[0], inside[-1]
-            res["fg_bytes_per_sec"] = (b["bg"]["done_bytes"] - a["bg"]["done_bytes"]) / max(b["t"] - a["t"], 1e-9)
-        t_end = res.get("t_end", float("inf"))
-        res["fio_covered"] = max(0.0, min(1.0, (t_end - t_fs) / (t_fe - t_fs)))
+    # The worker thread starts at the add, so its totals are the rebuild's (up to the
+    # last sample, at most 20 ms before the end).
+    sched = [r["sched"] for r in mine if r.get("sched")]
+    if sched:
+        tid = sched[-1][0]
+        run, wait = max((x[1], x[2]) for x in sched if x[0] == tid)
+        res["worker_cpu_s"] = run / 1e9
+        res["worker_runqueue_wait_s"] = wait / 1e9
+    if t_fe is not None:
+        upto = min(float(t_fe), res.get("t_end", float("inf")))
+        before = [r for r in mine if r["t"] <= upto]
+        if before:
+            r = before[-1]
+            res["fg_bytes_per_sec"] = r["bg"]["done_bytes"] / max(r["t"] - t_add, 1e-9)
+        res["fg_seconds"] = upto - t_add
     return res
 
 def report(records, out_json, machine):
@@ -172,35 +226,64 @@ def report(records, out_json, machine):
     print()
     anchors = [r for r in recs if r["kind"] == "anchor"]
     if anchors:
-        print("| anchor (1 member file, dd bs=1M) | GB/s |")
-        print("|---|---:|")
+        print("| anchor (a filled member file, in /dev/shm) | GB/s | GB/s per CPU s |")
+        print("|---|---:|---:|")
         for a in anchors:
-            print(f"| {a['what']} | {g(a['gbps'], 2)} |")
+            print(f"| {a['what']} | {g(a['gbps'], 2)} | {g(a.get('gbps_per_cpu_s'), 2)} |")
         print()
-    print("| level | rebuild | speed-limit-min KiB/s | seconds | member GB/s | array GB/s | rebuild MB/s during fio | fio covered | p50 µs | p99 µs | p99 / idle p99 |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for lv in dict.fromkeys(r["level"] for r in recs if "level" in r):
+    levels = list(dict.fromkeys(r["level"] for r in recs if "level" in r))
+    print("Rebuild speed (member bytes rebuilt per second; array = array bytes per second; "
+          "CPU = the md-background thread's CPU time, wait = its time ready but not running):")
+    print()
+    print("| level | client I/O | speed-limit-min KiB/s | seconds | member GB/s | array GB/s "
+          "| worker CPU s | waited for a CPU s | member GB/s per CPU s | rebuild MB/s while fio ran |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for lv in levels:
+        for r in recs:
+            if r.get("level") != lv or r["kind"] != "rebuild":
+                continue
+            b = r["rebuild"]
+            s = b.get("seconds")
+            cpu = b.get("worker_cpu_s")
+            fg = b.get("fg_bytes_per_sec")
+            state = "" if b.get("state") == "finished" else f" **{b.get('state')}**"
+            io = "none" if r["tag"] == "idle" else "fio randread 4k QD1"
+            print(f"| RAID{lv} | {io}{state} | {g(r['min_kib'])} | {g(s, 2)} "
+                  f"| {g(b['total_bytes'] / s / 1e9 if s else None, 2)} | {g(r['array_bytes'] / s / 1e9 if s else None, 2)} "
+                  f"| {g(cpu, 2)} | {g(b.get('worker_runqueue_wait_s'), 2)} "
+                  f"| {g(b['total_bytes'] / cpu / 1e9 if cpu else None, 2)} "
+                  f"| {g(fg / 1e6, 1) if fg is not None else '—'} |")
+    print()
+    print("Foreground fio (4k random reads, iodepth 1) idle and while a rebuild ran (completion "
+          "latency; during a rebuild only the reads that completed while it ran count; the base "
+          "of the ratio is the mean p99 of the two idle runs):")
+    print()
+    print("| level | rebuild | speed-limit-min KiB/s | rebuild MB/s meanwhile | reads | IOPS | p50 µs | p99 µs | p99.9 µs | p99 / idle p99 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for lv in levels:
         mine = [r for r in recs if r.get("level") == lv]
         idle = [r for r in mine if r["kind"] == "latency" and r["fio"]]
-        base = idle[0]["fio"]["p99_us"] if idle else None
+        base = sum(r["fio"]["p99_us"] for r in idle) / len(idle) if idle else None
         for r in mine:
+            f = r.get("fio")
+            if r["kind"] not in ("latency", "rebuild") or (r["kind"] == "rebuild" and r["tag"] == "idle"):
+                continue
+            f = f or {}
+            p99 = f.get("p99_us")
             if r["kind"] == "latency":
-                f = r["fio"] or {}
-                print(f"| {lv} | none ({r['tag']}) | | | | | | | {g(f.get('p50_us'))} | {g(f.get('p99_us'))} | "
-                      f"{g(f.get('p99_us') / base, 2) if f.get('p99_us') and base else '—'} |")
-            elif r["kind"] == "rebuild":
-                b = r["rebuild"]
-                s = b.get("seconds")
-                mgb = b["total_bytes"] / s / 1e9 if s else None
-                agb = r["array_bytes"] / s / 1e9 if s else None
-                f = r.get("fio") or {}
-                fg = b.get("fg_bytes_per_sec")
-                cov = b.get("fio_covered")
-                state = "" if b.get("state") == "finished" else f" **{b.get('state')}**"
-                print(f"| {lv} | {r['tag']}{state} | {g(r['min_kib'])} | {g(s, 2)} | {g(mgb, 2)} | {g(agb, 2)} | "
-                      f"{g(fg / 1e6, 1) if fg is not None else '—'} | {g(cov * 100) + ' %' if cov is not None else '—'} | "
-                      f"{g(f.get('p50_us'))} | {g(f.get('p99_us'))} | "
-                      f"{g(f.get('p99_us') / base, 2) if f.get('p99_us') and base else '—'} |")
+                head = f"| RAID{lv} | none ({r['tag'].split(', ')[1]}) | | "
+            else:
+                fg = r["rebuild"].get("fg_bytes_per_sec")
+                head = f"| RAID{lv} | running | {g(r['min_kib'])} | {g(fg / 1e6, 1) if fg is not None else '—'} "
+            print(head + f"| {g(f.get('requests'))} | {g(f.get('iops'))} | {g(f.get('p50_us'))} | {g(p99)} "
+                  f"| {g(f.get('p999_us'))} | {g(p99 / base, 2) if p99 and base else '—'} |")
+    checks = [r for r in recs if r["kind"] == "check"]
+    if checks:
+        print()
+        print("md check after the rebuilds: " + ", ".join(
+            f"RAID{r['level']} " + ("failed" if not r["report"] else
+                                    f"{r['report'].get('mismatch_sectors')} mismatched sectors")
+            for r in checks))
     bad = [r for r in recs if r["kind"] == "rebuild" and r["rebuild"].get("state") != "finished"]
     if bad:
         print()
@@ -211,13 +294,29 @@ def report(records, out_json, machine):
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "watch":
-        sys.exit(watch(*sys.argv[2:7]))
-    if cmd == "fio":
-        print(json.dumps(fio(sys.argv[2])))
+        sys.exit(watch(*sys.argv[2:8]))
+    if cmd == "wait-reads":
+        sys.exit(wait_reads(*sys.argv[2:6]))
+    if cmd == "lat":
+        print(json.dumps(lat(*sys.argv[2:5])))
     if cmd == "rebuild":
-        a = sys.argv[2:]
-        t = [float(x) for x in a[2:]]
-        print(json.dumps(rebuild(a[0], a[1], *t)))
+        print(json.dumps(rebuild(*sys.argv[2:6])))
+    if cmd == "anchor":
+        what, n, real, user, sys_ = sys.argv[2], int(sys.argv[3]), *map(float, sys.argv[4:7])
+        print(json.dumps({"kind": "anchor", "what": what, "gbps": n / real / 1e9,
+                          "gbps_per_cpu_s": n / max(user + sys_, 1e-3) / 1e9}))
+    if cmd == "last-io":
+        t = None
+        for line in open(sys.argv[2]):
+            t = line.split(",", 1)[0]
+        print(int(t) / 1000 if t else "")
+    if cmd == "line":
+        r = json.loads(sys.argv[2])
+        s = r.get("seconds")
+        speed = f"{s:.2f} s, {r['total_bytes'] / s / 1e9:.2f} GB/s of member bytes" if s else "no time"
+        f = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
+        fg = f", fio during it: p50 {f['p50_us']:.0f} µs p99 {f['p99_us']:.0f} µs over {f['requests']} reads" if f else ""
+        print(f"  {sys.argv[3]:<22} {r.get('state')}, {speed}{fg}")
     if cmd == "report":
         sys.exit(report(sys.argv[2], sys.argv[4:], sys.argv[3]))
 EOF
@@ -262,18 +361,30 @@ stop_server() {
   SERVER_PID=
 }
 
-latency() { # OUTPUT-JSON
+# fio 4k random reads, iodepth 1, RUNTIME seconds; NAME.fio.json in the results, and a
+# per-request completion log (Unix-time milliseconds, nanoseconds) in the scratch
+# directory, so that percentiles can be taken over the time a rebuild ran.
+latency() { # NAME
   timeout $((RUNTIME + 120)) fio --name=lat --ioengine=nbd --uri="$URI" --rw=randread --bs=4k \
     --iodepth=1 --size="$ARRAY_BYTES" --time_based=1 --runtime="$RUNTIME" --randrepeat=1 \
-    --norandommap=1 --output-format=json --output="$1" >"$1.err" 2>&1 ||
-    echo "rebuild: fio failed (see $1.err)" >&2
+    --norandommap=1 --write_lat_log="$SCRATCH/$1" --log_avg_msec=0 --log_unix_epoch=1 \
+    --output-format=json --output="$OUT/$1.fio.json" >"$OUT/$1.fio.err" 2>&1 ||
+    echo "rebuild: fio failed (see $OUT/$1.fio.err)" >&2
+  rm -f "$SCRATCH/$1_lat.1.log" "$SCRATCH/$1_slat.1.log"
+}
+# The percentiles of NAME's log, all of it or [T0, T1] (Unix seconds), then drops the log.
+lat_summary() { # NAME [T0 T1]
+  python3 "$HELPER" lat "$SCRATCH/$1_clat.1.log" "${@:2}"
+  rm -f "$SCRATCH/$1_clat.1.log"
 }
 
 SPARE_N=0
 # Fails the member in role 1, removes it, adds a fresh sparse spare and waits for the
-# rebuild onto it to finish; with "fio", runs the latency job meanwhile.
+# rebuild onto it to finish. With "fio", the latency job starts first and the spare is
+# added once the server has answered 2000 of its reads (fio is reading steadily); the latency
+# figures are taken over the requests that completed while the rebuild ran.
 rebuild_once() { # LEVEL TAG MIN_KIB fio|idle
-  local lv=$1 tag=$2 min=$3 mode=$4 old=${MEMBERS[1]} spare samples t_add t_fs= t_fe= watcher rc=0
+  local lv=$1 tag=$2 min=$3 mode=$4 old=${MEMBERS[1]} spare samples t_add t_fe= watcher fio= rc=0 i
   SPARE_N=$((SPARE_N + 1))
   spare=$SCRATCH/spare$SPARE_N.img
   samples=$OUT/raid$lv-$tag.samples.jsonl
@@ -281,35 +392,49 @@ rebuild_once() { # LEVEL TAG MIN_KIB fio|idle
   "$CAIRN" md remove bench "$(basename "$old")" --control "$CTL" >>"$OUT/manage.log"
   rm -f "$old"
   truncate -s "$SIZE" "$spare"
-  python3 "$HELPER" watch "$CTL" bench "$(basename "$spare")" "$samples" 900 &
+  python3 "$HELPER" watch "$CTL" bench "$(basename "$spare")" "$samples" 1200 "$SERVER_PID" &
   watcher=$!
   PIDS+=("$watcher")
+  for i in $(seq 100); do [ -s "$samples" ] && break; sleep 0.05; done
+  if [ "$mode" = fio ]; then
+    latency "raid$lv-$tag" &
+    fio=$!
+    PIDS+=("$fio")
+    python3 "$HELPER" wait-reads "$CTL" bench 2000 30 ||
+      { echo "rebuild: RAID$lv $tag: fio did not start reading (see $OUT/raid$lv-$tag.fio.err)" >&2; exit 1; }
+  fi
   t_add=$(now)
   "$CAIRN" md add bench "$spare" --control "$CTL" >>"$OUT/manage.log"
   MEMBERS[1]=$spare
-  if [ "$mode" = fio ]; then
-    t_fs=$(now)
-    latency "$OUT/raid$lv-$tag.fio.json"
-    t_fe=$(now)
+  if [ -n "$fio" ]; then
+    wait "$fio"
+    # fio's last completion, not its exit: writing its logs takes a while, and the
+    # rebuild runs at full speed meanwhile.
+    t_fe=$(python3 "$HELPER" last-io "$SCRATCH/raid$lv-$tag""_clat.1.log")
+    [ -n "$t_fe" ] || t_fe=$(now)
   fi
   wait "$watcher" || rc=$?
   [ $rc = 0 ] || echo "rebuild: RAID$lv $tag: the rebuild did not finish (watcher exit $rc, see $samples)" >&2
   local res f=null
-  res=$(python3 "$HELPER" rebuild "$samples" "$(basename "$spare")" "$t_add" $t_fs $t_fe)
-  [ "$mode" = fio ] && f=$(python3 "$HELPER" fio "$OUT/raid$lv-$tag.fio.json")
+  res=$(python3 "$HELPER" rebuild "$samples" "$(basename "$spare")" "$t_add" $t_fe)
+  if [ "$mode" = fio ]; then
+    f=$(lat_summary "raid$lv-$tag" "$t_add" "$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(min(r.get("t_end", 1e18), float(sys.argv[2])))' "$res" "$t_fe")")
+  fi
   record "{\"kind\":\"rebuild\",\"level\":$lv,\"tag\":\"$tag\",\"min_kib\":$min,\"array_bytes\":$ARRAY_BYTES,\"rebuild\":$res,\"fio\":$f}"
-  python3 -c 'import json,sys; r=json.loads(sys.argv[1]); s=r.get("seconds")
-print(f"  RAID{sys.argv[2]} {sys.argv[3]:<14} {r.get(\"state\")}, " + (f"{s:.2f} s, {r[\"total_bytes\"]/s/1e9:.2f} GB/s of member bytes" if s else "no time"))' "$res" "$lv" "$tag"
+  python3 "$HELPER" line "$res" "RAID$lv $tag" "$f"
 }
 
+# dd of FILE to /dev/null and to a new file in /dev/shm, twice each: GB/s of wall time
+# and per CPU second (user + system), the same two measures as the rebuild's.
 anchor() { # FILE
-  local i rate
+  local i bytes t TIMEFORMAT='%R %U %S'
+  bytes=$(stat -c %s "$1")
   for i in 1 2; do
-    rate=$(LC_ALL=C dd if="$1" of=/dev/null bs=1M 2>&1 | sed -n 's/.* copied, \([0-9.]*\) s.*/\1/p')
-    record "{\"kind\":\"anchor\",\"what\":\"read (dd to /dev/null), run $i\",\"gbps\":$(python3 -c "print($(stat -c %s "$1") / $rate / 1e9)")}"
-    rate=$(LC_ALL=C dd if="$1" of="$SCRATCH/copy.img" bs=1M 2>&1 | sed -n 's/.* copied, \([0-9.]*\) s.*/\1/p')
+    t=$({ time dd if="$1" of=/dev/null bs=1M 2>/dev/null; } 2>&1)
+    record "$(python3 "$HELPER" anchor "read (dd bs=1M to /dev/null), run $i" "$bytes" $t)"
+    t=$({ time dd if="$1" of="$SCRATCH/copy.img" bs=1M 2>/dev/null; } 2>&1)
     rm -f "$SCRATCH/copy.img"
-    record "{\"kind\":\"anchor\",\"what\":\"copy within /dev/shm (dd to a new file), run $i\",\"gbps\":$(python3 -c "print($(stat -c %s "$1") / $rate / 1e9)")}"
+    record "$(python3 "$HELPER" anchor "copy (dd bs=1M to a new file in /dev/shm), run $i" "$bytes" $t)"
   done
 }
 
@@ -336,16 +461,20 @@ for lv in $LEVELS; do
     anchor "${MEMBERS[0]}"
     FIRST=0
   fi
-  latency "$OUT/raid$lv-idle1.fio.json"
-  record "{\"kind\":\"latency\",\"level\":$lv,\"tag\":\"idle, before\",\"fio\":$(python3 "$HELPER" fio "$OUT/raid$lv-idle1.fio.json")}"
+  latency "raid$lv-idle1"
+  record "{\"kind\":\"latency\",\"level\":$lv,\"tag\":\"idle, before\",\"fio\":$(lat_summary "raid$lv-idle1")}"
   rebuild_once "$lv" idle "$HIGH" idle
   for min in $MINS; do
     stop_server
     start_server "$min" "raid$lv-min$min"
     rebuild_once "$lv" "fio-min$min" "$min" fio
   done
-  latency "$OUT/raid$lv-idle2.fio.json"
-  record "{\"kind\":\"latency\",\"level\":$lv,\"tag\":\"idle, after\",\"fio\":$(python3 "$HELPER" fio "$OUT/raid$lv-idle2.fio.json")}"
+  # The rebuilt member must hold the right data: a scrub compares parity/copies.
+  "$CAIRN" --json md check bench --wait --control "$CTL" >"$OUT/raid$lv-check.json" ||
+    echo "rebuild: RAID$lv: md check failed (see $OUT/raid$lv-check.json)" >&2
+  record "{\"kind\":\"check\",\"level\":$lv,\"report\":$(cat "$OUT/raid$lv-check.json" 2>/dev/null || echo null)}"
+  latency "raid$lv-idle2"
+  record "{\"kind\":\"latency\",\"level\":$lv,\"tag\":\"idle, after\",\"fio\":$(lat_summary "raid$lv-idle2")}"
   stop_server
   rm -f "${MEMBERS[@]}"
 done

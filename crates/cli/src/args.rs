@@ -275,6 +275,15 @@ not exist yet are created sparse with that size; they read as zeroes, so the arr
 no initial sync and is clean at once. Members that already hold data make a redundant \
 array \"resync pending\" unless --assume-clean (cairn does not resync yet).
 
+RAID4/5/6 arrays get a partial-parity log by default (--write-hole log): before a write \
+that covers part of a stripe, the parity of the chunks it does not touch goes durably to \
+the parity members' free space between the bad-block log and the data. After a crash \
+that log lets cairn start the array even with a member gone, with every block that was \
+not being written intact; without it (--write-hole none, or an array mdadm made) that \
+start needs --force and may rebuild garbage. The price is one extra durable write per \
+partial-stripe write; see docs/write-hole.md. No md feature bit is set: Linux ignores \
+the log.
+
 cairn refuses a member that carries an md superblock or a filesystem, LUKS or LVM \
 signature, naming what it found; --force overwrites it.
 
@@ -370,6 +379,14 @@ pub struct MdCreateArgs {
     /// e.g. at least 64K per 1.8G). [default: 64M, larger on huge arrays]
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub bitmap_chunk: Option<u64>,
+    /// RAID4/5/6 write-hole protection: `log` keeps a partial-parity log in the free
+    /// space before the data, so a crash during a partial-stripe write followed by a
+    /// lost member cannot corrupt data that was not being written, and such an array
+    /// may start dirty and degraded without --force. It costs one extra durable write
+    /// per partial-stripe write (full-stripe writes are almost free). `none` is mdadm's
+    /// behaviour without a PPL [default: log]
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = WriteHole::Log)]
+    pub write_hole: WriteHole,
 
     /// Create member files that do not exist yet, sparse, of this size (e.g. 1G); they
     /// read as zeroes, so the new array needs no sync. (Not mdadm's --size, which limits
@@ -380,6 +397,15 @@ pub struct MdCreateArgs {
     /// Files or block devices, in role order
     #[arg(value_name = "MEMBER", required = true)]
     pub members: Vec<PathBuf>,
+}
+
+/// How `cairn md create` closes the RAID4/5/6 write hole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriteHole {
+    /// A partial-parity log on the members (ignored for levels without parity)
+    Log,
+    /// No protection: a dirty degraded start needs --force
+    None,
 }
 
 /// `cairn md examine`.

@@ -289,6 +289,7 @@ fn create(a: MdCreateArgs, global: &Global) -> Result<()> {
                 none => none,
             },
         };
+        opts.write_journal = a.write_hole == crate::args::WriteHole::Log;
         let array = Array::create(members, names, &opts)
             .map_err(|e| CliError::new(format!("cannot create the array: {e}")))?;
         array.close().map_err(|e| {

@@ -322,6 +322,9 @@ pub struct Array {
     pub(crate) bitmap: Option<crate::bitmap::Bitmap>,
     /// Bytes resynced since assembly ([`Array::resynced_bytes`]).
     pub(crate) resynced: AtomicU64,
+    /// The partial-parity log closing the RAID4/5/6 write hole (ppl.rs), when the
+    /// members carry one.
+    pub(crate) ppl: Option<crate::ppl::Ppl>,
 }
 
 impl fmt::Debug for Array {
@@ -508,6 +511,7 @@ impl Array {
             fg_ops: AtomicU64::new(0),
             bitmap: None,
             resynced: AtomicU64::new(0),
+            ppl: None,
         })
     }
 
@@ -859,6 +863,9 @@ impl Array {
         self.stop_background();
         self.flush()?;
         self.bitmap_close()?;
+        if let Some(log) = &self.ppl {
+            log.reset(self)?;
+        }
         let mut meta = self.meta_lock();
         if (meta.dirty || meta.resync_pending) && meta.sbs.iter().any(Option::is_some) {
             meta.dirty = false;
@@ -1237,6 +1244,7 @@ impl BlockDevice for Array {
 
     fn flush(&self) -> Result<()> {
         let gen = self.bitmap_flush_start();
+        let generation = self.ppl.as_ref().map(crate::ppl::Ppl::begin_flush);
         let mut last = None;
         for role in 0..self.slots.len() {
             if let Some(r) = self.slots[role].replacement() {
@@ -1257,6 +1265,9 @@ impl BlockDevice for Array {
                 }
                 last = Some(e);
             }
+        }
+        if let (Some(log), Some(g), None) = (&self.ppl, generation, &last) {
+            log.end_flush(g);
         }
         match last {
             Some(e) if !self.layout.tolerates(&self.down_mask()) || !self.layout_is_redundant() => {

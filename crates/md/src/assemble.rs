@@ -3,10 +3,12 @@
 //! ```text
 //!   members ─► read each v1.2 superblock (strict) ─► one array UUID? ─► freshest (events)
 //!           ─► each member's role per the freshest dev_roles; stale / faulty / spare out
-//!           ─► missing roles ─► still redundant? dirty + degraded parity needs force
-//!           ─► Array (slots by role, metadata state)
+//!           ─► missing roles ─► still redundant? dirty + degraded parity needs force,
+//!              unless the members carry a partial-parity log (ppl.rs)
+//!           ─► Array (slots by role, metadata state) ─► dirty? replay the log
 //!   create ─► refuse signatures (probe.rs) unless force ─► create::create (mdadm 4.2)
-//!          ─► zeroed members? clean : resync pending ─► write superblocks (FUA) ─► assemble
+//!          ─► zeroed members? clean : resync pending ─► write superblocks (FUA)
+//!          ─► RAID4/5/6: empty partial-parity log ─► assemble
 //! ```
 //!
 //! The rules are the kernel's and mdadm's (ondisk-formats.md §1.6): the member with the
@@ -60,6 +62,11 @@ pub struct CreateOptions {
     /// The write-intent bitmap (mdadm `--bitmap`); [`CreateOptions::new`] picks an
     /// internal one for the redundant levels.
     pub bitmap: BitmapChoice,
+    /// RAID4/5/6: keep a partial-parity log on the members (ppl.rs,
+    /// docs/write-hole.md), so that a crash during a partial-stripe write followed by a
+    /// member loss cannot corrupt data that was not being written. Costs one extra
+    /// durable write per partial-stripe write. Ignored for other levels.
+    pub write_journal: bool,
 }
 
 impl CreateOptions {
@@ -76,6 +83,7 @@ impl CreateOptions {
             members_zeroed: false,
             assume_clean: false,
             bitmap: BitmapChoice::default_for(level),
+            write_journal: level.parity_members() > 0,
         }
     }
 }
@@ -254,14 +262,24 @@ impl Array {
             }
         }
         let dirty = !freshest.is_clean();
-        if dirty && !missing.is_empty() && freshest.level.parity_members() > 0 {
+        let present: Vec<&Arc<dyn BlockDevice>> =
+            by_role.iter().flatten().map(|f| &f.dev).collect();
+        // With a partial-parity log, replay makes parity match every chunk that was not
+        // being written, so a dirty degraded start is safe.
+        // Replay writes: read-only members cannot have it.
+        let logged = dirty
+            && !present.iter().any(|d| d.capabilities().read_only)
+            && crate::ppl::probe(&present, &freshest);
+        if dirty && !missing.is_empty() && freshest.level.parity_members() > 0 && !logged {
             if !opts.force {
                 return Err(Error::new(
                     ErrorKind::Degraded,
                     format!(
                         "{label} cannot start: it is degraded ({}) and was not shut down \
                          cleanly, so its parity may not match its data and rebuilt data could \
-                         be wrong; start it with force to accept that (mdadm --assemble --force)",
+                         be wrong; start it with force to accept that (mdadm --assemble --force). \
+                         Arrays cairn creates with a partial-parity log (the default) start safely \
+                         here, unless opened read-only",
                         describe_missing(&missing, &left_out)
                     ),
                 ));
@@ -376,6 +394,8 @@ impl Array {
         let bitmap = crate::bitmap::load_bitmap(&slots, &layout, &bitmap_sb, events, &label)?;
         let mut array = Array::build(layout, slots, identity, meta, left_out, opts.force && dirty)?;
         array.install_bitmap(bitmap);
+        array.ppl = crate::ppl::Ppl::open(&array, &freshest, dirty)
+            .map_err(|e| e.context(format!("{label}: replaying the partial-parity log")))?;
         Ok(array)
     }
 
@@ -458,6 +478,9 @@ impl Array {
                     .map_err(|e| e.context(format!("writing the bitmap on {name}")))?;
             }
             sb.write_to(&**dev, name)?;
+        }
+        if opts.write_journal && opts.level.parity_members() > 0 {
+            crate::ppl::format(&members, &names, &created.superblocks)?;
         }
         Array::assemble(members, names, AssembleOptions::default())
     }

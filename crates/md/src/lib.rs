@@ -50,6 +50,7 @@ pub mod level;
 pub mod members;
 pub mod ondisk;
 pub mod parity;
+pub(crate) mod ppl;
 pub mod probe;
 pub mod report;
 pub mod scrub;

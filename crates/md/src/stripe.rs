@@ -12,6 +12,8 @@
 //!       (RMW or RCW, whichever reads fewer bytes; a read error falls through to ...)
 //!     degraded                         ─► read the row from every up member, rebuild the
 //!                                         missing ones, overlay, P/Q from scratch
+//!   with a partial-parity log (ppl.rs), a partial stripe's plan is logged (PP/PQ on
+//!   its parity members, FUA) before any of its writes is issued
 //!   read ─► each chunk piece from its member; pieces whose member is down or fails to
 //!           read are rebuilt from the rest of the row (and written back if it failed)
 //! ```
@@ -222,7 +224,12 @@ impl Array {
     }
 
     /// Rebuilds the rows of `missing` members from the others.
-    fn recover(&self, map: &StripeMap, rows: &mut [Vec<u8>], missing: &[usize]) -> Result<()> {
+    pub(crate) fn recover(
+        &self,
+        map: &StripeMap,
+        rows: &mut [Vec<u8>],
+        missing: &[usize],
+    ) -> Result<()> {
         let len = rows[0].len();
         match map.q {
             None => {
@@ -316,6 +323,11 @@ impl Array {
                 let stripe = pos / width;
                 let x = pos - stripe * width;
                 let y = (end - stripe * width).min(width);
+                // With a partial-parity log a partial stripe is a batch of its own, so
+                // one batch's entries always fit the ring (ppl::ring_needed).
+                if self.ppl.is_some() && !batch.is_empty() && (x, y) != (0, width) {
+                    break;
+                }
                 batch.push((
                     stripe,
                     x,
@@ -324,17 +336,36 @@ impl Array {
                 ));
                 bytes += y - x;
                 pos += y - x;
+                if self.ppl.is_some() && (x, y) != (0, width) {
+                    break;
+                }
             }
             let _guards = if batch.len() == 1 {
                 vec![self.lock_stripe(batch[0].0)]
             } else {
                 self.lock_stripes(batch.iter().map(|b| b.0))
             };
-            let mut writes = Vec::new();
+            let mut plans = Vec::with_capacity(batch.len());
             for &(stripe, x, y, data) in &batch {
-                writes.extend(self.plan_stripe(pl, stripe, x, y, data)?);
+                plans.push(self.plan_stripe(pl, stripe, x, y, data)?);
             }
-            self.execute_writes(pl, writes, flags, small(bytes) >= FAN_OUT_MIN)?;
+            // The write hole: partial parity on the log, durable before any write.
+            let ticket = match &self.ppl {
+                Some(log) => {
+                    let items: Vec<crate::ppl::LogItem<'_>> = batch
+                        .iter()
+                        .map(|&(stripe, x, y, data)| crate::ppl::LogItem { stripe, x, y, data })
+                        .collect();
+                    Some(log.log_batch(self, pl, &items, &plans)?)
+                }
+                None => None,
+            };
+            let writes = plans.into_iter().flatten().collect();
+            let done = self.execute_writes(pl, writes, flags, small(bytes) >= FAN_OUT_MIN);
+            if let (Some(log), Some(ticket)) = (&self.ppl, ticket) {
+                log.complete(ticket);
+            }
+            done?;
         }
         Ok(())
     }

@@ -1,0 +1,1436 @@
+//! The partial-parity log: closes the RAID4/5/6 write hole (docs/write-hole.md).
+//!
+//! ```text
+//!   member: superblock │ bitmap space │ bad-block log │ PPL area ............ │ data
+//!                                                      ├ ring header (4 KiB)
+//!                                                      └ ring: entries, each a 4 KiB
+//!                                                        header + payload (4 KiB units)
+//!   partial-stripe write (stripe.rs, under the stripe lock)
+//!     plan ─► PP = P_new ⊕ new data, PQ = Q_new ⊕ Σ g^i·new data   (= parity of the
+//!             chunks *not* written, over the row [lo, hi))
+//!          ─► entry {seq, stripe, x..y} + PP on the P member's ring, + PQ on Q's (FUA)
+//!          ─► data and parity writes ─► done (reclaimable after the next member flush)
+//!   full-stripe write over a stripe with live entries ─► a small "full" entry masks them
+//!   assembly of a dirty array ─► newest entry per row: rebuild every chunk that was not
+//!             being written from PP/PQ, set parity to match ─► flush ─► log emptied
+//! ```
+//!
+//! No md feature bit is set: the area lies between the bad-block log and `data_offset`,
+//! where md keeps nothing, and only an area whose ring header carries this log's magic
+//! and the array's UUID is used. md's own PPL (feature 1024) cannot coexist with a
+//! bitmap; this log can.
+//!
+//! Ordering rules, each needed by replay (docs/write-hole.md has the reasons):
+//! * the entries of a write are durable (FUA) before any of its data or parity write is
+//!   issued;
+//! * a partial write whose rows overlap an earlier write to the same stripe that is not
+//!   yet durable flushes the members first, so a live entry's PP never includes data
+//!   that could still be lost;
+//! * ring space is reused only after the entries in it are durable-complete and the ring
+//!   header's sequence floor (entries below it are dead) has been written past them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
+
+use crate::array::{Array, Bytes};
+use crate::create::choose_bm_space;
+use crate::layout::{ParityLayout, StripeMap};
+use crate::ondisk::{Features, Superblock, Uuid, SUPER_OFFSET_1_2};
+use crate::parity::gf;
+use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
+
+/// The log's unit: headers and payloads are written in whole 4 KiB blocks, so members
+/// with 4096-byte logical blocks take them as they are.
+pub(crate) const BLOCK: u64 = 4096;
+/// Everything a header says lies in its first 512 bytes (the rest of the block is
+/// zero): a torn 4 KiB write on a 512-byte-sector member leaves that sector whole.
+const HEADER_BYTES: usize = 512;
+
+// ---- on-disk format -------------------------------------------------------------------
+//
+// Ring header, at the first block of the area (little-endian):
+//   0  magic     [u8; 8]  "cairnPLR"
+//   8  version   u32      1
+//  12  block     u32      4096
+//  16  ring_off  u64      byte offset of the ring on the member
+//  24  ring_len  u64      bytes, a multiple of 4096
+//  32  floor     u64      entries with seq < floor are dead
+//  40  log_id    u64      random per log; entries carry it
+//  48  uuid      [u8; 16] the array's UUID
+//  64  crc       u32      crc32c of bytes 0..64
+//  68  zero to the end of the block
+//
+// Entry header, at a block boundary of the ring, followed by its payload:
+//   0  magic     [u8; 8]  "cairnPLE"
+//   8  version   u32      1
+//  12  kind      u32      1 partial P, 2 partial Q, 3 full
+//  16  seq       u64
+//  24  log_id    u64
+//  32  stripe    u64      partial: the stripe; full: first stripe
+//  40  stripe_hi u64      full: one past the last stripe (only those whose P or Q is
+//                         this member); partial: stripe + 1
+//  48  x         u64      partial: stripe-relative bytes [x, y) written
+//  56  y         u64
+//  64  chunk     u32      chunk bytes (a check)
+//  68  payload   u32      payload bytes (partial: hi - lo, the row; full: 0)
+//  72  pcrc      u32      crc32c of the payload
+//  76  crc       u32      crc32c of bytes 0..76
+//  80  zero to the end of the block; the payload starts at the next block
+
+const RING_MAGIC: [u8; 8] = *b"cairnPLR";
+const ENTRY_MAGIC: [u8; 8] = *b"cairnPLE";
+const VERSION: u32 = 1;
+const RING_CRC_AT: usize = 64;
+const ENTRY_CRC_AT: usize = 76;
+const _: () = assert!(RING_CRC_AT + 4 <= HEADER_BYTES && ENTRY_CRC_AT + 4 <= HEADER_BYTES);
+
+/// What an entry's payload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Partial parity for P over the row.
+    PartialP,
+    /// Partial parity for Q over the row.
+    PartialQ,
+    /// Stripes rewritten whole: older entries for them are dead.
+    Full,
+}
+
+impl Kind {
+    fn to_raw(self) -> u32 {
+        match self {
+            Kind::PartialP => 1,
+            Kind::PartialQ => 2,
+            Kind::Full => 3,
+        }
+    }
+
+    fn from_raw(v: u32) -> Option<Kind> {
+        match v {
+            1 => Some(Kind::PartialP),
+            2 => Some(Kind::PartialQ),
+            3 => Some(Kind::Full),
+            _ => None,
+        }
+    }
+}
+
+/// A ring header, parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RingHeader {
+    pub(crate) ring_off: u64,
+    pub(crate) ring_len: u64,
+    pub(crate) floor: u64,
+    pub(crate) log_id: u64,
+    pub(crate) uuid: Uuid,
+}
+
+/// An entry header, parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EntryHeader {
+    pub(crate) kind: Kind,
+    pub(crate) seq: u64,
+    pub(crate) log_id: u64,
+    pub(crate) stripe: u64,
+    pub(crate) stripe_hi: u64,
+    pub(crate) x: u64,
+    pub(crate) y: u64,
+    pub(crate) chunk: u32,
+    pub(crate) payload: u32,
+    pub(crate) pcrc: u32,
+}
+
+impl EntryHeader {
+    /// Bytes the entry takes in the ring: its header block and its payload in blocks.
+    pub(crate) fn len(&self) -> u64 {
+        BLOCK + u64::from(self.payload).div_ceil(BLOCK) * BLOCK
+    }
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn get_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn get_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl RingHeader {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; small(BLOCK)];
+        b[0..8].copy_from_slice(&RING_MAGIC);
+        put_u32(&mut b, 8, VERSION);
+        put_u32(&mut b, 12, 4096);
+        put_u64(&mut b, 16, self.ring_off);
+        put_u64(&mut b, 24, self.ring_len);
+        put_u64(&mut b, 32, self.floor);
+        put_u64(&mut b, 40, self.log_id);
+        b[48..64].copy_from_slice(&self.uuid.0);
+        let crc = crc32c(&b[..RING_CRC_AT]);
+        put_u32(&mut b, RING_CRC_AT, crc);
+        b
+    }
+
+    /// `None` unless `b` holds a well-formed ring header.
+    pub(crate) fn decode(b: &[u8]) -> Option<RingHeader> {
+        if b.len() < HEADER_BYTES
+            || b[0..8] != RING_MAGIC
+            || get_u32(b, 8) != VERSION
+            || get_u32(b, 12) != 4096
+            || crc32c(&b[..RING_CRC_AT]) != get_u32(b, RING_CRC_AT)
+        {
+            return None;
+        }
+        let h = RingHeader {
+            ring_off: get_u64(b, 16),
+            ring_len: get_u64(b, 24),
+            floor: get_u64(b, 32),
+            log_id: get_u64(b, 40),
+            uuid: Uuid(b[48..64].try_into().expect("16 bytes")),
+        };
+        (h.ring_off.is_multiple_of(BLOCK) && h.ring_len.is_multiple_of(BLOCK) && h.ring_len > 0)
+            .then_some(h)
+    }
+}
+
+impl EntryHeader {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; small(BLOCK)];
+        b[0..8].copy_from_slice(&ENTRY_MAGIC);
+        put_u32(&mut b, 8, VERSION);
+        put_u32(&mut b, 12, self.kind.to_raw());
+        put_u64(&mut b, 16, self.seq);
+        put_u64(&mut b, 24, self.log_id);
+        put_u64(&mut b, 32, self.stripe);
+        put_u64(&mut b, 40, self.stripe_hi);
+        put_u64(&mut b, 48, self.x);
+        put_u64(&mut b, 56, self.y);
+        put_u32(&mut b, 64, self.chunk);
+        put_u32(&mut b, 68, self.payload);
+        put_u32(&mut b, 72, self.pcrc);
+        let crc = crc32c(&b[..ENTRY_CRC_AT]);
+        put_u32(&mut b, ENTRY_CRC_AT, crc);
+        b
+    }
+
+    /// `None` unless `b` holds a well-formed entry header whose fields agree with each
+    /// other (the payload is checked separately, against `pcrc`).
+    pub(crate) fn decode(b: &[u8]) -> Option<EntryHeader> {
+        if b.len() < HEADER_BYTES
+            || b[0..8] != ENTRY_MAGIC
+            || get_u32(b, 8) != VERSION
+            || crc32c(&b[..ENTRY_CRC_AT]) != get_u32(b, ENTRY_CRC_AT)
+        {
+            return None;
+        }
+        let h = EntryHeader {
+            kind: Kind::from_raw(get_u32(b, 12))?,
+            seq: get_u64(b, 16),
+            log_id: get_u64(b, 24),
+            stripe: get_u64(b, 32),
+            stripe_hi: get_u64(b, 40),
+            x: get_u64(b, 48),
+            y: get_u64(b, 56),
+            chunk: get_u32(b, 64),
+            payload: get_u32(b, 68),
+            pcrc: get_u32(b, 72),
+        };
+        if h.stripe_hi <= h.stripe || h.chunk == 0 {
+            return None;
+        }
+        match h.kind {
+            Kind::Full => (h.payload == 0).then_some(h),
+            Kind::PartialP | Kind::PartialQ => {
+                let (lo, hi) = row_of(u64::from(h.chunk), h.x, h.y)?;
+                (h.stripe_hi == h.stripe + 1 && u64::from(h.payload) == hi - lo).then_some(h)
+            }
+        }
+    }
+}
+
+/// The row `[lo, hi)` (in-chunk bytes) that stripe-relative bytes `[x, y)` touch:
+/// `None` when `[x, y)` is empty or not inside one chunk row of any width.
+fn row_of(c: u64, x: u64, y: u64) -> Option<(u64, u64)> {
+    if x >= y || c == 0 {
+        return None;
+    }
+    let first = x / c;
+    let last = (y - 1) / c;
+    if last - first >= 1 << 16 {
+        return None;
+    }
+    let (mut lo, mut hi) = (u64::MAX, 0);
+    for d in first..=last {
+        let start = d * c;
+        lo = lo.min(x.max(start) - start);
+        hi = hi.max(y.min(start + c) - start);
+    }
+    Some((lo, hi))
+}
+
+/// The touched data chunks of stripe-relative `[x, y)`: (data index, in-chunk a, b).
+fn touches(c: u64, x: u64, y: u64) -> Vec<(usize, u64, u64)> {
+    (x / c..=(y - 1) / c)
+        .map(|d| {
+            let start = d * c;
+            (small(d), x.max(start) - start, y.min(start + c) - start)
+        })
+        .collect()
+}
+
+/// CRC-32C (Castagnoli), reflected, as in iSCSI and ext4: the SSE4.2 instruction where
+/// the CPU has it (a 4 KiB payload per partial-stripe write makes the byte-wise table
+/// show in the write path), else a table.
+pub(crate) fn crc32c(data: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: the CPU supports SSE4.2, checked just above.
+        return !unsafe { crc32c_sse42(!0, data) };
+    }
+    !crc32c_table(!0, data)
+}
+
+fn crc32c_table(mut crc: u32, data: &[u8]) -> u32 {
+    const TABLE: [u32; 256] = {
+        let mut t = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            #[allow(clippy::cast_possible_truncation)] // i < 256
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                c = if c & 1 != 0 {
+                    0x82f6_3b78 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+                k += 1;
+            }
+            t[i] = c;
+            i += 1;
+        }
+        t
+    };
+    for &b in data {
+        crc = TABLE[usize::from(crc.to_le_bytes()[0] ^ b)] ^ (crc >> 8);
+    }
+    crc
+}
+
+/// # Safety
+/// The CPU must support SSE4.2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+unsafe fn crc32c_sse42(crc: u32, data: &[u8]) -> u32 {
+    use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
+    let mut c = u64::from(crc);
+    let mut words = data.chunks_exact(8);
+    for w in &mut words {
+        c = _mm_crc32_u64(c, u64::from_le_bytes(w.try_into().expect("8 bytes")));
+    }
+    let mut c = u32::try_from(c).expect("the instruction leaves 32 bits");
+    for &b in words.remainder() {
+        c = _mm_crc32_u8(c, b);
+    }
+    c
+}
+
+// ---- where the log lives --------------------------------------------------------------
+
+/// The log area of a member described by `sb`: `(start, end)` in member bytes, from the
+/// end of the bad-block log (or the bitmap space) rounded up to 4 KiB, to `data_offset`.
+/// `None` for superblock layouts other than cairn's and mdadm's 1.2 default, or when md's
+/// own PPL or journal could be using the space.
+pub(crate) fn area(sb: &Superblock) -> Option<(u64, u64)> {
+    if sb.super_offset != SUPER_OFFSET_1_2
+        || sb.bblog_offset <= 0
+        || sb.features.has(Features::PPL)
+        || sb.features.has(Features::JOURNAL)
+        || sb.features.has(Features::MULTIPLE_PPLS)
+        || sb.level.parity_members() == 0
+    {
+        return None;
+    }
+    let so = sb.super_offset.0;
+    let bblog_end = so
+        .checked_add(u64::try_from(sb.bblog_offset).ok()?)?
+        .checked_add(u64::from(sb.bblog_size))?;
+    let bitmap_end = so + 8 + choose_bm_space(sb.size).0;
+    let start = bblog_end.max(bitmap_end).checked_mul(SECTOR_SIZE)?;
+    let start = start.div_ceil(BLOCK) * BLOCK;
+    let end = sb.data_offset.bytes()? / BLOCK * BLOCK;
+    (end > start + 2 * BLOCK).then_some((start, end))
+}
+
+/// Ring bytes the log needs for arrays of `chunk` bytes and `members` members: one
+/// partial entry of a whole chunk plus one full entry per member (the most one batch of
+/// stripe.rs writes at once), twice over so that one batch can wait for another.
+pub(crate) fn ring_needed(chunk: u64, members: usize) -> u64 {
+    2 * (BLOCK + chunk.div_ceil(BLOCK) * BLOCK + wide(members) * BLOCK)
+}
+
+/// The ring's size where the area allows more (replay reads all of it).
+const RING_CAP: u64 = 4 << 20;
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() | 1
+}
+
+/// Writes an empty log on every member of a new array (called by `Array::create` after
+/// the superblocks). Returns whether the array has a log: not when the area is too
+/// small for the chunk size, which is warned about.
+pub(crate) fn format(
+    members: &[Arc<dyn BlockDevice>],
+    names: &[String],
+    sbs: &[Superblock],
+) -> Result<bool> {
+    let Some(sb0) = sbs.first() else {
+        return Ok(false);
+    };
+    let Some((start, end)) = area(sb0) else {
+        tracing::warn!(
+            "md array {}: no room for a partial-parity log between the bad-block log and the \
+             data; the array has no write-hole protection",
+            sb0.set_name
+        );
+        return Ok(false);
+    };
+    let chunk = sb0.chunk.bytes().unwrap_or(u64::MAX);
+    let needed = ring_needed(chunk, sbs.len());
+    // Replay reads the whole ring: keep it small where md leaves a lot of room.
+    let ring_len = (end - start - BLOCK).min(needed.max(RING_CAP));
+    if ring_len < needed {
+        tracing::warn!(
+            "md array {}: the {} KiB between the bad-block log and the data cannot hold a \
+             partial-parity log for {} KiB chunks; the array has no write-hole protection",
+            sb0.set_name,
+            (end - start) / 1024,
+            chunk / 1024
+        );
+        return Ok(false);
+    }
+    let header = RingHeader {
+        ring_off: start + BLOCK,
+        ring_len,
+        floor: 1,
+        log_id: random_u64(),
+        uuid: sb0.set_uuid,
+    };
+    let bytes = header.encode();
+    for (dev, name) in members.iter().zip(names) {
+        dev.write_at(&bytes, start, WriteFlags::FUA)
+            .map_err(|e| e.context(format!("{name}: writing the partial-parity log header")))?;
+    }
+    Ok(true)
+}
+
+/// Whether any of `members` (those present) carries this array's log.
+pub(crate) fn probe(members: &[&Arc<dyn BlockDevice>], sb: &Superblock) -> bool {
+    let Some((start, _)) = area(sb) else {
+        return false;
+    };
+    members.iter().any(|dev| {
+        let mut b = vec![0u8; small(BLOCK)];
+        dev.read_at(&mut b, start).is_ok()
+            && RingHeader::decode(&b).is_some_and(|h| h.uuid == sb.set_uuid)
+    })
+}
+
+// ---- the running log ------------------------------------------------------------------
+
+/// One write's entry on one ring, while it is live.
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    seq: u64,
+    pos: u64,
+    /// The stripe of a partial entry (counted in `State::live`); `None` for a full one.
+    stripe: Option<u64>,
+    /// The flush generation read when its writes completed.
+    done: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct RingState {
+    /// Next free byte (ring-relative).
+    head: u64,
+    /// Live entries in ring order (= sequence order).
+    live: VecDeque<Live>,
+    /// What the ring header on the member says.
+    floor: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    next_seq: u64,
+    /// By role.
+    rings: Vec<RingState>,
+    /// Partial entries still live, by stripe.
+    live: HashMap<u64, u32>,
+    /// Rows written to a stripe and not yet known durable: (lo, hi, completion generation).
+    unflushed: HashMap<u64, Vec<(u64, u64, u64)>>,
+    /// How many rows `unflushed` holds.
+    unflushed_rows: usize,
+}
+
+/// Past this many unflushed rows a write flushes the members first, which bounds the
+/// memory the overlap rule needs when a client never flushes.
+const UNFLUSHED_MAX: usize = 1 << 16;
+
+/// The log of an assembled array (`Array::ppl`).
+#[derive(Debug)]
+pub(crate) struct Ppl {
+    header_off: u64,
+    ring_off: u64,
+    ring_len: u64,
+    log_id: u64,
+    uuid: Uuid,
+    chunk: u64,
+    state: Mutex<State>,
+    /// Serialises reclaims (each flushes the members).
+    reclaim: Mutex<()>,
+    /// Signalled when a batch's writes return (a writer waiting for ring room).
+    completed: Condvar,
+    /// Flush generations: a write completed at generation g is durable once a flush that
+    /// started at g or later has finished (`durable >= g`).
+    gen: AtomicU64,
+    durable: AtomicU64,
+}
+
+/// What one stripe of a batch asks of the log.
+pub(crate) struct LogItem<'a> {
+    pub(crate) stripe: u64,
+    pub(crate) x: u64,
+    pub(crate) y: u64,
+    pub(crate) data: &'a [u8],
+}
+
+/// Entries written for a batch, to be marked complete after its data writes.
+#[derive(Debug, Default)]
+pub(crate) struct Ticket {
+    seq: u64,
+    roles: Vec<usize>,
+    rows: Vec<(u64, u64, u64)>,
+}
+
+impl Ppl {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A flush is starting: returns its generation for [`Ppl::end_flush`].
+    pub(crate) fn begin_flush(&self) -> u64 {
+        self.gen.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// The flush that began at `g` made every member durable.
+    pub(crate) fn end_flush(&self, g: u64) {
+        self.durable.fetch_max(g, Ordering::SeqCst);
+        let mut st = self.lock();
+        st.unflushed.retain(|_, rows| {
+            rows.retain(|r| r.2 > g);
+            !rows.is_empty()
+        });
+        st.unflushed_rows = st.unflushed.values().map(Vec::len).sum();
+    }
+
+    fn is_durable(&self, done: Option<u64>) -> bool {
+        done.is_some_and(|d| d <= self.durable.load(Ordering::SeqCst))
+    }
+
+    /// Logs a batch of stripe.rs's writes before they are issued. `plans[i]` holds the
+    /// member writes planned for `items[i]`; partial stripes get PP (and PQ) entries on
+    /// their parity members, full stripes a masking entry when older entries for them
+    /// are live. Call [`Ppl::complete`] with the ticket once the writes returned.
+    pub(crate) fn log_batch(
+        &self,
+        array: &Array,
+        pl: &ParityLayout,
+        items: &[LogItem<'_>],
+        plans: &[Vec<(usize, u64, Bytes<'_>)>],
+    ) -> Result<Ticket> {
+        let c = self.chunk;
+        let width = c * wide(pl.data_disks());
+        // Partial stripes whose rows overlap a write not yet durable: flush first.
+        let overlaps = {
+            let st = self.lock();
+            st.unflushed_rows > UNFLUSHED_MAX
+                || items.iter().any(|it| {
+                    let partial = !(it.x == 0 && it.y == width);
+                    let Some((lo, hi)) = row_of(c, it.x, it.y) else {
+                        return false;
+                    };
+                    partial
+                        && st.unflushed.get(&it.stripe).is_some_and(|rows| {
+                            rows.iter()
+                                .any(|&(a, b, g)| a < hi && lo < b && !self.is_durable(Some(g)))
+                        })
+                })
+        };
+        if overlaps {
+            cairn_block::BlockDevice::flush(array)?;
+        }
+        // The entries, by ring.
+        let mut entries: Vec<(usize, EntryHeader, Vec<u8>)> = Vec::new();
+        let mut rows = Vec::new();
+        let mut full: Vec<u64> = Vec::new();
+        for (it, plan) in items.iter().zip(plans) {
+            let (lo, hi) = row_of(c, it.x, it.y).expect("non-empty write");
+            rows.push((it.stripe, lo, hi));
+            let map = pl.stripe_map(StripeNo(it.stripe));
+            if it.x == 0 && it.y == width {
+                full.push(it.stripe);
+                continue;
+            }
+            for (kind, pm) in [(Kind::PartialP, Some(map.p)), (Kind::PartialQ, map.q)] {
+                let Some(pm) = pm else { continue };
+                let Some((_, _, prow)) = plan.iter().find(|w| w.0 == pm) else {
+                    continue; // that parity member is down: nothing to keep in step
+                };
+                debug_assert_eq!(wide(prow.len()), hi - lo);
+                let mut pp = prow.to_vec();
+                for (d, a, b) in touches(c, it.x, it.y) {
+                    let at = small(a - lo)..small(b - lo);
+                    let buf = small(wide(d) * c + a - it.x);
+                    let new = &it.data[buf..buf + small(b - a)];
+                    if kind == Kind::PartialP {
+                        array.parity.xor_into(&mut pp[at], new);
+                    } else {
+                        array
+                            .parity
+                            .mul_xor_into(&mut pp[at], new, gf::exp(map.q_exponent[d]));
+                    }
+                }
+                let header = EntryHeader {
+                    kind,
+                    seq: 0,
+                    log_id: self.log_id,
+                    stripe: it.stripe,
+                    stripe_hi: it.stripe + 1,
+                    x: it.x,
+                    y: it.y,
+                    chunk: u32::try_from(c).expect("chunks are at most 4 MiB"),
+                    payload: u32::try_from(pp.len()).expect("at most a chunk"),
+                    pcrc: crc32c(&pp),
+                };
+                entries.push((pm, header, pp));
+            }
+        }
+        if !full.is_empty() {
+            let st = self.lock();
+            let masked: Vec<u64> = full
+                .iter()
+                .copied()
+                .filter(|s| st.live.get(s).is_some_and(|&n| n > 0))
+                .collect();
+            drop(st);
+            if let (Some(&s0), Some(&s1)) = (masked.first(), masked.last()) {
+                let mut roles: Vec<usize> = Vec::new();
+                for &s in &masked {
+                    let map = pl.stripe_map(StripeNo(s));
+                    roles.extend([Some(map.p), map.q].into_iter().flatten());
+                }
+                roles.sort_unstable();
+                roles.dedup();
+                for pm in roles.into_iter().filter(|&m| array.is_up(m)) {
+                    let header = EntryHeader {
+                        kind: Kind::Full,
+                        seq: 0,
+                        log_id: self.log_id,
+                        stripe: s0,
+                        stripe_hi: s1 + 1,
+                        x: 0,
+                        y: 0,
+                        chunk: u32::try_from(c).expect("chunks are at most 4 MiB"),
+                        payload: 0,
+                        pcrc: crc32c(&[]),
+                    };
+                    entries.push((pm, header, Vec::new()));
+                }
+            }
+        }
+        let mut ticket = Ticket {
+            seq: 0,
+            roles: Vec::new(),
+            rows,
+        };
+        if entries.is_empty() {
+            return Ok(ticket);
+        }
+        // Room on every ring, or reclaim and try again.
+        let (seq, placed) = loop {
+            if let Some(got) = self.allocate(array, &mut entries) {
+                break got;
+            }
+            self.reclaim(array)?;
+            if let Some(got) = self.allocate(array, &mut entries) {
+                break got;
+            }
+            // Other requests' entries fill the ring until their writes return.
+            let st = self.lock();
+            let _ = self
+                .completed
+                .wait_timeout(st, std::time::Duration::from_millis(1));
+        };
+        ticket.seq = seq;
+        for ((pm, header, payload), pos) in entries.into_iter().zip(placed) {
+            let mut buf = header.encode();
+            let padded = small(header.len() - BLOCK);
+            buf.extend_from_slice(&payload);
+            buf.resize(small(BLOCK) + padded, 0);
+            ticket.roles.push(pm);
+            if let Err(e) = self.write_abs(array, pm, &buf, self.ring_off + pos, WriteFlags::FUA) {
+                // The parity member is out; its planned write fails too, which is what
+                // a member failure means for the stripe anyway.
+                array.fail_member(pm, &e);
+            }
+        }
+        Ok(ticket)
+    }
+
+    /// Places `entries` on their rings under one sequence number; `None` when a ring is
+    /// short of room.
+    fn allocate(
+        &self,
+        array: &Array,
+        entries: &mut [(usize, EntryHeader, Vec<u8>)],
+    ) -> Option<(u64, Vec<u64>)> {
+        let mut st = self.lock();
+        let mut heads: HashMap<usize, (u64, Option<u64>)> = HashMap::new();
+        let mut placed = Vec::with_capacity(entries.len());
+        for (pm, header, _) in entries.iter() {
+            let ring = &st.rings[*pm];
+            let (head, tail) = heads
+                .entry(*pm)
+                .or_insert_with(|| (ring.head, ring.live.front().map(|l| l.pos)));
+            let len = header.len();
+            let pos = match *tail {
+                None => {
+                    if *head + len <= self.ring_len {
+                        *head
+                    } else if len <= self.ring_len {
+                        0
+                    } else {
+                        return None;
+                    }
+                }
+                Some(t) if *head > t => {
+                    if *head + len <= self.ring_len {
+                        *head
+                    } else if len <= t {
+                        0
+                    } else {
+                        return None;
+                    }
+                }
+                Some(t) => {
+                    if *head + len <= t {
+                        *head
+                    } else {
+                        return None;
+                    }
+                }
+            };
+            *head = pos + len;
+            if tail.is_none() {
+                *tail = Some(pos);
+            }
+            placed.push(pos);
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        // A member that came without this log's header (added since assembly) gets one
+        // before its first entry, or replay would not find the entry. Under the lock, so
+        // no entry of a later sequence can land first.
+        for (pm, _, _) in entries.iter() {
+            if st.rings[*pm].floor == 0 {
+                st.rings[*pm].floor = seq;
+                if let Err(e) = self.write_header(array, *pm, seq) {
+                    array.fail_member(*pm, &e);
+                }
+            }
+        }
+        for ((pm, header, _), &pos) in entries.iter_mut().zip(&placed) {
+            header.seq = seq;
+            let stripe = (header.kind != Kind::Full).then_some(header.stripe);
+            if let Some(s) = stripe {
+                *st.live.entry(s).or_insert(0) += 1;
+            }
+            let ring = &mut st.rings[*pm];
+            ring.head = pos + header.len();
+            ring.live.push_back(Live {
+                seq,
+                pos,
+                stripe,
+                done: None,
+            });
+        }
+        Some((seq, placed))
+    }
+
+    /// The batch's member writes have returned.
+    pub(crate) fn complete(&self, ticket: Ticket) {
+        let g = self.gen.load(Ordering::SeqCst);
+        let mut st = self.lock();
+        for &pm in &ticket.roles {
+            if let Some(l) = st.rings[pm]
+                .live
+                .iter_mut()
+                .rev()
+                .find(|l| l.seq == ticket.seq)
+            {
+                l.done = Some(g);
+            }
+        }
+        for (s, lo, hi) in ticket.rows {
+            st.unflushed.entry(s).or_default().push((lo, hi, g));
+            st.unflushed_rows += 1;
+        }
+        drop(st);
+        if !ticket.roles.is_empty() {
+            self.completed.notify_all();
+        }
+    }
+
+    /// Makes room: flush the members, then drop the entries that are now durable and
+    /// record each ring's new floor (before its space can be reused).
+    fn reclaim(&self, array: &Array) -> Result<()> {
+        let _one = self.reclaim.lock().unwrap_or_else(PoisonError::into_inner);
+        cairn_block::BlockDevice::flush(array)?;
+        let mut st = self.lock();
+        let next = st.next_seq;
+        for role in 0..st.rings.len() {
+            let n = st.rings[role]
+                .live
+                .iter()
+                .take_while(|l| self.is_durable(l.done))
+                .count();
+            if n == 0 {
+                continue;
+            }
+            let floor = st.rings[role].live.get(n).map_or(next, |l| l.seq);
+            let up = array.is_up(role);
+            if up {
+                if let Err(e) = self.write_header(array, role, floor) {
+                    array.fail_member(role, &e);
+                }
+            }
+            let gone: Vec<Live> = st.rings[role].live.drain(..n).collect();
+            // A member that is not up gets a header again before its next entry.
+            st.rings[role].floor = if up { floor } else { 0 };
+            if st.rings[role].live.is_empty() {
+                st.rings[role].head = 0;
+            }
+            for l in gone {
+                if let Some(s) = l.stripe {
+                    if let Some(c) = st.live.get_mut(&s) {
+                        *c -= 1;
+                        if *c == 0 {
+                            st.live.remove(&s);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_header(&self, array: &Array, role: usize, floor: u64) -> Result<()> {
+        let h = RingHeader {
+            ring_off: self.ring_off,
+            ring_len: self.ring_len,
+            floor,
+            log_id: self.log_id,
+            uuid: self.uuid,
+        };
+        self.write_abs(array, role, &h.encode(), self.header_off, WriteFlags::FUA)
+    }
+
+    fn write_abs(
+        &self,
+        array: &Array,
+        role: usize,
+        buf: &[u8],
+        off: u64,
+        flags: WriteFlags,
+    ) -> Result<()> {
+        let Some(m) = array.slots[role].member() else {
+            return Err(Error::new(ErrorKind::Degraded, "member missing"));
+        };
+        m.dev.write_at(buf, off, flags).map_err(|e| {
+            e.context(format!(
+                "{}: partial-parity log write at byte {off}",
+                array.describe_role(role)
+            ))
+        })
+    }
+
+    /// Empties the log: every write so far must be durable (the caller flushed). Used on
+    /// a clean close and after replay.
+    pub(crate) fn reset(&self, array: &Array) -> Result<()> {
+        let mut st = self.lock();
+        let floor = st.next_seq;
+        for role in 0..st.rings.len() {
+            if array.is_up(role)
+                && (st.rings[role].floor != floor || !st.rings[role].live.is_empty())
+            {
+                if let Err(e) = self.write_header(array, role, floor) {
+                    array.fail_member(role, &e);
+                }
+            }
+            st.rings[role] = RingState {
+                head: 0,
+                live: VecDeque::new(),
+                floor: if array.is_up(role) { floor } else { 0 },
+            };
+        }
+        st.live.clear();
+        st.unflushed.clear();
+        st.unflushed_rows = 0;
+        Ok(())
+    }
+}
+
+// ---- assembly: find the log, replay it --------------------------------------------------
+
+/// A valid entry found on a ring, with its payload.
+struct Found {
+    role: usize,
+    header: EntryHeader,
+    payload: Vec<u8>,
+}
+
+/// Reads `role`'s ring: its header (if it is this log's) and its entries at or above the
+/// floor.
+fn read_ring(
+    array: &Array,
+    role: usize,
+    (start, end): (u64, u64),
+    uuid: Uuid,
+    log_id: Option<u64>,
+    entries: bool,
+) -> Option<(RingHeader, Vec<Found>)> {
+    let m = array.slots[role].member()?;
+    let mut b = vec![0u8; small(BLOCK)];
+    m.dev.read_at(&mut b, start).ok()?;
+    // Checked before anything is sized from it: the ring lies inside the area.
+    let h = RingHeader::decode(&b).filter(|h| {
+        h.uuid == uuid
+            && h.ring_off == start + BLOCK
+            && h.ring_off.checked_add(h.ring_len).is_some_and(|e| e <= end)
+            && log_id.is_none_or(|id| id == h.log_id)
+    })?;
+    if !entries {
+        return Some((h, Vec::new()));
+    }
+    let mut ring = vec![0u8; small(h.ring_len)];
+    if let Err(e) = m.dev.read_at(&mut ring, h.ring_off) {
+        tracing::warn!(
+            "{}: reading its partial-parity log: {e}",
+            array.describe_role(role)
+        );
+        return None;
+    }
+    Some((h, scan(&ring, &h, role)))
+}
+
+/// Every valid live entry in a ring image.
+fn scan(ring: &[u8], h: &RingHeader, role: usize) -> Vec<Found> {
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    while pos + small(BLOCK) <= ring.len() {
+        let block = &ring[pos..pos + small(BLOCK)];
+        let Some(e) = EntryHeader::decode(block).filter(|e| e.log_id == h.log_id) else {
+            pos += small(BLOCK);
+            continue;
+        };
+        let end = wide(pos).checked_add(e.len());
+        let Some(end) = end.filter(|&end| end <= wide(ring.len())) else {
+            pos += small(BLOCK);
+            continue;
+        };
+        let p0 = pos + small(BLOCK);
+        let payload = &ring[p0..p0 + small(u64::from(e.payload))];
+        if crc32c(payload) != e.pcrc {
+            pos += small(BLOCK);
+            continue;
+        }
+        if e.seq >= h.floor {
+            out.push(Found {
+                role,
+                header: e,
+                payload: payload.to_vec(),
+            });
+        }
+        pos = small(end);
+    }
+    out
+}
+
+impl Ppl {
+    /// Opens the log of a just-built array, replaying it when the array was not shut
+    /// down cleanly. `None` when the members carry no log for this array.
+    pub(crate) fn open(array: &Array, sb: &Superblock, dirty: bool) -> Result<Option<Ppl>> {
+        let Some((start, end)) = area(sb) else {
+            return Ok(None);
+        };
+        let crate::layout::ArrayLayout::Parity(pl) = &array.layout else {
+            return Ok(None);
+        };
+        let n = pl.raid_disks();
+        let mut rings: Vec<Option<(RingHeader, Vec<Found>)>> = Vec::with_capacity(n);
+        let mut log_id = None;
+        for role in 0..n {
+            let r = read_ring(array, role, (start, end), sb.set_uuid, log_id, dirty);
+            if let Some((h, _)) = &r {
+                log_id = Some(h.log_id);
+            }
+            rings.push(r);
+        }
+        let Some(first) = rings.iter().flatten().map(|r| r.0).next() else {
+            return Ok(None);
+        };
+        // A ring read before the log id was known may belong to another log.
+        for r in rings.iter_mut() {
+            if r.as_ref().is_some_and(|(h, _)| h.log_id != first.log_id) {
+                *r = None;
+            }
+        }
+        let c = pl.chunk().0 * SECTOR_SIZE;
+        let mut next_seq = 1;
+        for (h, found) in rings.iter().flatten() {
+            next_seq = next_seq.max(h.floor);
+            for f in found {
+                next_seq = next_seq.max(f.header.seq + 1);
+            }
+        }
+        let ppl = Ppl {
+            header_off: start,
+            ring_off: first.ring_off,
+            ring_len: first.ring_len,
+            log_id: first.log_id,
+            uuid: sb.set_uuid,
+            chunk: c,
+            state: Mutex::new(State {
+                next_seq,
+                rings: rings
+                    .iter()
+                    .map(|r| RingState {
+                        head: 0,
+                        live: VecDeque::new(),
+                        // A member without this log's header gets one at the reset.
+                        floor: r.as_ref().map_or(0, |(h, _)| h.floor),
+                    })
+                    .collect(),
+                live: HashMap::new(),
+                unflushed: HashMap::new(),
+                unflushed_rows: 0,
+            }),
+            reclaim: Mutex::new(()),
+            completed: Condvar::new(),
+            gen: AtomicU64::new(1),
+            durable: AtomicU64::new(0),
+        };
+        let found: Vec<Found> = rings.into_iter().flatten().flat_map(|r| r.1).collect();
+        let writable = !array.capabilities().read_only;
+        if dirty && writable {
+            let entries = found.len();
+            replay(array, pl, c, found)?;
+            cairn_block::BlockDevice::flush(array)?;
+            if entries > 0 {
+                tracing::info!(
+                    "{}: replayed {entries} partial-parity log entries",
+                    array.array_label()
+                );
+            }
+        }
+        if writable {
+            ppl.reset(array)?;
+        }
+        Ok(Some(ppl))
+    }
+}
+
+/// Makes parity agree with every chunk that was not being written, for the rows of the
+/// newest live entry of each stripe (older entries are masked row by row).
+fn replay(array: &Array, pl: &ParityLayout, c: u64, found: Vec<Found>) -> Result<()> {
+    // Partial entries by (stripe, seq); full entries by ring.
+    let mut partial: HashMap<(u64, u64), Vec<Found>> = HashMap::new();
+    let mut full: Vec<Found> = Vec::new();
+    for f in found {
+        if f.header.chunk != u32::try_from(c).unwrap_or(0) {
+            continue;
+        }
+        if f.header.kind == Kind::Full {
+            full.push(f);
+            continue;
+        }
+        if f.header.stripe >= pl.stripes() || f.header.y > c * wide(pl.data_disks()) {
+            continue;
+        }
+        // Only where this member really is that parity for that stripe.
+        let map = pl.stripe_map(StripeNo(f.header.stripe));
+        let ok = match f.header.kind {
+            Kind::PartialP => f.role == map.p,
+            Kind::PartialQ => Some(f.role) == map.q,
+            Kind::Full => false,
+        };
+        if ok {
+            partial
+                .entry((f.header.stripe, f.header.seq))
+                .or_default()
+                .push(f);
+        }
+    }
+    let mut by_stripe: HashMap<u64, Vec<(u64, Vec<Found>)>> = HashMap::new();
+    for ((s, seq), fs) in partial {
+        by_stripe.entry(s).or_default().push((seq, fs));
+    }
+    let mut stripes: Vec<u64> = by_stripe.keys().copied().collect();
+    stripes.sort_unstable();
+    for s in stripes {
+        let mut group = by_stripe.remove(&s).expect("key from the map");
+        group.sort_by_key(|g| std::cmp::Reverse(g.0));
+        let map = pl.stripe_map(StripeNo(s));
+        // The newest full entry on this stripe's parity members masks all older ones.
+        let masked_below = full
+            .iter()
+            .filter(|f| {
+                (f.role == map.p || Some(f.role) == map.q)
+                    && f.header.stripe <= s
+                    && s < f.header.stripe_hi
+            })
+            .map(|f| f.header.seq)
+            .max()
+            .unwrap_or(0);
+        let mut covered: Vec<(u64, u64)> = Vec::new();
+        for (seq, fs) in group {
+            if seq < masked_below {
+                break;
+            }
+            let h = fs[0].header;
+            let (lo, hi) = row_of(c, h.x, h.y).expect("checked at decode");
+            let pp = fs.iter().find(|f| f.header.kind == Kind::PartialP);
+            let pq = fs.iter().find(|f| f.header.kind == Kind::PartialQ);
+            // Copies must agree; a parity member that is up but lacks its copy means the
+            // log write never finished, so none of the write was issued: mask only.
+            let agree = fs.iter().all(|f| (f.header.x, f.header.y) == (h.x, h.y));
+            let issued = (pp.is_some() || !array.is_up(map.p))
+                && (pq.is_some() || map.q.is_none_or(|q| !array.is_up(q)));
+            if agree && issued {
+                for (r0, r1) in uncovered(lo, hi, &covered) {
+                    replay_rows(
+                        array,
+                        pl,
+                        &map,
+                        s,
+                        (h.x, h.y),
+                        (r0, r1),
+                        lo,
+                        pp.map(|f| f.payload.as_slice()),
+                        pq.map(|f| f.payload.as_slice()),
+                    )?;
+                }
+            }
+            covered.push((lo, hi));
+        }
+    }
+    Ok(())
+}
+
+/// Parts of `[lo, hi)` outside every range of `covered`.
+fn uncovered(lo: u64, hi: u64, covered: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = vec![(lo, hi)];
+    for &(a, b) in covered {
+        out = out
+            .into_iter()
+            .flat_map(|(x, y)| {
+                let mut v = Vec::new();
+                if x < a.min(y) {
+                    v.push((x, a.min(y)));
+                }
+                if b.max(x) < y {
+                    v.push((b.max(x), y));
+                }
+                v
+            })
+            .collect();
+    }
+    out
+}
+
+/// Replays rows `[r0, r1)` of stripe `s`, whose entry wrote stripe-relative `[x, y)`
+/// over the row starting at `lo` (`pp`/`pq` are indexed from `lo`).
+#[allow(clippy::too_many_arguments)]
+fn replay_rows(
+    array: &Array,
+    pl: &ParityLayout,
+    map: &StripeMap,
+    s: u64,
+    (x, y): (u64, u64),
+    (r0, r1): (u64, u64),
+    lo: u64,
+    pp: Option<&[u8]>,
+    pq: Option<&[u8]>,
+) -> Result<()> {
+    let c = pl.chunk().0 * SECTOR_SIZE;
+    let t = touches(c, x, y);
+    // Segments with one set of modified chunks each.
+    let mut cuts: Vec<u64> = vec![r0, r1];
+    for &(_, a, b) in &t {
+        cuts.extend([a, b].into_iter().filter(|&v| r0 < v && v < r1));
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let n = pl.raid_disks();
+    let down = array.down_mask();
+    for w in cuts.windows(2) {
+        let (s0, s1) = (w[0], w[1]);
+        let len = small(s1 - s0);
+        let modified: Vec<bool> = (0..map.data.len())
+            .map(|d| t.iter().any(|&(td, a, b)| td == d && a <= s0 && s1 <= b))
+            .collect();
+        let mut rows: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; len]).collect();
+        for m in 0..n {
+            if !down[m] {
+                array.read_member(m, &mut rows[m], s * c + s0)?;
+            }
+        }
+        // 1. Chunks not being written that are missing: from PP/PQ, over a stripe whose
+        //    written chunks count as zero.
+        let missing_unmod: Vec<usize> = (0..map.data.len())
+            .filter(|&d| !modified[d] && down[map.data[d]])
+            .map(|d| map.data[d])
+            .collect();
+        if !missing_unmod.is_empty() {
+            let mut v: Vec<Vec<u8>> = rows.clone();
+            for (d, &m) in map.data.iter().enumerate() {
+                if modified[d] {
+                    v[m].fill(0);
+                }
+            }
+            let mut vmissing = missing_unmod.clone();
+            let seg = small(s0 - lo)..small(s1 - lo);
+            match pp {
+                Some(pp) => v[map.p].copy_from_slice(&pp[seg.clone()]),
+                None => vmissing.push(map.p),
+            }
+            if let Some(q) = map.q {
+                match pq {
+                    Some(pq) => v[q].copy_from_slice(&pq[seg.clone()]),
+                    None => vmissing.push(q),
+                }
+            }
+            if vmissing.len() > pl.level().parity_members() {
+                tracing::warn!(
+                    "{}: stripe {s}: the log cannot rebuild {} here",
+                    array.array_label(),
+                    missing_unmod
+                        .iter()
+                        .map(|&m| array.describe_role(m))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                continue;
+            }
+            vmissing.sort_unstable();
+            array.recover(map, &mut v, &vmissing)?;
+            for &m in &missing_unmod {
+                rows[m] = std::mem::take(&mut v[m]);
+            }
+        }
+        // 2. Chunks being written that are missing: whatever the parity on disk says.
+        let mut rest: Vec<usize> = (0..map.data.len())
+            .filter(|&d| modified[d] && down[map.data[d]])
+            .map(|d| map.data[d])
+            .collect();
+        if !rest.is_empty() {
+            rest.extend(
+                [Some(map.p), map.q]
+                    .into_iter()
+                    .flatten()
+                    .filter(|&m| down[m]),
+            );
+            rest.sort_unstable();
+            if rest.len() > pl.level().parity_members() {
+                continue;
+            }
+            array.recover(map, &mut rows, &rest)?;
+        }
+        // 3. Parity to match.
+        let refs: Vec<&[u8]> = map.data.iter().map(|&m| rows[m].as_slice()).collect();
+        let (p, q) = array.gen_parity(map, &refs);
+        if !down[map.p] && p != rows[map.p] {
+            array.write_member(map.p, &p, s * c + s0, WriteFlags::NONE)?;
+        }
+        if let (Some(qm), Some(q)) = (map.q, q) {
+            if !down[qm] && q != rows[qm] {
+                array.write_member(qm, &q, s * c + s0, WriteFlags::NONE)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> EntryHeader {
+        EntryHeader {
+            kind: Kind::PartialP,
+            seq: 42,
+            log_id: 7,
+            stripe: 3,
+            stripe_hi: 4,
+            x: 4096 + 512,
+            y: 2 * 4096 + 1024,
+            chunk: 4096,
+            payload: 4096,
+            pcrc: 0,
+        }
+    }
+
+    #[test]
+    fn crc32c_known_answer() {
+        // RFC 3720 B.4: 32 bytes of zeroes.
+        assert_eq!(crc32c(&[0u8; 32]), 0x8a91_36aa);
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+        // Both implementations, at every length and alignment around a word.
+        let data: Vec<u8> = (0..100u8).map(|i| i.wrapping_mul(37)).collect();
+        for a in 0..9 {
+            for b in a..data.len() {
+                assert_eq!(crc32c(&data[a..b]), !crc32c_table(!0, &data[a..b]));
+            }
+        }
+    }
+
+    #[test]
+    fn entry_round_trip() {
+        let mut e = entry();
+        let (lo, hi) = row_of(4096, e.x, e.y).unwrap();
+        assert_eq!((lo, hi), (0, 4096));
+        e.payload = u32::try_from(hi - lo).unwrap();
+        let b = e.encode();
+        assert_eq!(b.len(), 4096);
+        assert!(b[HEADER_BYTES..].iter().all(|&v| v == 0));
+        assert_eq!(EntryHeader::decode(&b), Some(e));
+        assert_eq!(e.len(), 8192);
+        let full = EntryHeader {
+            kind: Kind::Full,
+            payload: 0,
+            x: 0,
+            y: 0,
+            stripe_hi: 9,
+            ..e
+        };
+        assert_eq!(EntryHeader::decode(&full.encode()), Some(full));
+    }
+
+    #[test]
+    fn malformed_entries_are_rejected() {
+        let mut e = entry();
+        e.payload = 4096;
+        let good = e.encode();
+        // Any single flipped bit in the header.
+        for i in 0..HEADER_BYTES * 8 {
+            let mut b = good.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            if i / 8 < ENTRY_CRC_AT + 4 {
+                assert_eq!(EntryHeader::decode(&b), None, "bit {i}");
+            }
+        }
+        // Torn: a header sector from another entry, short buffers, garbage.
+        assert_eq!(EntryHeader::decode(&good[..100]), None);
+        assert_eq!(EntryHeader::decode(&[0u8; 4096]), None);
+        assert_eq!(EntryHeader::decode(&[0xffu8; 4096]), None);
+        // Fields that disagree, with a valid checksum.
+        for bad in [
+            EntryHeader { payload: 4095, ..e },
+            EntryHeader { x: 5, y: 5, ..e },
+            EntryHeader { stripe_hi: 3, ..e },
+            EntryHeader { chunk: 0, ..e },
+            EntryHeader {
+                kind: Kind::Full,
+                ..e
+            },
+        ] {
+            assert_eq!(EntryHeader::decode(&bad.encode()), None, "{bad:?}");
+        }
+        let mut b = good.clone();
+        put_u32(&mut b, 12, 9);
+        let crc = crc32c(&b[..ENTRY_CRC_AT]);
+        put_u32(&mut b, ENTRY_CRC_AT, crc);
+        assert_eq!(EntryHeader::decode(&b), None, "unknown kind");
+    }
+
+    #[test]
+    fn torn_payload_is_skipped_by_scan() {
+        let h = RingHeader {
+            ring_off: 8192,
+            ring_len: 8 * 4096,
+            floor: 10,
+            log_id: 7,
+            uuid: Uuid([1; 16]),
+        };
+        assert_eq!(RingHeader::decode(&h.encode()), Some(h));
+        let mut ring = vec![0u8; 8 * 4096];
+        let payload = vec![0x5au8; 4096];
+        let mut e = entry();
+        e.payload = 4096;
+        e.pcrc = crc32c(&payload);
+        for (i, seq) in [(0usize, 12u64), (2, 9), (4, 13)] {
+            let mut ee = e;
+            ee.seq = seq;
+            ring[i * 4096..(i + 1) * 4096].copy_from_slice(&ee.encode());
+            ring[(i + 1) * 4096..(i + 2) * 4096].copy_from_slice(&payload);
+        }
+        // Below the floor: dead. Entry at block 4: torn payload.
+        ring[5 * 4096 + 100] ^= 1;
+        let got: Vec<u64> = scan(&ring, &h, 0).iter().map(|f| f.header.seq).collect();
+        assert_eq!(got, vec![12]);
+        // Random garbage never panics.
+        let mut x = 0x1234_5678_u64;
+        for _ in 0..64 {
+            for b in ring.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x.to_le_bytes()[0];
+            }
+            let _ = scan(&ring, &h, 0);
+            let _ = RingHeader::decode(&ring);
+        }
+    }
+
+    #[test]
+    fn rows_and_uncovered() {
+        assert_eq!(row_of(4096, 0, 0), None);
+        assert_eq!(row_of(4096, 100, 200), Some((100, 200)));
+        assert_eq!(row_of(4096, 4000, 4096 + 100), Some((0, 4096)));
+        assert_eq!(row_of(4096, 4000, 4096 + 3000), Some((0, 4096)));
+        assert_eq!(row_of(4096, 3000, 4096 + 100), Some((0, 4096)));
+        assert_eq!(row_of(4096, 512, 1024), Some((512, 1024)));
+        assert_eq!(
+            uncovered(0, 100, &[(10, 20), (50, 200)]),
+            vec![(0, 10), (20, 50)]
+        );
+        assert_eq!(uncovered(0, 100, &[(0, 100)]), vec![]);
+    }
+}
