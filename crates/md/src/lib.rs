@@ -5,6 +5,7 @@
 //! ```text
 //!   assemble         superblocks -> roles, stale/missing members    -> Array; Array::create
 //!   array, stripe    Array: BlockDevice over the members, every level, degraded I/O
+//!   cache            StripeCache: concurrent partial-stripe writes merged into full stripes
 //!   report, probe    mdadm --detail data; signatures create refuses to overwrite
 //!   create           what mdadm 4.2 writes at --create             -> Superblock per member
 //!   ondisk, examine  superblock v1.2 bytes <-> Superblock; mdadm --examine fields
@@ -37,6 +38,7 @@
 pub mod array;
 pub mod assemble;
 pub mod background;
+pub mod cache;
 pub mod create;
 pub mod examine;
 pub mod layout;
@@ -51,6 +53,7 @@ pub mod units;
 pub use array::Array;
 pub use assemble::{AssembleOptions, CreateOptions};
 pub use background::{BackgroundStatus, SpeedLimits};
+pub use cache::{StripeCache, StripeCacheOptions, StripeCacheStats};
 pub use create::{create, CreateParams, CreatedArray};
 pub use examine::Examine;
 pub use level::{Level, ParityAlgorithm, Raid0Layout, Raid10Layout};
