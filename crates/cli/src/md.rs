@@ -575,7 +575,15 @@ pub fn with_stripe_cache(mut e: OpenedExport, opts: cairn_md::StripeCacheOptions
         e.md.as_ref()
             .is_some_and(|a| matches!(a.layout(), cairn_md::layout::ArrayLayout::Parity(_)));
     if parity && !e.read_only && opts.size > 0 {
-        e.device = Arc::new(cairn_md::StripeCache::new(e.device.clone(), opts));
+        let cache = cairn_md::StripeCache::new(e.device.clone(), opts);
+        tracing::info!(
+            "export {}: stripe cache of {} (up to {} full stripes held, for at most {:?})",
+            e.name,
+            opts.size,
+            cache.max_held_stripes(),
+            opts.hold
+        );
+        e.device = Arc::new(cache);
     }
     e
 }

@@ -48,6 +48,11 @@ const STRIPE_HEAD_BYTES: u64 = 4096;
 /// Writes that arrived longer ago than this (or the hold time, if longer) start no
 /// stream.
 const MIN_STREAM_WINDOW: Duration = Duration::from_millis(1);
+/// Confidence gained per merged stripe, its ceiling, and what a hold that ran out of
+/// time costs: after two such holds in a row only concurrency starts a hold again.
+const CONFIDENCE_GAIN: u32 = 1;
+const CONFIDENCE_MAX: u32 = 16;
+const CONFIDENCE_LOSS: u32 = 8;
 /// The arrival table is pruned of old entries when it grows past this.
 const RECENT_PRUNE: usize = 1024;
 
@@ -125,6 +130,11 @@ struct State {
     /// Recent writes, by stripe: the stream detector.
     recent: HashMap<u64, Recent>,
     next_id: u64,
+    /// How well holding has paid lately: up on each merged stripe, down sharply on each
+    /// hold that ran out of time. While it is above zero, a stream is held even when no
+    /// other write is inside the cache at that instant (an NBD server's workers spend
+    /// most of their time reading requests, not inside the device).
+    confidence: u32,
 }
 
 /// What the stream detector remembers of a stripe.
@@ -259,9 +269,10 @@ impl StripeCache {
         self.hold.max(MIN_STREAM_WINDOW)
     }
 
-    /// Whether a new partial piece in `stripe` is worth holding: another write is in the
-    /// cache now, a write arrived recently in this stripe or the one before (a stream),
-    /// and no part of this stripe went below recently (that part would not come again).
+    /// Whether a new partial piece in `stripe` is worth holding: a write arrived recently
+    /// in this stripe or the one before (a stream); another write is in the cache now, or
+    /// holding has been paying off; and no part of this stripe went below recently (that
+    /// part would not come again).
     fn should_hold(&self, st: &State, stripe: u64, now: Instant) -> bool {
         let window = self.stream_window();
         let fresh = |t: Instant| now.saturating_duration_since(t) <= window;
@@ -270,7 +281,7 @@ impl StripeCache {
             return false;
         }
         let before = stripe.checked_sub(1).and_then(|s| st.recent.get(&s));
-        self.writers.load(Ordering::Relaxed) > 1
+        (self.writers.load(Ordering::Relaxed) > 1 || st.confidence > 0)
             && [here, before]
                 .into_iter()
                 .flatten()
@@ -331,7 +342,9 @@ impl StripeCache {
             })
             .collect();
         let mut st = self.lock();
-        if !full {
+        if full {
+            st.confidence = (st.confidence + CONFIDENCE_GAIN).min(CONFIDENCE_MAX);
+        } else {
             self.note(&mut st, stripe, Instant::now(), true);
         }
         st.outcomes.insert(
@@ -436,6 +449,7 @@ impl StripeCache {
                 i += 1;
             }
             if let Some(s) = expired {
+                st.confidence = st.confidence.saturating_sub(CONFIDENCE_LOSS);
                 let taken = self.take(&mut st, std::iter::once(s));
                 drop(st);
                 for (s, h) in taken {
@@ -632,6 +646,25 @@ impl BlockDevice for StripeCache {
 
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         self.inner.cache(offset, len)
+    }
+}
+
+impl Drop for StripeCache {
+    /// Says what the cache did, once, when the export closes.
+    fn drop(&mut self) {
+        let st = self.stats();
+        if st.held_pieces + st.passed_through > 0 {
+            tracing::info!(
+                "stripe cache: {} full-stripe writes merged from {} pieces; {} partial-stripe \
+                 pieces passed straight on, {} written partially after holding; {:.1} ms held \
+                 in all",
+                st.merged_stripes,
+                st.merged_pieces,
+                st.passed_through,
+                st.expired_pieces,
+                Duration::from_nanos(st.held_ns).as_secs_f64() * 1e3
+            );
+        }
     }
 }
 
