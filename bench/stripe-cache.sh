@@ -3,7 +3,8 @@
 # 64 KiB-chunk members in /dev/shm (full stripe 128 KiB), served by `cairn serve
 # --threads 4`, written by fio's nbd engine with 64 KiB sequential writes at queue depth
 # 16, once with --stripe-cache-size 0 (off) and once with the default. Alternates the two
-# ROUNDS times and prints MiB/s per run and the ratio of the medians.
+# ROUNDS times and prints MiB/s and the member reads (from --metrics: read-modify-write
+# reads that merged full stripes avoid) per run, and the ratio of the medians.
 #
 # Usage: bench/stripe-cache.sh [ROUNDS]   (CAIRN=path/to/cairn, BENCH_RUNTIME=seconds,
 #                                          BENCH_SIZE=array size, BENCH_BS, BENCH_QD)
@@ -16,7 +17,7 @@ RUNTIME=${BENCH_RUNTIME:-8}
 SIZE=${BENCH_SIZE:-1G}
 BS=${BENCH_BS:-64k}
 QD=${BENCH_QD:-16}
-for tool in fio python3; do
+for tool in fio python3 curl; do
   command -v $tool >/dev/null || { echo "bench: $tool is missing" >&2; exit 1; }
 done
 [ -x "$CAIRN" ] || { echo "bench: no cairn at $CAIRN (cargo build --release -p cairn-cli)" >&2; exit 1; }
@@ -38,10 +39,11 @@ print(n//2 + (4<<20))")
   "$SCRATCH"/d{0,1,2}.img >/dev/null
 MEMBERS="$SCRATCH/d0.img,$SCRATCH/d1.img,$SCRATCH/d2.img"
 
-run() { # $1: stripe cache size; prints MiB/s
-  local sock=$SCRATCH/nbd.sock
-  rm -f "$sock"
-  "$CAIRN" serve --threads 4 --listen "unix:$sock" --no-control --stripe-cache-size "$1" \
+run() { # $1: stripe cache size; prints "MiB/s member-reads"
+  local sock=$SCRATCH/nbd.sock metrics=$SCRATCH/metrics.sock
+  rm -f "$sock" "$metrics"
+  "$CAIRN" serve --threads 4 --listen "unix:$sock" --no-control --metrics "unix:$metrics" \
+    --stripe-cache-size "$1" \
     --md "$MEMBERS:r5" >"$SCRATCH/serve.out" 2>"$SCRATCH/serve.err" &
   PID=$!
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
@@ -49,19 +51,22 @@ run() { # $1: stripe cache size; prints MiB/s
     --rw=write --bs="$BS" --iodepth="$QD" --numjobs=1 --size="$SIZE" \
     --time_based=1 --runtime="$RUNTIME" --ramp_time=1 --output-format=json \
     --output="$SCRATCH/fio.json" >/dev/null
+  reads=$(curl -s --unix-socket "$metrics" http://cairn/metrics |
+    awk '/^cairn_io_requests_total/ && /kind="member"/ && /op="read"/ { n += $2 } END { print n + 0 }')
   kill -INT "$PID"
   wait "$PID" || true
   PID=
   python3 -c "
 import json; j=json.load(open('$SCRATCH/fio.json'))
-print('%.1f' % (j['jobs'][0]['write']['bw_bytes']/1048576))"
+print('%.1f' % (j['jobs'][0]['write']['bw_bytes']/1048576), $reads)"
 }
 
 off=() on=()
 for r in $(seq "$ROUNDS"); do
-  a=$(run 0); b=$(run 256)
+  read -r a ra < <(run 0)
+  read -r b rb < <(run 256)
   off+=("$a"); on+=("$b")
-  echo "round $r: stripe cache off $a MiB/s, on (256) $b MiB/s"
+  echo "round $r: stripe cache off $a MiB/s ($ra member reads), on (256) $b MiB/s ($rb member reads)"
 done
 python3 -c "
 import statistics as s
