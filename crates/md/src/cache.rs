@@ -17,9 +17,16 @@
 //! two half-stripe writes that arrive together into one full-stripe write, which is what
 //! md's `stripe_cache_size` buys a sequential writer on Linux.
 //!
-//! Holding only pays when a neighbour is coming, so a piece is held only when another
-//! write is inside the cache at that moment and a write arrived within the hold time for
-//! the same stripe or the one before it (a sequential stream). A lone random write goes
+//! Holding only pays when a neighbour is coming, so a piece is held only when
+//! * no part of this stripe went below unheld lately (it would never be completed), and
+//! * a stream runs into it: the stripe before was written within the hold time (or is
+//!   held, or a write reached its end), and
+//! * another write is inside the cache at that moment, or (for the stronger signs of a
+//!   stream) holding has been paying off lately: a confidence that merged stripes raise
+//!   and timed-out holds cut, since an NBD server's workers spend most of their time
+//!   reading requests, not inside the device.
+//!
+//! A lone random write, and a writer at queue depth one once holds stop paying, go
 //! straight through with no added latency.
 //!
 //! The size limit is md's unit: `size` stripe heads of one 4 KiB page per member, so a
@@ -140,8 +147,10 @@ struct State {
 /// What the stream detector remembers of a stripe.
 #[derive(Debug, Clone, Copy)]
 struct Recent {
-    /// The last write that touched it.
-    arrived: Instant,
+    /// The last write that touched it (for pruning).
+    seen: Instant,
+    /// When a write last reached its end: the next stripe's pieces are then a stream's.
+    reached_end: Option<Instant>,
     /// When part of it last went below without being held (passed on, or a held stripe
     /// written partially): holding its other pieces cannot make a full stripe.
     broken: Option<Instant>,
@@ -269,39 +278,53 @@ impl StripeCache {
         self.hold.max(MIN_STREAM_WINDOW)
     }
 
-    /// Whether a new partial piece in `stripe` is worth holding: a write arrived recently
-    /// in this stripe or the one before (a stream); another write is in the cache now, or
-    /// holding has been paying off; and no part of this stripe went below recently (that
-    /// part would not come again).
+    /// Whether a new partial piece in `stripe` is worth holding. Never when part of
+    /// this stripe went below unheld lately (that part would not come again). Otherwise
+    /// when a stream runs into it: the stripe before is held or a write reached its end
+    /// within the hold time, and another write is in the cache now or holding has been
+    /// paying off; or, more weakly, the stripe before was written within the hold time
+    /// and another write is in the cache now.
     fn should_hold(&self, st: &State, stripe: u64, now: Instant) -> bool {
         let window = self.stream_window();
         let fresh = |t: Instant| now.saturating_duration_since(t) <= window;
-        let here = st.recent.get(&stripe);
-        if here.and_then(|r| r.broken).is_some_and(fresh) {
+        if st
+            .recent
+            .get(&stripe)
+            .and_then(|r| r.broken)
+            .is_some_and(fresh)
+        {
             return false;
         }
-        let before = stripe.checked_sub(1).and_then(|s| st.recent.get(&s));
-        (self.writers.load(Ordering::Relaxed) > 1 || st.confidence > 0)
-            && [here, before]
-                .into_iter()
-                .flatten()
-                .any(|r| fresh(r.arrived))
+        let Some(prev) = stripe.checked_sub(1) else {
+            return false;
+        };
+        let recent = st.recent.get(&prev);
+        let strong =
+            st.held.contains_key(&prev) || recent.and_then(|r| r.reached_end).is_some_and(fresh);
+        let weak = recent.is_some_and(|r| fresh(r.seen));
+        let others = self.writers.load(Ordering::Relaxed) > 1;
+        (strong && (others || st.confidence > 0)) || (weak && others)
     }
 
-    /// Records a write touching `stripe`; `broken` when part of it went below unheld.
-    fn note(&self, st: &mut State, stripe: u64, now: Instant, broken: bool) {
+    /// Records a write touching `stripe` up to in-stripe byte `end`; `broken` when part
+    /// of it went below unheld.
+    fn note(&self, st: &mut State, stripe: u64, end: u64, now: Instant, broken: bool) {
         let r = st.recent.entry(stripe).or_insert(Recent {
-            arrived: now,
+            seen: now,
+            reached_end: None,
             broken: None,
         });
-        r.arrived = now;
+        r.seen = now;
+        if end == self.stripe {
+            r.reached_end = Some(now);
+        }
         if broken {
             r.broken = Some(now);
         }
         if st.recent.len() > RECENT_PRUNE {
             let window = self.stream_window();
             st.recent
-                .retain(|_, r| now.saturating_duration_since(r.arrived) <= window);
+                .retain(|_, r| now.saturating_duration_since(r.seen) <= window);
         }
     }
 
@@ -321,6 +344,10 @@ impl StripeCache {
             .saturating_sub(h.arrivals_ns);
         self.counters.held_ns.fetch_add(held_ns, Ordering::Relaxed);
         let full = h.runs == [(0, self.stripe)];
+        if !full {
+            // Before writing: pieces arriving meanwhile must not wait for the rest.
+            self.note(&mut self.lock(), stripe, 0, started, true);
+        }
         if full {
             self.counters.merged_stripes.fetch_add(1, Ordering::Relaxed);
             self.counters
@@ -344,8 +371,6 @@ impl StripeCache {
         let mut st = self.lock();
         if full {
             st.confidence = (st.confidence + CONFIDENCE_GAIN).min(CONFIDENCE_MAX);
-        } else {
-            self.note(&mut st, stripe, Instant::now(), true);
         }
         st.outcomes.insert(
             h.id,
@@ -546,7 +571,7 @@ impl BlockDevice for StripeCache {
                     false
                 }
             };
-            self.note(&mut st, s, now, partial && !joined && !create);
+            self.note(&mut st, s, b, now, partial && !joined && !create);
             if !joined && !create {
                 // Straight on: whole stripes, FUA pieces with nothing held, lone pieces.
                 if partial {
