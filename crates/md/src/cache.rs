@@ -60,6 +60,8 @@ const MIN_STREAM_WINDOW: Duration = Duration::from_millis(1);
 const CONFIDENCE_GAIN: u32 = 1;
 const CONFIDENCE_MAX: u32 = 16;
 const CONFIDENCE_LOSS: u32 = 8;
+/// The stream window is at least this many writes' time below.
+const STREAM_WRITES: u32 = 4;
 /// The arrival table is pruned of old entries when it grows past this.
 const RECENT_PRUNE: usize = 1024;
 
@@ -180,6 +182,8 @@ pub struct StripeCache {
     held_count: AtomicUsize,
     /// Writes inside `write_at` now (held or not): the "a neighbour may come" signal.
     writers: AtomicUsize,
+    /// Moving average of a write below, in nanoseconds.
+    write_ns: AtomicU64,
     counters: Counters,
 }
 
@@ -243,6 +247,7 @@ impl StripeCache {
             cond: Condvar::new(),
             held_count: AtomicUsize::new(0),
             writers: AtomicUsize::new(0),
+            write_ns: AtomicU64::new(0),
             counters: Counters::default(),
         }
     }
@@ -274,8 +279,25 @@ impl StripeCache {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How recent a write to the stripe before must be to count as a stream: the hold
+    /// time, but at least a few writes' time below, since on slow members a stream's
+    /// writes arrive that far apart.
     fn stream_window(&self) -> Duration {
-        self.hold.max(MIN_STREAM_WINDOW)
+        let below = Duration::from_nanos(self.write_ns.load(Ordering::Relaxed))
+            .saturating_mul(STREAM_WRITES);
+        self.hold.max(MIN_STREAM_WINDOW).max(below)
+    }
+
+    /// Writes below, keeping a moving average of how long that takes.
+    fn write_below(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        let t = Instant::now();
+        let r = self.inner.write_at(buf, offset, flags);
+        let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        // A lost update between two writers only skews the average a little.
+        let old = self.write_ns.load(Ordering::Relaxed);
+        self.write_ns
+            .store(old - old / 8 + ns / 8, Ordering::Relaxed);
+        r
     }
 
     /// Whether a new partial piece in `stripe` is worth holding. Never when part of
@@ -362,9 +384,7 @@ impl StripeCache {
             .runs
             .iter()
             .map(|&(a, b)| {
-                let r = self
-                    .inner
-                    .write_at(&h.buf[small(a)..small(b)], base + a, flags);
+                let r = self.write_below(&h.buf[small(a)..small(b)], base + a, flags);
                 (a, b, r.err().map(Arc::new))
             })
             .collect();
@@ -629,7 +649,7 @@ impl BlockDevice for StripeCache {
         }
         let mut first_err = None;
         for (lo, hi) in direct {
-            if let Err(e) = self.inner.write_at(&buf[lo..hi], offset + wide(lo), flags) {
+            if let Err(e) = self.write_below(&buf[lo..hi], offset + wide(lo), flags) {
                 first_err.get_or_insert(e);
             }
         }
