@@ -19,8 +19,8 @@
 //!
 //! Holding only pays when a neighbour is coming, so a piece is held only when
 //! * no part of this stripe went below unheld lately (it would never be completed), and
-//! * a stream runs into it: the stripe before was written within the hold time (or is
-//!   held, or a write reached its end), and
+//! * a stream runs into it: the stripe before is held or a write reached its end within
+//!   the hold time (or, for a piece that starts the stripe, it was written at all), and
 //! * another write is inside the cache at that moment, or (for the stronger signs of a
 //!   stream) holding has been paying off lately: a confidence that merged stripes raise
 //!   and timed-out holds cut, since an NBD server's workers spend most of their time
@@ -304,9 +304,10 @@ impl StripeCache {
     /// this stripe went below unheld lately (that part would not come again). Otherwise
     /// when a stream runs into it: the stripe before is held or a write reached its end
     /// within the hold time, and another write is in the cache now or holding has been
-    /// paying off; or, more weakly, the stripe before was written within the hold time
-    /// and another write is in the cache now.
-    fn should_hold(&self, st: &State, stripe: u64, now: Instant) -> bool {
+    /// paying off; or, more weakly, the piece starts the stripe, the stripe before was
+    /// written within the hold time and another write is in the cache now (random
+    /// writes seldom start a stripe, so they are seldom held).
+    fn should_hold(&self, st: &State, stripe: u64, a: u64, now: Instant) -> bool {
         let window = self.stream_window();
         let fresh = |t: Instant| now.saturating_duration_since(t) <= window;
         if st
@@ -323,7 +324,7 @@ impl StripeCache {
         let recent = st.recent.get(&prev);
         let strong =
             st.held.contains_key(&prev) || recent.and_then(|r| r.reached_end).is_some_and(fresh);
-        let weak = recent.is_some_and(|r| fresh(r.seen));
+        let weak = a == 0 && recent.is_some_and(|r| fresh(r.seen));
         let others = self.writers.load(Ordering::Relaxed) > 1;
         (strong && (others || st.confidence > 0)) || (weak && others)
     }
@@ -578,7 +579,7 @@ impl BlockDevice for StripeCache {
             pos = base + b;
             let partial = b - a < self.stripe;
             let joined = st.held.contains_key(&s);
-            let create = !joined && partial && !fua && self.should_hold(&st, s, now) && {
+            let create = !joined && partial && !fua && self.should_hold(&st, s, a, now) && {
                 if st.held.len() < self.max_held {
                     true
                 } else {
