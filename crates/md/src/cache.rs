@@ -410,13 +410,13 @@ impl StripeCache {
         let out: Vec<(u64, Held)> = stripes
             .filter_map(|s| st.held.remove(&s).map(|h| (s, h)))
             .collect();
-        self.held_count.store(st.held.len(), Ordering::Relaxed);
+        self.held_count.store(st.held.len(), Ordering::Release);
         out
     }
 
     /// Writes out every held stripe that overlaps `[off, off + len)`.
     fn drain_range(&self, off: u64, len: u64) {
-        if self.held_count.load(Ordering::Relaxed) == 0 || len == 0 {
+        if self.held_count.load(Ordering::Acquire) == 0 || len == 0 {
             return;
         }
         let (first, last) = (off / self.stripe, (off + len - 1) / self.stripe);
@@ -535,7 +535,7 @@ impl BlockDevice for StripeCache {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.inner.read_at(buf, offset)?;
-        if self.held_count.load(Ordering::Relaxed) == 0 || buf.is_empty() {
+        if self.held_count.load(Ordering::Acquire) == 0 || buf.is_empty() {
             return Ok(());
         }
         // Held bytes are newer than anything below: lay them over what was read. They
@@ -622,7 +622,7 @@ impl BlockDevice for StripeCache {
                         arrivals_ns: 0,
                     },
                 );
-                self.held_count.store(st.held.len(), Ordering::Relaxed);
+                self.held_count.store(st.held.len(), Ordering::Release);
             }
             let h = st.held.get_mut(&s).expect("just inserted or found");
             h.buf[small(a)..small(b)].copy_from_slice(piece);
@@ -662,7 +662,7 @@ impl BlockDevice for StripeCache {
     }
 
     fn flush(&self) -> Result<()> {
-        if self.held_count.load(Ordering::Relaxed) > 0 {
+        if self.held_count.load(Ordering::Acquire) > 0 {
             let taken = {
                 let mut st = self.lock();
                 let keys: Vec<u64> = st.held.keys().copied().collect();
