@@ -626,6 +626,20 @@ pub struct ServerOptions {
     #[arg(long, value_name = "KIB", default_value_t = 200_000)]
     pub speed_limit_max: u64,
 
+    /// Stripe cache of RAID4/5/6 arrays (md's stripe_cache_size, same unit: stripe heads
+    /// of one 4 KiB page per member). Concurrent writes that each cover part of a stripe
+    /// are held and merged into one full-stripe write, which needs no reads; a write is
+    /// answered only once it is written. 0 turns it off [default: 256]
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(0..=32768))]
+    pub stripe_cache_size: Option<u32>,
+
+    /// Longest a partial-stripe write waits in the stripe cache for its neighbours, in
+    /// milliseconds; FLUSH and FUA write held stripes at once [default: 2]
+    #[arg(long, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub stripe_cache_hold_ms: Option<u64>,
+
     #[command(flatten)]
     pub operator: OperatorOptions,
 }
@@ -637,6 +651,17 @@ impl ServerOptions {
         cairn_md::SpeedLimits {
             min: self.speed_limit_min.saturating_mul(1024).min(max),
             max,
+        }
+    }
+
+    /// The stripe cache put over RAID4/5/6 arrays that are served writable.
+    pub fn stripe_cache(&self) -> cairn_md::StripeCacheOptions {
+        let d = cairn_md::StripeCacheOptions::default();
+        cairn_md::StripeCacheOptions {
+            size: self.stripe_cache_size.unwrap_or(d.size),
+            hold: self
+                .stripe_cache_hold_ms
+                .map_or(d.hold, std::time::Duration::from_millis),
         }
     }
 }

@@ -38,6 +38,9 @@ pub struct Config {
     #[serde(default)]
     pub force: bool,
     pub default_export: Option<String>,
+    /// As `--stripe-cache-size` and `--stripe-cache-hold-ms`.
+    pub stripe_cache_size: Option<u32>,
+    pub stripe_cache_hold_ms: Option<u64>,
     /// As `--scan`.
     #[serde(default)]
     pub scan: Vec<PathBuf>,
@@ -97,6 +100,16 @@ pub fn parse(text: &str, shown: &str, base: &Path) -> Result<Config> {
                 "{shown}: threads = {t}: give 1 to 256"
             )));
         }
+    }
+    if c.stripe_cache_size.is_some_and(|n| n > 32768) {
+        return Err(CliError::new(format!(
+            "{shown}: stripe_cache_size: give 0 (off) to 32768"
+        )));
+    }
+    if c.stripe_cache_hold_ms.is_some_and(|n| n > 1000) {
+        return Err(CliError::new(format!(
+            "{shown}: stripe_cache_hold_ms: give 0 to 1000"
+        )));
     }
     let abs = |p: &mut PathBuf| {
         if p.is_relative() && p.as_os_str() != "-" {
@@ -179,6 +192,8 @@ fn merge(mut a: ServeArgs, c: Config) -> (ServeArgs, Vec<ExportEntry>) {
     if a.server.default_export.is_none() {
         a.server.default_export = c.default_export;
     }
+    a.server.stripe_cache_size = a.server.stripe_cache_size.or(c.stripe_cache_size);
+    a.server.stripe_cache_hold_ms = a.server.stripe_cache_hold_ms.or(c.stripe_cache_hold_ms);
     a.read_only |= c.read_only;
     a.direct |= c.direct;
     a.force |= c.force;
@@ -257,7 +272,8 @@ fn open_one(
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            (md::open_export(&spec, read_only, args.force)?, shown)
+            let e = md::open_export(&spec, read_only, args.force)?;
+            (md::with_stripe_cache(e, args.server.stripe_cache()), shown)
         }
         (None, None) => unreachable!("checked in parse"),
     };
@@ -394,5 +410,25 @@ mod tests {
         assert_eq!(m.server.threads, 8);
         assert_eq!(m.scan, [PathBuf::from("/b")]);
         assert_eq!(m.server.listen, ["tcp:127.0.0.1:1".parse().unwrap()]);
+    }
+
+    #[test]
+    fn stripe_cache_keys() {
+        let c = parse(
+            "stripe_cache_size = 4096\nstripe_cache_hold_ms = 5\n",
+            "c",
+            Path::new("/"),
+        )
+        .unwrap();
+        let (m, _) = merge(serve_args(&["--config", "c"]), c.clone());
+        let o = m.server.stripe_cache();
+        assert_eq!((o.size, o.hold.as_millis()), (4096, 5));
+        let a = serve_args(&["--config", "c", "--stripe-cache-size", "0"]);
+        let (m, _) = merge(a, c);
+        assert_eq!(m.server.stripe_cache().size, 0);
+        assert_eq!(m.server.stripe_cache().hold.as_millis(), 5);
+        let d = serve_args(&["x.img"]).server.stripe_cache();
+        assert_eq!(d, cairn_md::StripeCacheOptions::default());
+        assert!(parse("stripe_cache_size = 40000\n", "c", Path::new("/")).is_err());
     }
 }

@@ -7,6 +7,7 @@
 //!   detail:  read-only open ─> Array::assemble (writes nothing) ─> ArrayReport
 //!   serve --md M1,M2,...[:NAME]: open present members ─> assemble (degraded: warn)
 //!            ─> OpenedExport; closed (marked clean) when the server stops
+//!            ─> with_stripe_cache (RAID4/5/6 served writable): device = StripeCache
 //! ```
 //!
 //! The md crate does the work; this module turns arguments into its calls and its errors
@@ -627,6 +628,27 @@ pub fn open_export(spec: &MdSpec, read_only: bool, force: bool) -> Result<Opened
         base: None,
         lvm: None,
     })
+}
+
+/// Puts a served RAID4/5/6 array's data path behind a stripe cache
+/// ([`cairn_md::StripeCache`]); `e.md` stays the array itself, for status and closing.
+/// Other levels, read-only exports and `opts.size` 0 are returned as they are.
+pub fn with_stripe_cache(mut e: OpenedExport, opts: cairn_md::StripeCacheOptions) -> OpenedExport {
+    let parity =
+        e.md.as_ref()
+            .is_some_and(|a| matches!(a.layout(), cairn_md::layout::ArrayLayout::Parity(_)));
+    if parity && !e.read_only && opts.size > 0 {
+        let cache = cairn_md::StripeCache::new(e.device.clone(), opts);
+        tracing::info!(
+            "export {}: stripe cache of {} (up to {} full stripes held, for at most {:?})",
+            e.name,
+            opts.size,
+            cache.max_held_stripes(),
+            opts.hold
+        );
+        e.device = Arc::new(cache);
+    }
+    e
 }
 
 // ---- examine -----------------------------------------------------------------------

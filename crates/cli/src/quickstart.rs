@@ -109,6 +109,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
         ))
     };
     let opened = md::open_export(&spec, false, false).map_err(damaged)?;
+    let opened = md::with_stripe_cache(opened, cairn_md::StripeCacheOptions::default());
     let array = opened.md.clone().expect("an md export");
     let report = array.report();
     if created {
@@ -285,6 +286,8 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
         default_export: None,
         speed_limit_min: 1000,
         speed_limit_max: 200_000,
+        stripe_cache_size: None,
+        stripe_cache_hold_ms: None,
         operator: crate::args::OperatorOptions::default(),
     };
     serve::serve(exports, listens, &opts, global, extras)

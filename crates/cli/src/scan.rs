@@ -53,6 +53,8 @@ pub struct ScanOptions {
     pub dry_run: bool,
     /// Export names already used by other arguments; found stacks avoid them.
     pub taken_names: Vec<String>,
+    /// Put over the RAID4/5/6 arrays found, when writable (`md::with_stripe_cache`).
+    pub stripe_cache: cairn_md::StripeCacheOptions,
 }
 
 /// What a scan found, brought up and left alone.
@@ -778,7 +780,7 @@ pub fn scan(paths: &[PathBuf], opts: &ScanOptions) -> Result<(Vec<OpenedExport>,
             name: None,
         };
         let e = match md::open_export(&spec, read_only, opts.force) {
-            Ok(e) => e,
+            Ok(e) => md::with_stripe_cache(e, opts.stripe_cache),
             Err(err) => {
                 let on: Vec<String> = members.iter().map(|p| shown(p)).collect();
                 report.skip(format!("{what} on {}", on.join(", ")), err.to_string());
@@ -1050,6 +1052,7 @@ pub fn for_serve(args: &ServeArgs, taken: Vec<String>) -> Result<Vec<OpenedExpor
         key_dir: args.key_dir.clone(),
         dry_run: false,
         taken_names: taken,
+        stripe_cache: args.server.stripe_cache(),
     };
     let (exports, report) = scan(&args.scan, &opts)?;
     for w in report.warnings() {

@@ -3,6 +3,7 @@
 //! ```text
 //!   FILE[:NAME]...    ─ exports::open ──────────────┐
 //!   --md M1,M2,...    ─ md::open_export ────────────┤  a bare --luks next to --md: the
+//!                       (+ stripe cache, RAID4/5/6) │
 //!   --luks DEV[:NAME] ─ exports::open ─┐            │  arrays are unlocked the same way
 //!                       luks::open_export (key) ────┤  (key: --key-file, or the tty)
 //!   --config FILE     ─ config::open_stacks ────────┤  the [[export]] entries
@@ -95,6 +96,7 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
     }
     for s in &md_specs {
         let e = md::open_export(s, args.read_only, args.force)?;
+        let e = md::with_stripe_cache(e, args.server.stripe_cache());
         if !luks_over_md {
             opened.push(e);
             continue;

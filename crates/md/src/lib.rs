@@ -5,6 +5,7 @@
 //! ```text
 //!   assemble         superblocks -> roles, stale/missing members    -> Array; Array::create
 //!   array, stripe    Array: BlockDevice over the members, every level, degraded I/O
+//!   cache            StripeCache: concurrent partial-stripe writes merged into full stripes
 //!   report, probe    mdadm --detail data; signatures create refuses to overwrite
 //!   scrub            md's check / repair: redundancy against data, per stripe or region
 //!   create           what mdadm 4.2 writes at --create             -> Superblock per member
@@ -43,6 +44,7 @@ pub mod array;
 pub mod assemble;
 pub mod background;
 pub mod bitmap;
+pub mod cache;
 pub mod create;
 pub mod examine;
 pub mod layout;
@@ -61,6 +63,7 @@ pub use array::Array;
 pub use assemble::{AssembleOptions, CreateOptions};
 pub use background::{BackgroundStatus, SpeedLimits};
 pub use bitmap::{BitmapChoice, BitmapInfo};
+pub use cache::{StripeCache, StripeCacheOptions, StripeCacheStats};
 pub use create::{create, CreateParams, CreatedArray};
 pub use examine::Examine;
 pub use level::{Level, ParityAlgorithm, Raid0Layout, Raid10Layout};
