@@ -391,9 +391,19 @@ impl Array {
             replacements: (0..raid_disks).map(|_| None).collect(),
             faulty: Vec::new(),
         };
+        // Members one event behind (a superblock update cut short) are current, but a
+        // second cut-short update would leave them two behind, and stale. Bring them level
+        // first, without a new event, as md's first update after assembly would.
+        let uneven = meta.sbs.iter().flatten().any(|sb| sb.events != events);
         let bitmap = crate::bitmap::load_bitmap(&slots, &layout, &bitmap_sb, events, &label)?;
         let mut array = Array::build(layout, slots, identity, meta, left_out, opts.force && dirty)?;
         array.install_bitmap(bitmap);
+        if uneven && !array.capabilities().read_only {
+            let mut meta = array.meta_lock();
+            array
+                .write_superblocks(&mut meta)
+                .map_err(|e| e.context(format!("{label}: bringing the members' events level")))?;
+        }
         array.ppl = crate::ppl::Ppl::open(&array, &freshest, dirty)
             .map_err(|e| e.context(format!("{label}: replaying the partial-parity log")))?;
         Ok(array)

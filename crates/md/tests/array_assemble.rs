@@ -724,3 +724,43 @@ fn background_resync_runs_under_io_stops_at_a_checkpoint_and_resumes() {
     common::check_members(&layout, &images, &common::bases(&m), &data)
         .unwrap_or_else(|e| panic!("after a resumed resync: {e}"));
 }
+
+/// A superblock update cut short leaves some members one event behind. Assembly takes
+/// them (md's rule) and brings every member level, so that a second update cut short
+/// cannot leave them two behind and stale.
+#[test]
+fn members_one_event_behind_are_brought_level() {
+    let (a, m) = create(&Shape::new(Level::Raid5, None, 64, 4));
+    let data = filled(&a, 3);
+    a.close().unwrap();
+    drop(a);
+    let events = |i: usize| {
+        Superblock::read_from(&*m[i], "d", FeaturePolicy::Supported)
+            .unwrap()
+            .events
+    };
+    // Members 2 and 3 missed the last update.
+    for i in [2, 3] {
+        let mut sb = Superblock::read_from(&*m[i], "d", FeaturePolicy::Supported).unwrap();
+        sb.events -= 1;
+        sb.write_to(&*m[i], "d").unwrap();
+    }
+    let top = events(0);
+    assert_eq!(events(2) + 1, top);
+    let a = assemble(&m, &[0, 1, 2, 3], false).unwrap();
+    assert!(!a.report().state.degraded, "one event behind is current");
+    for i in 0..4 {
+        assert_eq!(events(i), top, "member {i} not brought level");
+    }
+    // The next update (a write marks the array dirty) is cut short on members 0 and 1
+    // only: members 2 and 3 are one behind again, not two, and still assemble.
+    drop(a);
+    for i in [0, 1] {
+        let mut sb = Superblock::read_from(&*m[i], "d", FeaturePolicy::Supported).unwrap();
+        sb.events += 1;
+        sb.write_to(&*m[i], "d").unwrap();
+    }
+    let b = assemble(&m, &[0, 1, 2, 3], false).unwrap();
+    assert!(!b.report().state.degraded, "{:?}", b.report());
+    assert!(read_all(&b) == data);
+}
