@@ -36,7 +36,9 @@ use crate::layout::ArrayLayout;
 use crate::scrub::ScrubReport;
 use crate::units::{Sectors, SECTOR_SIZE};
 
-/// md's `speed_limit_min` and `speed_limit_max`, in bytes per second of array data.
+/// md's `speed_limit_min` and `speed_limit_max`, in bytes per second of the work: member
+/// bytes for rebuilds and replacements (as md counts them), array bytes for resyncs and
+/// scrubs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpeedLimits {
     /// The speed kept while clients are doing I/O (md's default: 1000 KiB/s).
@@ -149,10 +151,14 @@ impl Pacer {
             let busy = fg != self.last_fg;
             self.last_fg = fg;
             let target = if busy { limits.min } else { limits.max }.max(1);
-            let elapsed = self.window.0.elapsed();
             let due = Duration::from_secs_f64(ratio(moved, target));
-            if due > elapsed {
-                thread::sleep((due - elapsed).min(Duration::from_millis(500)));
+            // In short naps, so that a stop is not kept waiting by a slow limit.
+            loop {
+                let elapsed = self.window.0.elapsed();
+                if due <= elapsed || array.stopping() {
+                    break;
+                }
+                thread::sleep((due - elapsed).min(Duration::from_millis(100)));
             }
         }
         let elapsed = self.window.0.elapsed();
