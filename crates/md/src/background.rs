@@ -129,7 +129,11 @@ impl Job {
 /// Paces a job to the speed limits and keeps its speed figure.
 pub(crate) struct Pacer {
     limits: Option<SpeedLimits>,
+    /// For the speed figure: a start and the bytes done then.
     window: (Instant, u64),
+    /// When the previous unit ended (after its pause) and the bytes done then: each
+    /// unit is paced on its own, at the limit that holds while it runs.
+    mark: (Instant, u64),
     last_fg: u64,
 }
 
@@ -138,29 +142,40 @@ impl Pacer {
         Pacer {
             limits,
             window: (Instant::now(), done),
+            mark: (Instant::now(), done),
             last_fg: array.foreground_ops(),
         }
     }
 
-    /// After a unit: sleeps as the limits ask (at the minimum while clients did I/O
-    /// since the last unit) and updates the job's speed.
+    /// Whether clients did I/O since the last look.
+    fn busy(&mut self, array: &Array) -> bool {
+        let fg = array.foreground_ops();
+        let busy = fg != self.last_fg;
+        self.last_fg = fg;
+        busy
+    }
+
+    /// After a unit: pauses so that the unit took `bytes / limit` at least (the minimum
+    /// while clients do I/O, the maximum otherwise, looked at again every 100 ms so a
+    /// pause ends early when clients stop, and at once when the work is asked to stop),
+    /// and updates the job's speed.
     pub(crate) fn step(&mut self, array: &Array, job: Option<&Job>, done: u64) {
-        let moved = done.saturating_sub(self.window.1);
         if let Some(limits) = self.limits {
-            let fg = array.foreground_ops();
-            let busy = fg != self.last_fg;
-            self.last_fg = fg;
-            let target = if busy { limits.min } else { limits.max }.max(1);
-            let due = Duration::from_secs_f64(ratio(moved, target));
-            // In short naps, so that a stop is not kept waiting by a slow limit.
+            let bytes = done.saturating_sub(self.mark.1);
+            let mut busy = self.busy(array);
             loop {
-                let elapsed = self.window.0.elapsed();
+                let target = if busy { limits.min } else { limits.max }.max(1);
+                let due = Duration::from_secs_f64(ratio(bytes, target));
+                let elapsed = self.mark.0.elapsed();
                 if due <= elapsed || array.stopping() {
                     break;
                 }
                 thread::sleep((due - elapsed).min(Duration::from_millis(100)));
+                busy = self.busy(array);
             }
         }
+        self.mark = (Instant::now(), done);
+        let moved = done.saturating_sub(self.window.1);
         let elapsed = self.window.0.elapsed();
         if let Some(j) = job {
             if elapsed >= Duration::from_millis(200) {
