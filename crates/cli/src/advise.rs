@@ -567,6 +567,7 @@ mod tests {
             failed_devices: 0,
             events: 0,
             mismatch_sectors: None,
+            job: None,
         });
         m
     }

@@ -886,6 +886,9 @@ struct Seen {
     progress: Option<(String, u64)>,
     /// md arrays: mismatched sectors of the last finished scrub.
     mismatch: Option<u64>,
+    /// md arrays: the background job (number, action, state, member), running or last
+    /// ended.
+    job: Option<(u64, String, String, Option<String>)>,
 }
 
 fn seen_nodes(trees: &[(OpenedExport, Node)]) -> BTreeMap<String, Seen> {
@@ -905,6 +908,11 @@ fn seen_nodes(trees: &[(OpenedExport, Node)]) -> BTreeMap<String, Seen> {
                 (p.action.clone(), pct)
             }),
             mismatch: n.md.as_ref().and_then(|m| m.mismatch_sectors),
+            job: n
+                .md
+                .as_ref()
+                .and_then(|m| m.job.as_ref())
+                .map(|j| (j.id, j.action.clone(), j.state.clone(), j.member.clone())),
         });
         let me = (n.kind == "md").then_some(n.name.as_str());
         for c in &n.children {
@@ -963,17 +971,52 @@ fn diff(
                 }
                 let prog = &n.progress;
                 let was_prog = before.and_then(|b| b.progress.clone());
+                // Start and end come from the job's number and state, so a job that
+                // started and ended between two looks still gets both events.
+                let was_job = before.and_then(|b| b.job.clone());
+                if let Some((old, action, _, _)) = was_job.as_ref().filter(|j| j.2 == "running") {
+                    // A running job replaced by the next one before a look saw it end.
+                    if n.job.as_ref().is_some_and(|j| j.0 != *old) {
+                        out.push(spec(
+                            events::REBUILD_FINISHED,
+                            None,
+                            format!("md array {:?}: {action} ended", n.name),
+                        ));
+                    }
+                }
+                if let Some((id, action, state, member)) = &n.job {
+                    let seen_before = was_job.as_ref().filter(|j| j.0 == *id);
+                    if seen_before.is_none() && !(first && state != "running") {
+                        out.push(spec(
+                            events::REBUILD_STARTED,
+                            None,
+                            format!("md array {:?}: {action} started", n.name),
+                        ));
+                    }
+                    let ended_now = state != "running"
+                        && seen_before.is_none_or(|j| j.2 == "running")
+                        && !first;
+                    if ended_now {
+                        out.push(spec(
+                            events::REBUILD_FINISHED,
+                            None,
+                            format!("md array {:?}: {action} {state}", n.name),
+                        ));
+                        // A rebuilt spare (or a replacement) is in sync now.
+                        if state == "finished" && (action == "recovery" || action == "replace") {
+                            out.push(spec(
+                                events::SPARE_ACTIVE,
+                                member.clone(),
+                                format!(
+                                    "member {} of md array {} is in sync",
+                                    member.as_deref().unwrap_or("?"),
+                                    n.name
+                                ),
+                            ));
+                        }
+                    }
+                }
                 match (&was_prog, prog) {
-                    (None, Some((action, _))) => out.push(spec(
-                        events::REBUILD_STARTED,
-                        None,
-                        format!("md array {:?}: {action} started", n.name),
-                    )),
-                    (Some((action, _)), None) if before.is_some() => out.push(spec(
-                        events::REBUILD_FINISHED,
-                        None,
-                        format!("md array {:?}: {action} finished", n.name),
-                    )),
                     (Some((_, p0)), Some((action, p1))) => {
                         // mdadm's RebuildNN: at 20, 40, 60 and 80 %.
                         for nn in [20u64, 40, 60, 80] {
@@ -1013,16 +1056,6 @@ fn diff(
                         Some(n.name.clone()),
                         format!(
                             "member {} of md array {} is gone",
-                            n.name,
-                            n.parent.as_deref().unwrap_or("?")
-                        ),
-                    ));
-                } else if st == "active sync" && was.is_some_and(|w| w != st) {
-                    out.push(spec(
-                        events::SPARE_ACTIVE,
-                        Some(n.name.clone()),
-                        format!(
-                            "member {} of md array {} is in sync",
                             n.name,
                             n.parent.as_deref().unwrap_or("?")
                         ),
@@ -1111,6 +1144,7 @@ mod tests {
             parent: (kind == "member").then(|| "demo".to_string()),
             progress: progress.map(|(a, p)| (a.to_string(), p)),
             mismatch: None,
+            job: progress.map(|(a, _)| (1, a.to_string(), "running".to_string(), None)),
         }
     }
 
@@ -1153,11 +1187,36 @@ mod tests {
         );
         assert_eq!(names(&diff(&b, &c, false)), ["Rebuild20", "Rebuild40"]);
         let mut d = c.clone();
-        d.insert("md:1".into(), seen("md", "demo", "active", None));
+        let mut done = seen("md", "demo", "active", None);
+        done.job = Some((1, "recovery".into(), "finished".into(), Some("a".into())));
+        d.insert("md:1".into(), done);
         d.insert("member:a".into(), seen("member", "a", "active sync", None));
         assert_eq!(
             names(&diff(&c, &d, false)),
             ["RebuildFinished", "SpareActive"]
+        );
+        // A job that started and ended between two looks still gets both events.
+        let mut e = d.clone();
+        let mut quick = seen("md", "demo", "active", None);
+        quick.job = Some((2, "check".into(), "finished".into(), None));
+        e.insert("md:1".into(), quick);
+        assert_eq!(
+            names(&diff(&d, &e, false)),
+            ["RebuildStarted", "RebuildFinished"]
+        );
+        assert_eq!(names(&diff(&e, &e, false)), Vec::<&str>::new());
+        // A running job followed by the next before a look saw it end: it ends too.
+        let mut f = e.clone();
+        let mut next = seen("md", "demo", "active", None);
+        next.job = Some((3, "check".into(), "running".into(), None));
+        f.insert("md:1".into(), next);
+        let mut g = f.clone();
+        let mut after = seen("md", "demo", "active", None);
+        after.job = Some((4, "repair".into(), "running".into(), None));
+        g.insert("md:1".into(), after);
+        assert_eq!(
+            names(&diff(&f, &g, false)),
+            ["RebuildFinished", "RebuildStarted"]
         );
     }
 

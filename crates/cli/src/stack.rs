@@ -120,6 +120,21 @@ pub struct MdDetails {
     /// The last finished check or repair: mismatched sectors found (md's mismatch_cnt).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mismatch_sectors: Option<u64>,
+    /// The array's background job, running or last ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobSummary>,
+}
+
+/// A background job of an md array, for status and events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSummary {
+    pub id: u64,
+    /// "resync", "recovery", "replace", "check", "repair".
+    pub action: String,
+    /// "running", "finished", "stopped", "failed: ...".
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -303,6 +318,12 @@ fn base_node(e: &OpenedExport) -> Node {
                 .last_scrub()
                 .filter(|s| s.complete)
                 .map(|s| s.mismatch_sectors),
+            job: array.background().map(|b| JobSummary {
+                id: b.id,
+                action: b.action.into(),
+                state: b.state,
+                member: b.member,
+            }),
         }),
         progress: array
             .background()

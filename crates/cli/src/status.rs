@@ -354,6 +354,7 @@ mod tests {
             failed_devices: 0,
             events: 3,
             mismatch_sectors: None,
+            job: None,
         });
         md.progress = Some(p(1 << 28, 1 << 29, 1 << 20));
         let mut luks = node("luks", "LUKS2 u", "active", 496 << 20, vec![md]);

@@ -59,6 +59,9 @@ impl Default for SpeedLimits {
 /// A snapshot of the background work, for status and metrics.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct BackgroundStatus {
+    /// Counts the array's jobs from 1: a new number is a new job, even one that started
+    /// and finished between two looks.
+    pub id: u64,
     /// "resync", "recovery", "replace", "check" or "repair".
     pub action: &'static str,
     /// The member a recovery or replacement writes to.
@@ -83,6 +86,7 @@ fn ratio(a: u64, b: u64) -> f64 {
 
 /// One piece of background work.
 pub(crate) struct Job {
+    id: u64,
     action: &'static str,
     member: Option<String>,
     pub(crate) done: AtomicU64,
@@ -93,8 +97,9 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    pub(crate) fn new(action: &'static str, member: Option<String>, total: u64) -> Job {
+    pub(crate) fn new(id: u64, action: &'static str, member: Option<String>, total: u64) -> Job {
         Job {
+            id,
             action,
             member,
             done: AtomicU64::new(0),
@@ -107,6 +112,7 @@ impl Job {
 
     fn status(&self) -> BackgroundStatus {
         BackgroundStatus {
+            id: self.id,
             action: self.action,
             member: self.member.clone(),
             state: self
@@ -204,6 +210,9 @@ enum Units {
 }
 
 pub(crate) const MIRROR_STEP: u64 = 1 << 20;
+
+/// Job numbers (process-wide, so they never repeat for an array).
+static JOB_IDS: AtomicU64 = AtomicU64::new(0);
 
 /// What the worker does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -441,7 +450,8 @@ impl Array {
                 self.size_bytes(),
             ),
         };
-        Arc::new(Job::new(action, member, total))
+        let id = JOB_IDS.fetch_add(1, Ordering::Relaxed) + 1;
+        Arc::new(Job::new(id, action, member, total))
     }
 
     fn worker(&self, limits: Option<SpeedLimits>, first: Work, job: Arc<Job>) {
