@@ -1016,23 +1016,20 @@ fn diff(
                         }
                     }
                 }
-                match (&was_prog, prog) {
-                    (Some((_, p0)), Some((action, p1))) => {
-                        // mdadm's RebuildNN: at 20, 40, 60 and 80 %.
-                        for nn in [20u64, 40, 60, 80] {
-                            if *p0 < nn && *p1 >= nn {
-                                out.push(EventSpec {
-                                    event: rebuild_nn(nn),
-                                    ..spec(
-                                        "",
-                                        None,
-                                        format!("md array {:?}: {action} {nn}% done", n.name),
-                                    )
-                                });
-                            }
+                if let (Some((_, p0)), Some((action, p1))) = (&was_prog, prog) {
+                    // mdadm's RebuildNN: at 20, 40, 60 and 80 %.
+                    for nn in [20u64, 40, 60, 80] {
+                        if *p0 < nn && *p1 >= nn {
+                            out.push(EventSpec {
+                                event: rebuild_nn(nn),
+                                ..spec(
+                                    "",
+                                    None,
+                                    format!("md array {:?}: {action} {nn}% done", n.name),
+                                )
+                            });
                         }
                     }
-                    _ => {}
                 }
             }
             "member" => {
