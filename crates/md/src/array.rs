@@ -119,9 +119,8 @@ pub(crate) struct Slot {
     /// Where a rebuild onto this member resumes after a restart, in member bytes: the
     /// superblock's `recovery_offset` while `synced` is not `u64::MAX`.
     pub(crate) recovery_cp: AtomicU64,
-    /// A re-added member's rebuild needs only these ranges (from the bitmap: member
-    /// bytes, or array bytes for RAID10); `None` rebuilds everything.
-    pub(crate) recover_only: Mutex<Option<Vec<(u64, u64)>>>,
+    /// A re-added member's rebuild covers only what the live bitmap marks dirty.
+    pub(crate) bitmap_guided: AtomicBool,
     /// A replacement being built for this member (`cairn md replace`), and how far.
     replacement: RwLock<Option<Arc<Member>>>,
     pub(crate) replacement_synced: AtomicU64,
@@ -138,7 +137,7 @@ impl Slot {
             failed: AtomicBool::new(false),
             synced: AtomicU64::new(synced),
             recovery_cp: AtomicU64::new(0),
-            recover_only: Mutex::new(None),
+            bitmap_guided: AtomicBool::new(false),
             replacement: RwLock::new(None),
             replacement_synced: AtomicU64::new(0),
         }
@@ -164,10 +163,7 @@ impl Slot {
         // The new member must never look in sync before its position is set.
         self.synced.store(synced, Ordering::Release);
         self.recovery_cp.store(0, Ordering::Release);
-        *self
-            .recover_only
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.bitmap_guided.store(false, Ordering::Release);
         let old = std::mem::replace(&mut *g, m);
         self.failed.store(false, Ordering::Release);
         old

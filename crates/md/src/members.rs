@@ -178,13 +178,9 @@ impl Array {
                     )));
                 }
                 let name = self.describe_role(role);
-                // The role stays down: no member, and the superblocks call the old one
-                // faulty.
-                if let Some(sb) = meta.sbs[role].take() {
-                    if let Some(r) = meta.dev_roles.get_mut(small(u64::from(sb.dev_number))) {
-                        *r = DevRole::FAULTY;
-                    }
-                }
+                // The role stays down: no member, and no superblock claims the role any
+                // more, so the next update records the old entry faulty.
+                meta.sbs[role] = None;
                 self.slots[role].set_member(None, u64::MAX);
                 name
             }
@@ -342,10 +338,9 @@ impl Array {
                 }
             }
             self.slots[role].set_member(Some(member), 0);
-            *self.slots[role]
-                .recover_only
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = only.clone();
+            self.slots[role]
+                .bitmap_guided
+                .store(only.is_some(), Ordering::Release);
             meta.sbs[role] = Some(sb);
             meta.events += 1;
             self.write_superblocks(&mut meta)?;
@@ -683,11 +678,7 @@ impl Array {
 
     /// Whether the rebuild of `role` is a bitmap-guided re-add.
     fn guided(&self, role: usize) -> bool {
-        self.slots[role]
-            .recover_only
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_some()
+        self.slots[role].bitmap_guided.load(Ordering::Acquire)
     }
 
     /// Copies array bytes `[pos, pos + n)` onto `role`, or for a guided re-add only the

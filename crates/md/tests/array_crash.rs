@@ -26,22 +26,7 @@ fn crash_shape(shape: &Shape, rng: &mut SmallRng, seed: u64) {
     a.close().unwrap();
     drop(a);
     let clock = LogClock::new();
-    let logged: Vec<Arc<LogWritesDisk<MemDisk>>> = m
-        .iter()
-        .map(|d| {
-            Arc::new(
-                LogWritesDisk::with_options(
-                    MemDisk::from_bytes(&d.to_vec()),
-                    LogOptions::with_clock(&clock),
-                )
-                .unwrap(),
-            )
-        })
-        .collect();
-    let devs = logged
-        .iter()
-        .map(|d| d.clone() as Arc<dyn BlockDevice>)
-        .collect();
+    let (logged, devs) = common::logged_members(m.iter().map(|d| d.to_vec()), &clock);
     let array = Array::assemble(devs, names(m.len()), AssembleOptions::default()).unwrap();
     let top = LogWritesDisk::with_options(
         array,

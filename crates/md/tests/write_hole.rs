@@ -99,22 +99,7 @@ fn run(
     a.close().unwrap();
     drop(a);
     let clock = LogClock::new();
-    let logged: Vec<Arc<LogWritesDisk<MemDisk>>> = m
-        .iter()
-        .map(|d| {
-            Arc::new(
-                LogWritesDisk::with_options(
-                    MemDisk::from_bytes(&d.to_vec()),
-                    LogOptions::with_clock(&clock),
-                )
-                .unwrap(),
-            )
-        })
-        .collect();
-    let devs = logged
-        .iter()
-        .map(|d| d.clone() as Arc<dyn BlockDevice>)
-        .collect();
+    let (logged, devs) = common::logged_members(m.iter().map(|d| d.to_vec()), &clock);
     let array = Array::assemble(devs, names(m.len()), AssembleOptions::default()).unwrap();
     let top = LogWritesDisk::with_options(array, LogOptions::with_clock(&clock)).unwrap();
     let size = top.geometry().size;
@@ -247,22 +232,8 @@ fn run(
                 // A crash during the replay itself: replaying again must give the same.
                 if log && rng.gen_ratio(1, 10) {
                     let clock = LogClock::new();
-                    let under: Vec<Arc<LogWritesDisk<MemDisk>>> = keep
-                        .iter()
-                        .map(|&i| {
-                            Arc::new(
-                                LogWritesDisk::with_options(
-                                    MemDisk::from_bytes(&images[i]),
-                                    LogOptions::with_clock(&clock),
-                                )
-                                .unwrap(),
-                            )
-                        })
-                        .collect();
-                    let devs = under
-                        .iter()
-                        .map(|d| d.clone() as Arc<dyn BlockDevice>)
-                        .collect();
+                    let (under, devs) =
+                        common::logged_members(keep.iter().map(|&i| images[i].clone()), &clock);
                     let a = Array::assemble(devs, nm.clone(), AssembleOptions::default()).unwrap();
                     // Up to the end of assembly (replay, flush, log emptied); the close's
                     // superblock update after it is not the log's business.

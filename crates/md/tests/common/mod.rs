@@ -394,3 +394,34 @@ pub fn read_all(a: &dyn BlockDevice) -> Vec<u8> {
     }
     v
 }
+
+/// Member images under write logs, and the same devices as the array takes them.
+pub type Logged = (
+    Vec<Arc<cairn_block::testkit::LogWritesDisk<MemDisk>>>,
+    Vec<Arc<dyn BlockDevice>>,
+);
+
+/// Copies of `images` under `LogWritesDisk`s sharing `clock` (crash tests).
+pub fn logged_members(
+    images: impl IntoIterator<Item = Vec<u8>>,
+    clock: &cairn_block::testkit::LogClock,
+) -> Logged {
+    use cairn_block::testkit::{LogOptions, LogWritesDisk};
+    let logged: Vec<Arc<LogWritesDisk<MemDisk>>> = images
+        .into_iter()
+        .map(|img| {
+            Arc::new(
+                LogWritesDisk::with_options(
+                    MemDisk::from_bytes(&img),
+                    LogOptions::with_clock(clock),
+                )
+                .expect("a log over a fresh MemDisk"),
+            )
+        })
+        .collect();
+    let devs = logged
+        .iter()
+        .map(|d| d.clone() as Arc<dyn BlockDevice>)
+        .collect();
+    (logged, devs)
+}
