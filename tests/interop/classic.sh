@@ -61,7 +61,7 @@ t_classic_stack_ext4() {
   "$CAIRN" lvm lvcreate -n media -l 100%FREE vg0 --md "$M" --luks --key-file "$KEY"
   # 4 members, 64 KiB chunks: 2 data members, full stripe 128 KiB.
   check_alignment $((128 << 10))
-  start_cairn --md "$M" --luks --lvm --key-file "$KEY"
+  start_cairn --md "$M" --luks --lvm --key-file "$KEY" --control "$WORK/control.sock"
   py - "$CAIRN_JSON" <<'EOF'
 import json, sys
 a = json.load(open(sys.argv[1]))
@@ -70,6 +70,18 @@ assert names == ["vg0/home", "vg0/media"], names
 for e in a["exports"]:
     assert e["optimal_io_size"] == 128 << 10, e
 EOF
+  # An LV export's name has a slash: the README's `cairn advise vg0/home` and the API
+  # route take it whole, spelled with / or %2F.
+  "$CAIRN" advise vg0/home --control "$WORK/control.sock" >"$WORK/advise.txt" ||
+    fail "cairn advise vg0/home: $(cat "$WORK/advise.txt")"
+  expect_contains "$(cat "$WORK/advise.txt")" "stride=16,stripe_width=32" "advise vg0/home"
+  need_tool curl
+  for route in vg0/home vg0%2Fhome; do
+    curl -sf --unix-socket "$WORK/control.sock" "http://cairn/v1/exports/$route" >"$WORK/lv.json" ||
+      fail "GET /v1/exports/$route failed"
+    expect_eq "$(py -c 'import json,sys; print(json.load(open(sys.argv[1]))["name"])' "$WORK/lv.json")" \
+      vg0/home "the export GET /v1/exports/$route names"
+  done
   nbdinfo --json "$(unix_uri vg0/home)" | py -c '
 import json, sys; j = json.load(sys.stdin)
 size = j["exports"][0]["export-size"]

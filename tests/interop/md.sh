@@ -52,6 +52,10 @@ SHAPES=(
   "6 4 64K - raid6 left-symmetric 64K"
   "6 5 128K la raid6 left-asymmetric 128K"
   "6 6 1M parity-first raid6 parity-first 1024K"
+  "6 4 64K ddf-N-restart raid6 ddf-N-restart 64K"
+  "6 5 64K ddf-n-continue raid6 ddf-N-continue 64K"
+  "6 4 64K ddf-zero-restart raid6 ddf-zero-restart 64K"
+  "5 3 64K ddf-N-continue raid5 left-symmetric 64K"
   "4 3 64K - raid4 - 64K"
   "0 3 64K - raid0 - 64K"
   "1 2 - - raid1 - -"
@@ -232,6 +236,8 @@ t_bad_input() {
   refused "power of two" "$CAIRN" md create -l 5 -c 48K -n 3 --size 16M \
     "$SHM/blank.img" "$SHM/new1.img" "$SHM/new2.img"
   refused "unknown raid5 layout" "$CAIRN" md create -l 5 -p f2 -n 3 --size 16M \
+    "$SHM/blank.img" "$SHM/new1.img" "$SHM/new2.img"
+  refused "raid4 has no layout choice" "$CAIRN" md create -l 4 -p parity-first -n 3 --size 16M \
     "$SHM/blank.img" "$SHM/new1.img" "$SHM/new2.img"
   [ ! -e "$SHM/new1.img" ] || fail "a refused create left $SHM/new1.img behind"
   # A member of another array mixed into a new one: refused, naming it and the array.

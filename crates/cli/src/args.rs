@@ -20,10 +20,11 @@ cairn exports files and block devices as NBD (Network Block Device) exports that
 qemu, the libnbd tools (nbdinfo, nbdcopy, nbdfuse), fio and the Linux nbd client can use. \
 It runs as an ordinary process: no kernel modules, no root needed for the data path.
 
-Today cairn serves plain files, block devices, md RAID arrays (levels 0, 1, 4, 5, 6, \
-10 and linear, in the on-disk format mdadm reads and writes) and LUKS2/LUKS1 encrypted \
-volumes (in the format cryptsetup reads and writes), on their own or LUKS over md; LVM2 \
-volumes are being added as a layer under the same server.";
+cairn serves plain files, block devices, md RAID arrays (levels 0, 1, 4, 5, 6, 10 and \
+linear, in the on-disk format mdadm reads and writes, with spares, rebuilds, scrubs and \
+the write-intent bitmap), LUKS2/LUKS1 encrypted volumes (in the format cryptsetup reads \
+and writes) and LVM2 logical volumes (in lvm's format), on their own or stacked: md -> \
+LUKS -> LVM is the classic stack `cairn quickstart` serves.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -89,7 +90,8 @@ pub enum Command {
     #[command(long_about = QUICKSTART_LONG, after_help = QUICKSTART_EXAMPLES)]
     Quickstart(QuickstartArgs),
 
-    /// md RAID arrays (mdadm's format): create, examine, detail
+    /// md RAID arrays (mdadm's format): create, examine, detail, fail, add, remove, replace,
+    /// check, repair
     #[command(subcommand, long_about = MD_LONG)]
     Md(MdCommand),
 
@@ -273,7 +275,8 @@ Linux host can assemble them.
 Members are given in role order (the first is role 0). With --size, member files that do \
 not exist yet are created sparse with that size; they read as zeroes, so the array needs \
 no initial sync and is clean at once. Members that already hold data make a redundant \
-array \"resync pending\" unless --assume-clean (cairn does not resync yet).
+array \"resync pending\" unless --assume-clean: `cairn serve` then resyncs it in the \
+background (parity or mirrors rewritten from the data), as md does after a create.
 
 RAID4/5/6 arrays get a partial-parity log by default (--write-hole log): before a write \
 that covers part of a stripe, the parity of the chunks it does not touch goes durably to \
@@ -300,8 +303,10 @@ Examples:
 
 Levels: linear, 0, 1, 4, 5, 6, 10 (or raid0, raid5, mirror, stripe, ...).
 Layouts: RAID5/6 left-symmetric (ls, default), left-asymmetric (la), right-symmetric (rs),
-  right-asymmetric (ra), parity-first, parity-last, and for RAID6 also the -6 forms;
-  RAID10 nN (near, default n2), fN (far), oN (offset); RAID0 original, alternate.";
+  right-asymmetric (ra), parity-first, parity-last, ddf-zero-restart, ddf-N-restart,
+  ddf-N-continue (for RAID5 these three are mdadm's aliases of ra, la, ls), and for RAID6
+  also the -6 forms; RAID10 nN (near, default n2), fN (far), oN (offset); RAID0 original,
+  alternate. RAID4, RAID1 and linear take no layout (RAID4's parity is the last member).";
 
 const MD_EXAMINE_LONG: &str = "\
 Print each MEMBER's md superblock with mdadm --examine's fields and wording: array UUID, \
@@ -505,7 +510,8 @@ Then, from another shell:
 
 const QUICKSTART_LONG: &str = "\
 Create a demo stack, an md RAID6 array on four sparse files with LUKS2 encryption on \
-it, and serve it decrypted, printing the stack's details and the commands to connect.
+it and an LVM volume group with two logical volumes on that, and serve it, printing the \
+stack's details and the commands to connect.
 
 The members are sparse files (they take no space until written) named \
 demo-raid6-0.img ... demo-raid6-3.img in --dir, which defaults to $XDG_DATA_HOME/cairn \
@@ -513,7 +519,8 @@ demo-raid6-0.img ... demo-raid6-3.img in --dir, which defaults to $XDG_DATA_HOME
 data members), a size ordinary writes fill. Existing members are reused, never \
 overwritten; with one or two of them gone the array starts degraded. It is served \
 exactly as `cairn serve --md ... --luks` would: on the default Unix socket and on TCP \
-127.0.0.1:10809 (or a free port if 10809 is busy), as the export \"demo\".
+127.0.0.1:10809 (or a free port if 10809 is busy), with LVM on the LUKS volume: two \
+logical volumes, exported as \"demo/home\" (half the size) and \"demo/media\" (the rest).
 
 The LUKS2 passphrase is a DEMO KEY, written to demo.key (mode 0600) in --dir, and its \
 keyslot uses cheap argon2id costs so the demo starts at once: fine for trying cairn, not \

@@ -533,8 +533,11 @@ impl Daemon {
                 },
                 _ => Response::method_not_allowed(m, &r.path, &["GET", "POST"]),
             },
-            ["v1", "exports", name] => match m {
+            // LV exports are named VG/LV: the name is every segment after "exports", so
+            // both /v1/exports/vg0/home and /v1/exports/vg0%2Fhome reach it.
+            ["v1", "exports", rest @ ..] => match m {
                 "GET" => {
+                    let name = &rest.join("/");
                     let conns = self.connections();
                     match self.trees().into_iter().find(|(e, _)| e.name == *name) {
                         Some((e, n)) => Response::json(200, &self.export_view(&e, n, &conns)),
@@ -542,7 +545,7 @@ impl Daemon {
                     }
                 }
                 "DELETE" => self.respond(Action::RemoveExport {
-                    name: (*name).to_string(),
+                    name: rest.join("/"),
                 }),
                 _ => Response::method_not_allowed(m, &r.path, &["GET", "DELETE"]),
             },

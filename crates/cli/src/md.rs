@@ -54,16 +54,20 @@ pub fn resolve_layout(level: Level, text: Option<&str>) -> Result<Option<u32>> {
     let Some(text) = text else { return Ok(None) };
     let t = text.to_ascii_lowercase();
     let word = match level {
-        Level::Raid5 | Level::Raid6 | Level::Raid4 => ParityAlgorithm::parse(&t)
-            .filter(|a| level == Level::Raid6 || a.raid5_allowed())
-            .filter(|a| {
-                level != Level::Raid4
-                    || matches!(
-                        a,
-                        ParityAlgorithm::ParityFirst | ParityAlgorithm::ParityLast
-                    )
-            })
-            .map(ParityAlgorithm::to_raw),
+        Level::Raid5 => ParityAlgorithm::parse_raid5(text).map(ParityAlgorithm::to_raw),
+        Level::Raid6 => ParityAlgorithm::parse(text).map(ParityAlgorithm::to_raw),
+        // mdadm: "layout not meaningful for raid4 arrays"; the kernel puts parity on the
+        // last member whatever the word says.
+        Level::Raid4 | Level::Linear | Level::Raid1 => {
+            return Err(CliError::new(format!(
+                "--layout {text}: {level} has no layout choice{}; leave --layout out",
+                if level == Level::Raid4 {
+                    " (parity is always on the last member)"
+                } else {
+                    ""
+                }
+            )))
+        }
         Level::Raid10 => Raid10Layout::parse(&t)
             .filter(|l| l.copies() >= 2)
             .map(Raid10Layout::to_raw),
@@ -72,23 +76,18 @@ pub fn resolve_layout(level: Level, text: Option<&str>) -> Result<Option<u32>> {
             "alternate" => Some(Raid0Layout::Alternate.to_raw()),
             _ => None,
         },
-        Level::Linear | Level::Raid1 => {
-            return Err(CliError::new(format!(
-                "--layout {text}: {level} has no layout; leave --layout out"
-            )))
-        }
     };
     let hint = match level {
         Level::Raid5 => {
             "left-symmetric (ls), left-asymmetric (la), right-symmetric (rs), \
-             right-asymmetric (ra), parity-first, parity-last"
+             right-asymmetric (ra), parity-first, parity-last, ddf-zero-restart, \
+             ddf-N-restart, ddf-N-continue"
         }
         Level::Raid6 => {
             "left-symmetric (ls), left-asymmetric (la), right-symmetric (rs), \
-             right-asymmetric (ra), parity-first, parity-last, or a -6 form such as \
-             left-symmetric-6"
+             right-asymmetric (ra), parity-first, parity-last, ddf-zero-restart, \
+             ddf-N-restart, ddf-N-continue, or a -6 form such as left-symmetric-6"
         }
-        Level::Raid4 => "parity-last (the default) or parity-first",
         Level::Raid10 => "nN (near), fN (far) or oN (offset) with N copies >= 2, e.g. n2, f2, o2",
         _ => "original or alternate",
     };
@@ -352,7 +351,7 @@ fn create_summary(r: &ArrayReport, made: &[PathBuf], members: &[PathBuf]) -> Str
     s.push_str(&format!("  UUID   {}\n", r.uuid));
     let state = if r.state.resync_pending {
         "resync pending (members held data, so parity/mirrors are not known to match; \
-         cairn cannot resync yet: recreate on zeroed members or use --assume-clean if \
+         `cairn serve` resyncs the array in the background, or use --assume-clean if \
          you know they match)"
             .to_string()
     } else {
@@ -783,6 +782,39 @@ mod tests {
         assert!(e.contains("left-symmetric (ls)"), "{e}");
         assert!(resolve_layout(Level::Raid1, Some("n2")).is_err());
         assert!(resolve_layout(Level::Raid10, Some("n1")).is_err());
+        // mdadm's spelling has a capital N; lower case works too.
+        for (word, raw) in [
+            ("ddf-zero-restart", 8),
+            ("ddf-N-restart", 9),
+            ("ddf-n-restart", 9),
+            ("ddf-N-continue", 10),
+            ("DDF-N-CONTINUE", 10),
+        ] {
+            assert_eq!(
+                resolve_layout(Level::Raid6, Some(word)).unwrap(),
+                Some(raw),
+                "{word}"
+            );
+        }
+        // For RAID5 mdadm's r5layout table maps the DDF names onto md layouts.
+        for (word, raw) in [
+            ("ddf-zero-restart", 1),
+            ("ddf-N-restart", 0),
+            ("ddf-N-continue", 2),
+        ] {
+            assert_eq!(
+                resolve_layout(Level::Raid5, Some(word)).unwrap(),
+                Some(raw),
+                "{word}"
+            );
+        }
+        // RAID4 takes no layout, as in mdadm; the message says why.
+        for word in ["parity-first", "parity-last"] {
+            let e = resolve_layout(Level::Raid4, Some(word))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("no layout choice"), "{e}");
+        }
     }
 
     #[test]

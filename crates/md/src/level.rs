@@ -279,15 +279,34 @@ impl ParityAlgorithm {
         }
     }
 
-    /// Parses mdadm's names and short forms (`ls`, `la`, `rs`, `ra`, `default`).
+    /// Parses mdadm's names and short forms (`ls`, `la`, `rs`, `ra`, `default`), in any
+    /// case: mdadm spells two DDF names with a capital N (`ddf-N-restart`), and people type
+    /// them both ways.
     pub fn parse(s: &str) -> Option<ParityAlgorithm> {
-        Some(match s {
+        Some(match s.to_ascii_lowercase().as_str() {
             "ls" | "default" => ParityAlgorithm::LeftSymmetric,
             "la" => ParityAlgorithm::LeftAsymmetric,
             "rs" => ParityAlgorithm::RightSymmetric,
             "ra" => ParityAlgorithm::RightAsymmetric,
-            _ => return ParityAlgorithm::ALL.into_iter().find(|a| a.name() == s),
+            _ => {
+                return ParityAlgorithm::ALL
+                    .into_iter()
+                    .find(|a| a.name().eq_ignore_ascii_case(s))
+            }
         })
+    }
+
+    /// Parses a RAID5 layout name as mdadm's `r5layout` table does: the three DDF names are
+    /// aliases of RAID5 layouts there (`ddf-zero-restart` is right-asymmetric,
+    /// `ddf-N-restart` left-asymmetric, `ddf-N-continue` left-symmetric), because for a
+    /// single parity block the DDF rotations coincide with md's.
+    pub fn parse_raid5(s: &str) -> Option<ParityAlgorithm> {
+        match ParityAlgorithm::parse(s)? {
+            ParityAlgorithm::DdfZeroRestart => Some(ParityAlgorithm::RightAsymmetric),
+            ParityAlgorithm::DdfNRestart => Some(ParityAlgorithm::LeftAsymmetric),
+            ParityAlgorithm::DdfNContinue => Some(ParityAlgorithm::LeftSymmetric),
+            a => Some(a).filter(|a| a.raid5_allowed()),
+        }
     }
 }
 
