@@ -142,8 +142,9 @@ t_cairn_to_lvm() {
   "$CAIRN" lvm vgcreate -s 4M vgc "$p0" "$p1" "$p2"
   "$CAIRN" lvm lvcreate -n lin -L 20M --devices "$devs" vgc
   "$CAIRN" lvm lvcreate -n str -i 2 -I 64k -L 16M --devices "$devs" vgc
-  "$CAIRN" lvm lvcreate -n other -L 8M --devices "$devs" vgc
-  "$CAIRN" lvm lvextend -L +8M --devices "$devs" vgc/lin
+  # The PVs as arguments, as vgcreate takes them (lvm's --devices form above).
+  "$CAIRN" lvm lvcreate -n other -L 8M vgc "$p0" "$p1" "$p2"
+  "$CAIRN" lvm lvextend -L +8M vgc/lin "$p0" "$p1" "$p2"
   "$CAIRN" lvm lvcreate -n wide -i 3 -I 128k -l 6 --devices "$devs" vgc
   "$CAIRN" --json lvm vgs --devices "$devs" >"$WORK/cairn-vgs.json"
   l0=$(ro_loop "$p0"); l1=$(ro_loop "$p1"); l2=$(ro_loop "$p2")

@@ -357,10 +357,51 @@ t_resync_progress() {
   tmux -L "$sock" kill-server
 }
 
+# Two daemons with the default control socket (a private runtime directory): the second
+# answers on control-PID.sock; the md verbs and advise find the daemon that serves what
+# they name; plain `status` lists both instead of showing one without saying whose.
+t_two_daemons() {
+  need_tool jq
+  local run=$WORK/xrun m=() i a b out status
+  mkdir -p "$run"
+  for i in 0 1 2 3; do m+=("$SHM/t$i.img"); done
+  "$CAIRN" md create --level 6 --chunk 64K --raid-devices 4 --size 32M --name arr "${m[@]}" >/dev/null
+  truncate -s 32M "$SHM/plain.img"
+  XDG_RUNTIME_DIR=$run "$CAIRN" serve --json --listen "unix:$WORK/a.sock" \
+    --md "$(IFS=,; echo "${m[*]}"):arr" >"$WORK/a.json" 2>"$WORK/a.log" &
+  a=$!
+  register pid $a
+  for i in $(seq 100); do [ -S "$run/cairn/control.sock" ] && break; sleep 0.1; done
+  XDG_RUNTIME_DIR=$run "$CAIRN" serve --json --listen "unix:$WORK/b.sock" "$SHM/plain.img" \
+    >"$WORK/b.json" 2>"$WORK/b.log" &
+  b=$!
+  register pid $b
+  for i in $(seq 100); do [ -S "$run/cairn/control-$b.sock" ] && break; sleep 0.1; done
+  [ -S "$run/cairn/control-$b.sock" ] || fail "no control-$b.sock for the second daemon: $(cat "$WORK/b.log")"
+  expect_eq "$(jq -r .control "$WORK/b.json")" "$run/cairn/control-$b.sock" "second daemon's control socket"
+  status=0
+  out=$(XDG_RUNTIME_DIR=$run "$CAIRN" status 2>&1) || status=$?
+  expect_eq "$status" 1 "plain status with two daemons"
+  expect_contains "$out" "2 cairn daemons are running" "status names the choice"
+  expect_contains "$out" "PID $a: exports arr" "status lists the first daemon"
+  expect_contains "$out" "PID $b: exports plain" "status lists the second daemon"
+  out=$(XDG_RUNTIME_DIR=$run "$CAIRN" status --control "$run/cairn/control-$b.sock")
+  expect_contains "$(head -1 <<<"$out")" "PID $b, control socket $run/cairn/control-$b.sock" "whose status"
+  # The verbs that name an array or export reach the daemon that serves it.
+  XDG_RUNTIME_DIR=$run "$CAIRN" md check arr --wait >"$WORK/check.out" ||
+    fail "md check arr with two daemons: $(cat "$WORK/check.out")"
+  XDG_RUNTIME_DIR=$run "$CAIRN" advise plain >"$WORK/advise.out" ||
+    fail "advise plain with two daemons: $(cat "$WORK/advise.out")"
+  kill -INT $b $a
+  wait $b $a || fail "a daemon did not stop cleanly"
+  [ ! -e "$run/cairn/control-$b.sock" ] || fail "control-$b.sock left behind"
+}
+
 run_test control-api t_control_api
 run_test counts-match-fio t_counts_match_fio
 run_test raid-members t_raid_members
 run_test degraded-status t_degraded_status
 run_test status-terminal t_status_terminal
 run_test resync-progress t_resync_progress
+run_test two-daemons t_two_daemons
 finish

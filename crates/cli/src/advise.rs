@@ -496,7 +496,8 @@ fn offline_trees(a: &AdviseArgs) -> Result<Vec<Node>> {
 
 /// The tree the running server describes for `name`.
 fn online_tree(control: Option<PathBuf>, name: &str) -> Result<Node> {
-    let control = control.unwrap_or_else(crate::control::default_control_path);
+    let control =
+        crate::control::resolve_for(control.as_deref(), crate::control::Wants::Export(name))?;
     let (status, body) =
         crate::control::request(&control, "GET", &format!("/v1/exports/{name}"), None)?;
     if status == 404 {

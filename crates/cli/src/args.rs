@@ -190,7 +190,8 @@ pub struct AdviseArgs {
     #[arg(value_name = "EXPORT", required_unless_present_any = ["md", "luks", "scan"])]
     pub export: Option<String>,
 
-    /// The running server's control socket [default: /run/cairn/control.sock]
+    /// The running server's control socket [default: the daemon in the runtime directory
+    /// that serves EXPORT]
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
 
@@ -993,8 +994,9 @@ pub struct LuksHeaderFileArgs {
 #[derive(Debug, Clone, Default, Args)]
 pub struct OperatorOptions {
     /// Control socket for `cairn status`, `cairn top` and the HTTP+JSON API (owner-only,
-    /// mode 0600) [default: /run/cairn/control.sock, or $XDG_RUNTIME_DIR/cairn/control.sock
-    /// when /run/cairn is not writable]
+    /// mode 0600) [default: control.sock in the runtime directory ($XDG_RUNTIME_DIR/cairn,
+    /// else /run/cairn for root, /tmp/cairn-UID for others); when another daemon has it,
+    /// control-PID.sock beside it]
     #[arg(long, value_name = "PATH", conflicts_with = "no_control")]
     pub control: Option<PathBuf>,
 
@@ -1025,8 +1027,9 @@ fn parse_metrics_addr(s: &str) -> Result<Listen, String> {
 /// Where client verbs find the daemon.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ControlArgs {
-    /// The daemon's control socket [default: /run/cairn/control.sock, or
-    /// $XDG_RUNTIME_DIR/cairn/control.sock when /run/cairn is not writable]
+    /// The daemon's control socket [default: the one daemon running in the runtime
+    /// directory ($XDG_RUNTIME_DIR/cairn, else /run/cairn for root, /tmp/cairn-UID);
+    /// with several, the one serving the array named, else they are listed to choose]
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
 }
@@ -1097,7 +1100,8 @@ and `lvs` show, and VGs lvm made (linear and striped LVs) are VGs cairn opens. T
 and options are lvm's: pvcreate, vgcreate -s, lvcreate -n -L/-l -i -I, lvextend, \
 lvreduce, lvrename, lvremove, pvs, vgs, lvs.
 
-cairn has no device scan, so commands that work on an existing VG take its PVs like \
+cairn has no device scan, so commands that work on an existing VG take its PVs: as \
+arguments after the VG or LV (vg0 pv0.img pv1.img, as vgcreate takes them), or like \
 lvm's --devices: --devices PV,PV,... (files or block devices), --md M1,M2,... (an md \
 array assembled from its members is one PV; repeatable), --luks=FILE (a LUKS volume is \
 one PV) or a bare --luks (each --md array holds LUKS, the PV is inside it), with \
@@ -1114,10 +1118,10 @@ Examples:
   truncate -s 1G pv0.img pv1.img
   cairn lvm pvcreate pv0.img pv1.img
   cairn lvm vgcreate vg0 pv0.img pv1.img                 # 4 MiB extents
-  cairn lvm lvcreate -n data -L 200M --devices pv0.img,pv1.img vg0
-  cairn lvm lvcreate -n fast -L 100M -i 2 -I 64k --devices pv0.img,pv1.img vg0
-  cairn lvm lvextend -L +100M --devices pv0.img,pv1.img vg0/data
-  cairn lvm lvs --devices pv0.img,pv1.img
+  cairn lvm lvcreate -n data -L 200M vg0 pv0.img pv1.img
+  cairn lvm lvcreate -n fast -L 100M -i 2 -I 64k vg0 pv0.img pv1.img
+  cairn lvm lvextend -L +100M vg0/data pv0.img pv1.img
+  cairn lvm lvs pv0.img pv1.img                          # or --devices pv0.img,pv1.img
   cairn lvm vgcreate vg1 --md d0.img,d1.img,d2.img,d3.img  # a VG on an md array
   cairn lvm lvs --md d0.img,d1.img,d2.img,d3.img --luks --key-file key   # LVM on LUKS on md";
 
@@ -1155,9 +1159,9 @@ pub enum LvmCommand {
 
 const LVM_LVCREATE_EXAMPLES: &str = "\
 Examples:
-  cairn lvm lvcreate -n lin -L 20M --devices pv0.img,pv1.img vg0
-  cairn lvm lvcreate -n str -i 2 -I 64k -l 4 --devices pv0.img,pv1.img vg0
-  cairn lvm lvcreate -n rest -l 100%FREE --devices pv0.img,pv1.img vg0";
+  cairn lvm lvcreate -n lin -L 20M vg0 pv0.img pv1.img
+  cairn lvm lvcreate -n str -i 2 -I 64k -l 4 vg0 pv0.img pv1.img
+  cairn lvm lvcreate -n rest -l 100%FREE --devices pv0.img,pv1.img vg0   # lvm's --devices form";
 
 /// Where the PVs of an existing VG are (lvm's --devices, plus cairn's stacks).
 #[derive(Debug, Clone, Args)]
@@ -1273,6 +1277,11 @@ pub struct LvmLvcreateArgs {
     #[arg(short = 'I', long = "stripesize", value_name = "SIZE", value_parser = parse_size)]
     pub stripe_size: Option<u64>,
 
+    /// The VG's PVs (files or block devices), as vgcreate takes them; the same as
+    /// --devices PV,PV,...
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
     #[command(flatten)]
     pub devices: LvmDevices,
 }
@@ -1308,6 +1317,11 @@ pub struct LvmResizeArgs {
     #[arg(short, long)]
     pub force: bool,
 
+    /// The VG's PVs (files or block devices), as vgcreate takes them; the same as
+    /// --devices PV,PV,...
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
     #[command(flatten)]
     pub devices: LvmDevices,
 }
@@ -1329,6 +1343,11 @@ pub struct LvmLvArgs {
     /// The LV as VG/LV
     #[arg(value_name = "VG/LV")]
     pub lv: String,
+
+    /// The VG's PVs (files or block devices), as vgcreate takes them; the same as
+    /// --devices PV,PV,...
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
 
     #[command(flatten)]
     pub devices: LvmDevices,

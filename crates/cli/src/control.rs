@@ -10,36 +10,123 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{CliError, Result};
 
-/// `/run/cairn/control.sock` when /run/cairn can be written (root), else
-/// `$XDG_RUNTIME_DIR/cairn/control.sock` (or `/tmp/cairn-UID/control.sock`). The daemon
-/// and the clients run the same rule, so a user's `cairn status` finds the daemon that
-/// user started.
+/// `control.sock` in the runtime directory, beside the default NBD socket
+/// (`$XDG_RUNTIME_DIR/cairn`, `/run/cairn` for root, `/tmp/cairn-UID` for others). The
+/// daemon and the clients run the same rule, so a user's `cairn status` finds the daemon
+/// that user started; a second daemon takes `control-PID.sock` there
+/// ([`daemon_control_path`]).
 pub fn default_control_path() -> PathBuf {
-    let run = Path::new("/run/cairn");
-    let usable = if run.is_dir() {
-        writable(run)
-    } else {
-        writable(Path::new("/run"))
+    crate::listen::runtime_dir().join("control.sock")
+}
+
+/// The default socket of a daemon with process id `pid` when `control.sock` is taken.
+pub fn daemon_control_path(pid: u32) -> PathBuf {
+    crate::listen::runtime_dir().join(format!("control-{pid}.sock"))
+}
+
+/// The control sockets in the runtime directory that a daemon answers on, `control.sock`
+/// first, then the `control-PID.sock` of further daemons by PID.
+pub fn live_daemons() -> Vec<PathBuf> {
+    let dir = crate::listen::runtime_dir();
+    let mut extra: Vec<(u32, PathBuf)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let pid = name
+                .to_str()?
+                .strip_prefix("control-")?
+                .strip_suffix(".sock")?
+                .parse()
+                .ok()?;
+            Some((pid, e.path()))
+        })
+        .collect();
+    extra.sort();
+    std::iter::once(default_control_path())
+        .chain(extra.into_iter().map(|(_, p)| p))
+        .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+        .collect()
+}
+
+/// What a client verb is about, so that among several daemons the one that serves it
+/// can be found.
+#[derive(Debug, Clone, Copy)]
+pub enum Wants<'a> {
+    /// Any daemon will do only if there is one (status, top).
+    Any,
+    /// The daemon serving this md array (`GET /v1/arrays/NAME` answers 200).
+    Array(&'a str),
+    /// The daemon serving this export (`GET /v1/exports/NAME` answers 200).
+    Export(&'a str),
+}
+
+/// The socket a client verb talks to: `--control PATH`; else the one daemon running in
+/// the runtime directory; among several, the one that serves what the verb names. With
+/// none running, the default path (so the error names where the daemon was looked for).
+pub fn resolve_for(control: Option<&Path>, wants: Wants<'_>) -> Result<PathBuf> {
+    if let Some(p) = control {
+        return Ok(p.to_path_buf());
+    }
+    let live = live_daemons();
+    if live.len() <= 1 {
+        return Ok(live.into_iter().next().unwrap_or_else(default_control_path));
+    }
+    let route = match wants {
+        Wants::Any => None,
+        Wants::Array(name) => Some(format!("/v1/arrays/{name}")),
+        Wants::Export(name) => Some(format!("/v1/exports/{name}")),
     };
-    if usable {
-        run.join("control.sock")
-    } else {
-        crate::listen::runtime_dir().join("control.sock")
+    if let Some(route) = &route {
+        let hits: Vec<&PathBuf> = live
+            .iter()
+            .filter(|p| matches!(request(p, "GET", route, None), Ok((200, _))))
+            .collect();
+        if let [one] = hits.as_slice() {
+            return Ok((*one).clone());
+        }
+    }
+    let what = match wants {
+        Wants::Any => String::new(),
+        Wants::Array(n) => format!(" (and none or several serve md array {n:?})"),
+        Wants::Export(n) => format!(" (and none or several serve export {n:?})"),
+    };
+    let list: Vec<String> = live.iter().map(|p| describe_daemon(p)).collect();
+    Err(CliError::new(format!(
+        "{} cairn daemons are running{what}; choose one with --control PATH:\n  {}",
+        live.len(),
+        list.join("\n  ")
+    )))
+}
+
+/// `PATH (cairn serve PID N: exports a, b)`, for choosing among daemons.
+pub fn describe_daemon(p: &Path) -> String {
+    match get_ok(p, "/v1/status") {
+        Ok(v) => {
+            let exports: Vec<&str> = v["exports"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|e| e["name"].as_str()).collect())
+                .unwrap_or_default();
+            format!(
+                "{} (cairn serve, PID {}: {})",
+                p.display(),
+                v["pid"],
+                if exports.is_empty() {
+                    "no exports".to_string()
+                } else {
+                    format!("exports {}", exports.join(", "))
+                }
+            )
+        }
+        Err(_) => p.display().to_string(),
     }
 }
 
-fn writable(p: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: c is a valid NUL-terminated path for the duration of the call.
-    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
-}
-
-/// The socket a client verb talks to: `--control PATH`, or the default.
-pub fn resolve(control: Option<&Path>) -> PathBuf {
-    control.map_or_else(default_control_path, Path::to_path_buf)
+/// The socket a client verb talks to when it names nothing a daemon could be chosen by:
+/// see [`resolve_for`].
+pub fn resolve(control: Option<&Path>) -> Result<PathBuf> {
+    resolve_for(control, Wants::Any)
 }
 
 /// One request to the daemon on `control`: the HTTP status and the JSON answer (a body
@@ -101,6 +188,15 @@ mod tests {
             "no cairn daemon on /nonexistent/cairn/control.sock (start one with `cairn serve \
              --control /nonexistent/cairn/control.sock ...`)"
         );
+    }
+
+    #[test]
+    fn default_paths_are_in_the_runtime_dir() {
+        assert_eq!(
+            daemon_control_path(42).parent(),
+            default_control_path().parent()
+        );
+        assert!(daemon_control_path(42).ends_with("control-42.sock"));
     }
 
     #[test]

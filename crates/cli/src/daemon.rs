@@ -102,13 +102,35 @@ pub fn start(
     let mut control_listener = None;
     if !opts.no_control {
         let explicit = opts.control.is_some();
-        let path = crate::control::resolve(opts.control.as_deref());
-        match bind_control(&path) {
-            Ok(l) => {
+        let path = opts
+            .control
+            .clone()
+            .unwrap_or_else(crate::control::default_control_path);
+        // The default socket taken by another daemon: this one answers on its own
+        // control-PID.sock beside it, which `cairn status` and friends find.
+        let bound = match bind_control(&path) {
+            Ok(l) => Ok((l, path)),
+            Err(e) if explicit => return Err(e),
+            Err(e) => {
+                let own = crate::control::daemon_control_path(std::process::id());
+                bind_control(&own)
+                    .map(|l| {
+                        tracing::info!(
+                            "{} belongs to another cairn daemon; this one answers on {} \
+                             (cairn status and the md verbs find it; --control PATH chooses)",
+                            path.display(),
+                            own.display()
+                        );
+                        (l, own)
+                    })
+                    .map_err(|_| e)
+            }
+        };
+        match bound {
+            Ok((l, path)) => {
                 files.push(path.clone());
                 control_listener = Some((l, path));
             }
-            Err(e) if explicit => return Err(e),
             Err(e) => {
                 tracing::warn!("{e}; serving without a control socket (give --control PATH)")
             }

@@ -407,7 +407,7 @@ fn parse_extents(text: &str, r: &VgReport) -> Result<u64> {
 }
 
 fn lvcreate(a: &LvmLvcreateArgs, global: &Global) -> Result<()> {
-    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&a.vg), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(&a.vg), false)?;
     let result = (|| {
         let r = vg.report();
         let mut notes = Vec::new();
@@ -508,7 +508,7 @@ fn resize_delta(a: &LvmResizeArgs, grow: bool, cur: u64, extent: u64) -> Result<
 
 fn resize(a: &LvmResizeArgs, grow: bool, global: &Global) -> Result<()> {
     let (vgn, lvn) = vg_lv(&a.lv)?;
-    let (mut vg, opened) = open_vg(&a.devices, &[], Some(vgn), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(vgn), false)?;
     let result = (|| {
         let r = vg.report();
         let lv = r.lvs.iter().find(|l| l.name == lvn).ok_or_else(|| {
@@ -586,7 +586,7 @@ fn lvrename(a: &LvmLvrenameArgs, global: &Global) -> Result<()> {
 
 fn lvremove(a: &LvmLvArgs, global: &Global) -> Result<()> {
     let (vgn, lvn) = vg_lv(&a.lv)?;
-    let (mut vg, opened) = open_vg(&a.devices, &[], Some(vgn), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(vgn), false)?;
     vg.set_description(format!("cairn lvm lvremove {vgn}/{lvn}"));
     let r = vg.lv_remove(lvn);
     opened.close()?;
@@ -894,6 +894,7 @@ mod tests {
             size: size.map(str::to_string),
             extents: extents.map(str::to_string),
             force: false,
+            pvs: vec![],
             devices: no_devices(),
         }
     }

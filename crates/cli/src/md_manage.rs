@@ -104,6 +104,10 @@ pub struct MdAddArgs {
     #[arg(short, long)]
     pub force: bool,
 
+    /// Follow the rebuild this starts (if any) until it ends, with its progress
+    #[arg(short, long)]
+    pub wait: bool,
+
     #[command(flatten)]
     pub control: ControlArgs,
 }
@@ -127,6 +131,10 @@ pub struct MdReplaceArgs {
     /// Overwrite a --with device that holds another array, a filesystem, LUKS or LVM
     #[arg(short, long)]
     pub force: bool,
+
+    /// Follow the copy until the new device has taken the role, with its progress
+    #[arg(short, long)]
+    pub wait: bool,
 
     #[command(flatten)]
     pub control: ControlArgs,
@@ -160,7 +168,8 @@ fn act(control: &ControlArgs, body: &Value, global: &Global) -> Result<Value> {
 
 /// [`act`], printing nothing when `quiet`.
 fn act_quietly(control: &ControlArgs, body: &Value, global: &Global, quiet: bool) -> Result<Value> {
-    let path = control::resolve(control.control.as_deref());
+    let array = body["array"].as_str().unwrap_or_default();
+    let path = control::resolve_for(control.control.as_deref(), control::Wants::Array(array))?;
     let (status, v) = control::request(&path, "POST", "/v1/actions", Some(body))?;
     if !(200..300).contains(&status) {
         return Err(CliError::new(v["error"].as_str().map_or_else(
@@ -194,7 +203,11 @@ pub fn add(a: &MdAddArgs, global: &Global) -> Result<()> {
         "path": absolute(&a.device)?,
         "force": a.force,
     });
-    act(&a.control, &body, global).map(drop)
+    act(&a.control, &body, global)?;
+    if a.wait {
+        wait_idle(&a.control, &a.array)?;
+    }
+    Ok(())
 }
 
 pub fn replace(a: &MdReplaceArgs, global: &Global) -> Result<()> {
@@ -206,7 +219,59 @@ pub fn replace(a: &MdReplaceArgs, global: &Global) -> Result<()> {
         "with": with,
         "force": a.force,
     });
-    act(&a.control, &body, global).map(drop)
+    act(&a.control, &body, global)?;
+    if a.wait {
+        wait_idle(&a.control, &a.array)?;
+    }
+    Ok(())
+}
+
+/// Follows ARRAY's background work until no rebuild, replacement or resync runs (seen
+/// idle on three looks in a row, so a job that hands over to the next is followed too),
+/// with a progress line on stderr when it is a terminal.
+fn wait_idle(control: &ControlArgs, array: &str) -> Result<()> {
+    use std::io::{IsTerminal, Write};
+    let path = control::resolve_for(control.control.as_deref(), control::Wants::Array(array))?;
+    let route = format!("/v1/arrays/{array}");
+    let tty = std::io::stderr().is_terminal();
+    let mut idle_looks = 0;
+    let mut last = String::new();
+    while idle_looks < 3 {
+        std::thread::sleep(Duration::from_millis(200));
+        let v = control::get_ok(&path, &route)?;
+        let bg = &v["background"];
+        let state = bg["state"].as_str().unwrap_or("");
+        if let Some(reason) = state.strip_prefix("failed") {
+            return Err(CliError::new(format!(
+                "{} of {array} failed{reason}",
+                bg["action"].as_str().unwrap_or("background work")
+            )));
+        }
+        let text = v["detail"]["state_text"].as_str().unwrap_or("");
+        if state == "running" || text.contains("recovering") || text.contains("resync") {
+            idle_looks = 0;
+            let done = bg["done_bytes"].as_u64().unwrap_or(0);
+            let total = bg["total_bytes"].as_u64().unwrap_or(0).max(1);
+            #[allow(clippy::cast_precision_loss)]
+            let pct = done as f64 * 100.0 / total as f64;
+            last = format!(
+                "{} of {array}: {pct:.1}% done",
+                bg["action"].as_str().unwrap_or("work")
+            );
+            if tty {
+                let mut e = std::io::stderr().lock();
+                let _ = write!(e, "\r{last}   ");
+                let _ = e.flush();
+            }
+        } else {
+            idle_looks += 1;
+        }
+    }
+    if !last.is_empty() {
+        let mut e = std::io::stderr().lock();
+        let _ = writeln!(e, "{}{array}: done", if tty { "\r" } else { "" });
+    }
+    Ok(())
 }
 
 pub fn scrub(a: &MdScrubArgs, repair: bool, global: &Global) -> Result<()> {
@@ -215,7 +280,10 @@ pub fn scrub(a: &MdScrubArgs, repair: bool, global: &Global) -> Result<()> {
     if !a.wait {
         return Ok(());
     }
-    let path = control::resolve(a.control.control.as_deref());
+    let path = control::resolve_for(
+        a.control.control.as_deref(),
+        control::Wants::Array(&a.array),
+    )?;
     let route = format!("/v1/arrays/{}", a.array);
     let action = if repair { "repair" } else { "check" };
     let report = loop {

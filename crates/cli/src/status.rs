@@ -30,7 +30,7 @@ use crate::stack::{Node, Progress};
 const BAR: usize = 20;
 
 pub fn run(args: StatusArgs, global: &Global) -> Result<()> {
-    let path = control::resolve(args.control.control.as_deref());
+    let path = control::resolve(args.control.control.as_deref())?;
     let tty = std::io::stdout().is_terminal();
     let mut first = true;
     loop {
@@ -40,7 +40,13 @@ pub fn run(args: StatusArgs, global: &Global) -> Result<()> {
             s.push('\n');
             s
         } else {
-            render(&doc, tty)?
+            // Whose tree this is: with several daemons on a machine, it matters.
+            format!(
+                "cairn serve, PID {}, control socket {}\n{}",
+                doc["pid"],
+                path.display(),
+                render(&doc, tty)?
+            )
         };
         let mut out = std::io::stdout().lock();
         let _ = match (args.watch.is_some(), tty, first) {

@@ -60,7 +60,7 @@ pub struct Sample {
 }
 
 pub fn run(args: TopArgs, global: &Global) -> Result<()> {
-    let path = control::resolve(args.control.control.as_deref());
+    let path = control::resolve(args.control.control.as_deref())?;
     let mut prev: BTreeMap<String, Snapshot> = BTreeMap::new();
     let mut prev_ns = 0u64;
     let mut n = 0u64;
