@@ -85,7 +85,10 @@ EOF
   nbdinfo --json "$(unix_uri vg0/home)" | py -c '
 import json, sys; j = json.load(sys.stdin)
 size = j["exports"][0]["export-size"]
-assert size == 160 << 20, size'
+assert size == 160 << 20, size
+# The description is the stack, not a member path.
+d = j["exports"][0]["description"]
+assert d.startswith("LV vg0/home over LUKS2") and "raid6 over" in d, d'
   # media gets random data first; home's filesystem must not disturb it.
   random_file "$WORK/media.bin" 64M
   nbdcopy "$WORK/media.bin" "$(unix_uri vg0/media)"

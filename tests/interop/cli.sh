@@ -158,6 +158,12 @@ t_errors() {
   expect_eq "$status" 1 "exit status for a tiny quickstart"
   expect_contains "$out" "cairn: --size 12 is not usable" "quickstart size message"
   case $out in *panicked* | *backtrace*) fail "a panic reached the user: $out" ;; esac
+  # A log that is not a terminal gets no colour codes, at any verbosity.
+  truncate -s 1M "$WORK/c.img"
+  timeout -s INT 2 "$CAIRN" -vv serve --listen "unix:$WORK/c.sock" --no-control "$WORK/c.img" \
+    >/dev/null 2>"$WORK/c.log" || true
+  [ -s "$WORK/c.log" ] || fail "no log from cairn -vv serve"
+  if grep -q $'\x1b\[' "$WORK/c.log"; then fail "colour codes in a log file: $(head -3 "$WORK/c.log" | cat -v)"; fi
 }
 
 # The README's set-up promise: scripts/quickstart.sh puts `cairn` on PATH. Installed into

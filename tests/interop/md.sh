@@ -127,6 +127,8 @@ md_roundtrip() { # LEVEL N EXPECTED-PREFERRED
   mv "${MEMBERS[1]}" "$SHM/away1.img"
   start_cairn --md "$MD_LIST:r"
   grep -q "DEGRADED" "$CAIRN_LOG" || fail "no degraded warning: $(cat "$CAIRN_LOG")"
+  expect_eq "$(grep -c "DEGRADED" "$CAIRN_LOG")" 1 "the degraded warning, printed once"
+  expect_contains "$(grep "DEGRADED" "$CAIRN_LOG")" "1 of $n members missing" "the count of missing members"
   grep -q "${MEMBERS[1]}" "$CAIRN_LOG" || fail "the warning does not name the missing file"
   read_back "$(unix_uri r)" "$size"
   stop_cairn

@@ -392,6 +392,11 @@ t_two_daemons() {
     fail "md check arr with two daemons: $(cat "$WORK/check.out")"
   XDG_RUNTIME_DIR=$run "$CAIRN" advise plain >"$WORK/advise.out" ||
     fail "advise plain with two daemons: $(cat "$WORK/advise.out")"
+  # A spare that does not exist: one sentence that says what to do, no OS error code.
+  out=$(XDG_RUNTIME_DIR=$run "$CAIRN" md add arr "$SHM/no-such-spare.img" 2>&1) &&
+    fail "md add of a missing file succeeded"
+  expect_contains "$out" "no-such-spare.img does not exist; make it first" "md add of a missing file"
+  case $out in *"os error"*) fail "an OS error code reached the user: $out" ;; esac
   kill -INT $b $a
   wait $b $a || fail "a daemon did not stop cleanly"
   [ ! -e "$run/cairn/control-$b.sock" ] || fail "control-$b.sock left behind"

@@ -268,7 +268,15 @@ t_scan_finds_lvm() {
   truncate -s 32M "$d/p0.img" "$d/p1.img"
   "$CAIRN" lvm vgcreate vgp "$d/p0.img" "$d/p1.img" >/dev/null
   "$CAIRN" lvm lvcreate -n str -i 2 -I 64k -l 4 vgp --devices "$d/p0.img,$d/p1.img" >/dev/null
+  # The preview and the server's log describe an LV as the LV over its stack.
+  "$CAIRN" scan "$d" --key-file "$KEY" >"$WORK/preview.txt"
+  grep -Eq '^  vgs/home .*LV vgs/home over LUKS2 .* over md raid5' "$WORK/preview.txt" ||
+    fail "scan preview of an LV: $(cat "$WORK/preview.txt")"
+  grep -Eq '^  vgp/str .*LV vgp/str over file .*p0.img over file .*p1.img' "$WORK/preview.txt" ||
+    fail "scan preview of a striped LV: $(cat "$WORK/preview.txt")"
   start_cairn --scan "$d" --key-file "$KEY" --control "$WORK/lvm-control.sock"
+  grep -q 'exporting "vgs/home": LV vgs/home over LUKS2' "$CAIRN_LOG" ||
+    fail "serve --scan's log of an LV: $(cat "$CAIRN_LOG")"
   json "$CAIRN_JSON" 'sorted(e["name"] for e in j["exports"])' >"$WORK/names"
   expect_eq "$(cat "$WORK/names")" "['vgp/str', 'vgs/home', 'vgs/media']" "exports found by the scan"
   random_file "$SHM/lv.bin" 8M

@@ -1118,14 +1118,18 @@ fn open_new_member(
         direct: false,
         create_size: None,
     };
-    let disk = cairn_block::FileDisk::open(path, &opts).map_err(|e| {
-        Response::error(
-            match e.kind() {
-                cairn_block::ErrorKind::NotFound => 404,
-                _ => 422,
-            },
-            format!("cannot open {}: {e}", path.display()),
-        )
+    let disk = cairn_block::FileDisk::open(path, &opts).map_err(|e| match e.kind() {
+        cairn_block::ErrorKind::NotFound => Response::error(
+            404,
+            format!(
+                "{} does not exist; make it first (a file: `truncate -s SIZE {}`, at least \
+                 as large as the other members)",
+                path.display(),
+                path.display()
+            ),
+        ),
+        // The error's own context already says "open PATH".
+        _ => Response::error(422, format!("cannot use it: {e}")),
     })?;
     Ok(wrap_member(&path.display().to_string(), Arc::new(disk)))
 }

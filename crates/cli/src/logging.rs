@@ -28,8 +28,11 @@ pub fn init(verbose: u8) {
         }),
         _ => EnvFilter::new(default),
     };
+    // Colour codes only for a terminal: a log file or a pipe gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     // try_init: a second call (tests) keeps the first subscriber instead of panicking.
     let _ = if verbose >= 2 {

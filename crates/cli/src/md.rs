@@ -541,7 +541,7 @@ fn degraded_warning(r: &ArrayReport, missing: &[PathBuf]) -> Option<String> {
         _ => "it has NO redundancy left: one more failure loses data",
     };
     Some(format!(
-        "WARNING: md array {:?} ({}) is running DEGRADED, {} of {} members missing: {}{files}; \
+        "md array {:?} ({}) is running DEGRADED, {} of {} members missing: {}{files}; \
          {redundancy}.{}",
         r.name,
         r.level,
@@ -600,8 +600,8 @@ pub fn parse_md_spec(arg: &str) -> Result<MdSpec> {
 pub fn open_export(spec: &MdSpec, read_only: bool, force: bool) -> Result<OpenedExport> {
     let (array, missing) = assemble(&spec.members, read_only, force)?;
     let report = array.report();
+    // Once, through the log: a log file gets it too.
     if let Some(w) = degraded_warning(&report, &missing) {
-        eprintln!("cairn: {w}");
         tracing::warn!("{w}");
     }
     if report.state.resync_pending {
@@ -731,7 +731,7 @@ fn detail(a: &MdDetailArgs, global: &Global) -> Result<()> {
         print!("{}", detail_text(&report));
     }
     if let Some(w) = degraded_warning(&report, &missing) {
-        eprintln!("cairn: {w}");
+        eprintln!("cairn: warning: {w}");
     }
     Ok(())
 }

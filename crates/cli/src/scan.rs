@@ -951,12 +951,10 @@ fn stack_on(
             opts.key_dir.as_deref(),
             terminal,
         );
-        if opts.dry_run {
-            let key = match sources.first() {
-                Some(s) => s.text(),
-                None => "none available: it would be skipped".into(),
-            };
-            key_texts.push((uuid, key));
+        // A preview with a key at hand unlocks (read-only) as serve would, so it shows
+        // the LVs inside and what serve will really export; without one it says so.
+        if opts.dry_run && sources.is_empty() {
+            key_texts.push((uuid, "none available: it would be skipped".into()));
             let d = describe_locked(e, shown)?;
             return Ok(Some((d, false)));
         }
@@ -974,13 +972,39 @@ fn stack_on(
     }
     // An LVM2 label on the top device: on an unlocked payload or an array (a plain
     // file's label was seen by the probe already).
-    let lvm = !opts.dry_run || !is_luks;
-    let lvm = lvm && has_lvm_label(&*e.device).unwrap_or(false);
+    let lvm = has_lvm_label(&*e.device).unwrap_or(false);
     Ok(Some((e, lvm)))
 }
 
 fn summary(e: &OpenedExport, key: Option<String>) -> StackSummary {
     let mut layers = Vec::new();
+    let (paths, state) = stack_layers(e, &mut layers);
+    StackSummary {
+        name: e.name.clone(),
+        size: e.device.geometry().size,
+        layers,
+        paths,
+        key,
+        state,
+    }
+}
+
+/// The layers of `e` from the top ("LV vg/lv", "LUKS2 ...", "md ...", "file ..."), an LV's
+/// PVs one after another: the member paths and the state of the bottom layers.
+fn stack_layers(e: &OpenedExport, layers: &mut Vec<String>) -> (Vec<String>, String) {
+    if let Some(lv) = &e.lvm {
+        layers.push(format!("LV {}/{}", lv.details.vg, lv.details.lv));
+        let mut paths = Vec::new();
+        let mut states: Vec<String> = Vec::new();
+        for pv in &lv.pvs {
+            let (p, s) = stack_layers(pv, layers);
+            paths.extend(p);
+            if !states.contains(&s) {
+                states.push(s);
+            }
+        }
+        return (paths, states.join("; "));
+    }
     if let Some(l) = &e.luks {
         layers.push(format!("LUKS{} {}", l.version, l.uuid));
     }
@@ -1005,14 +1029,7 @@ fn summary(e: &OpenedExport, key: Option<String>) -> StackSummary {
             (vec![shown(&e.path)], "plain".to_string())
         }
     };
-    StackSummary {
-        name: e.name.clone(),
-        size: e.device.geometry().size,
-        layers,
-        paths,
-        key,
-        state,
-    }
+    (paths, state)
 }
 
 // ---- the verbs --------------------------------------------------------------------

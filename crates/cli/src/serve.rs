@@ -205,16 +205,7 @@ pub fn serve(
             .iter()
             .map(|e| Export {
                 name: e.name.clone(),
-                description: {
-                    let below = match &e.md {
-                        Some(a) => md_description(a),
-                        None => e.path.display().to_string(),
-                    };
-                    match &e.luks {
-                        Some(l) => format!("{} over {below}", l.description),
-                        None => below,
-                    }
-                },
+                description: export_description(e),
                 // Counted as the stack node "export:NAME" (cairn top, metrics).
                 device: crate::daemon::wrap_export(&e.name, e.device.clone()),
                 read_only: e.read_only,
@@ -313,6 +304,28 @@ pub fn serve(
     closed?;
     tracing::info!("stopped cleanly: data flushed");
     Ok(())
+}
+
+/// The NBD description of an export: its stack from the top, e.g. "LV vg0/home over
+/// LUKS2 aes-xts-plain64 ... over raid6 over d0.img, d1.img, d2.img, d3.img (clean)".
+fn export_description(e: &OpenedExport) -> String {
+    if let Some(lv) = &e.lvm {
+        let pvs: Vec<String> = lv.pvs.iter().map(export_description).collect();
+        return format!(
+            "LV {}/{} over {}",
+            lv.details.vg,
+            lv.details.lv,
+            pvs.join(" + ")
+        );
+    }
+    let below = match &e.md {
+        Some(a) => md_description(a),
+        None => e.path.display().to_string(),
+    };
+    match &e.luks {
+        Some(l) => format!("{} over {below}", l.description),
+        None => below,
+    }
 }
 
 /// "raid6 over d0.img, d1.img, d2.img, d3.img (clean, degraded)".
