@@ -276,7 +276,7 @@ t_degraded_status() {
   grep -Eq '^└─ md demo  [0-9.]+ MiB  raid6 4 members, chunk 64 KiB  clean, degraded$' <<<"$text" ||
     fail "md line: $text"
   expect_contains "$text" "   ├─ $SHM/d0.img  " "first member line"
-  expect_contains "$text" "   ├─ (missing)  0 bytes  removed" "missing member line"
+  expect_contains "$text" "   ├─ (missing)  removed" "missing member line"
   expect_contains "$text" "   └─ $SHM/d3.img  " "last member line"
   expect_contains "$text" "DegradedArray" "recent events"
   "$CAIRN" status --control "$CTL" --json >"$WORK/status.json"
@@ -397,6 +397,11 @@ t_two_daemons() {
     fail "md add of a missing file succeeded"
   expect_contains "$out" "no-such-spare.img does not exist; make it first" "md add of a missing file"
   case $out in *"os error"*) fail "an OS error code reached the user: $out" ;; esac
+  # A spare shows its size, not "0 bytes".
+  truncate -s 32M "$SHM/t-spare.img"
+  XDG_RUNTIME_DIR=$run "$CAIRN" md add arr "$SHM/t-spare.img" >/dev/null
+  out=$(XDG_RUNTIME_DIR=$run "$CAIRN" status --control "$run/cairn/control.sock")
+  expect_contains "$out" "t-spare.img  32 MiB  spare" "the spare's line in status"
   kill -INT $b $a
   wait $b $a || fail "a daemon did not stop cleanly"
   [ ! -e "$run/cairn/control-$b.sock" ] || fail "control-$b.sock left behind"

@@ -288,9 +288,15 @@ fn base_node(e: &OpenedExport) -> Node {
         .iter()
         .map(|m| {
             let name = m.name.clone().unwrap_or_else(|| "(missing)".into());
+            // Size 0 stands for "not known" (a missing or left-out member): status
+            // prints no size for it.
+            let in_role = matches!(
+                m.state,
+                cairn_md::MemberState::ActiveSync | cairn_md::MemberState::Rebuilding
+            );
             let mg = match m.role.and_then(|role| array.member(role as usize)) {
-                Some(d) if m.name.is_some() => d.geometry(),
-                _ => cairn_block::Geometry::simple(0),
+                Some(d) if in_role && m.name.is_some() => d.geometry(),
+                _ => cairn_block::Geometry::simple(m.size_bytes.unwrap_or(0)),
             };
             let id = match (&m.name, m.role) {
                 (Some(n), _) => format!("member:{n}"),

@@ -199,6 +199,8 @@ pub fn node_line(n: &Node) -> String {
             };
             format!("md {}  {size}  {shape}  {}", n.name, n.state)
         }
+        // A member the array does not hold open has no size to show.
+        "member" if n.size == 0 => format!("{}  {}", n.name, n.state),
         "member" => format!("{}  {size}  {}", n.name, n.state),
         _ => format!("{} {}  {size}  {}", n.kind, n.name, n.state),
     }
@@ -390,7 +392,7 @@ export home  496 MiB  active  (nbd://127.0.0.1:10809/home)  1 client
       │  resync 50.0% done (256 MiB of 512 MiB), 1 MiB/s, ETA 4:16
       ├─ d0.img  256 MiB  active sync
       ├─ d1.img  256 MiB  active sync
-      └─ (missing)  0 bytes  removed
+      └─ (missing)  removed
 
 recent events:
   2026-01-01T00:00:00.000Z  DegradedArray  md array \"demo\" is degraded

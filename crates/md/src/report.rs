@@ -98,6 +98,10 @@ pub struct MemberReport {
     pub reason: Option<String>,
     /// The member's event count when it was read, for left-out members.
     pub events: Option<u64>,
+    /// The member device's size, when the array holds it open (not for a missing or
+    /// left-out member).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
 }
 
 /// `mdadm --detail`'s data for a running array.
@@ -151,6 +155,7 @@ impl Array {
                 };
                 MemberReport {
                     role: u32::try_from(role).ok(),
+                    size_bytes: member.as_ref().map(|m| m.dev.geometry().size),
                     name: member.map(|m| m.name.clone()),
                     state,
                     reason: None,
@@ -166,6 +171,7 @@ impl Array {
                     state: MemberState::Replacement,
                     reason: None,
                     events: None,
+                    size_bytes: Some(r.dev.geometry().size),
                 });
             }
         }
@@ -175,6 +181,7 @@ impl Array {
             state: MemberState::Spare,
             reason: None,
             events: None,
+            size_bytes: Some(s.member.dev.geometry().size),
         }));
         members.extend(meta.faulty.iter().map(|f| MemberReport {
             role: f.role.and_then(|r| u32::try_from(r).ok()),
@@ -182,6 +189,7 @@ impl Array {
             state: MemberState::Faulty,
             reason: None,
             events: None,
+            size_bytes: Some(f.member.dev.geometry().size),
         }));
         members.extend(self.left_out.iter().map(|l| MemberReport {
             role: l.role,
@@ -189,6 +197,7 @@ impl Array {
             state: MemberState::LeftOut,
             reason: Some(l.reason.clone()),
             events: Some(l.events),
+            size_bytes: None,
         }));
         let degraded = down.iter().any(|&d| d);
         let state = ArrayState {
