@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # From a fresh checkout to a served demo disk: installs the NBD client tools if missing,
 # builds cairn (release) and runs `cairn quickstart`. Arguments go to cairn quickstart,
-# e.g. scripts/quickstart.sh --size 4G --dir /srv/demo.
+# e.g. scripts/quickstart.sh --array-size 4G --dir /srv/demo.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)

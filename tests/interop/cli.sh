@@ -156,7 +156,7 @@ t_errors() {
   status=0
   out=$("$CAIRN" quickstart --size 12 --dir "$WORK/q" 2>&1) || status=$?
   expect_eq "$status" 1 "exit status for a tiny quickstart"
-  expect_contains "$out" "cairn: --size 12 is not usable" "quickstart size message"
+  expect_contains "$out" "cairn: --array-size 12 is not usable" "quickstart size message (--size is its old name)"
   case $out in *panicked* | *backtrace*) fail "a panic reached the user: $out" ;; esac
   # A log that is not a terminal gets no colour codes, at any verbosity.
   truncate -s 1M "$WORK/c.img"

@@ -533,7 +533,7 @@ Stop it with Ctrl-C. Delete the member files and demo.key with `rm` when you are
 const QUICKSTART_EXAMPLES: &str = "\
 Examples:
   cairn quickstart                         # 1 GiB RAID6 in ~/.local/share/cairn
-  cairn quickstart --dir ./demo --size 4G";
+  cairn quickstart --dir ./demo --array-size 4G";
 
 /// `cairn serve`.
 #[derive(Debug, Args)]
@@ -681,8 +681,10 @@ pub struct QuickstartArgs {
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
 
-    /// Usable size of the demo array when it is created, e.g. 512M, 1G, 20G
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
+    /// Usable size of the demo stack when it is created, e.g. 512M, 1G, 20G (what the two
+    /// LVs share; the four member files are sized to give it). `--size` is the old name
+    #[arg(long = "array-size", alias = "size", value_name = "SIZE", default_value = "1G",
+          value_parser = parse_size)]
     pub size: u64,
 
     /// Address to listen on: unix:PATH or tcp:ADDR:PORT (repeatable; default as for serve)
@@ -1410,5 +1412,11 @@ mod tests {
         };
         assert_eq!(q.size, 512 << 20);
         assert!(Cli::try_parse_from(["cairn", "quickstart", "--size", "lots"]).is_err());
+        // --array-size is the name md create shares; --size stays for old scripts.
+        let cli = Cli::try_parse_from(["cairn", "quickstart", "--array-size", "2G"]).unwrap();
+        let Command::Quickstart(q) = cli.command else {
+            panic!("not quickstart")
+        };
+        assert_eq!(q.size, 2 << 30);
     }
 }

@@ -76,7 +76,7 @@ pub fn default_dir() -> PathBuf {
 pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     if args.size < 16 << 20 || args.size & 4095 != 0 {
         return Err(CliError::new(format!(
-            "--size {} is not usable for the demo array; give at least 16M, in whole 4K \
+            "--array-size {} is not usable for the demo array; give at least 16M, in whole 4K \
              blocks (e.g. 512M, 1G)",
             args.size
         )));
