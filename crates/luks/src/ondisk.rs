@@ -709,6 +709,12 @@ impl Metadata {
                         "segment {id}: only the last segment may be dynamic"
                     )))
                 }
+                // cryptsetup: "Illegal segment size value" (hdr_validate_segments).
+                SegmentSize::Bytes(0) => {
+                    return Err(corrupt(format!(
+                        "segment {id}: size 0 (a data segment is \"dynamic\" or a positive size)"
+                    )))
+                }
                 SegmentSize::Bytes(n) if !n.is_multiple_of(512) => {
                     return Err(corrupt(format!(
                         "segment {id}: size {n} is not 512-aligned"
@@ -741,6 +747,9 @@ impl Metadata {
             }
             min_offset = Some(min_offset.map_or(offset, |m| m.min(offset)));
         }
+        // Offset 0 is a detached header's (the data is on another device); whether the
+        // data may sit there is decided when it is activated on a device
+        // (`Luks2::activate`), as cryptsetup does.
         if let Some(m) = min_offset.filter(|&m| m != 0) {
             if ks_end > m {
                 return Err(corrupt(format!(

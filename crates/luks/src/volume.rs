@@ -603,7 +603,24 @@ impl Luks2 {
     /// Whether the data segment can be served at all (before asking for a passphrase).
     pub fn check_activatable(&self) -> Result<()> {
         self.check_requirements("open the data")?;
+        self.check_data_clear_of_header()?;
         self.segment_params(self.device.geometry().size).map(|_| ())
+    }
+
+    /// Refuses a data segment that starts inside the header and keyslot areas of the
+    /// device holding the header (cryptsetup: "Device header overlaps with data area"):
+    /// a client write would overwrite the header. Offset 0 is a detached header's, whose
+    /// data lies on another device ([`activate_on`](Self::activate_on)).
+    fn check_data_clear_of_header(&self) -> Result<()> {
+        let (_, areas_end) = self.metadata.keyslots_range(self.binary.hdr_size)?;
+        match self.data_offset() {
+            Some(off) if off < areas_end => Err(keyslot::corrupt(format!(
+                "the data segment at offset {off} overlaps the LUKS2 header and keyslot areas, \
+                 which end at {areas_end} (offset 0 is for a detached header, whose data is on \
+                 another device)"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Tries `keyslot`, or every keyslot (priority 2 first, priority 0 skipped), and
@@ -732,6 +749,7 @@ impl Luks2 {
 
     /// The decrypted payload for a verified volume key.
     pub fn activate(&self, key: &VolumeKey) -> Result<CryptDevice> {
+        self.check_data_clear_of_header()?;
         self.activate_on(self.device.clone(), key)
     }
 

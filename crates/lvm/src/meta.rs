@@ -602,7 +602,7 @@ impl VolumeGroup {
                 .unwrap_or("")
                 .to_string()
         };
-        Ok(VolumeGroup {
+        let vg = VolumeGroup {
             name,
             id,
             seqno: r.u64("seqno")?,
@@ -624,7 +624,11 @@ impl VolumeGroup {
                 extra,
             },
             raw: sec.clone(),
-        })
+        };
+        // lvm refuses such a VG whole ("PV segments corrupted"): serving it would give two
+        // LVs the same extents, or extents past the end of a PV.
+        vg.used_extents()?;
+        Ok(vg)
     }
 
     /// A new, empty VG.
@@ -834,7 +838,7 @@ impl VolumeGroup {
                         corrupt(
                             0,
                             format!(
-                        "VG {}: LV {lv} uses extents {first}..{} of PV {}, which has only {}",
+                        "VG {}: LV {lv} uses extents {first}..{} of PV {}, which has only {} (PV segments corrupted)",
                         self.name,
                         first.saturating_add(*count),
                         p.key,
@@ -846,7 +850,7 @@ impl VolumeGroup {
                     return Err(corrupt(
                         0,
                         format!(
-                            "VG {}: LVs {last} and {lv} both use extent {first} of PV {}",
+                            "VG {}: LVs {last} and {lv} both use extent {first} of PV {} (PV segments corrupted)",
                             self.name, p.key
                         ),
                     ));

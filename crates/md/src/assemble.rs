@@ -234,6 +234,16 @@ impl Array {
         }
         let layout =
             ArrayLayout::from_superblock(&freshest, &data_sizes).map_err(|e| e.context(&label))?;
+        if layout.array_sectors() == Sectors::ZERO {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{label}: the superblocks describe an array of 0 bytes (component size {} \
+                     sectors, chunk {} sectors)",
+                    freshest.size.0, freshest.chunk.0
+                ),
+            ));
+        }
         let down: Vec<bool> = by_role.iter().map(Option::is_none).collect();
         if !layout.tolerates(&down) {
             let tolerance = match &layout {
@@ -262,24 +272,42 @@ impl Array {
             }
         }
         let dirty = !freshest.is_clean();
-        let present: Vec<&Arc<dyn BlockDevice>> =
-            by_role.iter().flatten().map(|f| &f.dev).collect();
+        let present: Vec<(&str, &Arc<dyn BlockDevice>)> = by_role
+            .iter()
+            .flatten()
+            .map(|f| (f.name.as_str(), &f.dev))
+            .collect();
         // With a partial-parity log, replay makes parity match every chunk that was not
-        // being written, so a dirty degraded start is safe.
+        // being written, so a dirty degraded start is safe; a log one member's copy of
+        // which cannot be used does not protect the stripes whose parity is there.
+        let log = crate::ppl::probe(&present, &freshest);
+        for p in &log.problems {
+            tracing::warn!(
+                "{label}: {p}; the array is not protected by that log against the write hole"
+            );
+        }
         // Replay writes: read-only members cannot have it.
-        let logged = dirty
-            && !present.iter().any(|d| d.capabilities().read_only)
-            && crate::ppl::probe(&present, &freshest);
+        let logged =
+            dirty && !present.iter().any(|(_, d)| d.capabilities().read_only) && log.protects();
         if dirty && !missing.is_empty() && freshest.level.parity_members() > 0 && !logged {
             if !opts.force {
+                let why_no_log = if log.problems.is_empty() {
+                    "Arrays cairn creates with a partial-parity log (the default) start safely \
+                     here, unless opened read-only"
+                        .to_string()
+                } else {
+                    format!(
+                        "Its partial-parity log does not protect this start ({})",
+                        log.problems.join("; ")
+                    )
+                };
                 return Err(Error::new(
                     ErrorKind::Degraded,
                     format!(
                         "{label} cannot start: it is degraded ({}) and was not shut down \
                          cleanly, so its parity may not match its data and rebuilt data could \
                          be wrong; start it with force to accept that (mdadm --assemble --force). \
-                         Arrays cairn creates with a partial-parity log (the default) start safely \
-                         here, unless opened read-only",
+                         {why_no_log}",
                         describe_missing(&missing, &left_out)
                     ),
                 ));

@@ -222,6 +222,11 @@ pub fn looks_like_md(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes[..4] == MD_SB_MAGIC.to_le_bytes() && bytes[4..8] == 1u32.to_le_bytes()
 }
 
+/// The largest chunk md supports (`MAX_CHUNK_SIZE`, 1 GiB: "the largest chunk size the
+/// code can support without substantial surgery"); larger ones overflow its byte
+/// arithmetic, and no mdadm or cairn ever writes one.
+pub const MAX_CHUNK: Sectors = Sectors(1 << 21);
+
 /// The md superblock checksum over the first `256 + 2*max_dev` bytes of `sb`
 /// (`calc_sb_1_csum` in both the kernel and mdadm), with `sb_csum` taken as zero.
 ///
@@ -902,6 +907,29 @@ impl Superblock {
                     format!(
                         "{} sectors: {} needs a power of two of at least 4 KiB",
                         chunk.0, self.level
+                    ),
+                ));
+            }
+            if chunk > MAX_CHUNK {
+                return Err(corrupt(
+                    member,
+                    "chunksize",
+                    format!(
+                        "{} sectors is past md's largest chunk of {} sectors (1 GiB)",
+                        chunk.0, MAX_CHUNK.0
+                    ),
+                ));
+            }
+            // The component size is rounded down to whole chunks: a chunk larger than it
+            // leaves an array of 0 bytes (the kernel: "smaller than chunk_size").
+            if self.level_uses_size() && self.role() != DevRole::JOURNAL && self.size < chunk {
+                return Err(corrupt(
+                    member,
+                    "chunksize",
+                    format!(
+                        "{} sectors is larger than the component size of {} sectors, which \
+                         leaves the array no data",
+                        chunk.0, self.size.0
                     ),
                 ));
             }

@@ -441,16 +441,108 @@ pub(crate) fn format(
     Ok(true)
 }
 
-/// Whether any of `members` (those present) carries this array's log.
-pub(crate) fn probe(members: &[&Arc<dyn BlockDevice>], sb: &Superblock) -> bool {
-    let Some((start, _)) = area(sb) else {
-        return false;
+/// Sequence numbers above this are not valid (a log writing a billion entries a second
+/// reaches it after 290 years), so the next one after any valid number never overflows.
+const MAX_SEQ: u64 = (1 << 63) - 1;
+
+/// What the first block of a member's log area holds, judged the same way for the
+/// start decision ([`probe`]) and for opening the log ([`Ppl::open`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HeaderCheck {
+    /// No log header: the member never had one (or md or mdadm wrote something else).
+    Absent,
+    /// A well-formed header of another array's log (members reused): not this log.
+    Foreign,
+    /// This array's log header, whose ring lies inside the area.
+    Usable(RingHeader),
+    /// A log header that cannot be used, and why (one phrase).
+    Unusable(String),
+}
+
+/// Judges the header block `b` of a log area `(start, end)` for the array `uuid`.
+pub(crate) fn check_header(b: &[u8], (start, end): (u64, u64), uuid: Uuid) -> HeaderCheck {
+    if b.len() < HEADER_BYTES || b[0..8] != RING_MAGIC {
+        return HeaderCheck::Absent;
+    }
+    let (version, block) = (get_u32(b, 8), get_u32(b, 12));
+    if version != VERSION || block != 4096 {
+        return HeaderCheck::Unusable(format!(
+            "the header has version {version} and block size {block}, not {VERSION} and 4096"
+        ));
+    }
+    if crc32c(&b[..RING_CRC_AT]) != get_u32(b, RING_CRC_AT) {
+        return HeaderCheck::Unusable("the header fails its checksum".into());
+    }
+    let Some(h) = RingHeader::decode(b) else {
+        return HeaderCheck::Unusable(format!(
+            "the ring of {} bytes at byte {} is not whole 4 KiB blocks",
+            get_u64(b, 24),
+            get_u64(b, 16)
+        ));
     };
-    members.iter().any(|dev| {
+    if h.uuid != uuid {
+        return HeaderCheck::Foreign;
+    }
+    if h.floor > MAX_SEQ {
+        return HeaderCheck::Unusable(format!(
+            "the sequence floor {} is past the largest sequence number",
+            h.floor
+        ));
+    }
+    // Checked before anything is sized from it: the ring lies inside the area, so replay
+    // and the running log never read or write the data.
+    let ring_end = h.ring_off.checked_add(h.ring_len);
+    if h.ring_off != start + BLOCK || ring_end.is_none_or(|e| e > end) {
+        return HeaderCheck::Unusable(format!(
+            "the ring [{}, {}) is not inside the log area [{}, {end}) before the data",
+            h.ring_off,
+            ring_end.map_or_else(|| "overflow".to_string(), |e| e.to_string()),
+            start + BLOCK
+        ));
+    }
+    HeaderCheck::Usable(h)
+}
+
+/// What the members present say about the array's log, for the start decision.
+#[derive(Debug, Default)]
+pub(crate) struct Probe {
+    /// Members carrying a usable header of this array's log.
+    pub(crate) usable: usize,
+    /// "NAME: why", for each member whose log header cannot be used.
+    pub(crate) problems: Vec<String>,
+}
+
+impl Probe {
+    /// Whether the log protects a dirty start: some member has it and no member's copy
+    /// is unusable (replay would skip the entries that ring holds).
+    pub(crate) fn protects(&self) -> bool {
+        self.usable > 0 && self.problems.is_empty()
+    }
+}
+
+/// Reads the log header of each of `members` (those present, with their names).
+pub(crate) fn probe(members: &[(&str, &Arc<dyn BlockDevice>)], sb: &Superblock) -> Probe {
+    let mut p = Probe::default();
+    let Some(area) = area(sb) else {
+        return p;
+    };
+    for (name, dev) in members {
         let mut b = vec![0u8; small(BLOCK)];
-        dev.read_at(&mut b, start).is_ok()
-            && RingHeader::decode(&b).is_some_and(|h| h.uuid == sb.set_uuid)
-    })
+        if let Err(e) = dev.read_at(&mut b, area.0) {
+            p.problems.push(format!(
+                "{name}: reading its partial-parity log header: {e}"
+            ));
+            continue;
+        }
+        match check_header(&b, area, sb.set_uuid) {
+            HeaderCheck::Usable(_) => p.usable += 1,
+            HeaderCheck::Unusable(why) => p.problems.push(format!(
+                "{name}: the partial-parity log cannot be used: {why}"
+            )),
+            HeaderCheck::Absent | HeaderCheck::Foreign => {}
+        }
+    }
+    p
 }
 
 // ---- the running log ------------------------------------------------------------------
@@ -929,13 +1021,13 @@ fn read_ring(
     let m = array.slots[role].member()?;
     let mut b = vec![0u8; small(BLOCK)];
     m.dev.read_at(&mut b, start).ok()?;
-    // Checked before anything is sized from it: the ring lies inside the area.
-    let h = RingHeader::decode(&b).filter(|h| {
-        h.uuid == uuid
-            && h.ring_off == start + BLOCK
-            && h.ring_off.checked_add(h.ring_len).is_some_and(|e| e <= end)
-            && log_id.is_none_or(|id| id == h.log_id)
-    })?;
+    // The same judgement as the start decision's (`probe`), which warned about the rest.
+    let HeaderCheck::Usable(h) = check_header(&b, (start, end), uuid) else {
+        return None;
+    };
+    if log_id.is_some_and(|id| id != h.log_id) {
+        return None;
+    }
     if !entries {
         return Some((h, Vec::new()));
     }
@@ -971,7 +1063,7 @@ fn scan(ring: &[u8], h: &RingHeader, role: usize) -> Vec<Found> {
             pos += small(BLOCK);
             continue;
         }
-        if e.seq >= h.floor {
+        if e.seq >= h.floor && e.seq <= MAX_SEQ {
             out.push(Found {
                 role,
                 header: e,
