@@ -600,8 +600,15 @@ impl Daemon {
             Action::MdFail(m) => self.md_change(&m.array, |a| a.fail(&m.member)),
             Action::MdRemove(m) => self.md_change(&m.array, |a| a.remove(&m.member)),
             Action::MdAdd(m) => {
-                let dev = open_new_member(&m.path)?;
                 let name = m.path.display().to_string();
+                // A member this array already holds is open for writing here, so it
+                // cannot be opened again; the answer is the array's own.
+                if self.array_holds(&m.array, &m.path) {
+                    return self.md_change(&m.array, |_| {
+                        Ok(format!("{name} is already in the array; nothing to do"))
+                    });
+                }
+                let dev = open_new_member(&m.path)?;
                 self.md_change(&m.array, |a| a.add(dev.clone(), name.clone(), m.force))
             }
             Action::MdReplace(m) => {
@@ -621,6 +628,20 @@ impl Daemon {
                 })
             }),
         }
+    }
+
+    /// Whether the array `who` names has `path` among its members (active, spare,
+    /// replacement or faulty: every one it holds open).
+    fn array_holds(&self, who: &str, path: &Path) -> bool {
+        let Ok(a) = self.find_array(who) else {
+            return false;
+        };
+        a.report()
+            .members
+            .iter()
+            .filter(|m| m.reason.is_none())
+            .filter_map(|m| m.name.as_deref())
+            .any(|n| same_file(Path::new(n), path))
     }
 
     /// The md arrays being served: (name, array, the exports it is under).
@@ -780,8 +801,10 @@ impl Daemon {
             path: a.path.clone(),
             name: a.name.clone(),
         };
-        let opened = exports::open(&spec, a.read_only, false)
-            .map_err(|e| Response::error(422, e.to_string()))?;
+        let opened = exports::open(&spec, a.read_only, false).map_err(|e| {
+            let busy = e.exit_code() == crate::owner::EXIT_BUSY;
+            Response::error(if busy { 409 } else { 422 }, e.to_string())
+        })?;
         let g = opened.device.geometry();
         let device = wrap_export(&opened.name, opened.device.clone());
         self.nbd
@@ -1093,14 +1116,15 @@ fn open_new_member(
         direct: false,
         create_size: None,
     };
-    let disk = cairn_block::FileDisk::open(path, &opts).map_err(|e| {
-        Response::error(
-            match e.kind() {
-                cairn_block::ErrorKind::NotFound => 404,
-                _ => 422,
-            },
-            format!("cannot open {}: {e}", path.display()),
-        )
+    let disk = cairn_block::FileDisk::open(path, &opts).map_err(|e| match e.kind() {
+        cairn_block::ErrorKind::NotFound => {
+            Response::error(404, format!("cannot open {}: {e}", path.display()))
+        }
+        cairn_block::ErrorKind::Busy => Response::error(
+            409,
+            crate::owner::busy(&path.display().to_string(), &e).to_string(),
+        ),
+        _ => Response::error(422, format!("cannot open {}: {e}", path.display())),
     })?;
     Ok(wrap_member(&path.display().to_string(), Arc::new(disk)))
 }
