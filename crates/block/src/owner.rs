@@ -205,7 +205,7 @@ fn other_openers(meta: &std::fs::Metadata) -> Vec<u32> {
 }
 
 /// `pid`'s command line as a user would type it, program name without its directory,
-/// shortened to a line's worth.
+/// shortened to a few lines' worth.
 fn command_of(pid: u32) -> Option<String> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let mut words = raw
@@ -220,7 +220,7 @@ fn command_of(pid: u32) -> Option<String> {
         .chain(words)
         .collect::<Vec<_>>()
         .join(" ");
-    const MAX: usize = 100;
+    const MAX: usize = 240;
     if cmd.chars().count() > MAX {
         cmd = cmd.chars().take(MAX - 3).collect::<String>() + "...";
     }

@@ -21,9 +21,8 @@ pub fn busy(shown: &str, e: &cairn_block::Error) -> CliError {
              the same stack); a device can belong to one export or array only"
         ),
         Some(h) => format!(
-            "{shown} is {h}; one writer per device: stop that first, or make the change \
-             through the server that holds it (read-only commands such as `cairn md \
-             examine` and `cairn luks dump` still work)"
+            "{shown} is {h}; one writer per device: stop it first, or make the change \
+             through it (read-only commands such as `cairn md examine` still work)"
         ),
         None => format!("{shown} is in use by another process or the kernel ({e})"),
     };
