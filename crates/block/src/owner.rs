@@ -33,6 +33,9 @@ pub struct InUse {
     pub command: Option<String>,
     /// The holder is this very process (another export or array of the same server).
     pub this_process: bool,
+    /// A block device the kernel refused to give exclusively: the holder may be the
+    /// kernel itself (a mount, an md or dm device) rather than a process.
+    pub maybe_kernel: bool,
 }
 
 impl std::fmt::Display for InUse {
@@ -43,6 +46,10 @@ impl std::fmt::Display for InUse {
         match (self.pid, &self.command) {
             (Some(pid), Some(cmd)) => write!(f, "in use by PID {pid} ({cmd})"),
             (Some(pid), None) => write!(f, "in use by PID {pid}"),
+            _ if self.maybe_kernel => f.write_str(
+                "in use by the kernel (mounted, or part of an md or dm device) or by a \
+                 process this user cannot see",
+            ),
             _ => f.write_str("in use by another process"),
         }
     }
@@ -117,6 +124,7 @@ pub(crate) fn holder(file: &File) -> InUse {
             pid: None,
             command: None,
             this_process: false,
+            maybe_kernel: false,
         };
     };
     let me = std::process::id();
@@ -128,6 +136,7 @@ pub(crate) fn holder(file: &File) -> InUse {
         pid,
         command: pid.and_then(command_of),
         this_process: pid == Some(me),
+        maybe_kernel: false,
     }
 }
 
@@ -142,6 +151,7 @@ pub(crate) fn block_holder(rdev: u64) -> InUse {
         pid,
         command: pid.and_then(command_of),
         this_process: false,
+        maybe_kernel: pid.is_none(),
     }
 }
 

@@ -24,7 +24,7 @@ pub fn busy(shown: &str, e: &cairn_block::Error) -> CliError {
             "{shown} is {h}; one writer per device: stop it first, or make the change \
              through it (read-only commands such as `cairn md examine` still work)"
         ),
-        None => format!("{shown} is in use by another process or the kernel ({e})"),
+        None => format!("{shown} is in use by another process or by the kernel ({e})"),
     };
     CliError::with_code(message, EXIT_BUSY)
 }
