@@ -35,6 +35,9 @@ pub enum ErrorKind {
     /// A previous write or flush failed and could not be repaired; the device refuses
     /// further work rather than pretend the data is safe.
     PreviousIo,
+    /// Another writer has the device open (a second `cairn serve`, a mount, mdadm): one
+    /// writer per device, as the kernel's O_EXCL and lvm's and cryptsetup's locks keep.
+    Busy,
 }
 
 impl ErrorKind {
@@ -54,6 +57,7 @@ impl ErrorKind {
             ErrorKind::NotFound => "not found",
             ErrorKind::Shutdown => "shutting down",
             ErrorKind::PreviousIo => "an earlier write or flush failed; refusing further I/O",
+            ErrorKind::Busy => "busy",
         }
     }
 
@@ -66,6 +70,7 @@ impl ErrorKind {
             libc::EOPNOTSUPP => ErrorKind::Unsupported,
             libc::ENOENT | libc::ENXIO => ErrorKind::NotFound,
             libc::ESHUTDOWN => ErrorKind::Shutdown,
+            libc::EBUSY => ErrorKind::Busy,
             _ => ErrorKind::Io,
         }
     }

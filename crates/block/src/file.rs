@@ -5,13 +5,17 @@
 //! Block devices use `BLKDISCARD`/`BLKZEROOUT`. FUA writes use `pwritev2(RWF_DSYNC)`;
 //! flush is `fdatasync`. With `direct`, the file is opened `O_DIRECT` and unaligned
 //! caller buffers go through an aligned bounce buffer.
+//!
+//! A FileDisk opened for writing owns its file or device: a second writer, in this
+//! process or another, is refused with [`ErrorKind::Busy`] naming the holder (owner.rs).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::owner::{self, InUse};
 use crate::{
     write_zeroes_by_writing, BlockDevice, Capabilities, Error, ErrorKind, Extent, Geometry, Result,
     Support, WriteFlags,
@@ -41,6 +45,8 @@ pub struct FileDisk {
     seek_data_ok: AtomicBool,
     /// Cleared when the kernel refuses RWF_DSYNC; FUA then falls back to fdatasync.
     dsync_ok: AtomicBool,
+    /// Opened read-only while another process (or this one) had it open for writing.
+    in_use: Option<InUse>,
 }
 
 impl std::fmt::Debug for FileDisk {
@@ -68,21 +74,42 @@ impl FileDisk {
     pub fn open(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<FileDisk> {
         let path = path.as_ref().to_path_buf();
         let name = path.display().to_string();
+        // A block device opened for writing is claimed with O_EXCL, as mdadm and lvm do
+        // (O_EXCL means "exclusive" there; with O_CREAT it would mean "new file").
+        let claim = !opts.read_only
+            && std::fs::metadata(&path).is_ok_and(|m| m.file_type().is_block_device());
         let mut oo = std::fs::OpenOptions::new();
         oo.read(true).write(!opts.read_only);
-        if opts.create_size.is_some() {
+        if opts.create_size.is_some() && !claim {
             oo.create(!opts.read_only);
         }
+        let mut flags = 0;
         if opts.direct {
-            oo.custom_flags(libc::O_DIRECT);
+            flags |= libc::O_DIRECT;
         }
-        let file = oo
-            .open(&path)
-            .map_err(|e| Error::io(e, format!("open {name}")))?;
+        if claim {
+            flags |= libc::O_EXCL;
+        }
+        oo.custom_flags(flags);
+        let file = oo.open(&path).map_err(|e| {
+            if claim && e.raw_os_error() == Some(libc::EBUSY) {
+                let rdev = std::fs::metadata(&path).map_or(0, |m| m.rdev());
+                return owner::busy(&name, owner::block_holder(rdev));
+            }
+            Error::io(e, format!("open {name}"))
+        })?;
         let meta = file
             .metadata()
             .map_err(|e| Error::io(e, format!("stat {name}")))?;
         let block_device = meta.file_type().is_block_device();
+        // One writer per device, for as long as this FileDisk lives (the lock goes with
+        // the descriptor); a reader only learns whether someone writes it now.
+        let in_use = if opts.read_only {
+            owner::writer_of(&file)
+        } else {
+            owner::lock_writer(&file, &name)?;
+            None
+        };
         let (size, lbs, pbs) = if block_device {
             let mut size: u64 = 0;
             // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid.
@@ -138,11 +165,19 @@ impl FileDisk {
             fallocate_ok: AtomicBool::new(true),
             seek_data_ok: AtomicBool::new(!block_device),
             dsync_ok: AtomicBool::new(true),
+            in_use,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// For a read-only open: who had the device open for writing when it was opened, so
+    /// the caller can say that what it reads may be changing. Always `None` for a writer
+    /// (a second writer is refused with [`ErrorKind::Busy`]).
+    pub fn in_use(&self) -> Option<&InUse> {
+        self.in_use.as_ref()
     }
 
     fn ctx(&self, op: &str, offset: u64, len: u64) -> String {

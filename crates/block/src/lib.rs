@@ -17,11 +17,13 @@
 mod error;
 mod file;
 mod mem;
+mod owner;
 pub mod testkit;
 
 pub use error::{Error, ErrorKind, Result};
 pub use file::{FileDisk, OpenOptions};
 pub use mem::MemDisk;
+pub use owner::InUse;
 
 use std::fmt::Debug;
 use std::sync::Arc;

@@ -625,8 +625,15 @@ impl Daemon {
             Action::MdFail(m) => self.md_change(&m.array, |a| a.fail(&m.member)),
             Action::MdRemove(m) => self.md_change(&m.array, |a| a.remove(&m.member)),
             Action::MdAdd(m) => {
-                let dev = open_new_member(&m.path)?;
                 let name = m.path.display().to_string();
+                // A member this array already holds is open for writing here, so it
+                // cannot be opened again; the answer is the array's own.
+                if self.array_holds(&m.array, &m.path) {
+                    return self.md_change(&m.array, |_| {
+                        Ok(format!("{name} is already in the array; nothing to do"))
+                    });
+                }
+                let dev = open_new_member(&m.path)?;
                 self.md_change(&m.array, |a| a.add(dev.clone(), name.clone(), m.force))
             }
             Action::MdReplace(m) => {
@@ -646,6 +653,20 @@ impl Daemon {
                 })
             }),
         }
+    }
+
+    /// Whether the array `who` names has `path` among its members (active, spare,
+    /// replacement or faulty: every one it holds open).
+    fn array_holds(&self, who: &str, path: &Path) -> bool {
+        let Ok(a) = self.find_array(who) else {
+            return false;
+        };
+        a.report()
+            .members
+            .iter()
+            .filter(|m| m.reason.is_none())
+            .filter_map(|m| m.name.as_deref())
+            .any(|n| same_file(Path::new(n), path))
     }
 
     /// The md arrays being served: (name, array, the exports it is under).
@@ -805,8 +826,10 @@ impl Daemon {
             path: a.path.clone(),
             name: a.name.clone(),
         };
-        let opened = exports::open(&spec, a.read_only, false)
-            .map_err(|e| Response::error(422, e.to_string()))?;
+        let opened = exports::open(&spec, a.read_only, false).map_err(|e| {
+            let busy = e.exit_code() == crate::owner::EXIT_BUSY;
+            Response::error(if busy { 409 } else { 422 }, e.to_string())
+        })?;
         let g = opened.device.geometry();
         let device = wrap_export(&opened.name, opened.device.clone());
         self.nbd
@@ -1127,6 +1150,10 @@ fn open_new_member(
                 path.display(),
                 path.display()
             ),
+        ),
+        cairn_block::ErrorKind::Busy => Response::error(
+            409,
+            crate::owner::busy(&path.display().to_string(), &e).to_string(),
         ),
         // The error's own context already says "open PATH".
         _ => Response::error(422, format!("cannot use it: {e}")),

@@ -188,8 +188,10 @@ pub fn open(spec: &ExportSpec, read_only: bool, direct: bool) -> Result<OpenedEx
             "cannot open {shown} with --direct ({e}); some filesystems (tmpfs) refuse \
              O_DIRECT, so try without --direct"
         )),
+        ErrorKind::Busy => crate::owner::busy(&shown.to_string(), &e),
         _ => CliError::new(format!("cannot export {shown}: {e}")),
     })?;
+    crate::owner::note_reader(&shown.to_string(), &disk);
     // Counted as the stack node "file:PATH" (cairn top, metrics).
     let device = crate::daemon::wrap_file(&spec.path, Arc::new(disk));
     Ok(OpenedExport {

@@ -29,6 +29,7 @@ pub mod luks;
 pub mod lvm;
 pub mod md;
 pub mod md_manage;
+pub mod owner;
 pub mod quickstart;
 pub mod scan;
 pub mod serve;

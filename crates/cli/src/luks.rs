@@ -125,8 +125,10 @@ fn open_target(t: &LuksTarget, read_only: bool) -> Result<Target> {
         ErrorKind::ReadOnly if !read_only => CliError::new(format!(
             "cannot open {shown} for writing ({e}); fix its permissions"
         )),
+        ErrorKind::Busy => crate::owner::busy(&shown, &e),
         _ => CliError::new(format!("cannot open {shown}: {e}")),
     })?;
+    crate::owner::note_reader(&shown, &disk);
     Ok(Target {
         device: Arc::new(disk),
         arg: shell_word(&shown),

@@ -446,8 +446,10 @@ fn open_member(p: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>> {
             "cannot open {} for writing ({e}); fix its permissions",
             shown(p)
         )),
+        ErrorKind::Busy => crate::owner::busy(&shown(p), &e),
         _ => CliError::new(format!("cannot open {}: {e}", shown(p))),
     })?;
+    crate::owner::note_reader(&shown(p), &disk);
     // Counted as the stack node "member:PATH" (cairn top, metrics).
     Ok(crate::daemon::wrap_member(&shown(p), Arc::new(disk)))
 }

@@ -385,7 +385,10 @@ fn create_demo_array(members: &[PathBuf], size: u64) -> Result<()> {
                 create_size: None,
             },
         )
-        .map_err(|e| CliError::new(format!("cannot open {}: {e}", p.display())))?;
+        .map_err(|e| match e.kind() {
+            cairn_block::ErrorKind::Busy => crate::owner::busy(&p.display().to_string(), &e),
+            _ => CliError::new(format!("cannot open {}: {e}", p.display())),
+        })?;
         devices.push(Arc::new(disk));
     }
     let mut opts = CreateOptions::new(Level::Raid6, DEMO_NAME);

@@ -323,6 +323,7 @@ fn open_ro(p: &Path) -> Result<Arc<dyn BlockDevice>> {
         },
     )
     .map_err(|e| CliError::new(format!("cannot open {}: {e}", shown(p))))?;
+    crate::owner::note_reader(&shown(p), &disk);
     Ok(Arc::new(disk))
 }
 

@@ -180,8 +180,10 @@ fn busy_socket_is_explained() {
     let d = TempDir::new("busy");
     let a = d.file("a.img", 1 << 20);
     let listen = format!("unix:{}", d.0.join("s.sock").display());
+    // Another file: the same one would be refused first, as a second writer.
+    let b = d.file("b.img", 1 << 20);
     let first = Running::start(&["serve", "--listen", &listen, a.to_str().unwrap()], &[]);
-    let o = cairn(&["serve", "--listen", &listen, a.to_str().unwrap()]);
+    let o = cairn(&["serve", "--listen", &listen, b.to_str().unwrap()]);
     assert_one_sentence_error(&o, "--listen unix:PATH");
     first.signal(libc::SIGTERM);
     assert_eq!(first.wait(Duration::from_secs(15)).0, 0);
@@ -210,6 +212,8 @@ fn help_teaches() {
 fn serve_json_then_sigterm_exits_zero() {
     let d = TempDir::new("serve");
     let a = d.file("vol0.img", 4 << 20);
+    // One writer per file: the export named "data" is another file.
+    let b = d.file("other.img", 4 << 20);
     let sock = d.0.join("nbd.sock");
     let run = Running::start(
         &[
@@ -218,7 +222,7 @@ fn serve_json_then_sigterm_exits_zero() {
             &format!("unix:{}", sock.display()),
             "--listen",
             "tcp:127.0.0.1:0",
-            &format!("{}:data", a.display()),
+            &format!("{}:data", b.display()),
             a.to_str().unwrap(),
         ],
         &[],
