@@ -410,9 +410,16 @@ pub fn bind_unix(path: &Path, mode: u32) -> io::Result<Listener> {
         }
         std::fs::remove_file(path)?;
     }
-    // The socket is created with the umask's permissions and narrowed at once; its
-    // directory (made 0700 by the caller) keeps others out in between.
-    let l = UnixListener::bind(path)?;
+    // The socket is created owner-only (umask 0177) and then given `mode`: a socket
+    // created with the usual umask and narrowed after would be open for a moment. The
+    // umask is process-wide: a file another thread creates in this short window is
+    // owner-only too, which is only stricter.
+    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let l = bound?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(Listener::Unix(l, path.to_path_buf()))
 }

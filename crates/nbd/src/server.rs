@@ -392,10 +392,12 @@ impl Server {
                         }
                         std::fs::remove_file(path)?;
                     }
-                    let lst = UnixListener::bind(path).map_err(|e| {
+                    // Owner only: the socket gives raw access to the data. Created so under
+                    // the umask, not narrowed after: between bind and a chmod another user
+                    // could connect.
+                    let lst = bind_owner_only(path).map_err(|e| {
                         io::Error::new(e.kind(), format!("bind {}: {e}", path.display()))
                     })?;
-                    // Owner only: the socket gives raw access to the data.
                     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
                     lst.set_nonblocking(true)?;
                     items.push((l.clone(), BoundListener::Unix(lst)));
@@ -680,6 +682,18 @@ impl ExportsHandle {
         v.sort_by_key(|c| c.id);
         v
     }
+}
+
+/// Binds a Unix socket that is mode 0600 from the moment it exists. The umask is
+/// process-wide: a file another thread creates in this short window is owner-only too,
+/// which is only stricter.
+fn bind_owner_only(path: &std::path::Path) -> io::Result<UnixListener> {
+    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
+    let old = unsafe { libc::umask(0o177) };
+    let res = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    res
 }
 
 /// An accepted socket split into independent read and write handles.
