@@ -84,5 +84,160 @@ EOF
   expect_contains "$(cat "$WORK/bad-nbd.log")" "another user could replace" "serve's refusal"
 }
 
+# A raw NBD client for the tests below: `client.py SOCKET MODE [N]`.
+#   idle N:    N connections that never speak; prints "ready", holds them until killed.
+#   silent:    one connection that reads the greeting and sends nothing; prints the
+#              seconds until the server closed it.
+#   trickle:   the same, sending its handshake one byte every 0.5 s.
+#   unread N:  N connections that each ask for four 32 MiB reads and never read the
+#              replies; prints "ready", holds them until killed.
+write_client() {
+  cat >"$WORK/client.py" <<'EOF'
+import socket, struct, sys, time
+path, mode = sys.argv[1], sys.argv[2]
+n = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+OPT = struct.pack(">I", 3) + struct.pack(">QII", 0x49484156454F5054, 1, 4) + b"disk"
+def connect():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    return s
+def greeting(s):
+    hello = b""
+    while len(hello) < 18:
+        hello += s.recv(18 - len(hello))
+if mode == "idle":
+    held = [connect() for _ in range(n)]
+    print("ready", flush=True)
+    time.sleep(600)
+elif mode in ("silent", "trickle"):
+    t0 = time.monotonic()
+    s = connect()
+    greeting(s)
+    s.settimeout(0.5)
+    sent = 0
+    while True:
+        if mode == "trickle" and sent < len(OPT) - 1:
+            try:
+                s.send(OPT[sent:sent + 1])
+                sent += 1
+            except OSError:
+                break
+        try:
+            if not s.recv(65536):
+                break
+        except socket.timeout:
+            pass
+        except OSError:
+            break
+        if time.monotonic() - t0 > 60:
+            break
+    print(f"{time.monotonic() - t0:.1f}", flush=True)
+elif mode == "unread":
+    held = []
+    for i in range(n):
+        s = connect()
+        greeting(s)
+        # Fixed newstyle, no zeroes; NBD_OPT_EXPORT_NAME "disk" -> size (8) + flags (2).
+        s.sendall(OPT)
+        got = b""
+        while len(got) < 10:
+            got += s.recv(10 - len(got))
+        for k in range(4):
+            s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 0, k, 0, 32 << 20))
+        held.append(s)
+    print("ready", flush=True)
+    time.sleep(600)
+EOF
+}
+
+# wait_ready FILE: waits (30 s at most) for a client's "ready" line.
+wait_ready() {
+  local i
+  for i in $(seq 300); do grep -q ready "$1" 2>/dev/null && return 0; sleep 0.1; done
+  fail "the client did not get ready: $(cat "$1")"
+}
+
+# cpu_ticks PID: user + system CPU time of PID so far, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# Out of descriptors (a low ulimit -n, 70 idle connections): accept must not spin or flood the
+# log, and a new client gets in once the idle ones close.
+t_descriptor_limit() {
+  need_tool nbdinfo prlimit
+  write_client
+  truncate -s 16M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" "$WORK/disk.img"
+  # The limit is met exactly by whole connections (30 descriptors past those open now, a
+  # multiple of what one connection takes), so accept itself fails with EMFILE.
+  prlimit --nofile=$(($(ls "/proc/$CAIRN_PID/fd" | wc -l) + 30)) --pid "$CAIRN_PID"
+  /usr/bin/python3 "$WORK/client.py" "$CAIRN_SOCK" idle 70 >"$WORK/idle.out" 2>&1 &
+  local idle=$!
+  register pid $idle
+  wait_ready "$WORK/idle.out"
+  sleep 0.5
+  local t0 lines0 ticks lines
+  t0=$(cpu_ticks "$CAIRN_PID")
+  lines0=$(wc -l <"$CAIRN_LOG")
+  sleep 3
+  ticks=$(($(cpu_ticks "$CAIRN_PID") - t0))
+  lines=$(($(wc -l <"$CAIRN_LOG") - lines0))
+  say "NOTE: out of descriptors for 3 s: $ticks CPU ticks, $lines log lines"
+  [ "$lines" -le 5 ] || fail "$lines log lines in 3 s out of descriptors: $(head -3 "$CAIRN_LOG")"
+  [ "$ticks" -le 50 ] || fail "$ticks CPU ticks in 3 s out of descriptors (accept spins)"
+  kill $idle
+  wait $idle 2>/dev/null || true
+  timeout 20 nbdinfo --size "$(unix_uri disk)" >"$WORK/size.txt" ||
+    fail "a new client did not get in after the idle ones closed"
+  expect_eq "$(cat "$WORK/size.txt")" $((16 << 20)) "export size"
+  stop_cairn INT
+  expect_eq "$CAIRN_STATUS" 0 "exit status"
+}
+
+# A client that never finishes the handshake is cut after --client-timeout, whether it
+# says nothing or trickles a byte at a time.
+t_handshake_timeout() {
+  need_tool nbdsh
+  write_client
+  truncate -s 16M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" --client-timeout 2 "$WORK/disk.img"
+  local mode secs
+  for mode in silent trickle; do
+    secs=$(timeout 90 /usr/bin/python3 "$WORK/client.py" "$CAIRN_SOCK" $mode)
+    say "NOTE: a $mode client was cut after $secs s"
+    py -c 'import sys; t = float(sys.argv[1]); assert 1.5 <= t <= 6, t' "$secs" ||
+      fail "$mode client cut after $secs s, expected about 2"
+  done
+  # A client that does finish its handshake is not cut.
+  nbdsh -u "$(unix_uri disk)" -c 'import time; time.sleep(4); assert len(h.pread(4096, 0)) == 4096' ||
+    fail "an idle client past its handshake was cut"
+}
+
+# Clients that ask for 32 MiB reads and never read the replies: the server's memory stays
+# within its in-flight budget, they are cut after --client-timeout, and others are served.
+t_unread_replies() {
+  need_tool nbdsh
+  write_client
+  truncate -s 64M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" --client-timeout 3 "$WORK/disk.img"
+  /usr/bin/python3 "$WORK/client.py" "$CAIRN_SOCK" unread 20 >"$WORK/unread.out" 2>&1 &
+  local bad=$!
+  register pid $bad
+  wait_ready "$WORK/unread.out"
+  sleep 2
+  nbdsh -u "$(unix_uri disk)" -c 'assert len(h.pread(1 << 20, 0)) == 1 << 20' ||
+    fail "a good client was not served beside the ones that do not read"
+  local hwm
+  hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$CAIRN_PID/status")
+  say "NOTE: peak RSS with 20 clients not reading 32 MiB replies: $((hwm / 1024)) MiB"
+  [ "$hwm" -le $((400 << 10)) ] || fail "peak RSS $((hwm / 1024)) MiB"
+  kill $bad
+  wait $bad 2>/dev/null || true
+  stop_cairn INT
+  expect_eq "$CAIRN_STATUS" 0 "exit status"
+}
+
 run_test hijacked-runtime-dir t_hijacked_runtime_dir
+run_test descriptor-limit t_descriptor_limit
+run_test handshake-timeout t_handshake_timeout
+run_test unread-replies t_unread_replies
 finish

@@ -613,6 +613,19 @@ pub struct ServerOptions {
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: u16,
 
+    /// Most client connections served at once, handshakes included; more are closed at
+    /// once until some end
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_connections: u32,
+
+    /// Seconds a client may take to finish the NBD handshake, and may go without reading
+    /// a reply it is being sent, before it is disconnected. Such a client otherwise holds
+    /// a connection slot, and the memory of its unsent replies, for ever
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub client_timeout: u64,
+
     /// Export served to clients that ask for no name (default: the only export, if one)
     #[arg(long, value_name = "NAME")]
     pub default_export: Option<String>,

@@ -223,6 +223,8 @@ pub fn serve(
     );
     config.default_export = opts.default_export.clone();
     config.threads_per_connection = usize::from(opts.threads);
+    config.max_connections = usize::try_from(opts.max_connections).unwrap_or(usize::MAX);
+    config.client_timeout = std::time::Duration::from_secs(opts.client_timeout);
     let server = Server::new(config).map_err(|e| CliError::new(e.to_string()))?;
     let listeners = server
         .bind(&listens)
