@@ -236,8 +236,50 @@ t_unread_replies() {
   expect_eq "$CAIRN_STATUS" 0 "exit status"
 }
 
+# The control socket: a request sent a byte at a time is answered 408 and closed once
+# its time (10 s) is up, not held for as long as the client keeps trickling.
+t_control_deadline() {
+  truncate -s 16M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" "$WORK/disk.img"
+  local out
+  out=$(timeout 60 /usr/bin/python3 - "$WORK/ctl.sock" <<'EOF'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.settimeout(0.5)
+t0 = time.monotonic()
+req = b"GET /v1/status HTTP/1.1\r\nHost: cairn\r\n" + b"X-Slow: " + b"a" * 200
+got = b""
+i = 0
+while time.monotonic() - t0 < 40:
+    if i < len(req):
+        try:
+            s.send(req[i:i + 1])
+            i += 1
+        except OSError:
+            break
+    try:
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    except socket.timeout:
+        pass
+    except OSError:
+        break
+print(f"{time.monotonic() - t0:.1f} {got.split(b' ')[1].decode() if got else 'none'}")
+EOF
+  )
+  say "NOTE: a trickling control client: closed after ${out% *} s, status ${out#* }"
+  py -c 'import sys; assert float(sys.argv[1]) <= 15, sys.argv[1]' "${out% *}" ||
+    fail "a trickling control client was held ${out% *} s"
+  expect_eq "${out#* }" 408 "the status it got"
+  "$CAIRN" status --control "$WORK/ctl.sock" >/dev/null || fail "status after the slow client"
+}
+
 run_test hijacked-runtime-dir t_hijacked_runtime_dir
 run_test descriptor-limit t_descriptor_limit
 run_test handshake-timeout t_handshake_timeout
 run_test unread-replies t_unread_replies
+run_test control-deadline t_control_deadline
 finish
