@@ -1747,3 +1747,38 @@ fn encode_block_status(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_waits_until_bytes_are_given_back() {
+        let b = Arc::new(Budget::new(100));
+        let first = b.take(80);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let b2 = b.clone();
+        let t = thread::spawn(move || {
+            let _h = b2.take(30);
+            tx.send(()).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "did not wait"
+        );
+        drop(first);
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("woke when bytes came back");
+        t.join().unwrap();
+        assert_eq!(*b.held.lock().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_request_larger_than_the_budget_goes_alone() {
+        let b = Budget::new(10);
+        let h = b.take(50);
+        assert_eq!(*b.held.lock().unwrap(), 50);
+        drop(h);
+        assert_eq!(*b.held.lock().unwrap(), 0);
+    }
+}
