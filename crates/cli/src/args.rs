@@ -470,9 +470,9 @@ loopback only. Nothing is reachable from other machines unless you ask for it wi
 --listen tcp:0.0.0.0:10809 (NBD has no authentication: only do that on a trusted \
 network).
 
-cairn runs in the foreground. Ctrl-C (SIGINT) or SIGTERM stops it cleanly: requests \
-already received are answered, data is flushed to the files, then it exits 0. A second \
-signal exits at once.
+cairn runs in the foreground. Ctrl-C (SIGINT), SIGTERM or SIGHUP (its terminal closing) \
+stops it cleanly: requests already received are answered, data is flushed to the files, \
+then it exits 0. A second signal exits at once.
 
 --md serves an md RAID array (made by `cairn md create` or by mdadm) from its members. \
 The array is marked active while it is written and clean again when cairn stops, as the \
