@@ -106,7 +106,63 @@ t_second_signal() {
   case $CAIRN_STATUS in 0 | 130) ;; *) fail "exit status $CAIRN_STATUS after two signals" ;; esac
 }
 
+# md_stop_while_written SIGNAL: serves a RAID5 with stderr into a pipe and a client
+# writing, kills the pipe's reader, then sends SIGNAL. cairn must still stop cleanly: exit
+# 0, and the md array marked clean (not left active for a full resync).
+md_stop_while_written() {
+  local sig=$1 D=$WORK/stop-$1
+  mkdir -p "$D"
+  need_tool mdadm
+  local m members=() list
+  for m in 0 1 2; do
+    truncate -s 64M "$D/m$m.img"
+    members+=("$D/m$m.img")
+  done
+  "$CAIRN" md create --level 5 --raid-devices 3 --name pipe "${members[@]}" >/dev/null ||
+    fail "md create failed"
+  list=$(IFS=,; echo "${members[*]}")
+  mkfifo "$D/err.fifo"
+  cat "$D/err.fifo" >"$D/err.log" &
+  local reader=$!
+  register pid $reader
+  "$CAIRN" serve --json --listen "unix:$D/pipe.sock" --control "$D/pipe-ctl.sock" \
+    --md "$list:r" >"$D/pipe.json" 2>"$D/err.fifo" &
+  CAIRN_PID=$!
+  register pid $CAIRN_PID
+  local i
+  for i in $(seq 100); do
+    [ -s "$D/pipe.json" ] && break
+    kill -0 $CAIRN_PID 2>/dev/null || fail "cairn exited at start: $(cat "$D/err.log")"
+    sleep 0.1
+  done
+  [ -s "$D/pipe.json" ] || fail "cairn did not announce itself"
+  # A client keeps writing, so the array is marked active when the signal comes.
+  nbdsh -u "nbd+unix:///r?socket=$D/pipe.sock" \
+    -c 'import time
+for i in range(3000):
+    h.pwrite(b"w" * 65536, (i % 512) * 65536); time.sleep(0.01)' >/dev/null 2>&1 &
+  register pid $!
+  sleep 1
+  mdadm --examine "${members[0]}" | grep -q 'State : active' ||
+    fail "array not marked active while written"
+  kill $reader
+  wait $reader 2>/dev/null || true
+  stop_cairn "$sig"
+  expect_eq "$CAIRN_STATUS" 0 "cairn exit status after SIG$sig with stderr's reader gone"
+  mdadm --examine "${members[0]}" >"$D/examine.txt" 2>&1 || true
+  expect_contains "$(cat "$D/examine.txt")" "State : clean" "array state after the stop"
+}
+
+# `cairn serve ... 2>&1 | tee log` and Ctrl-C: the terminal's SIGINT kills tee too, so the
+# "stopping" line meets a pipe with no reader (EPIPE).
+t_sigint_stderr_pipe_gone() { md_stop_while_written INT; }
+
+# The terminal closing (SIGHUP, the same pipe gone) is a stop like SIGINT, not a kill.
+t_sighup_stderr_pipe_gone() { md_stop_while_written HUP; }
+
 run_test sigterm-under-load t_sigterm_under_load
 run_test sigint-idle-clients t_sigint_idle_clients
 run_test second-signal t_second_signal
+run_test sigint-stderr-pipe-gone t_sigint_stderr_pipe_gone
+run_test sighup-stderr-pipe-gone t_sighup_stderr_pipe_gone
 finish

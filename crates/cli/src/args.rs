@@ -476,9 +476,9 @@ loopback only. Nothing is reachable from other machines unless you ask for it wi
 --listen tcp:0.0.0.0:10809 (NBD has no authentication: only do that on a trusted \
 network).
 
-cairn runs in the foreground. Ctrl-C (SIGINT) or SIGTERM stops it cleanly: requests \
-already received are answered, data is flushed to the files, then it exits 0. A second \
-signal exits at once.
+cairn runs in the foreground. Ctrl-C (SIGINT), SIGTERM or SIGHUP (its terminal closing) \
+stops it cleanly: requests already received are answered, data is flushed to the files, \
+then it exits 0. A second signal exits at once.
 
 --md serves an md RAID array (made by `cairn md create` or by mdadm) from its members. \
 The array is marked active while it is written and clean again when cairn stops, as the \
@@ -620,6 +620,19 @@ pub struct ServerOptions {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_THREADS,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: u16,
+
+    /// Most client connections served at once, handshakes included; more are closed at
+    /// once until some end
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_connections: u32,
+
+    /// Seconds a client may take to finish the NBD handshake, and may go without reading
+    /// a reply it is being sent, before it is disconnected. Such a client otherwise holds
+    /// a connection slot, and the memory of its unsent replies, for ever
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub client_timeout: u64,
 
     /// Export served to clients that ask for no name (default: the only export, if one)
     #[arg(long, value_name = "NAME")]

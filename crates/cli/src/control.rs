@@ -137,6 +137,14 @@ pub fn request(
     path: &str,
     body: Option<&serde_json::Value>,
 ) -> Result<(u16, serde_json::Value)> {
+    // A request (and the key it may carry) must not go to a socket another user put in a
+    // default runtime directory.
+    if let Some(dir) = control
+        .parent()
+        .filter(|d| crate::listen::is_runtime_dir(d))
+    {
+        crate::listen::check_private_dir(dir)?;
+    }
     let body = body.map(|b| serde_json::to_vec(b).unwrap_or_default());
     let (status, raw) = cairn_engine::http::unix_request(control, method, path, body.as_deref())
         .map_err(|e| connect_error(control, &e))?;

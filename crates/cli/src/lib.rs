@@ -16,6 +16,30 @@
 //! Every failure reaches [`run`] as a [`error::CliError`] sentence and is printed as
 //! `cairn: ...` with a non-zero exit status.
 
+// No terminal write may abort cairn. std's print macros panic when the write fails (EPIPE
+// once the reader of a pipe is gone: Rust ignores SIGPIPE, so the write returns the error),
+// and a panic while printing the panic aborts, which leaves md arrays marked active. These
+// shadow std's for every module of this crate (macro_rules are textually scoped, so they
+// come before the `mod` lines): the text is written and a failed write is dropped.
+macro_rules! println {
+    ($($t:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stdout(), $($t)*);
+    }};
+}
+macro_rules! print {
+    ($($t:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::write!(::std::io::stdout(), $($t)*);
+    }};
+}
+macro_rules! eprintln {
+    ($($t:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr(), $($t)*);
+    }};
+}
+
 pub mod advise;
 pub mod args;
 pub mod config;

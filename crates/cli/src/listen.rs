@@ -41,8 +41,9 @@ pub fn defaults() -> (PathBuf, SocketAddr) {
     )
 }
 
-/// Makes sure a Unix socket can be created at `path`: its directory exists (created
-/// owner-only if missing) and the path fits in a socket address.
+/// Makes sure a Unix socket can be created at `path`: the path fits in a socket address,
+/// and its directory exists (created owner-only if missing). A default runtime directory
+/// (see [`runtime_dir`]) must also be private: see [`check_private_dir`].
 pub fn prepare_socket_path(path: &Path) -> Result<()> {
     if path.as_os_str().len() > MAX_SOCKET_PATH {
         return Err(CliError::new(format!(
@@ -52,21 +53,72 @@ pub fn prepare_socket_path(path: &Path) -> Result<()> {
         )));
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let runtime = is_runtime_dir(dir);
         if !dir.is_dir() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| {
-                    CliError::new(format!(
+            // The runtime directory itself is made with one mkdir (its parent, /tmp or
+            // $XDG_RUNTIME_DIR, exists), so one that another user made first is an
+            // error here and refused below, never silently used.
+            let mut b = std::fs::DirBuilder::new();
+            b.mode(0o700).recursive(!runtime);
+            match b.create(dir) {
+                Ok(()) => {}
+                Err(e) if runtime && e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(CliError::new(format!(
                         "cannot create the socket directory {}: {e}; choose another place \
                          with --listen unix:PATH",
                         dir.display()
-                    ))
-                })?;
+                    )))
+                }
+            }
+        }
+        if runtime {
+            check_private_dir(dir)?;
         }
     }
     Ok(())
+}
+
+/// True for the directories cairn picks for its sockets when not told: whoever can write
+/// there can replace a socket and receive the requests (and keys) meant for cairn.
+pub fn is_runtime_dir(dir: &Path) -> bool {
+    dir == runtime_dir() || dir == Path::new("/run/cairn")
+}
+
+/// Refuses a runtime directory that is not private: it must be a real directory (not a
+/// symlink) owned by this user, with no permissions for others (for root, none to write:
+/// /run/cairn may be 0755). A missing directory is fine (nothing to hijack).
+pub fn check_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(CliError::new(format!(
+                "cannot check the runtime directory {}: {e}",
+                dir.display()
+            )))
+        }
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let mode = meta.permissions().mode() & 0o7777;
+    let open_to_others = if uid == 0 { 0o022 } else { 0o077 };
+    let problem = if !meta.file_type().is_dir() {
+        "is not a directory (a symlink or another file)".to_string()
+    } else if meta.uid() != uid {
+        format!("belongs to uid {}, not to you (uid {uid})", meta.uid())
+    } else if mode & open_to_others != 0 {
+        format!("is open to other users (mode {mode:04o})")
+    } else {
+        return Ok(());
+    };
+    Err(CliError::new(format!(
+        "the runtime directory {} {problem}, so another user could replace cairn's sockets \
+         there; remove it (cairn makes it again, owner-only) or choose other sockets with \
+         --listen unix:PATH and --control PATH",
+        dir.display()
+    )))
 }
 
 /// True when something accepts connections on the Unix socket at `path`.

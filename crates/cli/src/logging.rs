@@ -30,10 +30,14 @@ pub fn init(verbose: u8) {
     };
     // Colour codes only for a terminal: a log file or a pipe gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A log line that cannot be written (stderr on a pipe whose reader is gone) is
+    // dropped: the subscriber's own "cannot write" report would go through eprintln! and
+    // panic, aborting cairn in the middle of a clean stop.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     // try_init: a second call (tests) keeps the first subscriber instead of panicking.
     let _ = if verbose >= 2 {
         builder.with_target(true).with_thread_names(true).try_init()

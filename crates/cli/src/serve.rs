@@ -1,4 +1,4 @@
-//! `cairn serve`: open the exports, bind, announce, serve until SIGINT/SIGTERM.
+//! `cairn serve`: open the exports, bind, announce, serve until SIGINT/SIGTERM/SIGHUP.
 //!
 //! ```text
 //!   FILE[:NAME]...    ─ exports::open ──────────────┐
@@ -9,7 +9,7 @@
 //!   --config FILE     ─ config::open_stacks ────────┤  the [[export]] entries
 //!   --scan PATH       ─ scan::for_serve ────────────┤  md, LUKS found on disk
 //!   --listen / defaults ────────────────────────────┼─> Server::bind ─> announce ─> serve
-//!   SIGINT/SIGTERM thread ──────────────────────────┘   shutdown_handle().shutdown() ends
+//!   SIGINT/SIGTERM/SIGHUP thread ───────────────────┘   shutdown_handle().shutdown() ends
 //!                                  serve, which finishes in-flight requests and flushes
 //! ```
 
@@ -20,7 +20,7 @@ use std::thread;
 use cairn_block::BlockDevice;
 use cairn_nbd::{Export, Listen, Server, ServerConfig};
 use serde::Serialize;
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use crate::args::{Global, ServeArgs, ServerOptions};
@@ -214,6 +214,8 @@ pub fn serve(
     );
     config.default_export = opts.default_export.clone();
     config.threads_per_connection = usize::from(opts.threads);
+    config.max_connections = usize::try_from(opts.max_connections).unwrap_or(usize::MAX);
+    config.client_timeout = std::time::Duration::from_secs(opts.client_timeout);
     let server = Server::new(config).map_err(|e| CliError::new(e.to_string()))?;
     let listeners = server
         .bind(&listens)
@@ -224,7 +226,8 @@ pub fn serve(
     let operator = crate::daemon::start(&opts.operator, &opened, server.exports_handle(), &bound)?;
 
     // Signals are caught from here on, so one that arrives before serve() still stops it.
-    let mut signals = Signals::new([SIGINT, SIGTERM])
+    // SIGHUP too: the terminal closing would otherwise kill cairn with arrays active.
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
         .map_err(|e| CliError::new(format!("cannot install signal handlers: {e}")))?;
     let shutdown = server.shutdown_handle();
     thread::Builder::new()
@@ -232,7 +235,11 @@ pub fn serve(
         .spawn(move || {
             let mut seen = 0;
             for sig in signals.forever() {
-                let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+                let name = match sig {
+                    SIGINT => "SIGINT",
+                    SIGHUP => "SIGHUP",
+                    _ => "SIGTERM",
+                };
                 seen += 1;
                 if seen == 1 {
                     tracing::info!(

@@ -9,9 +9,10 @@
 //! One request per connection (`Connection: close`): the clients are `cairn status`,
 //! curl and Prometheus, none of which needs keep-alive, and it keeps the server simple.
 //! Nothing from the wire is trusted: the header block is capped at 16 KiB, a body at
-//! 1 MiB (a bigger Content-Length is refused before a byte of it is read), every read and
-//! write has a timeout, and every refusal is a 4xx with a JSON `{"error": "..."}` naming
-//! the problem.
+//! 1 MiB (a bigger Content-Length is refused before a byte of it is read), the whole
+//! request must arrive within IO_TIMEOUT (sending a byte at a time does not extend it),
+//! every write has a timeout, and every refusal is a 4xx with a JSON `{"error": "..."}`
+//! naming the problem. When descriptors run out, accept pauses and says so once.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -33,7 +34,7 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 pub const MAX_HEADERS: usize = 64;
 /// Connections served at once; more get 503 at once.
 pub const MAX_CONNECTIONS: usize = 32;
-/// How long one read or write on a connection may wait.
+/// How long a client may take to send its whole request, and one write may wait.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest response body the client accepts.
 const MAX_RESPONSE_BYTES: usize = 64 << 20;
@@ -410,9 +411,16 @@ pub fn bind_unix(path: &Path, mode: u32) -> io::Result<Listener> {
         }
         std::fs::remove_file(path)?;
     }
-    // The socket is created with the umask's permissions and narrowed at once; its
-    // directory (made 0700 by the caller) keeps others out in between.
-    let l = UnixListener::bind(path)?;
+    // The socket is created owner-only (umask 0177) and then given `mode`: a socket
+    // created with the usual umask and narrowed after would be open for a moment. The
+    // umask is process-wide: a file another thread creates in this short window is
+    // owner-only too, which is only stricter.
+    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let l = bound?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(Listener::Unix(l, path.to_path_buf()))
 }
@@ -428,36 +436,51 @@ pub fn spawn(listener: Listener, name: &str, handler: Handler) -> io::Result<()>
     let name = name.to_string();
     thread::Builder::new()
         .name(format!("{name}-accept"))
-        .spawn(move || loop {
-            let accepted: io::Result<Box<dyn Stream>> = match &listener {
-                Listener::Unix(l, _) => l.accept().map(|(s, _)| Box::new(s) as Box<dyn Stream>),
-                Listener::Tcp(l) => l.accept().map(|(s, _)| Box::new(s) as Box<dyn Stream>),
-            };
-            let stream = match accepted {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!("{name}: accept: {e}");
-                    thread::sleep(Duration::from_millis(100));
+        .spawn(move || {
+            // Logged once when accept starts failing, not every 100 ms while it does.
+            let mut failing = false;
+            loop {
+                let accepted: io::Result<Box<dyn Stream>> = match &listener {
+                    Listener::Unix(l, _) => l.accept().map(|(s, _)| Box::new(s) as Box<dyn Stream>),
+                    Listener::Tcp(l) => l.accept().map(|(s, _)| Box::new(s) as Box<dyn Stream>),
+                };
+                let stream = match accepted {
+                    Ok(s) => {
+                        if failing {
+                            failing = false;
+                            tracing::info!("{name}: accepting connections again");
+                        }
+                        s
+                    }
+                    Err(e) => {
+                        if !failing {
+                            failing = true;
+                            tracing::warn!("{name}: accept: {e}; retrying every 100 ms");
+                        }
+                        thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                };
+                let live = live.clone();
+                let handler = handler.clone();
+                if live.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    live.fetch_sub(1, Ordering::SeqCst);
+                    let mut s = stream;
+                    let _ = s.set_timeouts();
+                    let _ =
+                        Response::error(503, "too many connections; try again").write_to(&mut s);
                     continue;
                 }
-            };
-            let live = live.clone();
-            let handler = handler.clone();
-            if live.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-                live.fetch_sub(1, Ordering::SeqCst);
-                let mut s = stream;
-                let _ = s.set_timeouts();
-                let _ = Response::error(503, "too many connections; try again").write_to(&mut s);
-                continue;
-            }
-            let spawned = thread::Builder::new()
-                .name(format!("{name}-conn"))
-                .spawn(move || {
-                    serve_one(stream, &handler);
-                    live.fetch_sub(1, Ordering::SeqCst);
-                });
-            if let Err(e) = spawned {
-                tracing::warn!("{name}: cannot start a connection thread: {e}");
+                let spawned =
+                    thread::Builder::new()
+                        .name(format!("{name}-conn"))
+                        .spawn(move || {
+                            serve_one(stream, &handler);
+                            live.fetch_sub(1, Ordering::SeqCst);
+                        });
+                if let Err(e) = spawned {
+                    tracing::warn!("{name}: cannot start a connection thread: {e}");
+                }
             }
         })?;
     Ok(())
@@ -465,6 +488,7 @@ pub fn spawn(listener: Listener, name: &str, handler: Handler) -> io::Result<()>
 
 trait Stream: Read + Write + Send {
     fn set_timeouts(&self) -> io::Result<()>;
+    fn set_read_timeout_to(&self, t: Duration) -> io::Result<()>;
     fn try_clone_box(&self) -> io::Result<Box<dyn Stream>>;
 }
 
@@ -472,6 +496,9 @@ impl Stream for UnixStream {
     fn set_timeouts(&self) -> io::Result<()> {
         self.set_read_timeout(Some(IO_TIMEOUT))?;
         self.set_write_timeout(Some(IO_TIMEOUT))
+    }
+    fn set_read_timeout_to(&self, t: Duration) -> io::Result<()> {
+        self.set_read_timeout(Some(t))
     }
     fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
         Ok(Box::new(self.try_clone()?))
@@ -482,6 +509,9 @@ impl Stream for TcpStream {
     fn set_timeouts(&self) -> io::Result<()> {
         self.set_read_timeout(Some(IO_TIMEOUT))?;
         self.set_write_timeout(Some(IO_TIMEOUT))
+    }
+    fn set_read_timeout_to(&self, t: Duration) -> io::Result<()> {
+        self.set_read_timeout(Some(t))
     }
     fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
         Ok(Box::new(self.try_clone()?))
@@ -495,7 +525,10 @@ fn serve_one(stream: Box<dyn Stream>, handler: &Handler) {
     let Ok(mut writer) = stream.try_clone_box() else {
         return;
     };
-    let mut reader = BufReader::new(stream);
+    let mut reader = BufReader::new(Deadline {
+        stream,
+        at: Instant::now() + IO_TIMEOUT,
+    });
     let response = match read_request(&mut reader) {
         Ok(req) => {
             let resp = handler(&req);
@@ -508,6 +541,24 @@ fn serve_one(stream: Box<dyn Stream>, handler: &Handler) {
         }
     };
     let _ = response.write_to(&mut writer);
+}
+
+/// A stream whose reads all end by one deadline: each read waits only for the time left,
+/// so a client sending a byte now and then cannot hold a connection for ever.
+struct Deadline {
+    stream: Box<dyn Stream>,
+    at: Instant,
+}
+
+impl Read for Deadline {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout_to(left)?;
+        self.stream.read(buf)
+    }
 }
 
 /// Sends one request over a connected stream and reads the answer: (status, body).

@@ -12,6 +12,14 @@
 //! order. Requests are validated here, once (`check_io` and the flag rules of
 //! proto.md); the device below only asserts. A bad request gets the protocol's error and
 //! the connection goes on; only a broken stream (bad magic, EOF) or DISC ends it.
+//!
+//! Nothing a client does grows the server without bound: at most `max_connections`
+//! connections (handshakes included); a handshake not finished within `client_timeout` is
+//! cut by the accept thread; a reply the client does not read for `client_timeout` ends the
+//! connection (the socket's send timeout); and request and reply buffers are reserved from
+//! a per-connection and a server-wide budget before they are filled, so clients that stop
+//! reading hold at most that budget until they are cut. When descriptors run out, accept
+//! backs off instead of spinning, and says so once.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -95,6 +103,11 @@ pub struct ServerConfig {
     pub threads_per_connection: usize,
     /// Connections beyond this many are closed at once.
     pub max_connections: usize,
+    /// How long a client may take to finish its handshake, and how long a reply write may
+    /// make no progress (a client that does not read), before the connection is cut.
+    pub client_timeout: Duration,
+    /// Bytes of request payloads and read replies held at once by all connections.
+    pub max_in_flight: usize,
     /// How long a shutdown waits for connections to finish in-flight requests.
     pub shutdown_grace: Duration,
 }
@@ -105,11 +118,24 @@ impl ServerConfig {
             exports,
             default_export: None,
             threads_per_connection: 4,
-            max_connections: 1024,
+            max_connections: 256,
+            client_timeout: Duration::from_secs(30),
+            max_in_flight: MAX_IN_FLIGHT,
             shutdown_grace: Duration::from_secs(10),
         }
     }
 }
+
+/// Default server-wide budget of request and reply bytes held at once: eight 32 MiB
+/// requests, or many more of the usual sizes.
+pub const MAX_IN_FLIGHT: usize = 256 << 20;
+
+/// One connection's share of the budget: its workers wait for each other beyond this, so
+/// a connection that stops reading holds this much and no more.
+const CONNECTION_IN_FLIGHT: usize = 64 << 20;
+
+/// How long accept pauses when descriptors or memory run out.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Why a configuration is refused.
 #[derive(Debug)]
@@ -194,6 +220,9 @@ struct Shared {
     default_export: Option<String>,
     threads: usize,
     max_connections: usize,
+    client_timeout: Duration,
+    /// Server-wide budget of request and reply buffers.
+    in_flight: Budget,
     grace: Duration,
     shutdown: AtomicBool,
     next_id: AtomicU64,
@@ -210,6 +239,8 @@ struct ConnEntry {
     /// Set when the handshake picks an export.
     export: Option<String>,
     since: SystemTime,
+    /// While the handshake runs: when the accept thread cuts the connection.
+    handshake_deadline: Option<Instant>,
 }
 
 impl Shared {
@@ -236,6 +267,7 @@ trait SocketCtl: Send + fmt::Debug {
     /// Ends the connection both ways, unblocking a worker stuck writing to a client that
     /// stopped reading.
     fn shutdown_both(&self);
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()>;
 }
 
 impl SocketCtl for UnixStream {
@@ -245,6 +277,9 @@ impl SocketCtl for UnixStream {
     fn shutdown_both(&self) {
         let _ = self.shutdown(std::net::Shutdown::Both);
     }
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, Some(t))
+    }
 }
 impl SocketCtl for TcpStream {
     fn shutdown_read(&self) {
@@ -252,6 +287,53 @@ impl SocketCtl for TcpStream {
     }
     fn shutdown_both(&self) {
         let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, Some(t))
+    }
+}
+
+/// A count of bytes held, with a ceiling: `take` waits until the bytes fit. One request
+/// larger than the whole ceiling still goes when nothing else is held, so a budget below
+/// the maximum request size slows requests down instead of stopping them.
+#[derive(Debug)]
+struct Budget {
+    limit: usize,
+    held: Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+impl Budget {
+    fn new(limit: usize) -> Budget {
+        Budget {
+            limit: limit.max(1),
+            held: Mutex::new(0),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    fn take(&self, n: usize) -> Held<'_> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        while *held > 0 && held.saturating_add(n) > self.limit {
+            held = self.freed.wait(held).unwrap_or_else(|p| p.into_inner());
+        }
+        *held += n;
+        Held { budget: self, n }
+    }
+}
+
+/// Bytes taken from a [`Budget`], given back on drop.
+#[derive(Debug)]
+struct Held<'a> {
+    budget: &'a Budget,
+    n: usize,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let mut held = self.budget.held.lock().unwrap_or_else(|p| p.into_inner());
+        *held -= self.n;
+        self.budget.freed.notify_all();
     }
 }
 
@@ -352,6 +434,8 @@ impl Server {
                 default_export,
                 threads: config.threads_per_connection.max(1),
                 max_connections: config.max_connections.max(1),
+                client_timeout: config.client_timeout.max(Duration::from_millis(1)),
+                in_flight: Budget::new(config.max_in_flight),
                 grace: config.shutdown_grace,
                 shutdown: AtomicBool::new(false),
                 next_id: AtomicU64::new(1),
@@ -392,10 +476,12 @@ impl Server {
                         }
                         std::fs::remove_file(path)?;
                     }
-                    let lst = UnixListener::bind(path).map_err(|e| {
+                    // Owner only: the socket gives raw access to the data. Created so under
+                    // the umask, not narrowed after: between bind and a chmod another user
+                    // could connect.
+                    let lst = bind_owner_only(path).map_err(|e| {
                         io::Error::new(e.kind(), format!("bind {}: {e}", path.display()))
                     })?;
-                    // Owner only: the socket gives raw access to the data.
                     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
                     lst.set_nonblocking(true)?;
                     items.push((l.clone(), BoundListener::Unix(lst)));
@@ -429,8 +515,12 @@ impl Server {
                 revents: 0,
             })
             .collect();
+        // Conditions logged once when they start and once when they end, not per event.
+        let mut starved = false;
+        let mut full = false;
         while !self.shared.shutdown.load(Ordering::SeqCst) {
             handles.retain(|h| !h.is_finished());
+            self.cut_slow_handshakes();
             let nfds = libc::nfds_t::try_from(fds.len()).unwrap_or(0);
             // SAFETY: fds is a live, correctly sized array of pollfd for the call.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, 200) };
@@ -447,19 +537,54 @@ impl Server {
                         BoundListener::Unix(u) => u.accept().map(|(s, _)| Conn::unix(s)),
                         BoundListener::Tcp(t) => t.accept().map(|(s, a)| Conn::tcp(s, a)),
                     };
-                    match accepted {
+                    let e = match accepted {
                         Ok(Ok(conn)) => {
-                            if let Some(h) = self.spawn_connection(conn, handles.len()) {
+                            if starved {
+                                starved = false;
+                                tracing::info!("accepting connections again");
+                            }
+                            if handles.len() >= self.shared.max_connections {
+                                if !full {
+                                    full = true;
+                                    tracing::warn!(
+                                        "{} connections, the most allowed (--max-connections): \
+                                         closing new ones until some end",
+                                        handles.len()
+                                    );
+                                }
+                                continue;
+                            }
+                            if full {
+                                full = false;
+                                tracing::info!("below the connection limit again");
+                            }
+                            if let Some(h) = self.spawn_connection(conn) {
                                 handles.push(h);
                             }
+                            continue;
                         }
-                        Ok(Err(e)) => tracing::warn!("setting up a connection: {e}"),
+                        Ok(Err(e)) => e,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) => {
-                            tracing::warn!("accept: {e}");
-                            break;
+                        Err(e) => e,
+                    };
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    ) {
+                        // The connection waits in the backlog (or was closed); poll would
+                        // report it again at once, so pause instead of spinning.
+                        if !starved {
+                            starved = true;
+                            tracing::warn!(
+                                "accepting a connection: {e}; new connections wait until \
+                                 some close (raise the limit with `ulimit -n`)"
+                            );
                         }
+                        thread::sleep(ACCEPT_BACKOFF);
+                    } else {
+                        tracing::debug!("accepting a connection: {e}");
                     }
+                    break;
                 }
             }
         }
@@ -500,9 +625,27 @@ impl Server {
         Ok(())
     }
 
-    fn spawn_connection(&self, conn: Conn, live: usize) -> Option<thread::JoinHandle<()>> {
-        if live >= self.shared.max_connections {
-            tracing::warn!("{}: refused, {} connections already", conn.peer, live);
+    /// Cuts connections whose handshake outlived its deadline: their threads, blocked in
+    /// a read, see the end of the stream.
+    fn cut_slow_handshakes(&self) {
+        let now = Instant::now();
+        let conns = self.shared.conns.lock().expect("conns lock");
+        for c in conns.values() {
+            if c.handshake_deadline.is_some_and(|d| now >= d) {
+                tracing::debug!(
+                    "{}: no handshake within the client timeout; closing",
+                    c.peer
+                );
+                c.ctl.shutdown_both();
+            }
+        }
+    }
+
+    fn spawn_connection(&self, conn: Conn) -> Option<thread::JoinHandle<()>> {
+        // A client that stops reading makes reply writes fail after this instead of
+        // blocking a worker, and the memory of its reply, for ever.
+        if let Err(e) = conn.ctl.set_write_timeout(self.shared.client_timeout) {
+            tracing::warn!("{}: setting a send timeout: {e}", conn.peer);
             return None;
         }
         let shared = self.shared.clone();
@@ -516,6 +659,7 @@ impl Server {
                     peer: conn.peer.clone(),
                     export: None,
                     since: SystemTime::now(),
+                    handshake_deadline: Some(Instant::now() + shared.client_timeout),
                 },
             );
             // A shutdown that raced with the insert would miss this connection.
@@ -682,6 +826,18 @@ impl ExportsHandle {
     }
 }
 
+/// Binds a Unix socket that is mode 0600 from the moment it exists. The umask is
+/// process-wide: a file another thread creates in this short window is owner-only too,
+/// which is only stricter.
+fn bind_owner_only(path: &std::path::Path) -> io::Result<UnixListener> {
+    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
+    let old = unsafe { libc::umask(0o177) };
+    let res = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    res
+}
+
 /// An accepted socket split into independent read and write handles.
 struct Conn {
     reader: Box<dyn Read + Send>,
@@ -691,25 +847,71 @@ struct Conn {
 }
 
 impl Conn {
+    // One descriptor per connection, shared by the reader, the writer and the control
+    // handle: where descriptors are scarce, three per connection would run out three
+    // times sooner, and an accepted connection would be lost to a failed dup.
     fn unix(s: UnixStream) -> io::Result<Conn> {
         s.set_nonblocking(false)?;
         let peer = format!("unix:fd{}", s.as_raw_fd());
+        let s = Arc::new(s);
         Ok(Conn {
-            reader: Box::new(s.try_clone()?),
-            writer: Box::new(s.try_clone()?),
-            ctl: Box::new(s),
+            reader: Box::new(SharedSocket(s.clone())),
+            writer: Box::new(SharedSocket(s.clone())),
+            ctl: Box::new(SharedSocket(s)),
             peer,
         })
     }
     fn tcp(s: TcpStream, addr: SocketAddr) -> io::Result<Conn> {
         s.set_nonblocking(false)?;
         s.set_nodelay(true)?;
+        let s = Arc::new(s);
         Ok(Conn {
-            reader: Box::new(s.try_clone()?),
-            writer: Box::new(s.try_clone()?),
-            ctl: Box::new(s),
+            reader: Box::new(SharedSocket(s.clone())),
+            writer: Box::new(SharedSocket(s.clone())),
+            ctl: Box::new(SharedSocket(s)),
             peer: format!("tcp:{addr}"),
         })
+    }
+}
+
+/// A socket used from several places at once (reads and writes are independent on a
+/// socket, as with `try_clone`, without another descriptor).
+#[derive(Debug)]
+struct SharedSocket<S>(Arc<S>);
+
+impl<S> Read for SharedSocket<S>
+where
+    for<'a> &'a S: Read,
+{
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self.0).read(buf)
+    }
+}
+
+impl<S> Write for SharedSocket<S>
+where
+    for<'a> &'a S: Write,
+{
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self.0).write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        (&*self.0).write_vectored(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        (&*self.0).flush()
+    }
+}
+
+impl<S: SocketCtl + Sync> SocketCtl for SharedSocket<S> {
+    fn shutdown_read(&self) {
+        self.0.shutdown_read();
+    }
+    fn shutdown_both(&self) {
+        self.0.shutdown_both();
+    }
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
+        self.0.set_write_timeout(t)
     }
 }
 
@@ -1101,19 +1303,24 @@ struct Transmission {
     closing: AtomicBool,
     peer: String,
     wrote: AtomicBool,
+    shared: Arc<Shared>,
+    /// The connection's id in `shared.conns` (0: not listed).
+    id: u64,
+    /// This connection's share of the bytes in flight.
+    in_flight: Budget,
 }
 
 /// What one read from the stream produced.
-enum Incoming {
+enum Incoming<'a> {
     /// A request to execute (payload, if any, is in the worker's buffer), or one already
-    /// refused while reading.
-    Request(Request, Result<(), Failure>),
+    /// refused while reading; with the budget its buffer holds until the reply is sent.
+    Request(Request, Result<(), Failure>, Option<(Held<'a>, Held<'a>)>),
     /// The stream ended or broke: stop.
     Stop,
 }
 
 fn serve_connection(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     reader: Box<dyn Read + Send>,
     mut writer: Box<dyn Write + Send>,
     peer: &str,
@@ -1141,6 +1348,7 @@ fn serve_connection(
     let flags = hs.transmission_flags(&session.export);
     if let Some(c) = shared.conns.lock().expect("conns lock").get_mut(&id) {
         c.export = Some(session.export.export.name.clone());
+        c.handshake_deadline = None;
     }
     // An export removed while this handshake finished: removal did not see this
     // connection as a user, so do not start serving it.
@@ -1179,6 +1387,9 @@ fn serve_connection(
         closing: AtomicBool::new(false),
         peer: peer.to_string(),
         wrote: AtomicBool::new(false),
+        shared: shared.clone(),
+        id,
+        in_flight: Budget::new(CONNECTION_IN_FLIGHT),
     });
     let workers: Vec<_> = (1..shared.threads)
         .filter_map(|i| {
@@ -1222,14 +1433,20 @@ impl Transmission {
                 }
                 inc
             };
-            let (req, verdict) = match incoming {
+            let (req, verdict, held) = match incoming {
                 Incoming::Stop => return,
-                Incoming::Request(req, v) => (req, v),
+                Incoming::Request(req, v, held) => (req, v, held),
             };
             let result = verdict.and_then(|()| self.execute(&req, &mut buf));
             if let Err(e) = self.send_reply(&req, result, &buf) {
-                tracing::debug!("{}: writing reply: {e}", self.peer);
+                tracing::debug!("{}: writing reply: {e}; closing", self.peer);
                 self.closing.store(true, Ordering::Release);
+                // A client that does not read (the send timed out): end the connection
+                // both ways, so the other workers, blocked reading or waiting to write,
+                // let go of their buffers too.
+                if let Some(c) = self.shared.conns.lock().expect("conns lock").get(&self.id) {
+                    c.ctl.shutdown_both();
+                }
                 return;
             }
             // Keep the common sizes (up to 4 MiB) warm, but do not let one 32 MiB request
@@ -1237,12 +1454,17 @@ impl Transmission {
             if buf.capacity() > KEEP_BUFFER {
                 buf = Vec::new();
             }
+            drop(held);
         }
     }
 
     /// Reads one request header and its payload. Validation happens here so a refused
     /// WRITE's payload is still consumed and the stream stays in sync.
-    fn read_request(&self, r: &mut BufReader<Box<dyn Read + Send>>, buf: &mut Vec<u8>) -> Incoming {
+    fn read_request(
+        &self,
+        r: &mut BufReader<Box<dyn Read + Send>>,
+        buf: &mut Vec<u8>,
+    ) -> Incoming<'_> {
         let mut h = [0u8; REQUEST_HEADER_LEN];
         match read_exact_or_eof(r, &mut h) {
             Ok(true) => {}
@@ -1263,21 +1485,30 @@ impl Transmission {
             return Incoming::Stop;
         }
         let verdict = self.validate(&req);
+        if req.has_payload() && req.length > MAX_SAFE_PAYLOAD && req.length > self.export.max_block
+        {
+            // proto.md allows a hard disconnect here: the payload is a denial of service.
+            tracing::warn!("{}: {}-byte write payload; closing", self.peer, req.length);
+            return Incoming::Stop;
+        }
+        // The buffer this request fills (its payload, or the data a READ answers) is
+        // reserved before it is filled; while the budget is spent, this worker waits
+        // here, holding the reader, so the connection reads nothing more.
+        let need = if req.has_payload() || (req.kind == CMD_READ && verdict.is_ok()) {
+            usize::try_from(req.length).expect("<= 32 MiB")
+        } else {
+            0
+        };
+        let held =
+            (need > 0).then(|| (self.in_flight.take(need), self.shared.in_flight.take(need)));
         if req.has_payload() {
-            let len = req.length;
-            if len > MAX_SAFE_PAYLOAD && len > self.export.max_block {
-                // proto.md allows a hard disconnect here: the payload is a denial of service.
-                tracing::warn!("{}: {len}-byte write payload; closing", self.peer);
-                return Incoming::Stop;
-            }
-            let len = usize::try_from(len).expect("<= 32 MiB");
-            buf.resize(len, 0);
-            if let Err(e) = r.read_exact(&mut buf[..len]) {
+            buf.resize(need, 0);
+            if let Err(e) = r.read_exact(&mut buf[..need]) {
                 tracing::debug!("{}: reading write payload: {e}", self.peer);
                 return Incoming::Stop;
             }
         }
-        Incoming::Request(req, verdict)
+        Incoming::Request(req, verdict, held)
     }
 
     fn validate(&self, req: &Request) -> Result<(), Failure> {
@@ -1515,4 +1746,39 @@ fn encode_block_status(
         return Err(Failure::new(EIO, "device returned no extents"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_waits_until_bytes_are_given_back() {
+        let b = Arc::new(Budget::new(100));
+        let first = b.take(80);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let b2 = b.clone();
+        let t = thread::spawn(move || {
+            let _h = b2.take(30);
+            tx.send(()).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "did not wait"
+        );
+        drop(first);
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("woke when bytes came back");
+        t.join().unwrap();
+        assert_eq!(*b.held.lock().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_request_larger_than_the_budget_goes_alone() {
+        let b = Budget::new(10);
+        let h = b.take(50);
+        assert_eq!(*b.held.lock().unwrap(), 50);
+        drop(h);
+        assert_eq!(*b.held.lock().unwrap(), 0);
+    }
 }

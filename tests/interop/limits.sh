@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# What a client or another local user cannot do to a running cairn: hijack its default
+# socket directory, exhaust its descriptors, hold connections without a handshake, or grow
+# its memory by not reading replies.
+. "$(dirname "$0")/lib.sh"
+
+# "${AS_NOBODY[@]}" CMD...: runs CMD as uid/gid 65534 with $XDG_RUNTIME_DIR set to $XDG
+# (an exec chain, so `$!` of a background one is CMD's PID).
+as_nobody() { AS_NOBODY=(setpriv --reuid=65534 --regid=65534 --clear-groups env XDG_RUNTIME_DIR="$XDG"); }
+
+# Another user made the default runtime directory first, mode 0777 (here root in the
+# victim's $XDG_RUNTIME_DIR; /tmp/cairn-UID is the same check). The victim's cairn must not
+# put its sockets there, and its client verbs must not send requests to a socket there.
+t_hijacked_runtime_dir() {
+  need_root
+  need_tool setpriv
+  chmod 0711 "$WORK"
+  XDG=$WORK/xdg
+  as_nobody
+  mkdir -m 0700 "$XDG"
+  truncate -s 16M "$XDG/disk.img"
+  chown -R 65534:65534 "$XDG"
+  # First the good case: cairn makes the directory itself, owner-only.
+  "${AS_NOBODY[@]}" "$CAIRN" serve --json --listen tcp:127.0.0.1:0 "$XDG/disk.img" \
+    >"$WORK/ok.json" 2>"$WORK/ok.log" &
+  local pid=$!
+  register pid $pid
+  local i
+  for i in $(seq 100); do [ -S "$XDG/cairn/control.sock" ] && break; sleep 0.1; done
+  [ -S "$XDG/cairn/control.sock" ] || fail "no control socket in a fresh runtime dir: $(cat "$WORK/ok.log")"
+  expect_eq "$(stat -c '%a %u' "$XDG/cairn")" "700 65534" "a fresh runtime directory"
+  expect_eq "$(stat -c '%a' "$XDG/cairn/control.sock")" "600" "the control socket's mode"
+  "${AS_NOBODY[@]}" "$CAIRN" status >"$WORK/status.txt" 2>&1 || fail "status: $(cat "$WORK/status.txt")"
+  kill -INT $pid
+  wait $pid || fail "cairn serve exited $? after SIGINT"
+  rmdir "$XDG/cairn"
+
+  # Now the attacker's directory, with a socket that records what it is sent.
+  mkdir -m 0777 "$XDG/cairn"
+  chmod 0777 "$XDG/cairn"
+  py - "$XDG/cairn/control.sock" "$WORK/stolen" <<'EOF' &
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(8)
+while True:
+    c, _ = s.accept()
+    c.settimeout(2)
+    try:
+        data = c.recv(65536)
+    except OSError:
+        data = b""
+    open(sys.argv[2], "ab").write(data)
+    c.close()
+EOF
+  register pid $!
+  for i in $(seq 50); do [ -S "$XDG/cairn/control.sock" ] && break; sleep 0.1; done
+  if "${AS_NOBODY[@]}" "$CAIRN" status >"$WORK/hijack-status.txt" 2>&1; then
+    fail "cairn status went through a hijacked runtime directory"
+  fi
+  [ ! -s "$WORK/stolen" ] || fail "the attacker's socket received: $(head -c 200 "$WORK/stolen")"
+  expect_contains "$(cat "$WORK/hijack-status.txt")" "another user could replace" "status refusal"
+  "${AS_NOBODY[@]}" "$CAIRN" md add --help >/dev/null # the verb exists; its request takes the same path
+  if "${AS_NOBODY[@]}" "$CAIRN" md add r "$XDG/disk.img" >"$WORK/hijack-add.txt" 2>&1; then
+    fail "cairn md add went through a hijacked runtime directory"
+  fi
+  [ ! -s "$WORK/stolen" ] || fail "the attacker's socket received: $(head -c 200 "$WORK/stolen")"
+
+  # The server does not bind there either (the control socket is skipped with the reason).
+  rm -f "$XDG/cairn/control.sock"
+  "${AS_NOBODY[@]}" "$CAIRN" serve --json --listen tcp:127.0.0.1:0 "$XDG/disk.img" \
+    >"$WORK/bad.json" 2>"$WORK/bad.log" &
+  pid=$!
+  register pid $pid
+  for i in $(seq 100); do [ -s "$WORK/bad.json" ] && break; sleep 0.1; done
+  [ ! -e "$XDG/cairn/control.sock" ] || fail "cairn bound its control socket in a 0777 directory"
+  expect_contains "$(cat "$WORK/bad.log")" "another user could replace" "serve's warning"
+  # And an NBD socket asked for there is refused.
+  "${AS_NOBODY[@]}" "$CAIRN" serve --listen "unix:$XDG/cairn/nbd.sock" --no-control "$XDG/disk.img" \
+    >/dev/null 2>"$WORK/bad-nbd.log" &
+  pid=$!
+  register pid $pid
+  for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+  [ ! -e "$XDG/cairn/nbd.sock" ] || fail "cairn bound its NBD socket in a 0777 directory"
+  expect_contains "$(cat "$WORK/bad-nbd.log")" "another user could replace" "serve's refusal"
+}
+
+# A raw NBD client for the tests below: `client.py SOCKET MODE [N]`.
+#   idle N:    N connections that never speak; prints "ready", holds them until killed.
+#   silent:    one connection that reads the greeting and sends nothing; prints the
+#              seconds until the server closed it.
+#   trickle:   the same, sending its handshake one byte every 0.5 s.
+#   unread N:  N connections that each ask for four 32 MiB reads and never read the
+#              replies; prints "ready", holds them until killed.
+write_client() {
+  cat >"$WORK/client.py" <<'EOF'
+import socket, struct, sys, time
+path, mode = sys.argv[1], sys.argv[2]
+n = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+OPT = struct.pack(">I", 3) + struct.pack(">QII", 0x49484156454F5054, 1, 4) + b"disk"
+def connect():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    return s
+def greeting(s):
+    hello = b""
+    while len(hello) < 18:
+        hello += s.recv(18 - len(hello))
+if mode == "idle":
+    held = [connect() for _ in range(n)]
+    print("ready", flush=True)
+    time.sleep(600)
+elif mode in ("silent", "trickle"):
+    t0 = time.monotonic()
+    s = connect()
+    greeting(s)
+    s.settimeout(0.5)
+    sent = 0
+    while True:
+        if mode == "trickle" and sent < len(OPT) - 1:
+            try:
+                s.send(OPT[sent:sent + 1])
+                sent += 1
+            except OSError:
+                break
+        try:
+            if not s.recv(65536):
+                break
+        except socket.timeout:
+            pass
+        except OSError:
+            break
+        if time.monotonic() - t0 > 60:
+            break
+    print(f"{time.monotonic() - t0:.1f}", flush=True)
+elif mode == "unread":
+    held = []
+    for i in range(n):
+        s = connect()
+        greeting(s)
+        # Fixed newstyle, no zeroes; NBD_OPT_EXPORT_NAME "disk" -> size (8) + flags (2).
+        s.sendall(OPT)
+        got = b""
+        while len(got) < 10:
+            got += s.recv(10 - len(got))
+        for k in range(4):
+            s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 0, k, 0, 32 << 20))
+        held.append(s)
+    print("ready", flush=True)
+    time.sleep(600)
+EOF
+}
+
+# wait_ready FILE: waits (30 s at most) for a client's "ready" line.
+wait_ready() {
+  local i
+  for i in $(seq 300); do grep -q ready "$1" 2>/dev/null && return 0; sleep 0.1; done
+  fail "the client did not get ready: $(cat "$1")"
+}
+
+# cpu_ticks PID: user + system CPU time of PID so far, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# Out of descriptors (a low ulimit -n, 70 idle connections): accept must not spin or flood the
+# log, and a new client gets in once the idle ones close.
+t_descriptor_limit() {
+  need_tool nbdinfo prlimit
+  write_client
+  truncate -s 16M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" "$WORK/disk.img"
+  # The limit is met exactly by whole connections (30 descriptors past those open now, a
+  # multiple of what one connection takes), so accept itself fails with EMFILE.
+  prlimit --nofile=$(($(ls "/proc/$CAIRN_PID/fd" | wc -l) + 30)) --pid "$CAIRN_PID"
+  /usr/bin/python3 "$WORK/client.py" "$CAIRN_SOCK" idle 70 >"$WORK/idle.out" 2>&1 &
+  local idle=$!
+  register pid $idle
+  wait_ready "$WORK/idle.out"
+  sleep 0.5
+  local t0 lines0 ticks lines
+  t0=$(cpu_ticks "$CAIRN_PID")
+  lines0=$(wc -l <"$CAIRN_LOG")
+  sleep 3
+  ticks=$(($(cpu_ticks "$CAIRN_PID") - t0))
+  lines=$(($(wc -l <"$CAIRN_LOG") - lines0))
+  say "NOTE: out of descriptors for 3 s: $ticks CPU ticks, $lines log lines"
+  [ "$lines" -le 5 ] || fail "$lines log lines in 3 s out of descriptors: $(head -3 "$CAIRN_LOG")"
+  [ "$ticks" -le 50 ] || fail "$ticks CPU ticks in 3 s out of descriptors (accept spins)"
+  kill $idle
+  wait $idle 2>/dev/null || true
+  timeout 20 nbdinfo --size "$(unix_uri disk)" >"$WORK/size.txt" ||
+    fail "a new client did not get in after the idle ones closed"
+  expect_eq "$(cat "$WORK/size.txt")" $((16 << 20)) "export size"
+  stop_cairn INT
+  expect_eq "$CAIRN_STATUS" 0 "exit status"
+}
+
+# A client that never finishes the handshake is cut after --client-timeout, whether it
+# says nothing or trickles a byte at a time.
+t_handshake_timeout() {
+  need_tool nbdsh
+  write_client
+  truncate -s 16M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" --client-timeout 2 "$WORK/disk.img"
+  local mode secs
+  for mode in silent trickle; do
+    secs=$(timeout 90 /usr/bin/python3 "$WORK/client.py" "$CAIRN_SOCK" $mode)
+    say "NOTE: a $mode client was cut after $secs s"
+    py -c 'import sys; t = float(sys.argv[1]); assert 1.5 <= t <= 6, t' "$secs" ||
+      fail "$mode client cut after $secs s, expected about 2"
+  done
+  # A client that does finish its handshake is not cut.
+  nbdsh -u "$(unix_uri disk)" -c 'import time; time.sleep(4); assert len(h.pread(4096, 0)) == 4096' ||
+    fail "an idle client past its handshake was cut"
+}
+
+# Clients that ask for 32 MiB reads and never read the replies: the server's memory stays
+# within its in-flight budget, they are cut after --client-timeout, and others are served.
+t_unread_replies() {
+  need_tool nbdsh
+  write_client
+  truncate -s 64M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" --client-timeout 3 "$WORK/disk.img"
+  /usr/bin/python3 "$WORK/client.py" "$CAIRN_SOCK" unread 20 >"$WORK/unread.out" 2>&1 &
+  local bad=$!
+  register pid $bad
+  wait_ready "$WORK/unread.out"
+  sleep 2
+  nbdsh -u "$(unix_uri disk)" -c 'assert len(h.pread(1 << 20, 0)) == 1 << 20' ||
+    fail "a good client was not served beside the ones that do not read"
+  local hwm
+  hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$CAIRN_PID/status")
+  say "NOTE: peak RSS with 20 clients not reading 32 MiB replies: $((hwm / 1024)) MiB"
+  [ "$hwm" -le $((400 << 10)) ] || fail "peak RSS $((hwm / 1024)) MiB"
+  kill $bad
+  wait $bad 2>/dev/null || true
+  stop_cairn INT
+  expect_eq "$CAIRN_STATUS" 0 "exit status"
+}
+
+# The control socket: a request sent a byte at a time is answered 408 and closed once
+# its time (10 s) is up, not held for as long as the client keeps trickling.
+t_control_deadline() {
+  truncate -s 16M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" "$WORK/disk.img"
+  local out
+  out=$(timeout 60 /usr/bin/python3 - "$WORK/ctl.sock" <<'EOF'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.settimeout(0.5)
+t0 = time.monotonic()
+req = b"GET /v1/status HTTP/1.1\r\nHost: cairn\r\n" + b"X-Slow: " + b"a" * 200
+got = b""
+i = 0
+while time.monotonic() - t0 < 40:
+    if i < len(req):
+        try:
+            s.send(req[i:i + 1])
+            i += 1
+        except OSError:
+            break
+    try:
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    except socket.timeout:
+        pass
+    except OSError:
+        break
+print(f"{time.monotonic() - t0:.1f} {got.split(b' ')[1].decode() if got else 'none'}")
+EOF
+  )
+  say "NOTE: a trickling control client: closed after ${out% *} s, status ${out#* }"
+  py -c 'import sys; assert float(sys.argv[1]) <= 15, sys.argv[1]' "${out% *}" ||
+    fail "a trickling control client was held ${out% *} s"
+  expect_eq "${out#* }" 408 "the status it got"
+  "$CAIRN" status --control "$WORK/ctl.sock" >/dev/null || fail "status after the slow client"
+}
+
+run_test hijacked-runtime-dir t_hijacked_runtime_dir
+run_test descriptor-limit t_descriptor_limit
+run_test handshake-timeout t_handshake_timeout
+run_test unread-replies t_unread_replies
+run_test control-deadline t_control_deadline
+finish
