@@ -322,12 +322,21 @@ fn create(a: MdCreateArgs, global: &Global) -> Result<()> {
 }
 
 fn create_sparse(p: &Path, size: u64) -> Result<()> {
-    std::fs::OpenOptions::new()
+    let fail =
+        |e: std::io::Error| CliError::new(format!("cannot create member file {}: {e}", shown(p)));
+    let f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(p)
-        .and_then(|f| f.set_len(size))
-        .map_err(|e| CliError::new(format!("cannot create member file {}: {e}", shown(p))))
+        .map_err(fail)?;
+    if let Err(e) = f.set_len(size) {
+        // create_new made it just now, so it is this command's to remove (a size the
+        // filesystem cannot hold, e.g. --size 100T).
+        drop(f);
+        let _ = std::fs::remove_file(p);
+        return Err(fail(e));
+    }
+    Ok(())
 }
 
 /// The few lines a sysadmin wants after `create`: what was made, and what to do next.

@@ -666,7 +666,7 @@ impl Array {
             self.describe_role(role)
         );
         let mut meta = self.meta_lock();
-        if meta.sbs.iter().any(Option::is_some) {
+        if meta.sbs.iter().any(Option::is_some) && !self.caps.read_only {
             meta.events += 1;
             if let Err(e) = self.write_superblocks(&mut meta) {
                 tracing::warn!("{}: recording the failure: {e}", self.array_label());
@@ -682,6 +682,15 @@ impl Array {
     /// write fails is failed in turn, and the update is repeated without it; a spare or
     /// replacement that fails is dropped.
     pub(crate) fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
+        if self.caps.read_only {
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                format!(
+                    "{}: opened read-only; its superblocks are not updated",
+                    self.array_label()
+                ),
+            ));
+        }
         meta.utime = now();
         for _ in 0..=self.slots.len() {
             self.bitmap_write_events(meta.events);
@@ -857,6 +866,13 @@ impl Array {
     /// unless the array was written to since. The array stays usable.
     pub fn close(&self) -> Result<()> {
         self.stop_background();
+        if self.caps.read_only {
+            // Opened to look (scan, detail): nothing was written and nothing may be. The
+            // members may belong to an array served elsewhere, whose superblocks, bitmap
+            // and log are its owner's to update.
+            self.closed.store(true, Ordering::Release);
+            return Ok(());
+        }
         self.flush()?;
         self.bitmap_close()?;
         if let Some(log) = &self.ppl {
@@ -1044,6 +1060,9 @@ impl Array {
             let Some(loc) = locs.iter().find(|l| l.member == member) else {
                 continue;
             };
+            if self.caps.read_only {
+                continue;
+            }
             if let Err(e) =
                 self.write_member(member, &data, loc.sector.0 * SECTOR_SIZE, WriteFlags::NONE)
             {

@@ -612,7 +612,8 @@ impl Array {
     pub(crate) fn install_bitmap(&mut self, loaded: Option<(Bitmap, bool)>) {
         let Some((bm, stale)) = loaded else { return };
         self.bitmap = Some(bm);
-        if !stale {
+        // Read-only: every bit is set in memory; the owner writes it back.
+        if !stale || cairn_block::BlockDevice::capabilities(self).read_only {
             return;
         }
         let bm = self.bitmap.as_ref().expect("just set");

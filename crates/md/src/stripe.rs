@@ -163,7 +163,7 @@ impl Array {
         // md's read-error correction: write the rebuilt bytes back; a member that
         // cannot take them fails.
         for member in read_errors {
-            if !self.is_up(member) {
+            if !self.is_up(member) || cairn_block::BlockDevice::capabilities(self).read_only {
                 continue;
             }
             if let Err(e) =

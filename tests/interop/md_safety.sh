@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# md arrays and the verbs around them (issue 12): read-only verbs (`cairn scan`,
+# `cairn md detail`, `cairn md examine`) leave every member byte as it was and say nothing
+# about failures, even on an array being served or left dirty by a crash; a failed
+# `md create --size` leaves no file behind; stale members and a shared failure.
+. "$(dirname "$0")/lib.sh"
+
+# make_array LEVEL N NAME: members $SHM/arr/NAME{0..N-1}.img, 32 MiB each; sets MEMBERS
+# and MD_LIST.
+make_array() {
+  local level=$1 n=$2 name=$3 i
+  mkdir -p "$SHM/arr"
+  MEMBERS=()
+  for i in $(seq 0 $((n - 1))); do MEMBERS+=("$SHM/arr/$name$i.img"); done
+  MD_LIST=$(IFS=,; echo "${MEMBERS[*]}")
+  "$CAIRN" md create --level "$level" --raid-devices "$n" --size 32M --name "$name" \
+    --chunk 64K --bitmap-chunk 64K "${MEMBERS[@]}" >/dev/null || fail "md create $name"
+}
+
+# look: the read-only verbs on the array, their stderr kept; none may speak of failing
+# or updating a member.
+look() {
+  "$CAIRN" scan "$SHM/arr" >"$WORK/scan.out" 2>"$WORK/scan.err" || fail "cairn scan: $(cat "$WORK/scan.err")"
+  "$CAIRN" md detail "${MEMBERS[@]}" >"$WORK/detail.out" 2>"$WORK/detail.err" ||
+    fail "cairn md detail: $(cat "$WORK/detail.err")"
+  "$CAIRN" md examine "${MEMBERS[@]}" >/dev/null 2>"$WORK/examine.err" || fail "cairn md examine"
+  local f
+  for f in scan detail examine; do
+    if grep -Ei "failed|out of the array|superblock|closing|bitmap" "$WORK/$f.err"; then
+      fail "cairn $f tried to write: $(cat "$WORK/$f.err")"
+    fi
+  done
+}
+
+t_read_only_verbs() {
+  command -v nbdsh >/dev/null || skip "nbdsh is not installed (python3-libnbd)"
+  make_array 5 4 ro
+  start_cairn --control "$WORK/ctl.sock" --md "$MD_LIST:ro"
+  nbdsh -u "$(unix_uri ro)" -c '
+h.pwrite(b"\x5a" * 65536, 0)
+h.pwrite(b"\xa5" * 4096, 5 << 20)
+h.flush()'
+  # Served and written: active, bits set. Looking must not disturb it.
+  look
+  grep -q "failed\|out of the array" "$CAIRN_LOG" && fail "the server saw a failure: $(cat "$CAIRN_LOG")"
+  nbdsh -u "$(unix_uri ro)" -c 'assert h.pread(4096, 5 << 20) == b"\xa5" * 4096'
+  # A crash leaves it dirty with bits set; with no server writing, every byte must stay.
+  stop_cairn KILL
+  sha256sum "${MEMBERS[@]}" >"$WORK/sums.before"
+  look
+  sha256sum "${MEMBERS[@]}" >"$WORK/sums.after"
+  cmp "$WORK/sums.before" "$WORK/sums.after" || fail "a read-only verb changed a member"
+  grep -q "active" "$WORK/detail.out" || fail "detail does not show the array active: $(cat "$WORK/detail.out")"
+  # And the next real start still finds it dirty and resyncs.
+  start_cairn --control "$WORK/ctl.sock" --md "$MD_LIST:ro"
+  nbdsh -u "$(unix_uri ro)" -c 'assert h.pread(65536, 0) == b"\x5a" * 65536'
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "cairn exit status"
+}
+
+# --size the filesystem cannot hold (ext4: 16 TiB per file): refused, and the files it
+# made are gone; a file that was there before stays.
+t_create_size_leaves_nothing() {
+  local dir=$WORK/big
+  mkdir -p "$dir"
+  : >"$dir/keep.txt"
+  expect_status 1 "$CAIRN" md create --level 1 --raid-devices 2 --size 100T "$dir/a.img" "$dir/b.img" \
+    2>"$WORK/err.txt"
+  cat "$WORK/err.txt"
+  expect_contains "$(cat "$WORK/err.txt")" "cannot create member file" "the reason"
+  expect_eq "$(ls "$dir")" "keep.txt" "files left after a failed create"
+}
+
+run_test read_only_verbs_write_nothing t_read_only_verbs
+run_test create_size_leaves_nothing t_create_size_leaves_nothing
+finish
