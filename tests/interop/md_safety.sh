@@ -71,6 +71,40 @@ t_create_size_leaves_nothing() {
   expect_eq "$(ls "$dir")" "keep.txt" "files left after a failed create"
 }
 
+# After `md replace`, the original member list: the replaced member is stale (its role
+# now belongs to the new device). The start is refused, precisely and once; --force
+# starts it degraded (said once); the current members start as they are.
+t_stale_after_replace() {
+  command -v nbdsh >/dev/null || skip "nbdsh is not installed (python3-libnbd)"
+  make_array 5 4 st
+  local ctl=$WORK/ctl.sock old_list=$MD_LIST new=$SHM/arr/new.img out n
+  truncate -s 32M "$new"
+  start_cairn --control "$ctl" --md "$MD_LIST:st"
+  nbdsh -u "$(unix_uri st)" -c 'h.pwrite(b"\x77" * 65536, 1 << 20); h.flush()'
+  "$CAIRN" md replace st "${MEMBERS[1]}" --with "$new" --control "$ctl"
+  for _ in $(seq 100); do
+    "$CAIRN" md remove st "${MEMBERS[1]}" --control "$ctl" 2>/dev/null && break
+    sleep 0.1
+  done
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "cairn exit status"
+  out=$(timeout -k 5 30 "$CAIRN" serve --control "$ctl" --listen "unix:$WORK/x.sock" \
+    --md "$old_list:st" 2>&1 >/dev/null) && fail "the stale member list started: $out"
+  say "$out"
+  expect_contains "$out" "1 of 4 members missing" "missing roles counted"
+  expect_contains "$out" "stale" "the reason"
+  expect_contains "$out" "--force" "the way out"
+  n=$(grep -o "st1.img" <<<"$out" | wc -l)
+  expect_eq "$n" 1 "times the stale member is named"
+  start_cairn --force --control "$ctl" --md "$old_list:st"
+  n=$(grep -c "DEGRADED" "$CAIRN_LOG")
+  expect_eq "$n" 1 "degraded warnings: $(cat "$CAIRN_LOG")"
+  expect_contains "$(cat "$CAIRN_LOG")" "1 of 4 members missing: role 1 (" "the warning"
+  nbdsh -u "$(unix_uri st)" -c 'assert h.pread(65536, 1 << 20) == b"\x77" * 65536'
+  stop_cairn
+}
+
 run_test read_only_verbs_write_nothing t_read_only_verbs
 run_test create_size_leaves_nothing t_create_size_leaves_nothing
+run_test stale_after_replace t_stale_after_replace
 finish

@@ -528,16 +528,31 @@ fn degraded_warning(r: &ArrayReport, missing: &[PathBuf]) -> Option<String> {
     if !r.state.degraded {
         return None;
     }
-    let roles: Vec<String> = r
-        .members
-        .iter()
-        .filter(|m| m.state != MemberState::ActiveSync && m.role.is_some())
-        .map(|m| {
-            let role = m.role.expect("filtered");
-            match (&m.name, &m.reason) {
-                (Some(n), Some(why)) => format!("role {role} ({n}: {why})"),
-                (Some(n), None) => format!("role {role} ({n}, {})", m.state.text()),
-                _ => format!("role {role}"),
+    // One entry per role that is down (no member in sync in it); a member left out at
+    // assembly, or failed and kept in the list, says why beside its role, not as another.
+    let roles: Vec<String> = (0..r.raid_devices)
+        .filter(|&role| {
+            !r.members
+                .iter()
+                .any(|m| m.role == Some(role) && m.state == MemberState::ActiveSync)
+        })
+        .map(|role| {
+            let rows: Vec<String> = r
+                .members
+                .iter()
+                .filter(|m| m.role == Some(role))
+                .filter_map(|m| {
+                    let n = m.name.as_ref()?;
+                    Some(match &m.reason {
+                        Some(why) => format!("{n}: {why}"),
+                        None => format!("{n}, {}", m.state.text()),
+                    })
+                })
+                .collect();
+            if rows.is_empty() {
+                format!("role {role}")
+            } else {
+                format!("role {role} ({})", rows.join("; "))
             }
         })
         .collect();
@@ -611,8 +626,8 @@ pub fn open_export(spec: &MdSpec, read_only: bool, force: bool) -> Result<Opened
     let (array, missing) = assemble(&spec.members, read_only, force)?;
     let report = array.report();
     if let Some(w) = degraded_warning(&report, &missing) {
+        // Once: stderr is where the log goes too.
         eprintln!("cairn: {w}");
-        tracing::warn!("{w}");
     }
     if report.state.resync_pending {
         tracing::warn!(

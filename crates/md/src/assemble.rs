@@ -146,8 +146,22 @@ impl Array {
                 reason,
             };
             if f.sb.events.saturating_add(1) < events {
+                let claimed = f.sb.role().slot();
+                let taken = claimed.is_some_and(|r| {
+                    freshest.dev_roles.iter().enumerate().any(|(d, role)| {
+                        role.slot() == Some(r) && d != small(u64::from(f.sb.dev_number))
+                    })
+                });
                 left_out.push(out(
-                    format!("stale: events {}, the array is at {events}", f.sb.events),
+                    format!(
+                        "stale: events {}, the array is at {events}{}",
+                        f.sb.events,
+                        if taken {
+                            "; its role now belongs to another device (replaced?)"
+                        } else {
+                            ""
+                        }
+                    ),
                     &f,
                 ));
                 continue;
@@ -212,10 +226,6 @@ impl Array {
             }
             by_role[role] = Some(f);
         }
-        for l in &left_out {
-            tracing::warn!("{label}: leaving {} out: {}", l.name, l.reason);
-        }
-
         // Sizes: RAID0 and linear use each member's data_size, which missing members
         // would leave unknown; those levels cannot be degraded anyway.
         let missing: Vec<usize> = (0..raid_disks).filter(|&r| by_role[r].is_none()).collect();
@@ -261,6 +271,45 @@ impl Array {
                 ));
             }
         }
+        // A member given for a role the array still counts as in use (the freshest
+        // superblock names a device in it) but left out, stale or marked faulty: the
+        // array was not degraded, and starting it so would make that member more stale
+        // still. mdadm refuses this (fewer devices than the array had) without --run.
+        let stale_roles: Vec<usize> = missing
+            .iter()
+            .copied()
+            .filter(|&r| {
+                let r16 = u16::try_from(r).ok();
+                freshest.dev_roles.iter().any(|d| d.slot() == r16)
+                    && left_out.iter().any(|l| l.role == u32::try_from(r).ok())
+            })
+            .collect();
+        if !stale_roles.is_empty() && !opts.force {
+            return Err(Error::new(
+                ErrorKind::Degraded,
+                format!(
+                    "{label} cannot start: {} of {} members missing ({}); it was not degraded, \
+                     so give the current member{}, or start it degraded with force (mdadm \
+                     --assemble --run)",
+                    missing.len(),
+                    freshest.raid_disks,
+                    describe_missing(&missing, &left_out),
+                    if stale_roles.len() == 1 { "" } else { "s" }
+                ),
+            ));
+        }
+        // Members left out for a role that is now missing are named in the degraded
+        // start's message (and the report); others only here.
+        for l in &left_out {
+            let explained = l
+                .role
+                .is_some_and(|r| missing.iter().any(|&m| u32::try_from(m).ok() == Some(r)));
+            if explained {
+                tracing::info!("{label}: leaving {} out: {}", l.name, l.reason);
+            } else {
+                tracing::warn!("{label}: leaving {} out: {}", l.name, l.reason);
+            }
+        }
         let dirty = !freshest.is_clean();
         let present: Vec<&Arc<dyn BlockDevice>> =
             by_role.iter().flatten().map(|f| &f.dev).collect();
@@ -289,8 +338,9 @@ impl Array {
                  parity may be wrong where a write was interrupted"
             );
         }
+        // The report says degraded and why; the caller warns (the CLI loudly, once).
         if !missing.is_empty() {
-            tracing::warn!(
+            tracing::info!(
                 "{label}: starting degraded, {}",
                 describe_missing(&missing, &left_out)
             );

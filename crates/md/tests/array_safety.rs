@@ -162,3 +162,43 @@ fn a_bitmap_resync_is_as_long_as_its_dirty_bits() {
     a.read_at(&mut back, size / 2).unwrap();
     assert_eq!(back, [7u8; 4096]);
 }
+
+/// After `replace`, the original member list: the old member is stale (its role now
+/// belongs to the new device, which is not given). Starting degraded because of it needs
+/// force, and the refusal counts one missing role and says why once.
+#[test]
+fn a_replaced_member_is_stale_and_a_degraded_start_needs_force() {
+    let (a, m) = common::create(&Shape::new(Level::Raid5, None, 64, 4));
+    let data: Vec<u8> = (0..a.geometry().size).map(|i| (i % 249) as u8).collect();
+    a.write_at(&data, 0, WriteFlags::NONE).unwrap();
+    let new = Arc::new(MemDisk::new(m[0].geometry().size));
+    a.replace(
+        "disk1.img",
+        Some((new.clone() as Arc<dyn BlockDevice>, "new.img".into())),
+        false,
+    )
+    .unwrap();
+    a.run_pending().unwrap();
+    a.remove("disk1.img").unwrap();
+    a.close().unwrap();
+    drop(a);
+    let e = Array::assemble(dyn_members(&m), names(4), AssembleOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Degraded, "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("1 of 4 members missing"), "{msg}");
+    assert!(msg.contains("disk1.img") && msg.contains("stale"), "{msg}");
+    assert_eq!(msg.matches("disk1.img").count(), 1, "said once: {msg}");
+    assert!(msg.contains("force"), "{msg}");
+    // With force it starts degraded, without the stale member, and the data is there.
+    let a = Array::assemble(dyn_members(&m), names(4), AssembleOptions { force: true }).unwrap();
+    let r = a.report();
+    assert!(r.state.degraded, "{}", r.state_text);
+    assert!(read_all(&a) == data);
+    drop(a);
+    // The current members start as they are.
+    let mut cur = m.clone();
+    cur[1] = new;
+    let a = Array::assemble(dyn_members(&cur), names(4), AssembleOptions::default()).unwrap();
+    assert!(!a.report().state.degraded);
+    assert!(read_all(&a) == data);
+}
