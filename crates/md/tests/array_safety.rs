@@ -202,3 +202,91 @@ fn a_replaced_member_is_stale_and_a_degraded_start_needs_force() {
     assert!(!a.report().state.degraded);
     assert!(read_all(&a) == data);
 }
+
+/// RAID6 x4 whose members fail one after another by write errors on their data areas
+/// (a shared full filesystem: superblocks, already allocated, still take updates), until
+/// a write is refused. Each superblock records the others' failures as it saw them.
+/// Without force the restart is refused; with force the freshest members by event count
+/// are taken (mdadm --assemble --force) and every acknowledged write reads back.
+#[test]
+fn force_assembles_from_the_freshest_after_a_shared_failure() {
+    use cairn_block::testkit::{FaultyDisk, Ops};
+    let shape = Shape::new(Level::Raid6, None, 64, 4).rows(16);
+    let (a, m) = common::create(&shape);
+    a.close().unwrap();
+    drop(a);
+    let f: Vec<Arc<FaultyDisk<Arc<MemDisk>>>> = m
+        .iter()
+        .map(|d| Arc::new(FaultyDisk::new(d.clone())))
+        .collect();
+    let devs: Vec<Arc<dyn BlockDevice>> = f
+        .iter()
+        .map(|d| d.clone() as Arc<dyn BlockDevice>)
+        .collect();
+    let a = Array::assemble(devs, names(4), AssembleOptions::default()).unwrap();
+    let base = common::bases(&m)[0];
+    let end = m[0].geometry().size;
+    let stripe = 2 * 64 * common::KIB;
+    let region = |i: u64| (vec![(0x10 + i) as u8; common::us(stripe)], i * 2 * stripe);
+    let mut acked = Vec::new();
+    // Region 0 with all four; then one member after another loses its data area.
+    for (i, fail) in [None, Some(0usize), Some(1)].into_iter().enumerate() {
+        if let Some(d) = fail {
+            f[d].handle()
+                .fail_range(Ops::from(cairn_block::testkit::Op::Write), base..end);
+        }
+        let (data, off) = region(i as u64);
+        a.write_at(&data, off, WriteFlags::NONE).unwrap();
+        a.flush().unwrap();
+        acked.push((data, off));
+    }
+    assert!(a.report().state.degraded);
+    for d in [2, 3] {
+        f[d].handle()
+            .fail_range(Ops::from(cairn_block::testkit::Op::Write), base..end);
+    }
+    let (data, off) = region(3);
+    assert!(
+        a.write_at(&data, off, WriteFlags::NONE).is_err(),
+        "no member left to write"
+    );
+    drop(a);
+    // The space is back: the member images as the failures left them.
+    let imgs = copies(&m);
+    let events: Vec<u64> = imgs
+        .iter()
+        .map(|d| {
+            cairn_md::Superblock::read_from(&**d, "d", cairn_md::FeaturePolicy::Supported)
+                .unwrap()
+                .events
+        })
+        .collect();
+    println!("events {events:?}");
+    let e = Array::assemble(dyn_members(&imgs), names(4), AssembleOptions::default()).unwrap_err();
+    println!("without force: {e}");
+    assert_eq!(e.kind(), ErrorKind::Degraded, "{e}");
+    assert!(e.to_string().contains("with force the freshest"), "{e}");
+    let a = Array::assemble(
+        dyn_members(&imgs),
+        names(4),
+        AssembleOptions { force: true },
+    )
+    .unwrap_or_else(|e| panic!("force: {e}"));
+    let r = a.report();
+    println!("{}", r.state_text);
+    assert!(r.state.forced, "{}", r.state_text);
+    for (data, off) in &acked {
+        let mut back = vec![0u8; data.len()];
+        a.read_at(&mut back, *off).unwrap();
+        assert!(back == *data, "acknowledged data at {off} lost");
+    }
+    // Writable, and the members taken are brought to the same events.
+    a.write_at(&data, off, WriteFlags::NONE).unwrap();
+    a.close().unwrap();
+    drop(a);
+    let a = Array::assemble(dyn_members(&imgs), names(4), AssembleOptions::default())
+        .unwrap_or_else(|e| panic!("after a forced start, a plain one: {e}"));
+    let mut back = vec![0u8; data.len()];
+    a.read_at(&mut back, off).unwrap();
+    assert!(back == data);
+}
