@@ -557,7 +557,7 @@ impl Array {
             return Some(Work::Recover(role));
         }
         let resync = self.meta_lock().resync_pending;
-        if resync && self.down_roles().is_empty() {
+        if resync && self.check_resync_possible().is_ok() {
             return Some(Work::Resync);
         }
         if let Some(repair) = m.scrub.take() {

@@ -290,3 +290,67 @@ fn force_assembles_from_the_freshest_after_a_shared_failure() {
     a.read_at(&mut back, off).unwrap();
     assert!(back == data);
 }
+
+/// A resync goes on past a member failure while redundancy remains, as md's does: a
+/// RAID6 (and a 3-way RAID1) created over old data loses a member part-way through its
+/// resync; the resync finishes over the others and leaves them consistent, degraded.
+#[test]
+fn a_resync_goes_on_past_a_member_failure() {
+    use cairn_block::testkit::{Fault, FaultyDisk, Op};
+    for (shape, after) in [
+        (Shape::new(Level::Raid6, None, 16, 5).rows(32), 4),
+        (Shape::new(Level::Raid1, None, 64, 3).rows(64), 1),
+    ] {
+        let name = shape.name();
+        // Members full of old data: the array starts with a full resync pending.
+        let m: Vec<Arc<MemDisk>> = shape
+            .member_bytes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| {
+                Arc::new(MemDisk::from_bytes(
+                    &(0..b)
+                        .map(|x| (x % 251) as u8 ^ i as u8)
+                        .collect::<Vec<_>>(),
+                ))
+            })
+            .collect();
+        let mut o = shape.create_options();
+        o.members_zeroed = false;
+        o.force = true;
+        drop(Array::create(dyn_members(&m), names(m.len()), &o).unwrap());
+        let f: Vec<Arc<FaultyDisk<Arc<MemDisk>>>> = m
+            .iter()
+            .map(|d| Arc::new(FaultyDisk::new(d.clone())))
+            .collect();
+        let devs: Vec<Arc<dyn BlockDevice>> = f
+            .iter()
+            .map(|d| d.clone() as Arc<dyn BlockDevice>)
+            .collect();
+        let a = Array::assemble(devs, names(m.len()), AssembleOptions::default()).unwrap();
+        assert!(a.report().state.resync_pending, "{name}");
+        let base = common::bases(&m)[1];
+        // Member 1 takes a few resync writes, then fails every write to its data area.
+        f[1].handle().inject(
+            Fault::new(Op::Write)
+                .in_range(base..m[1].geometry().size)
+                .after(after),
+        );
+        a.resync()
+            .unwrap_or_else(|e| panic!("{name}: the resync stopped: {e}"));
+        let r = a.report();
+        assert!(r.state.degraded, "{name}: {}", r.state_text);
+        assert!(!r.state.resync_pending, "{name}: {}", r.state_text);
+        let data = read_all(&a);
+        let layout = a.layout().clone();
+        a.close().unwrap();
+        drop(a);
+        let images: Vec<Option<Vec<u8>>> = m
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (i != 1).then(|| d.to_vec()))
+            .collect();
+        common::check_members(&layout, &images, &common::bases(&m), &data)
+            .unwrap_or_else(|e| panic!("{name}: after the resync: {e}"));
+    }
+}
