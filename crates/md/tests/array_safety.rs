@@ -227,7 +227,10 @@ fn force_assembles_from_the_freshest_after_a_shared_failure() {
     let base = common::bases(&m)[0];
     let end = m[0].geometry().size;
     let stripe = 2 * 64 * common::KIB;
-    let region = |i: u64| (vec![(0x10 + i) as u8; common::us(stripe)], i * 2 * stripe);
+    let region = |i: u64| {
+        let byte = u8::try_from(0x10 + i).unwrap();
+        (vec![byte; common::us(stripe)], i * 2 * stripe)
+    };
     let mut acked = Vec::new();
     // Region 0 with all four; then one member after another loses its data area.
     for (i, fail) in [None, Some(0usize), Some(1)].into_iter().enumerate() {
@@ -310,7 +313,7 @@ fn a_resync_goes_on_past_a_member_failure() {
             .map(|(i, b)| {
                 Arc::new(MemDisk::from_bytes(
                     &(0..b)
-                        .map(|x| (x % 251) as u8 ^ i as u8)
+                        .map(|x| (x % 251) as u8 ^ u8::try_from(i).unwrap())
                         .collect::<Vec<_>>(),
                 ))
             })
