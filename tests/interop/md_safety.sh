@@ -104,7 +104,59 @@ t_stale_after_replace() {
   stop_cairn
 }
 
+# A RAID6 whose four members share one filesystem that fills up: members fail one after
+# another by ENOSPC (their superblocks, already allocated, record each other's failures)
+# until writes are refused. With space back, the restart is refused without --force and
+# says --force can do it; with --force the freshest members are taken and every write
+# that was acknowledged reads back.
+t_shared_failure_force() {
+  need_root
+  command -v nbdsh >/dev/null || skip "nbdsh is not installed (python3-libnbd)"
+  local fs=$WORK/full ctl=$WORK/ctl.sock out i
+  mkdir -p "$fs"
+  mount -t tmpfs -o size=20M tmpfs "$fs" || skip "cannot mount a tmpfs"
+  register mount "$fs"
+  MEMBERS=()
+  for i in 0 1 2 3; do MEMBERS+=("$fs/f$i.img"); done
+  MD_LIST=$(IFS=,; echo "${MEMBERS[*]}")
+  "$CAIRN" md create --level 6 --raid-devices 4 --size 32M --name full --chunk 64K \
+    "${MEMBERS[@]}" >/dev/null || fail "md create"
+  start_cairn --control "$ctl" --md "$MD_LIST:full"
+  ACKED=$WORK/acked.json nbdsh -u "$(unix_uri full)" -c '
+import json, os
+ok = []
+for i in range(60):
+    try:
+        h.pwrite(bytes([i + 1]) * (1 << 20), i << 20)
+        h.flush()
+    except Exception as e:
+        print("write", i, "refused:", e)
+        break
+    ok.append(i)
+json.dump(ok, open(os.environ["ACKED"], "w"))
+' || true
+  [ -s "$WORK/acked.json" ] || fail "no record of the acknowledged writes"
+  say "acknowledged: $(cat "$WORK/acked.json")"
+  stop_cairn
+  for m in "${MEMBERS[@]}"; do say "$m: events $(mdadm --examine "$m" | sed -n 's/^ *Events : //p')"; done
+  mount -o remount,size=400M "$fs"
+  out=$(timeout -k 5 30 "$CAIRN" serve --control "$ctl" --listen "unix:$WORK/x.sock" \
+    --md "$MD_LIST:full" 2>&1 >/dev/null) && fail "started without --force: $out"
+  say "$out"
+  expect_contains "$out" "with force the freshest" "the refusal says what force does"
+  start_cairn --force --control "$ctl" --md "$MD_LIST:full"
+  expect_contains "$(cat "$CAIRN_LOG")" "started by force from the freshest members" "the risk said"
+  ACKED=$WORK/acked.json nbdsh -u "$(unix_uri full)" -c '
+import json, os
+for i in json.load(open(os.environ["ACKED"])):
+    assert h.pread(1 << 20, i << 20) == bytes([i + 1]) * (1 << 20), f"acknowledged MiB {i} lost"
+'
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "cairn exit status"
+}
+
 run_test read_only_verbs_write_nothing t_read_only_verbs
 run_test create_size_leaves_nothing t_create_size_leaves_nothing
 run_test stale_after_replace t_stale_after_replace
+run_test shared_failure_force t_shared_failure_force
 finish
