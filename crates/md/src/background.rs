@@ -298,6 +298,13 @@ impl Array {
     /// chunks (and the window in which losing a member loses data) is as short as
     /// those chunks, not as the array.
     fn resync_work(&self, units: Units) -> (u64, u64) {
+        if !self.bitmap_guides_resync() {
+            return match units {
+                Units::Stripes { from, to, bytes } => (from * bytes, (to - from) * bytes),
+                Units::Bytes { from, to } => (from, to - from),
+                Units::None => (0, 0),
+            };
+        }
         match (units, &self.layout) {
             (Units::Stripes { from, to, bytes }, ArrayLayout::Parity(pl)) => {
                 let count = |r: std::ops::Range<u64>| {
