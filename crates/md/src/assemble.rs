@@ -239,10 +239,12 @@ impl Array {
         }
         let could_force = !opts.force
             && behind.iter().any(|f| {
-                f.sb.role()
-                    .slot()
-                    .map(usize::from)
-                    .is_some_and(|r| r < raid_disks && by_role[r].is_none())
+                !f.sb.features.has(crate::ondisk::Features::RECOVERY_OFFSET)
+                    && f.sb
+                        .role()
+                        .slot()
+                        .map(usize::from)
+                        .is_some_and(|r| r < raid_disks && by_role[r].is_none())
             });
         let force_hint = if could_force {
             "; with force the freshest of the members left out are taken back in (mdadm \
@@ -643,7 +645,12 @@ fn force_in(
         if enough {
             return Ok(taken);
         }
+        // A member that was part-way through a rebuild never held its whole role: md
+        // does not force such a one in either.
         let empty_role = |f: &Found| {
+            if f.sb.features.has(crate::ondisk::Features::RECOVERY_OFFSET) {
+                return None;
+            }
             f.sb.role()
                 .slot()
                 .map(usize::from)
