@@ -153,7 +153,9 @@ pub struct ScanArgs {
     #[arg(long, value_name = "DIR")]
     pub key_dir: Option<PathBuf>,
 
-    /// Assemble a degraded array that was not shut down cleanly, as serve --force would
+    /// Assemble an array that cannot start as it is, as serve --force would: degraded and
+    /// not shut down cleanly, degraded by a stale member, or only with failed members
+    /// taken back (mdadm --assemble --force)
     #[arg(short, long)]
     pub force: bool,
 }
@@ -429,7 +431,8 @@ pub struct MdDetailArgs {
     #[arg(value_name = "MEMBER", required = true)]
     pub members: Vec<PathBuf>,
 
-    /// Assemble even when the array is degraded and was not shut down cleanly
+    /// Assemble even when the array is degraded and was not shut down cleanly, degraded by
+    /// a stale member, or only with failed members taken back (mdadm --assemble --force)
     #[arg(short, long)]
     pub force: bool,
 }
@@ -573,7 +576,10 @@ pub struct ServeArgs {
     pub lvm: Vec<String>,
 
     /// Start an md array that is degraded and was not shut down cleanly (its parity may
-    /// not match where a write was interrupted)
+    /// not match where a write was interrupted), or degraded because a member given is
+    /// stale (mdadm --run); or, when too many members failed, take back the freshest of
+    /// them by event count (mdadm --assemble --force: data they missed may be
+    /// inconsistent; run `cairn md check`)
     #[arg(short, long)]
     pub force: bool,
 

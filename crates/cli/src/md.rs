@@ -321,12 +321,21 @@ fn create(a: MdCreateArgs, global: &Global) -> Result<()> {
 }
 
 fn create_sparse(p: &Path, size: u64) -> Result<()> {
-    std::fs::OpenOptions::new()
+    let fail =
+        |e: std::io::Error| CliError::new(format!("cannot create member file {}: {e}", shown(p)));
+    let f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(p)
-        .and_then(|f| f.set_len(size))
-        .map_err(|e| CliError::new(format!("cannot create member file {}: {e}", shown(p))))
+        .map_err(fail)?;
+    if let Err(e) = f.set_len(size) {
+        // create_new made it just now, so it is this command's to remove (a size the
+        // filesystem cannot hold, e.g. --size 100T).
+        drop(f);
+        let _ = std::fs::remove_file(p);
+        return Err(fail(e));
+    }
+    Ok(())
 }
 
 /// The few lines a sysadmin wants after `create`: what was made, and what to do next.
@@ -520,16 +529,31 @@ fn degraded_warning(r: &ArrayReport, missing: &[PathBuf]) -> Option<String> {
     if !r.state.degraded {
         return None;
     }
-    let roles: Vec<String> = r
-        .members
-        .iter()
-        .filter(|m| m.state != MemberState::ActiveSync && m.role.is_some())
-        .map(|m| {
-            let role = m.role.expect("filtered");
-            match (&m.name, &m.reason) {
-                (Some(n), Some(why)) => format!("role {role} ({n}: {why})"),
-                (Some(n), None) => format!("role {role} ({n}, {})", m.state.text()),
-                _ => format!("role {role}"),
+    // One entry per role that is down (no member in sync in it); a member left out at
+    // assembly, or failed and kept in the list, says why beside its role, not as another.
+    let roles: Vec<String> = (0..r.raid_devices)
+        .filter(|&role| {
+            !r.members
+                .iter()
+                .any(|m| m.role == Some(role) && m.state == MemberState::ActiveSync)
+        })
+        .map(|role| {
+            let rows: Vec<String> = r
+                .members
+                .iter()
+                .filter(|m| m.role == Some(role))
+                .filter_map(|m| {
+                    let n = m.name.as_ref()?;
+                    Some(match &m.reason {
+                        Some(why) => format!("{n}: {why}"),
+                        None => format!("{n}, {}", m.state.text()),
+                    })
+                })
+                .collect();
+            if rows.is_empty() {
+                format!("role {role}")
+            } else {
+                format!("role {role} ({})", rows.join("; "))
             }
         })
         .collect();

@@ -666,7 +666,7 @@ impl Array {
             self.describe_role(role)
         );
         let mut meta = self.meta_lock();
-        if meta.sbs.iter().any(Option::is_some) {
+        if meta.sbs.iter().any(Option::is_some) && !self.caps.read_only {
             meta.events += 1;
             if let Err(e) = self.write_superblocks(&mut meta) {
                 tracing::warn!("{}: recording the failure: {e}", self.array_label());
@@ -682,6 +682,15 @@ impl Array {
     /// write fails is failed in turn, and the update is repeated without it; a spare or
     /// replacement that fails is dropped.
     pub(crate) fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
+        if self.caps.read_only {
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                format!(
+                    "{}: opened read-only; its superblocks are not updated",
+                    self.array_label()
+                ),
+            ));
+        }
         meta.utime = now();
         for _ in 0..=self.slots.len() {
             self.bitmap_write_events(meta.events);
@@ -857,6 +866,13 @@ impl Array {
     /// unless the array was written to since. The array stays usable.
     pub fn close(&self) -> Result<()> {
         self.stop_background();
+        if self.caps.read_only {
+            // Opened to look (scan, detail): nothing was written and nothing may be. The
+            // members may belong to an array served elsewhere, whose superblocks, bitmap
+            // and log are its owner's to update.
+            self.closed.store(true, Ordering::Release);
+            return Ok(());
+        }
         self.flush()?;
         self.bitmap_close()?;
         if let Some(log) = &self.ppl {
@@ -891,7 +907,14 @@ impl Array {
     /// rebuild instead.
     pub(crate) fn check_resync_possible(&self) -> Result<()> {
         let down = self.down_roles();
-        if !down.is_empty() && self.layout_is_redundant() {
+        // md resyncs a degraded array while redundancy remains, so a member lost
+        // during a resync does not stop it: the parity or copies left are made to agree.
+        let redundancy_left = match &self.layout {
+            ArrayLayout::Parity(pl) => down.len() < pl.level().parity_members(),
+            ArrayLayout::Raid1(_) => self.slots.len() - down.len() >= 2,
+            _ => false,
+        };
+        if !down.is_empty() && self.layout_is_redundant() && !redundancy_left {
             let names: Vec<String> = down.iter().map(|&r| self.describe_role(r)).collect();
             return Err(Error::new(
                 ErrorKind::Degraded,
@@ -910,9 +933,29 @@ impl Array {
         let _guards = self.locks.lock_many(self.mirror_keys(pos, n));
         for (at, len, locs) in self.pieces(pos, n) {
             let mut data = vec![0u8; small(len)];
-            let src = locs[0];
-            self.read_member(src.member, &mut data, src.sector.0 * SECTOR_SIZE)?;
-            for loc in &locs[1..] {
+            // The first copy that is up and reads is the source; a copy that fails
+            // leaves the array, and the resync goes on over the others while two remain
+            // (md goes on too).
+            let mut src = None;
+            let mut last = None;
+            for loc in locs.iter().filter(|l| self.is_up(l.member)) {
+                match self.read_member(loc.member, &mut data, loc.sector.0 * SECTOR_SIZE) {
+                    Ok(()) => {
+                        src = Some(loc.member);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            let Some(src) = src else {
+                return Err(last
+                    .unwrap_or_else(|| Error::new(ErrorKind::Degraded, "no copy is up"))
+                    .context(format!("resync at array byte {at}")));
+            };
+            for loc in locs
+                .iter()
+                .filter(|l| l.member != src && self.is_up(l.member))
+            {
                 if let Err(e) = self.write_member(
                     loc.member,
                     &data,
@@ -920,9 +963,10 @@ impl Array {
                     WriteFlags::NONE,
                 ) {
                     self.fail_member(loc.member, &e);
-                    return Err(e.context(format!("resync at array byte {at}")));
                 }
             }
+            self.check_resync_possible()
+                .map_err(|e| e.context(format!("resync at array byte {at}")))?;
         }
         Ok(())
     }
@@ -1044,6 +1088,9 @@ impl Array {
             let Some(loc) = locs.iter().find(|l| l.member == member) else {
                 continue;
             };
+            if self.caps.read_only {
+                continue;
+            }
             if let Err(e) =
                 self.write_member(member, &data, loc.sector.0 * SECTOR_SIZE, WriteFlags::NONE)
             {

@@ -138,6 +138,16 @@ impl Array {
         let mut by_role: Vec<Option<Found>> = (0..raid_disks).map(|_| None).collect();
         let mut left_out: Vec<LeftOut> = Vec::new();
         let mut spares: Vec<Found> = Vec::new();
+        // Left out as stale or marked faulty, yet of this array's shape: what force may
+        // take back in (mdadm --assemble --force).
+        let mut behind: Vec<Found> = Vec::new();
+        let same_shape = |sb: &Superblock| {
+            sb.level == freshest.level
+                && sb.layout == freshest.layout
+                && sb.chunk == freshest.chunk
+                && sb.raid_disks == freshest.raid_disks
+                && sb.size == freshest.size
+        };
         for f in found {
             let out = |reason: String, f: &Found| LeftOut {
                 name: f.name.clone(),
@@ -146,18 +156,30 @@ impl Array {
                 reason,
             };
             if f.sb.events.saturating_add(1) < events {
+                let claimed = f.sb.role().slot();
+                let taken = claimed.is_some_and(|r| {
+                    freshest.dev_roles.iter().enumerate().any(|(d, role)| {
+                        role.slot() == Some(r) && d != small(u64::from(f.sb.dev_number))
+                    })
+                });
                 left_out.push(out(
-                    format!("stale: events {}, the array is at {events}", f.sb.events),
+                    format!(
+                        "stale: events {}, the array is at {events}{}",
+                        f.sb.events,
+                        if taken {
+                            "; its role now belongs to another device (replaced?)"
+                        } else {
+                            ""
+                        }
+                    ),
                     &f,
                 ));
+                if same_shape(&f.sb) {
+                    behind.push(f);
+                }
                 continue;
             }
-            let same_shape = f.sb.level == freshest.level
-                && f.sb.layout == freshest.layout
-                && f.sb.chunk == freshest.chunk
-                && f.sb.raid_disks == freshest.raid_disks
-                && f.sb.size == freshest.size;
-            if !same_shape {
+            if !same_shape(&f.sb) {
                 return Err(Error::new(
                     ErrorKind::Corrupt,
                     format!(
@@ -192,6 +214,9 @@ impl Array {
                     }
                 };
                 left_out.push(out(why.to_string(), &f));
+                if seen_as == crate::ondisk::DevRole::FAULTY {
+                    behind.push(f);
+                }
                 continue;
             };
             if role >= raid_disks {
@@ -212,10 +237,26 @@ impl Array {
             }
             by_role[role] = Some(f);
         }
-        for l in &left_out {
-            tracing::warn!("{label}: leaving {} out: {}", l.name, l.reason);
-        }
-
+        let could_force = !opts.force
+            && behind.iter().any(|f| {
+                !f.sb.features.has(crate::ondisk::Features::RECOVERY_OFFSET)
+                    && f.sb
+                        .role()
+                        .slot()
+                        .map(usize::from)
+                        .is_some_and(|r| r < raid_disks && by_role[r].is_none())
+            });
+        let force_hint = if could_force {
+            "; with force the freshest of the members left out are taken back in (mdadm \
+             --assemble --force), at the risk of inconsistent data where they missed writes"
+        } else {
+            ""
+        };
+        let forced_in = if opts.force {
+            force_in(&freshest, &mut by_role, &mut behind, &mut left_out)?
+        } else {
+            Vec::new()
+        };
         // Sizes: RAID0 and linear use each member's data_size, which missing members
         // would leave unknown; those levels cannot be degraded anyway.
         let missing: Vec<usize> = (0..raid_disks).filter(|&r| by_role[r].is_none()).collect();
@@ -229,7 +270,7 @@ impl Array {
                 &freshest,
                 &missing,
                 &left_out,
-                "it has no redundancy",
+                &format!("it has no redundancy{force_hint}"),
             ));
         }
         let layout =
@@ -253,7 +294,7 @@ impl Array {
                     l.copies()
                 ),
                 other => format!("{} tolerates {}", freshest.level, other.redundancy()),
-            };
+            } + force_hint;
             return Err(cannot_start(
                 &label, &freshest, &missing, &left_out, &tolerance,
             ));
@@ -269,6 +310,45 @@ impl Array {
                         f.name, f.sb.data_size.0, need.0
                     ),
                 ));
+            }
+        }
+        // A member given for a role the array still counts as in use (the freshest
+        // superblock names a device in it) but left out, stale or marked faulty: the
+        // array was not degraded, and starting it so would make that member more stale
+        // still. mdadm refuses this (fewer devices than the array had) without --run.
+        let stale_roles: Vec<usize> = missing
+            .iter()
+            .copied()
+            .filter(|&r| {
+                let r16 = u16::try_from(r).ok();
+                freshest.dev_roles.iter().any(|d| d.slot() == r16)
+                    && left_out.iter().any(|l| l.role == u32::try_from(r).ok())
+            })
+            .collect();
+        if !stale_roles.is_empty() && !opts.force {
+            return Err(Error::new(
+                ErrorKind::Degraded,
+                format!(
+                    "{label} cannot start: {} of {} members missing ({}); it was not degraded, \
+                     so give the current member{}, or start it degraded with force (mdadm \
+                     --assemble --run)",
+                    missing.len(),
+                    freshest.raid_disks,
+                    describe_missing(&missing, &left_out),
+                    if stale_roles.len() == 1 { "" } else { "s" }
+                ),
+            ));
+        }
+        // Members left out for a role that is now missing are named in the degraded
+        // start's message (and the report); others only here.
+        for l in &left_out {
+            let explained = l
+                .role
+                .is_some_and(|r| missing.iter().any(|&m| u32::try_from(m).ok() == Some(r)));
+            if explained {
+                tracing::info!("{label}: leaving {} out: {}", l.name, l.reason);
+            } else {
+                tracing::warn!("{label}: leaving {} out: {}", l.name, l.reason);
             }
         }
         let dirty = !freshest.is_clean();
@@ -317,8 +397,22 @@ impl Array {
                  parity may be wrong where a write was interrupted"
             );
         }
-        if !missing.is_empty() {
+        if !forced_in.is_empty() {
+            let taken: Vec<String> = forced_in
+                .iter()
+                .map(|(name, ev)| format!("{name} (events {ev})"))
+                .collect();
             tracing::warn!(
+                "{label}: started by force from the freshest members: {} taken back in at \
+                 events {events}. Writes the array took after a member's own event count \
+                 may be missing from it, so data rebuilt from it can be inconsistent there; \
+                 run `cairn md check` and check the filesystem before trusting the data",
+                taken.join(", ")
+            );
+        }
+        // The report says degraded and why; the caller warns (the CLI loudly, once).
+        if !missing.is_empty() {
+            tracing::info!(
                 "{label}: starting degraded, {}",
                 describe_missing(&missing, &left_out)
             );
@@ -424,7 +518,8 @@ impl Array {
         // first, without a new event, as md's first update after assembly would.
         let uneven = meta.sbs.iter().flatten().any(|sb| sb.events != events);
         let bitmap = crate::bitmap::load_bitmap(&slots, &layout, &bitmap_sb, events, &label)?;
-        let mut array = Array::build(layout, slots, identity, meta, left_out, opts.force && dirty)?;
+        let forced = (opts.force && dirty) || !forced_in.is_empty();
+        let mut array = Array::build(layout, slots, identity, meta, left_out, forced)?;
         array.install_bitmap(bitmap);
         if uneven && !array.capabilities().read_only {
             let mut meta = array.meta_lock();
@@ -549,6 +644,61 @@ fn check_one_array(found: &[Found]) -> Result<()> {
         "members of different arrays given together: {}; assemble one array at a time",
         parts.join("; ")
     )))
+}
+
+/// mdadm --assemble --force: while the members in place cannot start the array, takes
+/// back the freshest left-out member (by event count) whose own superblock claims an
+/// empty role, as in sync. Returns the members taken, with their event counts.
+fn force_in(
+    freshest: &Superblock,
+    by_role: &mut [Option<Found>],
+    behind: &mut Vec<Found>,
+    left_out: &mut Vec<LeftOut>,
+) -> Result<Vec<(String, u64)>> {
+    let redundant = !matches!(freshest.level, Level::Linear | Level::Raid0);
+    // Which roles may be down depends on the level and layout, not on member sizes.
+    let sizes = vec![freshest.size; by_role.len()];
+    let layout = if redundant {
+        Some(ArrayLayout::from_superblock(freshest, &sizes)?)
+    } else {
+        None
+    };
+    let mut taken = Vec::new();
+    loop {
+        let down: Vec<bool> = by_role.iter().map(Option::is_none).collect();
+        let enough = match &layout {
+            Some(l) => l.tolerates(&down),
+            None => !down.contains(&true),
+        };
+        if enough {
+            return Ok(taken);
+        }
+        // A member that was part-way through a rebuild never held its whole role: md
+        // does not force such a one in either.
+        let empty_role = |f: &Found| {
+            if f.sb.features.has(crate::ondisk::Features::RECOVERY_OFFSET) {
+                return None;
+            }
+            f.sb.role()
+                .slot()
+                .map(usize::from)
+                .filter(|&r| r < by_role.len() && by_role[r].is_none())
+        };
+        let best = behind
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| empty_role(f).is_some())
+            .max_by_key(|(_, f)| f.sb.events)
+            .map(|(i, _)| i);
+        let Some(i) = best else { return Ok(taken) };
+        let f = behind.swap_remove(i);
+        let role = empty_role(&f).expect("filtered");
+        if let Some(at) = left_out.iter().position(|l| l.name == f.name) {
+            left_out.remove(at);
+        }
+        taken.push((f.name.clone(), f.sb.events));
+        by_role[role] = Some(f);
+    }
 }
 
 /// "role 1 (disk1.img, stale), role 3 missing".

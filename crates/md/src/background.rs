@@ -69,7 +69,8 @@ pub struct BackgroundStatus {
     /// "running", "finished", "stopped" or "failed: <reason>".
     pub state: String,
     /// Bytes done, counting from the start (a resumed job starts at its checkpoint):
-    /// array bytes for resync and scrubs, member bytes for rebuilds.
+    /// array bytes for resync and scrubs, member bytes for rebuilds. A resync the
+    /// bitmap guides counts only the dirty regions, in `done_bytes` and `total_bytes`.
     pub done_bytes: u64,
     pub total_bytes: u64,
     /// Average speed over the last few seconds.
@@ -90,7 +91,7 @@ pub(crate) struct Job {
     action: &'static str,
     member: Option<String>,
     pub(crate) done: AtomicU64,
-    total: u64,
+    total: AtomicU64,
     speed: AtomicU64,
     pub(crate) worked: AtomicU64,
     state: Mutex<String>,
@@ -103,7 +104,7 @@ impl Job {
             action,
             member,
             done: AtomicU64::new(0),
-            total,
+            total: AtomicU64::new(total),
             speed: AtomicU64::new(0),
             worked: AtomicU64::new(0),
             state: Mutex::new("running".into()),
@@ -121,7 +122,7 @@ impl Job {
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone(),
             done_bytes: self.done.load(Ordering::Relaxed),
-            total_bytes: self.total,
+            total_bytes: self.total.load(Ordering::Relaxed),
             bytes_per_sec: self.speed.load(Ordering::Relaxed),
             worked_bytes: self.worked.load(Ordering::Relaxed),
         }
@@ -269,24 +270,59 @@ impl Array {
         }
     }
 
-    /// Resyncs one unit; returns the array bytes it covered and the checkpoint (member
+    /// Resyncs one unit; returns the array bytes it worked on (none where the bitmap
+    /// guides the resync and says the unit is clean) and the checkpoint (member
     /// sectors) after it.
     fn resync_unit(&self, units: Units, i: u64) -> Result<(u64, Sectors)> {
         match (units, &self.layout) {
             (Units::Stripes { bytes, .. }, ArrayLayout::Parity(pl)) => {
-                self.resync_stripe_if_dirty(pl, i)?;
-                Ok((bytes, Sectors((i + 1) * pl.chunk().0)))
+                let did = self.resync_stripe_if_dirty(pl, i)?;
+                Ok((if did { bytes } else { 0 }, Sectors((i + 1) * pl.chunk().0)))
             }
             (Units::Bytes { to, .. }, layout) => {
                 let n = MIRROR_STEP.min(to - i);
-                self.resync_mirrors_if_dirty(i, n)?;
+                let worked = self.resync_mirrors_if_dirty(i, n)?;
                 let cp = match layout {
                     ArrayLayout::Raid1(_) => Sectors((i + n) / SECTOR_SIZE),
                     _ => Sectors::ZERO,
                 };
-                Ok((n, cp))
+                Ok((worked, cp))
             }
             _ => Ok((0, Sectors::ZERO)),
+        }
+    }
+
+    /// The array bytes a resync works on before its starting unit and from it to the
+    /// end: every unit's, or only the dirty ones' when the bitmap guides the resync.
+    /// Progress and the speed limits count these, so that the resync of a few dirty
+    /// chunks (and the window in which losing a member loses data) is as short as
+    /// those chunks, not as the array.
+    fn resync_work(&self, units: Units) -> (u64, u64) {
+        if !self.bitmap_guides_resync() {
+            return match units {
+                Units::Stripes { from, to, bytes } => (from * bytes, (to - from) * bytes),
+                Units::Bytes { from, to } => (from, to - from),
+                Units::None => (0, 0),
+            };
+        }
+        match (units, &self.layout) {
+            (Units::Stripes { from, to, bytes }, ArrayLayout::Parity(pl)) => {
+                let count = |r: std::ops::Range<u64>| {
+                    crate::units::wide(r.filter(|&i| self.resync_stripe_needed(pl, i)).count())
+                        * bytes
+                };
+                (count(0..from), count(from..to))
+            }
+            (Units::Bytes { from, to }, _) => {
+                let sum = |a: u64, b: u64| -> u64 {
+                    self.mirror_resync_pieces(a, b - a)
+                        .iter()
+                        .map(|p| p.1)
+                        .sum()
+                };
+                (sum(0, from), sum(from, to))
+            }
+            _ => (0, 0),
         }
     }
 
@@ -309,12 +345,10 @@ impl Array {
             Units::Bytes { from, to } => (from, to, MIRROR_STEP),
             Units::None => (0, 0, 1),
         };
-        let mut done = match units {
-            Units::Stripes { from, bytes, .. } => from * bytes,
-            Units::Bytes { from, .. } => from,
-            Units::None => 0,
-        };
+        let (before, work) = self.resync_work(units);
+        let mut done = before;
         if let Some(j) = job {
+            j.total.store(before + work, Ordering::Relaxed);
             j.done.store(done, Ordering::Relaxed);
         }
         let mut pacer = Pacer::new(self, limits, done);
@@ -326,13 +360,13 @@ impl Array {
                 self.meta_lock().resync_from = cp;
                 return Ok(false);
             }
-            let (bytes, at) = self.resync_unit(units, i)?;
+            let (worked, at) = self.resync_unit(units, i)?;
             cp = at;
-            done += bytes;
+            done += worked;
             i += step;
             if let Some(j) = job {
                 j.done.store(done, Ordering::Relaxed);
-                j.worked.fetch_add(bytes, Ordering::Relaxed);
+                j.worked.fetch_add(worked, Ordering::Relaxed);
             }
             if last_cp.elapsed() >= Duration::from_secs(1) || i >= end {
                 self.meta_lock().resync_from = cp;
@@ -443,7 +477,11 @@ impl Array {
                 self.slots[r].member().map(|m| m.name.clone()),
                 self.member_extent_bytes(),
             ),
-            Work::Resync => ("resync", None, self.size_bytes()),
+            Work::Resync => {
+                let from = self.meta_lock().resync_from;
+                let (before, work) = self.resync_work(self.resync_units(from));
+                ("resync", None, before + work)
+            }
             Work::Scrub(repair) => (
                 if repair { "repair" } else { "check" },
                 None,
@@ -526,7 +564,7 @@ impl Array {
             return Some(Work::Recover(role));
         }
         let resync = self.meta_lock().resync_pending;
-        if resync && self.down_roles().is_empty() {
+        if resync && self.check_resync_possible().is_ok() {
             return Some(Work::Resync);
         }
         if let Some(repair) = m.scrub.take() {

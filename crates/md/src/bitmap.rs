@@ -612,7 +612,8 @@ impl Array {
     pub(crate) fn install_bitmap(&mut self, loaded: Option<(Bitmap, bool)>) {
         let Some((bm, stale)) = loaded else { return };
         self.bitmap = Some(bm);
-        if !stale {
+        // Read-only: every bit is set in memory; the owner writes it back.
+        if !stale || cairn_block::BlockDevice::capabilities(self).read_only {
             return;
         }
         let bm = self.bitmap.as_ref().expect("just set");
@@ -860,7 +861,7 @@ impl Array {
     // ---- resync (background.rs hooks) -------------------------------------------------
 
     /// Whether a pending resync may skip what the bitmap says is clean.
-    fn bitmap_guides_resync(&self) -> bool {
+    pub(crate) fn bitmap_guides_resync(&self) -> bool {
         self.bitmap.is_some() && self.meta_lock().resync_pending
     }
 
@@ -885,41 +886,59 @@ impl Array {
         ((start / bm.chunk).min(last)..=last).any(|c| st.test(c))
     }
 
-    /// Resyncs stripe `i` unless the bitmap says it is clean (a pending resync with a
-    /// bitmap covers only dirty chunks).
-    pub(crate) fn resync_stripe_if_dirty(&self, pl: &ParityLayout, i: u64) -> Result<()> {
+    /// Whether a pending resync must do stripe `i` (the bitmap, when it guides the
+    /// resync, says one of its chunks is dirty).
+    pub(crate) fn resync_stripe_needed(&self, pl: &ParityLayout, i: u64) -> bool {
         let c = pl.chunk().0 * SECTOR_SIZE;
-        if let (Some(bm), true) = (&self.bitmap, self.bitmap_guides_resync()) {
-            if !self.any_dirty(bm, i * c, (i + 1) * c) {
-                return Ok(());
-            }
+        match (&self.bitmap, self.bitmap_guides_resync()) {
+            (Some(bm), true) => self.any_dirty(bm, i * c, (i + 1) * c),
+            _ => true,
         }
-        self.resync_stripe(pl, i)?;
-        self.resynced.fetch_add(c, Ordering::Relaxed);
-        Ok(())
     }
 
-    /// Resyncs the mirrored array bytes `[pos, pos + n)`, only their dirty chunks when
-    /// the bitmap guides a pending resync.
-    pub(crate) fn resync_mirrors_if_dirty(&self, pos: u64, n: u64) -> Result<()> {
+    /// Resyncs stripe `i` unless the bitmap says it is clean (a pending resync with a
+    /// bitmap covers only dirty chunks). Returns whether it did.
+    pub(crate) fn resync_stripe_if_dirty(&self, pl: &ParityLayout, i: u64) -> Result<bool> {
+        if !self.resync_stripe_needed(pl, i) {
+            return Ok(false);
+        }
+        self.resync_stripe(pl, i)?;
+        let c = pl.chunk().0 * SECTOR_SIZE;
+        self.resynced.fetch_add(c, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// The dirty pieces of the mirrored array bytes `[pos, pos + n)`: the whole range
+    /// unless the bitmap guides a pending resync, else its dirty bitmap chunks.
+    pub(crate) fn mirror_resync_pieces(&self, pos: u64, n: u64) -> Vec<(u64, u64)> {
         let Some(bm) = self.bitmap.as_ref().filter(|_| self.bitmap_guides_resync()) else {
-            self.resync_mirrors(pos, n)?;
-            self.resynced.fetch_add(n, Ordering::Relaxed);
-            return Ok(());
+            return vec![(pos, n)];
         };
         // RAID1 bits count member bytes, which are array bytes; RAID10's count array
         // bytes: either way the range maps one to one.
         let end = pos + n;
         let mut at = pos;
+        let mut out = Vec::new();
         while at < end {
             let stop = ((at / bm.chunk + 1) * bm.chunk).min(end);
             if self.any_dirty(bm, at, stop) {
-                self.resync_mirrors(at, stop - at)?;
-                self.resynced.fetch_add(stop - at, Ordering::Relaxed);
+                out.push((at, stop - at));
             }
             at = stop;
         }
-        Ok(())
+        out
+    }
+
+    /// Resyncs the mirrored array bytes `[pos, pos + n)`, only their dirty chunks when
+    /// the bitmap guides a pending resync. Returns the bytes resynced.
+    pub(crate) fn resync_mirrors_if_dirty(&self, pos: u64, n: u64) -> Result<u64> {
+        let mut worked = 0;
+        for (at, len) in self.mirror_resync_pieces(pos, n) {
+            self.resync_mirrors(at, len)?;
+            self.resynced.fetch_add(len, Ordering::Relaxed);
+            worked += len;
+        }
+        Ok(worked)
     }
 
     // ---- for tests, reports and the re-add path ------------------------------------------

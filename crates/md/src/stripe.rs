@@ -163,7 +163,7 @@ impl Array {
         // md's read-error correction: write the rebuilt bytes back; a member that
         // cannot take them fails.
         for member in read_errors {
-            if !self.is_up(member) {
+            if !self.is_up(member) || cairn_block::BlockDevice::capabilities(self).read_only {
                 continue;
             }
             if let Err(e) =
@@ -375,11 +375,32 @@ impl Array {
         let c = Self::chunk_bytes(pl);
         let _guard = self.lock_stripe(stripe);
         let map = pl.stripe_map(StripeNo(stripe));
+        let mut down = self.down_mask_at(stripe * c);
         let mut rows = Vec::with_capacity(map.data.len());
-        for &m in &map.data {
-            let mut r = vec![0u8; small(c)];
-            self.read_member(m, &mut r, stripe * c)?;
-            rows.push(r);
+        let mut direct = map.data.iter().all(|&m| !down[m]);
+        if direct {
+            for &m in &map.data {
+                let mut r = vec![0u8; small(c)];
+                if let Err(e) = self.read_member(m, &mut r, stripe * c) {
+                    tracing::warn!("{}: {e}", self.array_label());
+                    direct = false;
+                    break;
+                }
+                rows.push(r);
+            }
+        }
+        let mut corrections = Vec::new();
+        if !direct {
+            // A data member is down (a RAID6 resyncing degraded, as md does) or did not
+            // read: its row is rebuilt from the others and the parity made to match.
+            let mut read_errors = Vec::new();
+            let all = self.read_row(pl, &map, stripe, 0, c, &mut down, &mut read_errors)?;
+            rows = map.data.iter().map(|&m| all[m].clone()).collect();
+            corrections = read_errors
+                .into_iter()
+                .filter(|m| map.data.contains(m))
+                .map(|m| (m, stripe * c, Cow::Owned(all[m].clone())))
+                .collect();
         }
         let refs: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
         let (p, q) = self.gen_parity(&map, &refs);
@@ -387,7 +408,11 @@ impl Array {
         if let (Some(qm), Some(q)) = (map.q, q) {
             writes.push((qm, stripe * c, Cow::Owned(q)));
         }
-        self.execute_writes(pl, writes, WriteFlags::NONE, false)
+        writes.retain(|(m, off, _)| self.is_up_at(*m, *off));
+        writes.extend(corrections);
+        self.execute_writes(pl, writes, WriteFlags::NONE, false)?;
+        self.check_resync_possible()
+            .map_err(|e| e.context(format!("resync of stripe {stripe}")))
     }
 
     /// Issues a batch of member writes; a member whose write fails is failed, and the
