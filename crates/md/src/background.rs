@@ -91,7 +91,7 @@ pub(crate) struct Job {
     action: &'static str,
     member: Option<String>,
     pub(crate) done: AtomicU64,
-    total: AtomicU64,
+    pub(crate) total: AtomicU64,
     speed: AtomicU64,
     pub(crate) worked: AtomicU64,
     state: Mutex<String>,

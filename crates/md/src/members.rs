@@ -346,10 +346,15 @@ impl Array {
             self.write_superblocks(&mut meta)?;
         }
         let how = match &only {
-            Some(r) => format!(
-                "only the {} bytes the bitmap marks are rebuilt",
-                r.iter().map(|x| x.1).sum::<u64>()
-            ),
+            Some(r) => match r.iter().map(|x| x.1).sum::<u64>() {
+                0 => "the bitmap marks nothing written while it was out, so nothing is \
+                      copied (writes from now on reach it as they come)"
+                    .to_string(),
+                dirty => format!(
+                    "only the {dirty} bytes the bitmap marks (and any written meanwhile) are \
+                     rebuilt"
+                ),
+            },
             None => "it is rebuilt in full".to_string(),
         };
         tracing::info!(
@@ -595,10 +600,19 @@ impl Array {
         let step = self.rebuild_step();
         let end = self.member_extent_bytes();
         let mut pos = from - from % step;
+        // A bitmap-guided re-add works only where the bitmap is dirty: its progress and
+        // its pacing count those bytes (as a guided resync does), so the window in which
+        // the member is not in sync lasts as long as what it missed, not as the member.
+        let guided = self.guided(role);
+        let mut done = if guided { 0 } else { pos };
         if let Some(j) = job {
-            j.done.store(pos, Ordering::Relaxed);
+            if guided {
+                j.total
+                    .store(self.guided_recovery_work(pos, end), Ordering::Relaxed);
+            }
+            j.done.store(done, Ordering::Relaxed);
         }
-        let mut pacer = Pacer::new(self, limits, pos);
+        let mut pacer = Pacer::new(self, limits, done);
         let mut last_cp = std::time::Instant::now();
         while pos < end {
             if self.stopping() {
@@ -618,20 +632,25 @@ impl Array {
                 self.rebuild_unit(role, pos, n)?
             };
             pos += n;
+            done = if guided { done + worked } else { pos };
             let cp = match self.layout {
                 ArrayLayout::Raid10(_) => 0,
                 _ => pos,
             };
             slot.recovery_cp.store(cp, Ordering::Release);
             if let Some(j) = job {
-                j.done.store(pos, Ordering::Relaxed);
+                // Writes during the rebuild can dirty more than was counted at its start.
+                if guided {
+                    j.total.fetch_max(done, Ordering::Relaxed);
+                }
+                j.done.store(done, Ordering::Relaxed);
                 j.worked.fetch_add(worked, Ordering::Relaxed);
             }
             if last_cp.elapsed() >= std::time::Duration::from_secs(5) {
                 self.checkpoint_recovery()?;
                 last_cp = std::time::Instant::now();
             }
-            pacer.step(self, job, pos);
+            pacer.step(self, job, done);
         }
         self.flush()?;
         {
@@ -673,6 +692,46 @@ impl Array {
             }
             // Mirrors skip per bitmap chunk in copy_dirty.
             _ => false,
+        }
+    }
+
+    /// The member bytes a guided re-add will copy from member offset `pos` to `end`, as
+    /// the bitmap stands now: dirty stripes for parity levels, dirty bitmap chunks of the
+    /// mirrored ranges otherwise.
+    fn guided_recovery_work(&self, pos: u64, end: u64) -> u64 {
+        match &self.layout {
+            ArrayLayout::Parity(pl) => {
+                let c = pl.chunk().0 * SECTOR_SIZE;
+                (pos / c..end.div_ceil(c))
+                    .filter(|s| self.bitmap_range_dirty(s * c, (s + 1) * c))
+                    .map(|_| c)
+                    .sum()
+            }
+            _ => {
+                let Some(chunk) = self.bitmap_chunk() else {
+                    return end - pos;
+                };
+                let step = self.rebuild_step();
+                let mut total = 0;
+                let mut at = pos;
+                while at < end {
+                    let n = step.min(end - at);
+                    let (from, len) = match &self.layout {
+                        ArrayLayout::Raid10(_) => self.raid10_scan(at, n),
+                        _ => (at, n),
+                    };
+                    let mut b = from;
+                    while b < from + len {
+                        let stop = ((b / chunk + 1) * chunk).min(from + len);
+                        if self.bitmap_range_dirty(b, stop) {
+                            total += stop - b;
+                        }
+                        b = stop;
+                    }
+                    at += n;
+                }
+                total
+            }
         }
     }
 

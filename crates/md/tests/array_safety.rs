@@ -357,3 +357,66 @@ fn a_resync_goes_on_past_a_member_failure() {
             .unwrap_or_else(|e| panic!("{name}: after the resync: {e}"));
     }
 }
+
+/// The re-add counterpart of the bitmap resync: a member that comes back after one
+/// write is rebuilt at the speed limit over what it missed, not over its whole size, so
+/// it is in sync again in the time that write's stripe takes (issue 13: a re-add said
+/// "only the bytes the bitmap marks" and then paced a walk over the whole member).
+#[test]
+fn a_bitmap_guided_re_add_is_as_long_as_what_it_missed() {
+    let shape = Shape::new(Level::Raid5, None, 64, 4).rows(256);
+    let m = common::mem_members(&shape);
+    let mut o = shape.create_options();
+    o.bitmap = cairn_md::BitmapChoice::Internal {
+        chunk_bytes: Some(64 * common::KIB),
+    };
+    let a = Arc::new(Array::create(dyn_members(&m), names(m.len()), &o).unwrap());
+    a.fail("disk1.img").unwrap();
+    a.remove("disk1.img").unwrap();
+    let size = a.geometry().size;
+    a.write_at(&[9u8; 4096], size / 2, WriteFlags::NONE)
+        .unwrap();
+    a.flush().unwrap();
+    let mib = cairn_md::SpeedLimits {
+        min: 1 << 20,
+        max: 1 << 20,
+    };
+    a.manage(mib);
+    let start = std::time::Instant::now();
+    let msg = a
+        .add(
+            m[1].clone() as Arc<dyn BlockDevice>,
+            "disk1.img".into(),
+            false,
+        )
+        .unwrap();
+    assert!(msg.contains("only the"), "not bitmap-guided: {msg}");
+    let st = loop {
+        if let Some(st) = a.background() {
+            if st.action == "recovery" && st.state != "running" {
+                break st;
+            }
+        }
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "re-add never finished: {:?}",
+            a.background()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    assert_eq!(st.state, "finished", "{st:?}");
+    // One 64 KiB chunk of the member per dirty stripe; the member is 16 MiB, which at
+    // 1 MiB/s took 16 s before.
+    assert_eq!(st.total_bytes, 64 * common::KIB, "{st:?}");
+    assert_eq!(st.done_bytes, st.total_bytes, "{st:?}");
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "a re-add that missed one stripe took {took:?} at 1 MiB/s ({st:?})"
+    );
+    assert!(!a.report().state.degraded);
+    let mut back = [0u8; 4096];
+    a.read_at(&mut back, size / 2).unwrap();
+    assert_eq!(back, [9u8; 4096]);
+    a.close().unwrap();
+}
