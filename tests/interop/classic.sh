@@ -174,7 +174,29 @@ t_lvm_needs_its_pvs() {
   [ ! -e "$WORK/x.sock" ] || fail "a refused serve left its socket"
 }
 
+# A served stack answers `cairn lvm vgs/lvs` itself: the daemon has the PVs open and
+# unlocked, so the report needs no key (a key file that does not exist proves nothing
+# was unlocked) and matches what lvs reads from the devices once the server is gone.
+t_lvs_from_the_daemon() {
+  need_tool jq
+  make_stack 4 64K 32M
+  "$CAIRN" lvm lvcreate -n home -l 2 vg0 --md "$M" --luks --key-file "$KEY" >/dev/null
+  mkdir -p "$WORK/xdg"
+  XDG_RUNTIME_DIR=$WORK/xdg start_cairn --md "$M" --luks --lvm --key-file "$KEY"
+  XDG_RUNTIME_DIR=$WORK/xdg "$CAIRN" --json lvm lvs --md "$M" --luks --key-file "$WORK/no-such-key" \
+    >"$WORK/served.json" 2>"$WORK/served.err" ||
+    fail "lvs of a served VG without its key: $(cat "$WORK/served.err")"
+  expect_contains "$(cat "$WORK/served.err")" "VG vg0 is served by cairn serve (PID $CAIRN_PID)" "where the report came from"
+  XDG_RUNTIME_DIR=$WORK/xdg "$CAIRN" lvm vgs --md "$M" --luks --key-file "$WORK/no-such-key" >"$WORK/vgs.txt" 2>&1 ||
+    fail "vgs of a served VG: $(cat "$WORK/vgs.txt")"
+  expect_contains "$(cat "$WORK/vgs.txt")" "vg0" "vgs through the daemon"
+  stop_cairn
+  "$CAIRN" --json lvm lvs --md "$M" --luks --key-file "$KEY" >"$WORK/local.json"
+  expect_eq "$(jq -c '.lvs' "$WORK/served.json")" "$(jq -c '.lvs' "$WORK/local.json")" "the daemon's LVs and the devices' LVs"
+}
+
 run_test classic-stack-ext4 t_classic_stack_ext4
 run_test non-power-of-two-stripe t_non_power_of_two_stripe
 run_test lvm-needs-its-pvs t_lvm_needs_its_pvs
+run_test lvs-from-the-daemon t_lvs_from_the_daemon
 finish

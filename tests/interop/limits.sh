@@ -18,7 +18,7 @@ t_hijacked_runtime_dir() {
   XDG=$WORK/xdg
   as_nobody
   mkdir -m 0700 "$XDG"
-  truncate -s 16M "$XDG/disk.img"
+  truncate -s 16M "$XDG/disk.img" "$XDG/disk2.img"
   chown -R 65534:65534 "$XDG"
   # First the good case: cairn makes the directory itself, owner-only.
   "${AS_NOBODY[@]}" "$CAIRN" serve --json --listen tcp:127.0.0.1:0 "$XDG/disk.img" \
@@ -74,8 +74,9 @@ EOF
   for i in $(seq 100); do [ -s "$WORK/bad.json" ] && break; sleep 0.1; done
   [ ! -e "$XDG/cairn/control.sock" ] || fail "cairn bound its control socket in a 0777 directory"
   expect_contains "$(cat "$WORK/bad.log")" "another user could replace" "serve's warning"
-  # And an NBD socket asked for there is refused.
-  "${AS_NOBODY[@]}" "$CAIRN" serve --listen "unix:$XDG/cairn/nbd.sock" --no-control "$XDG/disk.img" \
+  # And an NBD socket asked for there is refused (another file: the server above holds
+  # disk.img, and a second writer would be refused for that first).
+  "${AS_NOBODY[@]}" "$CAIRN" serve --listen "unix:$XDG/cairn/nbd.sock" --no-control "$XDG/disk2.img" \
     >/dev/null 2>"$WORK/bad-nbd.log" &
   pid=$!
   register pid $pid

@@ -5,9 +5,10 @@
 # scratch directory are listed as skipped, loudly, with the reason.
 #
 # What the harness changes, and only this:
-#  - servers (`cairn serve ...`) run in the background until the next server line, as a
-#    user keeps one running in another terminal; a prose line "With `cairn serve X` ..."
-#    before a block starts that server first;
+#  - servers (`cairn serve ...`) run in the background until the next server line or the
+#    next block, as a user keeps one running in another terminal and stops it with
+#    Ctrl-C; a block whose prose line says "still served" keeps it, and one that says
+#    "With `cairn serve X` ... running" starts that server first;
 #  - terminal prompts get their answers from files: `luks format` gets -q and the key
 #    file (with cheap PBKDF2 so the run is quick), a `--luks` server gets --key-file;
 #  - /run/cairn (root's default runtime directory) is the scratch one ($XDG_RUNTIME_DIR),
@@ -66,6 +67,10 @@ while i < len(text):
     m = re.search(r"With `(cairn serve [^`]+)`.*running", prose)
     if m:
         emit(f"start_server {m.group(1)}")
+    elif not re.search(r"still served|running", prose):
+        # A new section: the user stopped the server of the last one (Ctrl-C), as
+        # they must before changing what it serves (one writer per device).
+        emit("stop_server")
     # Join continuation lines, drop comments.
     joined, cur = [], ""
     for l in lines:

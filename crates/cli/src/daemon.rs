@@ -572,6 +572,7 @@ impl Daemon {
                 _ => Response::method_not_allowed(m, &r.path, &["GET", "DELETE"]),
             },
             ["v1", "arrays"] => only(&["GET"], &|| Response::json(200, &self.arrays_view())),
+            ["v1", "lvm", vg] => only(&["GET"], &|| self.lvm_view(vg)),
             ["v1", "arrays", name] => only(&["GET"], &|| {
                 let v = self.arrays_view();
                 let hit = self.find_array(name).map(|a| a.uuid().to_string());
@@ -750,6 +751,38 @@ impl Daemon {
                 },
                 e.to_string(),
             )),
+        }
+    }
+
+    /// `GET /v1/lvm/VG`: the VG's report, as `cairn lvm vgs/lvs` print it, read from the
+    /// PVs this daemon has open (and unlocked) already, so a client does not open or
+    /// unlock them again. Only PVs that hold a served LV are known here: a PV that holds
+    /// none shows as missing, and the client then reads the VG itself.
+    fn lvm_view(&self, vg: &str) -> Response {
+        let mut pvs: Vec<cairn_lvm::PvDevice> = Vec::new();
+        for e in self.exports().iter() {
+            let Some(lv) = e.lvm.as_ref().filter(|lv| lv.details.vg == vg) else {
+                continue;
+            };
+            for pv in &lv.pvs {
+                let same = |p: &cairn_lvm::PvDevice| {
+                    std::ptr::addr_eq(Arc::as_ptr(&p.dev), Arc::as_ptr(&pv.device))
+                };
+                if !pvs.iter().any(same) {
+                    pvs.push(cairn_lvm::PvDevice::new(pv_label(pv), pv.device.clone()));
+                }
+            }
+        }
+        if pvs.is_empty() {
+            return Response::error(404, format!("no LV of a VG named {vg:?} is served here"));
+        }
+        let opts = cairn_lvm::OpenOptions {
+            partial: true,
+            read_only: true,
+        };
+        match cairn_lvm::Vg::open_with(pvs, opts) {
+            Ok(v) => Response::json(200, &v.report()),
+            Err(e) => Response::error(500, format!("VG {vg}: {e}")),
         }
     }
 
@@ -1119,6 +1152,29 @@ fn rebuild_nn(nn: u64) -> &'static str {
         40 => "Rebuild40",
         60 => "Rebuild60",
         _ => "Rebuild80",
+    }
+}
+
+/// A PV's name in reports, as `cairn lvm` names the PVs it opens: `md:M1,M2,...` for an
+/// array, `luks:` before an encrypted one, else the path.
+fn pv_label(e: &OpenedExport) -> String {
+    let base = match &e.md {
+        Some(a) => {
+            let members: Vec<String> = a
+                .report()
+                .members
+                .into_iter()
+                .filter(|m| m.role.is_some() && m.state == cairn_md::MemberState::ActiveSync)
+                .filter_map(|m| m.name)
+                .collect();
+            format!("md:{}", members.join(","))
+        }
+        None => e.path.display().to_string(),
+    };
+    if e.luks.is_some() {
+        format!("luks:{base}")
+    } else {
+        base
     }
 }
 

@@ -601,6 +601,82 @@ fn lvremove(a: &LvmLvArgs, global: &Global) -> Result<()> {
 
 // ---- reports -----------------------------------------------------------------------
 
+/// The VG report from a running `cairn serve` that serves an LV of the VG on these
+/// devices: it has them open and unlocked, so nothing is opened or unlocked again (a
+/// stacked `lvs --luks` would otherwise run the key derivation every time). `None` when
+/// no daemon in the runtime directory serves them, or its answer is not the whole VG.
+fn report_from_daemon(a: &LvmReportArgs) -> Option<VgReport> {
+    let mut given: Vec<PathBuf> = a.pvs.clone();
+    for list in &a.devices.devices {
+        given.extend(list.split(',').filter(|p| !p.is_empty()).map(PathBuf::from));
+    }
+    for m in &a.devices.md {
+        given.extend(md::parse_md_spec(m).ok()?.members);
+    }
+    given.extend(
+        a.devices
+            .luks
+            .iter()
+            .filter(|f| !f.is_empty())
+            .map(PathBuf::from),
+    );
+    let given: Vec<PathBuf> = given
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
+    if given.is_empty() {
+        return None;
+    }
+    for sock in crate::control::live_daemons() {
+        let Ok(status) = crate::control::get_ok(&sock, "/v1/status") else {
+            continue;
+        };
+        let Some(vg) = status["exports"]
+            .as_array()?
+            .iter()
+            .find_map(|tree| served_vg(tree, &given))
+        else {
+            continue;
+        };
+        let Ok(v) = crate::control::get_ok(&sock, &format!("/v1/lvm/{vg}")) else {
+            continue;
+        };
+        let Ok(r) = serde_json::from_value::<VgReport>(v) else {
+            continue;
+        };
+        if r.pvs.iter().any(|p| p.missing) {
+            continue;
+        }
+        tracing::info!(
+            "VG {vg} is served by cairn serve (PID {}); this report comes from it, with \
+             nothing opened or unlocked again",
+            status["pid"]
+        );
+        return Some(r);
+    }
+    None
+}
+
+/// The VG of the LV in export tree `tree` when one of its stack's files is in `given`.
+fn served_vg(tree: &serde_json::Value, given: &[PathBuf]) -> Option<String> {
+    fn nodes<'a>(n: &'a serde_json::Value, out: &mut Vec<&'a serde_json::Value>) {
+        out.push(n);
+        for c in n["children"].as_array().into_iter().flatten() {
+            nodes(c, out);
+        }
+    }
+    let mut all = Vec::new();
+    nodes(tree, &mut all);
+    let vg = all.iter().find_map(|n| n["lv"]["vg"].as_str())?;
+    let uses = all.iter().any(|n| {
+        n["path"]
+            .as_str()
+            .and_then(|p| std::fs::canonicalize(p).ok())
+            .is_some_and(|p| given.contains(&p))
+    });
+    uses.then(|| vg.to_string())
+}
+
 #[derive(Debug, Serialize)]
 struct PvRow {
     pv_name: String,
@@ -706,6 +782,9 @@ fn pvs(a: &LvmReportArgs, global: &Global) -> Result<()> {
 }
 
 fn report_of(a: &LvmReportArgs) -> Result<VgReport> {
+    if let Some(r) = report_from_daemon(a) {
+        return Ok(r);
+    }
     let (vg, opened) = open_vg(&a.devices, &a.pvs, None, true)?;
     let r = vg.report();
     opened.close()?;

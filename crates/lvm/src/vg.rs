@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::alloc::{FreeMap, Run};
 use crate::label::{self, format_uuid, strip_uuid, PvHeader};
@@ -56,7 +56,7 @@ pub struct LvChange {
     pub notes: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VgReport {
     pub name: String,
     pub uuid: String,
@@ -75,7 +75,7 @@ pub struct VgReport {
     pub notes: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PvReport {
     /// The device name given at open (or the metadata's hint if missing).
     pub name: String,
@@ -94,7 +94,7 @@ pub struct PvReport {
     pub allocatable: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegReport {
     pub start_extent: u64,
     pub extent_count: u64,
@@ -106,7 +106,7 @@ pub struct SegReport {
     pub seg_pe_ranges: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LvReport {
     pub name: String,
     pub uuid: String,
