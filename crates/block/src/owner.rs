@@ -6,8 +6,9 @@
 //!   writer:  flock(LOCK_EX | LOCK_NB) on the open file   (+ O_EXCL on a block device)
 //!            held by the open file description: a second open in the same process
 //!            conflicts too, and dropping the FileDisk (closing it) releases it
-//!   reader:  flock(LOCK_SH | LOCK_NB) then LOCK_UN: a probe only; readers never keep a
-//!            lock, so they never hold a writer up, and are told the data may be changing
+//!   reader:  takes no lock at all (even a brief probe could make a writer that starts
+//!            meanwhile fail); /proc/locks says whether a writer holds one, and the
+//!            reader is told the data may be changing
 //!   holder:  /proc/locks names the PID that took the flock; /proc/PID/cmdline says what
 //!            it is ("cairn serve --md ..."); else any process with the file open
 //! ```
@@ -104,16 +105,13 @@ pub(crate) fn lock_writer(file: &File, name: &str) -> Result<(), Error> {
     }
 }
 
-/// For a reader: who holds `file` for writing now, if anyone. Takes no lasting lock.
+/// For a reader: who holds `file` for writing now, if anyone. Takes no lock.
 pub(crate) fn writer_of(file: &File) -> Option<InUse> {
-    match flock(file, libc::LOCK_SH | libc::LOCK_NB) {
-        Ok(()) => {
-            let _ = flock(file, libc::LOCK_UN);
-            None
-        }
-        Err(e) if would_block(&e) => Some(holder(file)),
-        Err(_) => None,
+    let meta = file.metadata().ok()?;
+    if flock_pids(meta.dev(), meta.ino()).is_empty() {
+        return None;
     }
+    Some(holder(file))
 }
 
 /// Whoever holds the flock on `file`'s inode: /proc/locks first (it names the PID that
@@ -141,16 +139,22 @@ pub(crate) fn holder(file: &File) -> InUse {
 }
 
 /// A block device's holder when an O_EXCL open found it busy: a process with the same
-/// device open, if one is visible (else the kernel: a mount, md, dm).
+/// device open, if one is visible, another before this one (the kernel ties the claim to
+/// an open file, so another export or array of this process can hold it too); else the
+/// kernel (a mount, md, dm).
 pub(crate) fn block_holder(rdev: u64) -> InUse {
     let me = std::process::id();
-    let pid = processes()
-        .into_iter()
-        .find(|&pid| pid != me && open_files(pid).any(|m| m.rdev() == rdev && is_block(&m)));
+    let opened = |pid: u32| open_files(pid).any(|m| m.rdev() == rdev && is_block(&m));
+    let pids = processes();
+    let pid = pids
+        .iter()
+        .copied()
+        .find(|&pid| pid != me && opened(pid))
+        .or_else(|| opened(me).then_some(me));
     InUse {
         pid,
         command: pid.and_then(command_of),
-        this_process: false,
+        this_process: pid == Some(me),
         maybe_kernel: pid.is_none(),
     }
 }

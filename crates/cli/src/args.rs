@@ -11,6 +11,10 @@ use crate::size::parse_size;
 /// Worker threads per connection for `cairn serve`: measured in docs/BENCHMARKS.md.
 pub const DEFAULT_THREADS: u16 = 1;
 
+/// `cairn serve --max-connections` and `--client-timeout` defaults (quickstart too).
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
+pub const DEFAULT_CLIENT_TIMEOUT: u64 = 30;
+
 const ABOUT: &str = "The Linux storage stack in one userspace program, served over NBD";
 
 const LONG_ABOUT: &str = "\
@@ -629,14 +633,14 @@ pub struct ServerOptions {
 
     /// Most client connections served at once, handshakes included; more are closed at
     /// once until some end
-    #[arg(long, value_name = "N", default_value_t = 256,
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS,
           value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_connections: u32,
 
     /// Seconds a client may take to finish the NBD handshake, and may go without reading
     /// a reply it is being sent, before it is disconnected. Such a client otherwise holds
     /// a connection slot, and the memory of its unsent replies, for ever
-    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_CLIENT_TIMEOUT,
           value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub client_timeout: u64,
 

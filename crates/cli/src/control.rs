@@ -25,29 +25,40 @@ pub fn daemon_control_path(pid: u32) -> PathBuf {
 }
 
 /// The control sockets in the runtime directory that a daemon answers on, `control.sock`
-/// first, then the `control-PID.sock` of further daemons by PID.
+/// first, then the `control-PID.sock` of further daemons by PID. Root also looks in
+/// `/run/cairn` when its runtime directory is elsewhere: a daemon started without
+/// `$XDG_RUNTIME_DIR` (by systemd) is there, and a login shell's root has one set.
 pub fn live_daemons() -> Vec<PathBuf> {
-    let dir = crate::listen::runtime_dir();
-    let mut extra: Vec<(u32, PathBuf)> = std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name();
-            let pid = name
-                .to_str()?
-                .strip_prefix("control-")?
-                .strip_suffix(".sock")?
-                .parse()
-                .ok()?;
-            Some((pid, e.path()))
-        })
-        .collect();
-    extra.sort();
-    std::iter::once(default_control_path())
-        .chain(extra.into_iter().map(|(_, p)| p))
-        .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
-        .collect()
+    let mut dirs = vec![crate::listen::runtime_dir()];
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 && dirs[0] != Path::new("/run/cairn") {
+        dirs.push(PathBuf::from("/run/cairn"));
+    }
+    let mut found = Vec::new();
+    for dir in dirs {
+        let mut extra: Vec<(u32, PathBuf)> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name();
+                let pid = name
+                    .to_str()?
+                    .strip_prefix("control-")?
+                    .strip_suffix(".sock")?
+                    .parse()
+                    .ok()?;
+                Some((pid, e.path()))
+            })
+            .collect();
+        extra.sort();
+        found.extend(
+            std::iter::once(dir.join("control.sock"))
+                .chain(extra.into_iter().map(|(_, p)| p))
+                .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok()),
+        );
+    }
+    found
 }
 
 /// What a client verb is about, so that among several daemons the one that serves it

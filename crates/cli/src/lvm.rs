@@ -632,9 +632,8 @@ fn report_from_daemon(a: &LvmReportArgs) -> Option<VgReport> {
             continue;
         };
         let Some(vg) = status["exports"]
-            .as_array()?
-            .iter()
-            .find_map(|tree| served_vg(tree, &given))
+            .as_array()
+            .and_then(|list| list.iter().find_map(|tree| served_vg(tree, &given)))
         else {
             continue;
         };

@@ -161,16 +161,15 @@ fn absolute(p: &Path) -> Result<PathBuf> {
         .map_err(|e| CliError::new(format!("cannot make {} absolute: {e}", p.display())))
 }
 
-/// Sends one action; prints its message (or the JSON answer).
-fn act(control: &ControlArgs, body: &Value, global: &Global) -> Result<Value> {
-    act_quietly(control, body, global, false)
+/// The daemon serving `array` (see [`control::resolve_for`]); asked once per command.
+fn daemon_for(control: &ControlArgs, array: &str) -> Result<PathBuf> {
+    control::resolve_for(control.control.as_deref(), control::Wants::Array(array))
 }
 
-/// [`act`], printing nothing when `quiet`.
-fn act_quietly(control: &ControlArgs, body: &Value, global: &Global, quiet: bool) -> Result<Value> {
-    let array = body["array"].as_str().unwrap_or_default();
-    let path = control::resolve_for(control.control.as_deref(), control::Wants::Array(array))?;
-    let (status, v) = control::request(&path, "POST", "/v1/actions", Some(body))?;
+/// Sends one action to the daemon on `path`; prints its message (or the JSON answer)
+/// unless `quiet`.
+fn act(path: &Path, body: &Value, global: &Global, quiet: bool) -> Result<Value> {
+    let (status, v) = control::request(path, "POST", "/v1/actions", Some(body))?;
     if !(200..300).contains(&status) {
         return Err(CliError::new(v["error"].as_str().map_or_else(
             || format!("the daemon answered {status}: {v}"),
@@ -188,12 +187,12 @@ fn act_quietly(control: &ControlArgs, body: &Value, global: &Global, quiet: bool
 
 pub fn fail(a: &MdMemberArgs, global: &Global) -> Result<()> {
     let body = json!({"action": "md-fail", "array": a.array, "member": a.member});
-    act(&a.control, &body, global).map(drop)
+    act(&daemon_for(&a.control, &a.array)?, &body, global, false).map(drop)
 }
 
 pub fn remove(a: &MdMemberArgs, global: &Global) -> Result<()> {
     let body = json!({"action": "md-remove", "array": a.array, "member": a.member});
-    act(&a.control, &body, global).map(drop)
+    act(&daemon_for(&a.control, &a.array)?, &body, global, false).map(drop)
 }
 
 pub fn add(a: &MdAddArgs, global: &Global) -> Result<()> {
@@ -203,11 +202,7 @@ pub fn add(a: &MdAddArgs, global: &Global) -> Result<()> {
         "path": absolute(&a.device)?,
         "force": a.force,
     });
-    act(&a.control, &body, global)?;
-    if a.wait {
-        wait_idle(&a.control, &a.array)?;
-    }
-    Ok(())
+    act_and_wait(&a.control, &a.array, &body, global, a.wait)
 }
 
 pub fn replace(a: &MdReplaceArgs, global: &Global) -> Result<()> {
@@ -219,55 +214,75 @@ pub fn replace(a: &MdReplaceArgs, global: &Global) -> Result<()> {
         "with": with,
         "force": a.force,
     });
-    act(&a.control, &body, global)?;
-    if a.wait {
-        wait_idle(&a.control, &a.array)?;
+    act_and_wait(&a.control, &a.array, &body, global, a.wait)
+}
+
+/// The array's newest background job number (0 before any).
+fn job_id(path: &Path, route: &str) -> Result<u64> {
+    Ok(control::get_ok(path, route)?["background"]["id"]
+        .as_u64()
+        .unwrap_or(0))
+}
+
+/// Sends `body`; with `wait`, follows the background jobs it starts until they end.
+fn act_and_wait(
+    control: &ControlArgs,
+    array: &str,
+    body: &Value,
+    global: &Global,
+    wait: bool,
+) -> Result<()> {
+    let path = daemon_for(control, array)?;
+    let route = format!("/v1/arrays/{array}");
+    let before = if wait { job_id(&path, &route)? } else { 0 };
+    act(&path, body, global, false)?;
+    if wait {
+        wait_jobs(&path, &route, array, before)?;
     }
     Ok(())
 }
 
-/// Follows ARRAY's background work until no rebuild, replacement or resync runs (seen
-/// idle on three looks in a row, so a job that hands over to the next is followed too),
-/// with a progress line on stderr when it is a terminal.
-fn wait_idle(control: &ControlArgs, array: &str) -> Result<()> {
+/// Follows the jobs numbered after `before` (a rebuild, then perhaps the next the array
+/// queues) until none runs and the array is not recovering, with a progress line on
+/// stderr when it is a terminal. A job that fails or is stopped is an error. When the
+/// action started nothing (a spare on a healthy array), returns after a second.
+fn wait_jobs(path: &Path, route: &str, array: &str, before: u64) -> Result<()> {
     use std::io::{IsTerminal, Write};
-    let path = control::resolve_for(control.control.as_deref(), control::Wants::Array(array))?;
-    let route = format!("/v1/arrays/{array}");
     let tty = std::io::stderr().is_terminal();
-    let mut idle_looks = 0;
-    let mut last = String::new();
-    while idle_looks < 3 {
+    let started = std::time::Instant::now();
+    let mut followed = false;
+    loop {
         std::thread::sleep(Duration::from_millis(200));
-        let v = control::get_ok(&path, &route)?;
+        let v = control::get_ok(path, route)?;
         let bg = &v["background"];
+        let action = bg["action"].as_str().unwrap_or("background work");
         let state = bg["state"].as_str().unwrap_or("");
-        if let Some(reason) = state.strip_prefix("failed") {
-            return Err(CliError::new(format!(
-                "{} of {array} failed{reason}",
-                bg["action"].as_str().unwrap_or("background work")
-            )));
+        let recovering = v["detail"]["state_text"]
+            .as_str()
+            .is_some_and(|t| t.contains("recovering"));
+        let new = bg["id"].as_u64().unwrap_or(0) > before;
+        if new && (state.starts_with("failed") || state == "stopped") {
+            return Err(CliError::new(format!("{action} of {array}: {state}")));
         }
-        let text = v["detail"]["state_text"].as_str().unwrap_or("");
-        if state == "running" || text.contains("recovering") || text.contains("resync") {
-            idle_looks = 0;
+        if new && state == "running" {
+            followed = true;
             let done = bg["done_bytes"].as_u64().unwrap_or(0);
             let total = bg["total_bytes"].as_u64().unwrap_or(0).max(1);
             #[allow(clippy::cast_precision_loss)]
             let pct = done as f64 * 100.0 / total as f64;
-            last = format!(
-                "{} of {array}: {pct:.1}% done",
-                bg["action"].as_str().unwrap_or("work")
-            );
             if tty {
                 let mut e = std::io::stderr().lock();
-                let _ = write!(e, "\r{last}   ");
+                let _ = write!(e, "\r{action} of {array}: {pct:.1}% done   ");
                 let _ = e.flush();
             }
-        } else {
-            idle_looks += 1;
+            continue;
+        }
+        // Nothing of ours runs: done once the array is not waiting for another job.
+        if !recovering && (new || started.elapsed() >= Duration::from_secs(1)) {
+            break;
         }
     }
-    if !last.is_empty() {
+    if followed {
         let mut e = std::io::stderr().lock();
         let _ = writeln!(e, "{}{array}: done", if tty { "\r" } else { "" });
     }
@@ -276,14 +291,11 @@ fn wait_idle(control: &ControlArgs, array: &str) -> Result<()> {
 
 pub fn scrub(a: &MdScrubArgs, repair: bool, global: &Global) -> Result<()> {
     let body = json!({"action": "md-scrub", "array": a.array, "repair": repair});
-    act_quietly(&a.control, &body, global, a.wait)?;
+    let path = daemon_for(&a.control, &a.array)?;
+    act(&path, &body, global, a.wait)?;
     if !a.wait {
         return Ok(());
     }
-    let path = control::resolve_for(
-        a.control.control.as_deref(),
-        control::Wants::Array(&a.array),
-    )?;
     let route = format!("/v1/arrays/{}", a.array);
     let action = if repair { "repair" } else { "check" };
     let report = loop {

@@ -2,7 +2,7 @@
 //! one warning a reader gets when what it reads is being written (cairn_block's owner
 //! lock does the work; this module only words it).
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use cairn_block::{FileDisk, InUse};
@@ -32,7 +32,7 @@ pub fn busy(shown: &str, e: &cairn_block::Error) -> CliError {
 /// For a device opened read-only: warns, once per writer, that another process writes
 /// it and what is read may be changing.
 pub fn note_reader(shown: &str, disk: &FileDisk) {
-    static WARNED: Mutex<Option<HashSet<Option<u32>>>> = Mutex::new(None);
+    static WARNED: Mutex<BTreeSet<Option<u32>>> = Mutex::new(BTreeSet::new());
     let Some(h) = disk.in_use() else {
         return;
     };
@@ -41,7 +41,7 @@ pub fn note_reader(shown: &str, disk: &FileDisk) {
         return;
     }
     let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
-    if !warned.get_or_insert_with(HashSet::new).insert(h.pid) {
+    if !warned.insert(h.pid) {
         return;
     }
     tracing::warn!("{shown} is {h}, which writes it: what is read may be changing meanwhile");

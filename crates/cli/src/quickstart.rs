@@ -283,8 +283,8 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     let opts = ServerOptions {
         listen: listens.clone(),
         threads: crate::args::DEFAULT_THREADS,
-        max_connections: 256,
-        client_timeout: 30,
+        max_connections: crate::args::DEFAULT_MAX_CONNECTIONS,
+        client_timeout: crate::args::DEFAULT_CLIENT_TIMEOUT,
         default_export: None,
         speed_limit_min: 1000,
         speed_limit_max: 200_000,

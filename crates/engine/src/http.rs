@@ -411,12 +411,12 @@ pub fn bind_unix(path: &Path, mode: u32) -> io::Result<Listener> {
         }
         std::fs::remove_file(path)?;
     }
-    // The socket is created owner-only (umask 0177) and then given `mode`: a socket
+    // The socket is created owner-only (umask 0077) and then given `mode`: a socket
     // created with the usual umask and narrowed after would be open for a moment. The
-    // umask is process-wide: a file another thread creates in this short window is
-    // owner-only too, which is only stricter.
+    // umask is process-wide: a file or directory another thread creates in this short
+    // window is owner-only too (0077 keeps a directory's owner bits, so it stays usable).
     // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
-    let old = unsafe { libc::umask(0o177) };
+    let old = unsafe { libc::umask(0o077) };
     let bound = UnixListener::bind(path);
     // SAFETY: as above, restoring the previous mask.
     unsafe { libc::umask(old) };

@@ -745,12 +745,15 @@ impl Metadata {
                     }
                 }
             }
-            min_offset = Some(min_offset.map_or(offset, |m| m.min(offset)));
+            // Offset 0 is a detached header's (the data is on another device); whether
+            // the data may sit there is decided when it is activated on a device
+            // (`Luks2::activate`), as cryptsetup does. Every other segment must clear
+            // the keyslots, so one at 0 must not hide another inside them.
+            if offset != 0 {
+                min_offset = Some(min_offset.map_or(offset, |m: u64| m.min(offset)));
+            }
         }
-        // Offset 0 is a detached header's (the data is on another device); whether the
-        // data may sit there is decided when it is activated on a device
-        // (`Luks2::activate`), as cryptsetup does.
-        if let Some(m) = min_offset.filter(|&m| m != 0) {
+        if let Some(m) = min_offset {
             if ks_end > m {
                 return Err(corrupt(format!(
                     "keyslots area ends at {ks_end}, past the data offset {m}"

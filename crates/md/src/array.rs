@@ -906,6 +906,17 @@ impl Array {
     /// A degraded redundant array cannot be resynced: its missing member needs a
     /// rebuild instead.
     pub(crate) fn check_resync_possible(&self) -> Result<()> {
+        // A resync writes parity or copies: an array on read-only members never does,
+        // whoever asks (the library's callers, not only the CLI, see the same rule).
+        if self.caps.read_only {
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                format!(
+                    "{}: opened read-only; it is not resynced",
+                    self.array_label()
+                ),
+            ));
+        }
         let down = self.down_roles();
         // md resyncs a degraded array while redundancy remains, so a member lost
         // during a resync does not stop it: the parity or copies left are made to agree.

@@ -365,6 +365,8 @@ impl Array {
             done += worked;
             i += step;
             if let Some(j) = job {
+                // Writes during the resync can dirty more than was counted at its start.
+                j.total.fetch_max(done, Ordering::Relaxed);
                 j.done.store(done, Ordering::Relaxed);
                 j.worked.fetch_add(worked, Ordering::Relaxed);
             }

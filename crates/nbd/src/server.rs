@@ -477,8 +477,7 @@ impl Server {
                         std::fs::remove_file(path)?;
                     }
                     // Owner only: the socket gives raw access to the data. Created so under
-                    // the umask, not narrowed after: between bind and a chmod another user
-                    // could connect.
+                    // the umask (0700), then 0600: no other user can connect at any moment.
                     let lst = bind_owner_only(path).map_err(|e| {
                         io::Error::new(e.kind(), format!("bind {}: {e}", path.display()))
                     })?;
@@ -826,12 +825,13 @@ impl ExportsHandle {
     }
 }
 
-/// Binds a Unix socket that is mode 0600 from the moment it exists. The umask is
-/// process-wide: a file another thread creates in this short window is owner-only too,
-/// which is only stricter.
+/// Binds a Unix socket that is owner-only (0700) from the moment it exists; the caller
+/// makes it 0600. The umask is process-wide: a file or directory another thread creates
+/// in this short window is owner-only too (0077 keeps a directory's owner bits, where
+/// 0177 would make a directory its owner cannot enter).
 fn bind_owner_only(path: &std::path::Path) -> io::Result<UnixListener> {
     // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
-    let old = unsafe { libc::umask(0o177) };
+    let old = unsafe { libc::umask(0o077) };
     let res = UnixListener::bind(path);
     // SAFETY: as above, restoring the previous mask.
     unsafe { libc::umask(old) };
