@@ -6,7 +6,7 @@
 //!        ─ check (one of file/md per export, names, listeners) ─ paths made absolute
 //!          against FILE's directory
 //!   apply: ServeArgs  <── settings the command line left unset (the command line wins)
-//!   open_stacks: [[export]] ─ exports::open | md::open_export ─ (luks) scan::unlock_with
+//!   open_stacks: [[export]] ─ entry_spec ─ cairn_stack::open (the same as the command line)
 //! ```
 //!
 //! Both routes open stacks with the same functions, so a config file and the equivalent
@@ -17,11 +17,8 @@ use std::path::{Path, PathBuf};
 use cairn_nbd::Listen;
 use serde::Deserialize;
 
-use crate::args::{ServeArgs, DEFAULT_THREADS};
 use crate::error::{CliError, Result};
-use crate::exports::{self, ExportSpec, OpenedExport};
-use crate::md::{self, MdSpec};
-use crate::scan::{self, KeyCache, KeySource};
+use cairn_stack::Spec;
 
 /// The whole file.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
@@ -142,7 +139,7 @@ pub fn parse(text: &str, shown: &str, base: &Path) -> Result<Config> {
             )));
         }
         if let Some(n) = &e.name {
-            exports::parse_spec(&format!("x:{n}"))
+            cairn_stack::export::parse_spec(&format!("x:{n}"))
                 .map_err(|err| CliError::new(format!("{which}: {err}")))?;
         }
         e.file.iter_mut().for_each(abs);
@@ -164,156 +161,26 @@ pub fn load(path: &Path) -> Result<Config> {
     parse(&text, &shown, &base)
 }
 
-/// Fills what the command line left unset from `--config`, and returns the config's
-/// `[[export]]` stacks. Lists (listen, scan) from the command line replace the file's;
-/// flags (read_only, force, direct) add to it; a `--threads` equal to the default counts
-/// as unset.
-pub fn apply(args: ServeArgs) -> Result<(ServeArgs, Vec<ExportEntry>)> {
-    let Some(path) = args.config.clone() else {
-        return Ok((args, Vec::new()));
-    };
-    let c = load(&path)?;
-    Ok(merge(args, c))
-}
-
-fn merge(mut a: ServeArgs, c: Config) -> (ServeArgs, Vec<ExportEntry>) {
-    if a.server.listen.is_empty() {
-        a.server.listen = c
-            .listen
-            .iter()
-            .map(|l| l.parse().expect("checked in parse"))
-            .collect();
-    }
-    if a.server.threads == DEFAULT_THREADS {
-        if let Some(t) = c.threads {
-            a.server.threads = t;
-        }
-    }
-    if a.server.default_export.is_none() {
-        a.server.default_export = c.default_export;
-    }
-    a.server.stripe_cache_size = a.server.stripe_cache_size.or(c.stripe_cache_size);
-    a.server.stripe_cache_hold_ms = a.server.stripe_cache_hold_ms.or(c.stripe_cache_hold_ms);
-    a.read_only |= c.read_only;
-    a.direct |= c.direct;
-    a.force |= c.force;
-    if a.scan.is_empty() {
-        a.scan = c.scan;
-    }
-    if a.key_file.is_none() {
-        a.key_file = c.key_file;
-    }
-    if a.key_dir.is_none() {
-        a.key_dir = c.key_dir;
-    }
-    (a, c.exports)
-}
-
-/// Opens the config's `[[export]]` stacks as `cairn serve FILE`, `--md` and `--luks`
-/// would.
-pub fn open_stacks(entries: &[ExportEntry], args: &ServeArgs) -> Result<Vec<OpenedExport>> {
-    let mut out: Vec<OpenedExport> = Vec::new();
-    let mut keys = KeyCache::default();
-    let terminal = crate::tty::available();
-    let mut pvs: Vec<OpenedExport> = Vec::new();
-    for entry in entries {
-        match open_one(entry, args, &mut keys, terminal) {
-            Ok(e) if entry.lvm => pvs.push(e),
-            Ok(e) => out.push(e),
-            Err(err) => {
-                // Not served after all: leave arrays clean, as on shutdown.
-                for e in &out {
-                    if let Some(a) = &e.md {
-                        let _ = a.close();
-                    }
-                }
-                return Err(err);
-            }
-        }
-    }
-    if !pvs.is_empty() {
-        out.extend(crate::volumes::open_lv_exports(pvs, args.read_only)?);
-    }
-    Ok(out)
-}
-
-fn open_one(
-    entry: &ExportEntry,
-    args: &ServeArgs,
-    keys: &mut KeyCache,
-    terminal: bool,
-) -> Result<OpenedExport> {
-    let read_only = args.read_only || entry.read_only;
-    let (e, shown) = match (&entry.file, &entry.md) {
-        (Some(f), _) => {
-            let name = match &entry.name {
-                Some(n) => n.clone(),
-                None => exports::parse_spec(&f.display().to_string())?.name,
-            };
-            let spec = ExportSpec {
-                path: f.clone(),
-                name,
-            };
-            (
-                exports::open(&spec, read_only, args.direct)?,
-                f.display().to_string(),
-            )
-        }
-        (None, Some(members)) => {
-            let spec = MdSpec {
-                members: members.clone(),
-                name: entry.name.clone(),
-            };
-            let shown = format!(
-                "the md array on {}",
-                members
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            let e = md::open_export(&spec, read_only, args.force)?;
-            (md::with_stripe_cache(e, args.server.stripe_cache()), shown)
-        }
+/// The stack an `[[export]]` entry names.
+pub fn entry_spec(entry: &ExportEntry) -> Spec {
+    let base = match (&entry.file, &entry.md) {
+        (Some(f), _) => Spec::File(f.clone()),
+        (None, Some(members)) => Spec::Md(members.clone()),
         (None, None) => unreachable!("checked in parse"),
     };
-    if !entry.luks {
-        return Ok(e);
-    }
-    let sources = match &entry.key_file {
-        Some(k) => vec![KeySource::KeyFile(k.clone())],
-        None => {
-            let uuid = match scan::luks_uuid(e.device.clone(), &shown) {
-                Ok(u) => u,
-                Err(err) => {
-                    if let Some(a) = &e.md {
-                        let _ = a.close();
-                    }
-                    return Err(err);
-                }
-            };
-            scan::key_sources(
-                &uuid,
-                args.key_file.as_deref(),
-                args.key_dir.as_deref(),
-                terminal,
-            )
+    if entry.luks {
+        Spec::Luks {
+            on: Box::new(base),
+            key_file: entry.key_file.clone(),
         }
-    };
-    scan::unlock_with(&e, &shown, &sources, keys)
-        .map(|(u, _)| u)
-        .inspect_err(|_| {
-            if let Some(a) = &e.md {
-                let _ = a.close();
-            }
-        })
+    } else {
+        base
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::{Cli, Command};
-    use clap::Parser;
 
     const EXAMPLE: &str = include_str!("../../../docs/cairn.example.toml");
 
@@ -358,77 +225,5 @@ mod tests {
         assert!(parse("threads = 0\n", "c", Path::new("/")).is_err());
         let bad_name = "[[export]]\nname = \"a b\"\nfile = \"a\"\n";
         assert!(parse(bad_name, "c", Path::new("/")).is_err());
-    }
-
-    fn serve_args(argv: &[&str]) -> ServeArgs {
-        let mut full = vec!["cairn", "serve"];
-        full.extend_from_slice(argv);
-        match Cli::try_parse_from(full).unwrap().command {
-            Command::Serve(s) => s,
-            _ => unreachable!(),
-        }
-    }
-
-    #[test]
-    fn scan_and_config_stand_in_for_files() {
-        let a = serve_args(&["--scan", "/d", "--key-file", "k", "--key-dir", "/keys"]);
-        assert!(a.exports.is_empty());
-        assert_eq!(a.scan, [PathBuf::from("/d")]);
-        assert!(Cli::try_parse_from(["cairn", "serve", "--config", "c.toml"]).is_ok());
-        // A key file still needs something to unlock.
-        assert!(Cli::try_parse_from(["cairn", "serve", "--key-file", "k", "a.img"]).is_err());
-        assert!(Cli::try_parse_from(["cairn", "advise"]).is_err());
-        assert!(Cli::try_parse_from(["cairn", "advise", "--md", "a,b"]).is_ok());
-        assert!(Cli::try_parse_from(["cairn", "scan"]).is_err());
-    }
-
-    #[test]
-    fn the_command_line_wins() {
-        let c = parse(
-            "listen = [\"tcp:127.0.0.1:1\"]\nthreads = 4\nscan = [\"/a\"]\nkey_file = \"/k\"\n\
-             read_only = true\n",
-            "c",
-            Path::new("/"),
-        )
-        .unwrap();
-        let a = serve_args(&[
-            "--config",
-            "c",
-            "--listen",
-            "tcp:127.0.0.1:2",
-            "--key-file",
-            "/k2",
-        ]);
-        let (m, _) = merge(a, c.clone());
-        assert_eq!(m.server.listen, ["tcp:127.0.0.1:2".parse().unwrap()]);
-        assert_eq!(m.server.threads, 4);
-        assert_eq!(m.scan, [PathBuf::from("/a")]);
-        assert_eq!(m.key_file, Some(PathBuf::from("/k2")));
-        assert!(m.read_only);
-        let a = serve_args(&["--config", "c", "--threads", "8", "--scan", "/b"]);
-        let (m, _) = merge(a, c);
-        assert_eq!(m.server.threads, 8);
-        assert_eq!(m.scan, [PathBuf::from("/b")]);
-        assert_eq!(m.server.listen, ["tcp:127.0.0.1:1".parse().unwrap()]);
-    }
-
-    #[test]
-    fn stripe_cache_keys() {
-        let c = parse(
-            "stripe_cache_size = 4096\nstripe_cache_hold_ms = 5\n",
-            "c",
-            Path::new("/"),
-        )
-        .unwrap();
-        let (m, _) = merge(serve_args(&["--config", "c"]), c.clone());
-        let o = m.server.stripe_cache();
-        assert_eq!((o.size, o.hold.as_millis()), (4096, 5));
-        let a = serve_args(&["--config", "c", "--stripe-cache-size", "0"]);
-        let (m, _) = merge(a, c);
-        assert_eq!(m.server.stripe_cache().size, 0);
-        assert_eq!(m.server.stripe_cache().hold.as_millis(), 5);
-        let d = serve_args(&["x.img"]).server.stripe_cache();
-        assert_eq!(d, cairn_md::StripeCacheOptions::default());
-        assert!(parse("stripe_cache_size = 40000\n", "c", Path::new("/")).is_err());
     }
 }

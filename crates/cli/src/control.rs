@@ -9,6 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::error::{CliError, Result};
+use clap::Args;
 
 /// `control.sock` in the runtime directory, beside the default NBD socket
 /// (`$XDG_RUNTIME_DIR/cairn`, `/run/cairn` for root, `/tmp/cairn-UID` for others). The
@@ -190,6 +191,19 @@ fn connect_error(control: &Path, e: &io::Error) -> CliError {
         )),
         _ => CliError::new(format!("talking to the cairn daemon on {shown}: {e}")),
     }
+}
+
+// ---- the command line (clap) ----------------------------------------------------
+//
+
+/// Where client verbs find the daemon.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ControlArgs {
+    /// The daemon's control socket [default: the one daemon running in the runtime
+    /// directory ($XDG_RUNTIME_DIR/cairn, else /run/cairn for root, /tmp/cairn-UID);
+    /// with several, the one serving the array named, else they are listed to choose]
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   serve::serve ── wrap_export (StatsDisk "export:NAME") ── Server::new ── bind ──┐
-//!   exports::open ── wrap_file   (StatsDisk "file:PATH")                           │
+//!   cairn_stack::export::open ── wrap_file   (StatsDisk "file:PATH")                           │
 //!   md::open_member ─ wrap_member (StatsDisk "member:PATH")                        │
 //!                                                                                  v
 //!   daemon::start ── control socket (http, 0600) ─┐    Daemon { exports (OpenedExport),
@@ -12,7 +12,7 @@
 //!                    emit Fail / DegradedArray / RebuildStarted ... to events
 //! ```
 //!
-//! Every answer is built from `stack::describe`, so the status tree, the API, the metrics
+//! Every answer is built from `cairn_stack::describe`, so the status tree, the API, the metrics
 //! labels and the events name the same nodes. Actions (add and remove an export today,
 //! md fail/add/remove/replace/check later) are one [`Action`] enum applied by
 //! [`Daemon::apply`]; each is idempotent and says what changed.
@@ -32,11 +32,12 @@ use cairn_nbd::{Export, ExportsHandle, Listen};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::args::OperatorOptions;
 use crate::error::{CliError, Result};
-use crate::exports::{self, OpenedExport};
-use crate::size::format_size;
-use crate::stack::{self, Node};
+use cairn_stack::export::OpenedExport;
+use cairn_stack::node::{self, Node};
+use cairn_stack::size::format_size;
+use cairn_stack::{Keys, Options, Spec};
+use clap::Args;
 
 /// Events kept for the API.
 const EVENT_RING: usize = 256;
@@ -64,6 +65,8 @@ pub fn wrap_member(name: &str, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice
 #[derive(Debug)]
 pub struct Daemon {
     exports: Mutex<Vec<OpenedExport>>,
+    /// How stacks added through the API are opened (serve's flags, no terminal).
+    open: Options,
     nbd: ExportsHandle,
     events: Arc<Events>,
     listen: Vec<Listen>,
@@ -95,6 +98,7 @@ pub fn start(
     opened: &[OpenedExport],
     nbd: ExportsHandle,
     listen: &[Listen],
+    open: Options,
 ) -> Result<Running> {
     stats::monotonic_ns(); // the clock /v1/stats reports starts now
     let events = Events::new(EVENT_RING, opts.on_event.clone());
@@ -151,6 +155,7 @@ pub fn start(
     }
     let daemon = Arc::new(Daemon {
         exports: Mutex::new(opened.to_vec()),
+        open,
         nbd,
         events,
         listen: listen.to_vec(),
@@ -224,13 +229,21 @@ struct ExportView {
     stack: Node,
 }
 
-/// `POST /v1/exports`.
+/// `POST /v1/exports`: a file (`path`), or any stack (`stack`, a [`Spec`] in JSON:
+/// `{"md": [...]}`, `{"luks": {"on": ..., "key_file": ...}}`, `{"lvm": [...]}`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AddExport {
-    pub name: String,
+    /// The export's name; an LVM stack's exports are named `VG/LV` and take none.
+    #[serde(default)]
+    pub name: Option<String>,
     /// An absolute path to a file or block device.
-    pub path: PathBuf,
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// A stack to open; its paths absolute, its LUKS volumes with a `key_file` (the
+    /// daemon has no terminal to ask on).
+    #[serde(default)]
+    pub stack: Option<Spec>,
     #[serde(default)]
     pub read_only: bool,
 }
@@ -332,7 +345,7 @@ impl Daemon {
         let list = self.exports().clone();
         list.into_iter()
             .map(|e| {
-                let n = stack::describe(&e);
+                let n = cairn_stack::describe::describe(&e);
                 (e, n)
             })
             .collect()
@@ -399,7 +412,7 @@ impl Daemon {
         let mut seen = std::collections::HashSet::new();
         let mut out = Vec::new();
         for (e, root) in trees {
-            for n in stack::walk(root) {
+            for n in node::walk(root) {
                 if matches!(n.kind.as_str(), "export" | "file" | "member")
                     && seen.insert(n.id.clone())
                 {
@@ -455,7 +468,7 @@ impl Daemon {
                     .filter(|c| c.export.as_deref() == Some(e.name.as_str()))
                     .count() as u64,
             });
-            for n in stack::walk(root) {
+            for n in node::walk(root) {
                 if let Some(md) = &n.md {
                     s.arrays.push(metrics::ArraySample {
                         export: e.name.clone(),
@@ -806,24 +819,61 @@ impl Daemon {
     }
 
     fn add_export(&self, a: AddExport) -> std::result::Result<Outcome, Response> {
-        check_export_name(&a.name).map_err(|m| Response::error(422, m))?;
-        if !a.path.is_absolute() {
-            return Err(Response::error(
-                422,
-                format!(
-                    "path {:?} must be absolute (the daemon does not share your working \
-                     directory)",
-                    a.path.display().to_string()
-                ),
-            ));
+        let spec = match (&a.path, &a.stack) {
+            (Some(p), None) => Spec::File(p.clone()),
+            (None, Some(s)) => s.clone(),
+            _ => {
+                return Err(Response::error(
+                    422,
+                    "give either \"path\" (a file or block device) or \"stack\" (e.g. \
+                     {\"md\": [\"/srv/d0.img\", ...]}), not both",
+                ))
+            }
+        };
+        spec.check()
+            .map_err(|e| Response::error(422, e.to_string()))?;
+        for p in spec.paths() {
+            if !p.is_absolute() {
+                return Err(Response::error(
+                    422,
+                    format!(
+                        "path {:?} must be absolute (the daemon does not share your working \
+                         directory)",
+                        p.display().to_string()
+                    ),
+                ));
+            }
+        }
+        let lvm = matches!(spec, Spec::Lvm(_));
+        let name = match (&a.name, lvm) {
+            (Some(n), false) => n.clone(),
+            (None, false) => {
+                return Err(Response::error(
+                    422,
+                    "missing field `name` (the export's name)",
+                ))
+            }
+            (Some(_), true) => {
+                return Err(Response::error(
+                    422,
+                    "an LVM stack's exports are named VG/LV; give no \"name\"",
+                ))
+            }
+            (None, true) => String::new(),
+        };
+        if !lvm {
+            check_export_name(&name).map_err(|m| Response::error(422, m))?;
         }
         let mut list = self.exports();
-        if let Some(e) = list.iter().find(|e| e.name == a.name) {
+        if let (false, Some(e)) = (lvm, list.iter().find(|e| e.name == name)) {
             let plain = e.md.is_none() && e.luks.is_none() && e.lvm.is_none();
-            if plain && same_file(&e.path, &a.path) && e.read_only == a.read_only {
+            let same = match &spec {
+                Spec::File(p) => plain && same_file(&e.path, p),
+                _ => false,
+            };
+            if same && e.read_only == a.read_only {
                 return Ok(Outcome::unchanged(format!(
-                    "export {:?} already present; nothing to do",
-                    a.name
+                    "export {name:?} already present; nothing to do"
                 )));
             }
             return Err(Response::error(
@@ -831,77 +881,109 @@ impl Daemon {
                 format!(
                     "export {:?} is already served from {} ({}); remove it first with \
                      DELETE /v1/exports/{} or choose another name",
-                    a.name,
+                    name,
                     e.path.display(),
                     if e.read_only {
                         "read-only"
                     } else {
                         "read-write"
                     },
-                    a.name
+                    name
                 ),
             ));
         }
-        if let Some(e) = list
-            .iter()
-            .find(|e| e.md.is_none() && same_file(&e.path, &a.path))
-        {
-            return Err(Response::error(
-                409,
-                format!(
-                    "{} is already served as export {:?}",
-                    a.path.display(),
-                    e.name
-                ),
-            ));
+        if let Spec::File(p) = &spec {
+            if let Some(e) = list
+                .iter()
+                .find(|e| e.md.is_none() && same_file(&e.path, p))
+            {
+                return Err(Response::error(
+                    409,
+                    format!("{} is already served as export {:?}", p.display(), e.name),
+                ));
+            }
         }
-        let spec = exports::ExportSpec {
-            path: a.path.clone(),
-            name: a.name.clone(),
+        let opts = Options {
+            read_only: a.read_only,
+            ..self.open.clone()
         };
-        let opened = exports::open(&spec, a.read_only, false).map_err(|e| {
-            let busy = e.exit_code() == crate::owner::EXIT_BUSY;
+        let opened = cairn_stack::open(
+            &spec,
+            (!lvm).then_some(name.as_str()),
+            &opts,
+            &mut Keys::none(),
+        )
+        .map_err(|e| {
+            let busy = e.exit_code() == cairn_stack::owner::EXIT_BUSY;
             Response::error(if busy { 409 } else { 422 }, e.to_string())
         })?;
-        let g = opened.device.geometry();
-        let device = wrap_export(&opened.name, opened.device.clone());
-        self.nbd
-            .add(Export {
-                name: opened.name.clone(),
-                description: opened.path.display().to_string(),
+        if let Some(e) = opened
+            .iter()
+            .find(|e| list.iter().any(|o| o.name == e.name))
+        {
+            let taken = e.name.clone();
+            cairn_stack::spec::close_all(&opened);
+            return Err(Response::error(
+                409,
+                format!("export {taken:?} is already served; remove it first"),
+            ));
+        }
+        let mut messages = Vec::new();
+        let mut views = Vec::new();
+        for (i, e) in opened.iter().enumerate() {
+            let g = e.device.geometry();
+            let device = wrap_export(&e.name, e.device.clone());
+            let added = self.nbd.add(Export {
+                name: e.name.clone(),
+                description: cairn_stack::describe::export_description(e),
                 device,
-                read_only: opened.read_only,
-            })
-            .map_err(|e| Response::error(409, e.to_string()))?;
-        let mode = if a.read_only {
-            "read-only"
-        } else {
-            "read-write"
-        };
-        let message = format!(
-            "export {:?} added: {}, {}, {mode}",
-            a.name,
-            a.path.display(),
-            format_size(g.size)
-        );
-        let view = {
-            let n = stack::describe(&opened);
-            serde_json::to_value(self.export_view(&opened, n, &[])).ok()
-        };
-        list.push(opened);
+                read_only: e.read_only,
+            });
+            if let Err(err) = added {
+                for done in &opened[..i] {
+                    self.nbd.remove(&done.name);
+                }
+                cairn_stack::spec::close_all(&opened);
+                return Err(Response::error(409, err.to_string()));
+            }
+            let mode = if e.read_only {
+                "read-only"
+            } else {
+                "read-write"
+            };
+            messages.push(format!(
+                "export {:?} added: {}, {}, {mode}",
+                e.name,
+                cairn_stack::describe::export_description(e),
+                format_size(g.size)
+            ));
+            let n = cairn_stack::describe::describe(e);
+            views.extend(serde_json::to_value(self.export_view(e, n, &[])).ok());
+        }
+        for (e, message) in opened.iter().zip(&messages) {
+            self.events.emit(EventSpec {
+                event: events::EXPORT_ADDED,
+                export: Some(e.name.clone()),
+                device: Some(e.path.display().to_string()),
+                member: None,
+                message: message.clone(),
+            });
+        }
+        list.extend(opened);
         drop(list);
-        self.events.emit(EventSpec {
-            event: events::EXPORT_ADDED,
-            export: Some(a.name.clone()),
-            device: Some(a.path.display().to_string()),
-            member: None,
-            message: message.clone(),
-        });
+        let message = if messages.is_empty() {
+            "no logical volumes to serve on that stack".to_string()
+        } else {
+            messages.join("; ")
+        };
         Ok(Outcome {
             status: 201,
-            changed: true,
+            changed: !views.is_empty(),
             message,
-            export: view,
+            export: match views.len() {
+                1 => views.pop(),
+                _ => Some(serde_json::Value::Array(views)),
+            },
         })
     }
 
@@ -1209,7 +1291,7 @@ fn open_new_member(
         ),
         cairn_block::ErrorKind::Busy => Response::error(
             409,
-            crate::owner::busy(&path.display().to_string(), &e).to_string(),
+            cairn_stack::owner::busy(&path.display().to_string(), &e).to_string(),
         ),
         // The error's own context already says "open PATH".
         _ => Response::error(422, format!("cannot use it: {e}")),
@@ -1221,9 +1303,9 @@ fn rfc3339(since_epoch: Duration) -> String {
     events::rfc3339_at(since_epoch)
 }
 
-/// The rules of `exports::parse_spec` for names: they appear in URIs and shells.
+/// The rules of `cairn_stack::export::parse_spec` for names: they appear in URIs and shells.
 fn check_export_name(name: &str) -> std::result::Result<(), String> {
-    if crate::exports::export_name_ok(name) {
+    if cairn_stack::export::export_name_ok(name) {
         Ok(())
     } else {
         Err(format!(
@@ -1238,6 +1320,43 @@ fn same_file(a: &Path, b: &Path) -> bool {
         (Ok(x), Ok(y)) => x == y,
         _ => a == b,
     }
+}
+
+// ---- the command line (clap) ----------------------------------------------------
+//
+
+/// The operator's view of `serve`: control socket, metrics, event hook.
+#[derive(Debug, Clone, Default, Args)]
+pub struct OperatorOptions {
+    /// Control socket for `cairn status`, `cairn top` and the HTTP+JSON API (owner-only,
+    /// mode 0600) [default: control.sock in the runtime directory ($XDG_RUNTIME_DIR/cairn,
+    /// else /run/cairn for root, /tmp/cairn-UID for others); when another daemon has it,
+    /// control-PID.sock beside it]
+    #[arg(long, value_name = "PATH", conflicts_with = "no_control")]
+    pub control: Option<PathBuf>,
+
+    /// Serve without a control socket
+    #[arg(long)]
+    pub no_control: bool,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics: tcp:HOST:PORT, HOST:PORT or
+    /// unix:PATH (off unless given; metrics show export and member names)
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
+    pub metrics: Option<Listen>,
+
+    /// Run CMD (with sh -c) on each state change, like mdadm --monitor's PROGRAM: the
+    /// event is in CAIRN_EVENT, CAIRN_EXPORT, CAIRN_DEVICE, CAIRN_MEMBER, CAIRN_MESSAGE
+    #[arg(long, value_name = "CMD")]
+    pub on_event: Option<String>,
+}
+
+/// `--metrics`: `tcp:HOST:PORT`, `unix:PATH`, or a bare `HOST:PORT`.
+pub(crate) fn parse_metrics_addr(s: &str) -> Result<Listen, String> {
+    if let Ok(a) = s.parse::<std::net::SocketAddr>() {
+        return Ok(Listen::Tcp(a));
+    }
+    s.parse::<Listen>()
+        .map_err(|e| format!("{e} (e.g. --metrics 127.0.0.1:9109 or unix:/run/cairn/metrics.sock)"))
 }
 
 #[cfg(test)]

@@ -46,23 +46,20 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
-pub mod exports;
+pub mod global;
+pub mod hooks;
 pub mod listen;
 pub mod logging;
 pub mod luks;
 pub mod lvm;
 pub mod md;
 pub mod md_manage;
-pub mod owner;
 pub mod quickstart;
 pub mod scan;
 pub mod serve;
-pub mod size;
-pub mod stack;
 pub mod status;
 pub mod top;
 pub mod tty;
-pub mod volumes;
 
 use std::process::ExitCode;
 

@@ -6,14 +6,13 @@
 //!   --key-file F | - | tty   ─ passphrase  ─> SecretBytes (zeroed on drop)
 //!   verb ─> cairn_luks (Luks2::format, Luks::load + unlock, add/kill/change keyslot, ...)
 //!        ─> cryptsetup-like lines | --json ─> Target::close (md array marked clean)
-//!   serve --luks: OpenedExport ─ open_export ─> the CryptDevice in its place
+//!   (serving: cairn_stack::luks unlocks a Spec::Luks)
 //! ```
 //!
 //! The words, defaults and exit status follow cryptsetup, so its users' habits and
 //! scripts carry over: "No key available with this passphrase." exits 2. Passphrases never
 //! come from the command line, and no error text or log line carries one.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,24 +24,16 @@ use cairn_luks::{
 use serde::Serialize;
 use serde_json::json;
 
-use crate::args::{
-    Global, KeyFileArgs, LuksCommand, LuksDeviceArgs, LuksFormatArgs, LuksHeaderFileArgs,
-    LuksKeyArgs, LuksNewKeyArgs, LuksTarget, PbkdfArgs,
-};
+use crate::global::Global;
+pub use cairn_stack::luks::{luks_error, read_key_file, EXIT_NO_KEY, NO_KEY_MESSAGE};
+use cairn_stack::size::format_size;
+use cairn_stack::{Keys, Options, Spec};
+
 use crate::error::{CliError, Result};
-use crate::exports::OpenedExport;
-use crate::md;
-use crate::size::format_size;
 use crate::tty;
-
-/// cryptsetup's exit status for a passphrase that opens nothing.
-pub const EXIT_NO_KEY: u8 = 2;
-
-/// cryptsetup's message for it, word for word.
-pub const NO_KEY_MESSAGE: &str = "No key available with this passphrase.";
-
-/// cryptsetup's limit on a key file (`--keyfile-size` default): 8 MiB.
-const MAX_KEY_FILE: u64 = 8 << 20;
+use clap::builder::TypedValueParser as _;
+use clap::Args;
+use clap::Subcommand;
 
 pub fn run(cmd: LuksCommand, global: &Global) -> Result<()> {
     match cmd {
@@ -85,16 +76,17 @@ impl Target {
 
 fn open_target(t: &LuksTarget, read_only: bool) -> Result<Target> {
     if let Some(list) = &t.md {
-        let spec = md::parse_md_spec(list)?;
-        let opened = md::open_export(&spec, read_only, false)?;
-        let members: Vec<String> = spec
-            .members
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect();
+        let md = cairn_stack::md::parse_md_spec(list)?;
+        let members: Vec<String> = md.members.iter().map(|p| p.display().to_string()).collect();
+        let spec = Spec::Md(md.members);
+        let opts = Options {
+            read_only,
+            ..Options::default()
+        };
+        let opened = cairn_stack::open_one(&spec, None, &opts, &mut Keys::none())?;
         return Ok(Target {
             device: opened.device,
-            shown: format!("the md array on {}", members.join(", ")),
+            shown: spec.shown(),
             arg: format!("--md {}", members.join(",")),
             md: opened.md,
         });
@@ -125,10 +117,10 @@ fn open_target(t: &LuksTarget, read_only: bool) -> Result<Target> {
         ErrorKind::ReadOnly if !read_only => CliError::new(format!(
             "cannot open {shown} for writing ({e}); fix its permissions"
         )),
-        ErrorKind::Busy => crate::owner::busy(&shown, &e),
+        ErrorKind::Busy => cairn_stack::owner::busy(&shown, &e),
         _ => CliError::new(format!("cannot open {shown}: {e}")),
     })?;
-    crate::owner::note_reader(&shown, &disk);
+    cairn_stack::owner::note_reader(&shown, &disk);
     Ok(Target {
         device: Arc::new(disk),
         arg: shell_word(&shown),
@@ -144,31 +136,6 @@ fn shell_word(s: &str) -> String {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', r"'\''"))
-    }
-}
-
-/// Turns a crypt-layer error into the user's sentence; a wrong passphrase becomes
-/// cryptsetup's message and exit status.
-pub fn luks_error(e: &cairn_block::Error, shown: &str) -> CliError {
-    match e.kind() {
-        ErrorKind::AuthFailed if e.to_string().contains(cairn_luks::NO_KEY) => {
-            // Damaged or unsupported keyslots that were skipped are worth naming.
-            let text = e.to_string();
-            let extra = text
-                .split_once(&format!("{} (", cairn_luks::NO_KEY))
-                .and_then(|(_, rest)| rest.rsplit_once(')'))
-                .map(|(inside, _)| format!(" (skipped: {inside})"))
-                .unwrap_or_default();
-            CliError::with_code(format!("{NO_KEY_MESSAGE}{extra}"), EXIT_NO_KEY)
-        }
-        ErrorKind::AuthFailed => CliError::with_code(format!("{shown}: {e}"), EXIT_NO_KEY),
-        ErrorKind::Corrupt if e.to_string().contains("no LUKS signature") => {
-            CliError::new(format!(
-                "{shown} is not a LUKS device (no LUKS header found); make one with `cairn \
-                 luks format`"
-            ))
-        }
-        _ => CliError::new(format!("{shown}: {e}")),
     }
 }
 
@@ -188,33 +155,6 @@ fn load_v2(t: &Target, verb: &str) -> Result<Luks2> {
 }
 
 // ---- passphrases -------------------------------------------------------------------
-
-/// Reads a key file's exact bytes (`-`: all of stdin), up to cryptsetup's 8 MiB.
-pub fn read_key_file(path: &Path) -> Result<SecretBytes> {
-    let shown = path.display();
-    let mut buf = Vec::new();
-    let read = if path == Path::new("-") {
-        std::io::stdin()
-            .lock()
-            .take(MAX_KEY_FILE + 1)
-            .read_to_end(&mut buf)
-    } else {
-        std::fs::File::open(path).and_then(|f| f.take(MAX_KEY_FILE + 1).read_to_end(&mut buf))
-    };
-    let key = SecretBytes::from_vec(buf);
-    read.map_err(|e| CliError::new(format!("cannot read the key file {shown}: {e}")))?;
-    if key.is_empty() {
-        return Err(CliError::new(format!(
-            "the key file {shown} is empty; a passphrase needs at least one byte"
-        )));
-    }
-    if key.len() as u64 > MAX_KEY_FILE {
-        return Err(CliError::new(format!(
-            "the key file {shown} is larger than 8 MiB, cryptsetup's limit"
-        )));
-    }
-    Ok(key)
-}
 
 /// The passphrase of an existing keyslot: from the key file, or asked once.
 fn passphrase(key: &KeyFileArgs, prompt: &str) -> Result<SecretBytes> {
@@ -639,57 +579,307 @@ fn header_restore(a: &LuksHeaderFileArgs, global: &Global) -> Result<()> {
     closed
 }
 
-// ---- serve --luks ------------------------------------------------------------------
+// ---- the command line (clap) ----------------------------------------------------
+//
 
-/// What the announcement says about a LUKS export.
-#[derive(Debug, Clone, Serialize)]
-pub struct LuksInfo {
-    pub version: u16,
-    pub uuid: String,
-    /// The keyslot the passphrase opened.
-    pub keyslot: u32,
-    /// Byte offset of the encrypted payload on the device below.
-    pub data_offset: u64,
-    pub sector_size: u32,
-    /// "LUKS2 aes-xts-plain64 512-bit, 4096-byte sectors, data at 16777216".
-    pub description: String,
+pub(crate) const LUKS_LONG: &str = "\
+LUKS encryption in the on-disk format of cryptsetup: a volume cairn formats is one \
+`cryptsetup open` unlocks, and a volume cryptsetup made (LUKS2, or LUKS1 as qemu-img and \
+cryptsetup --type luks1 make) is one cairn serves. The verbs and options are \
+cryptsetup's: format is luksFormat, dump is luksDump, add-key is luksAddKey, and so on.
+
+DEVICE is a file or block device, or an md array given as --md MEMBER,MEMBER,... (its \
+members, as for `cairn serve --md`): LUKS then sits on the array as dm-crypt sits on \
+/dev/mdN, and format aligns the encrypted payload to the array's full stripe.
+
+Passphrases are asked for on the terminal without echo, or read from --key-file FILE \
+(its exact bytes: a trailing newline is part of the passphrase, so write key files with \
+printf, not echo; `-` reads stdin). They are never taken from the command line, where \
+other users could read them in the process list.
+
+A passphrase that opens no keyslot ends with \"No key available with this passphrase.\" \
+and exit status 2, as in cryptsetup. Serve a volume with `cairn serve --luks DEVICE`.";
+
+pub(crate) const LUKS_EXAMPLES: &str = "\
+Examples:
+  truncate -s 1G vol.img && cairn luks format vol.img          # asks for a passphrase twice
+  printf %s 'correct horse' > key && chmod 600 key
+  cairn luks format -q --key-file key vol.img                  # no questions (scripts)
+  cairn luks format --md d0.img,d1.img,d2.img,d3.img           # LUKS2 over an md array
+  cairn luks dump vol.img
+  cairn luks add-key --key-file key --new-key-file key2 vol.img
+  cairn luks test --key-file key2 vol.img                      # \"Key slot 1 unlocked.\"
+  cairn serve --luks vol.img --key-file key                    # export \"vol\", decrypted";
+
+/// `cairn luks ...`.
+#[derive(Debug, Subcommand)]
+pub enum LuksCommand {
+    /// Write a new LUKS2 header, making the device an empty encrypted volume (luksFormat)
+    #[command(long_about = LUKS_FORMAT_LONG, after_help = LUKS_FORMAT_EXAMPLES)]
+    Format(LuksFormatArgs),
+
+    /// Print the LUKS header: segments, keyslots, digests, no key material (luksDump)
+    #[command(long_about = LUKS_DUMP_LONG)]
+    Dump(LuksDeviceArgs),
+
+    /// Add a passphrase in a new keyslot, given an existing one (luksAddKey)
+    #[command(long_about = LUKS_ADD_KEY_LONG)]
+    AddKey(LuksNewKeyArgs),
+
+    /// Remove the keyslot a passphrase opens (luksRemoveKey)
+    #[command(long_about = LUKS_REMOVE_KEY_LONG)]
+    RemoveKey(LuksKeyArgs),
+
+    /// Replace a passphrase with a new one, in place (luksChangeKey)
+    #[command(long_about = LUKS_CHANGE_KEY_LONG)]
+    ChangeKey(LuksNewKeyArgs),
+
+    /// Check a passphrase and print which keyslot it opens (open --test-passphrase)
+    #[command(long_about = LUKS_TEST_LONG)]
+    Test(LuksKeyArgs),
+
+    /// Save the LUKS2 header and keyslots to a file (luksHeaderBackup)
+    #[command(long_about = LUKS_HEADER_BACKUP_LONG)]
+    HeaderBackup(LuksHeaderFileArgs),
+
+    /// Write a saved LUKS2 header back onto the device (luksHeaderRestore)
+    #[command(long_about = LUKS_HEADER_RESTORE_LONG)]
+    HeaderRestore(LuksHeaderFileArgs),
 }
 
-/// Unlocks the LUKS volume on `opened` and puts its decrypted payload in its place.
-/// The passphrase is used once and dropped by the caller.
-pub fn open_export(mut opened: OpenedExport, pass: &[u8], shown: &str) -> Result<OpenedExport> {
-    let l = Luks::load(opened.device.clone()).map_err(|e| luks_error(&e, shown))?;
-    if let Luks::V2(v2) = &l {
-        v2.check_activatable()
-            .map_err(|e| CliError::new(format!("cannot serve {shown}: {e}")))?;
-    }
-    let u = l.unlock(pass, None).map_err(|e| luks_error(&e, shown))?;
-    let crypt = l
-        .activate(&u.volume_key)
-        .map_err(|e| CliError::new(format!("cannot serve {shown}: {e}")))?;
-    let uuid = match &l {
-        Luks::V1(v) => v.dump().uuid.clone(),
-        Luks::V2(v) => v.uuid().to_string(),
-    };
-    let seg = crypt.segment();
-    opened.luks = Some(LuksInfo {
-        version: l.version(),
-        uuid,
-        keyslot: u.keyslot,
-        data_offset: seg.offset,
-        sector_size: seg.sector_size,
-        description: crypt.description().to_string(),
-    });
-    opened.device = Arc::new(crypt);
-    Ok(opened)
+pub(crate) const LUKS_FORMAT_LONG: &str = "\
+Write a new LUKS2 header to DEVICE with one keyslot for a new passphrase, as `cryptsetup \
+luksFormat` does. The volume key is random; data is encrypted with aes-xts-plain64. The \
+encrypted payload starts at 16 MiB (aligned to 1 MiB and to an md array's full stripe, so \
+a filesystem on top stays stripe-aligned); everything before it is overwritten, the \
+payload itself is not touched (it reads as random data once opened).
+
+cairn refuses a DEVICE that already carries an md superblock or a filesystem, LUKS or LVM \
+signature, naming what it found; --force overwrites it. Either way it then asks you to \
+type YES, unless -q (--batch-mode) is given, as cryptsetup does.
+
+The default key derivation is argon2id, benchmarked on this machine to take about 2 s \
+(--iter-time) with up to 1 GiB of memory: slow on purpose, so guessing passphrases is \
+slow. Lower costs (--pbkdf pbkdf2 --pbkdf-force-iterations 1000) are for tests only.";
+
+pub(crate) const LUKS_FORMAT_EXAMPLES: &str = "\
+Examples:
+  cairn luks format vol.img
+  cairn luks format --key-size 256 --sector-size 512 --label backup /dev/sdb
+  cairn luks format --md d0.img,d1.img,d2.img,d3.img --key-file key -q
+  cairn luks format -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file key test.img
+                                          # cheap KDF: tests only";
+
+pub(crate) const LUKS_DUMP_LONG: &str = "\
+Print DEVICE's LUKS header as `cryptsetup luksDump` does: version, UUID, label, the data \
+segment (offset, cipher, sector size), each keyslot's KDF and costs, the digests, and \
+which header copy was used (a damaged copy is reported, not repaired). Nothing is \
+written and no passphrase is needed. --json prints the same as one JSON object.";
+
+pub(crate) const LUKS_ADD_KEY_LONG: &str = "\
+Add a new passphrase to DEVICE in a free keyslot (the lowest, or --key-slot N). An \
+existing passphrase is needed to unlock the volume key: from the terminal or --key-file. \
+The new one comes from the terminal (asked twice) or --new-key-file. KDF options apply \
+to the new keyslot. Both header copies are rewritten.";
+
+pub(crate) const LUKS_REMOVE_KEY_LONG: &str = "\
+Remove the keyslot that the given passphrase opens: its key material is overwritten, \
+then it leaves both header copies. Removing the last keyslot makes the data unreadable \
+for good, so cairn then asks you to type YES (even with -q it is refused unless you also \
+give --force).";
+
+pub(crate) const LUKS_CHANGE_KEY_LONG: &str = "\
+Replace the passphrase of the keyslot the old passphrase opens. The new key material is \
+written to free space first and the header switches to it in one step, so a crash leaves \
+either the old or the new passphrase working. The keyslot keeps its number.";
+
+pub(crate) const LUKS_TEST_LONG: &str = "\
+Check a passphrase against DEVICE without serving anything, like `cryptsetup open \
+--test-passphrase`: prints \"Key slot N unlocked.\" and exits 0, or \"No key available \
+with this passphrase.\" and exits 2. --key-slot N tries only that keyslot.";
+
+pub(crate) const LUKS_HEADER_BACKUP_LONG: &str = "\
+Write DEVICE's LUKS2 header (both copies) and keyslots area to a new file that \
+`cryptsetup luksHeaderRestore` also accepts. The file holds the keyslots, so anyone with \
+it and an old passphrase can open the volume even after that passphrase is removed: \
+keep it safe. It is created mode 0600 and never overwritten.";
+
+pub(crate) const LUKS_HEADER_RESTORE_LONG: &str = "\
+Write a header backup made by `cairn luks header-backup` or `cryptsetup \
+luksHeaderBackup` onto DEVICE. When DEVICE already holds a LUKS2 header, cairn asks you \
+to type YES (or needs -q): replacing it changes which passphrases work, and a header from \
+another volume makes the data unreadable.";
+
+/// The device a `cairn luks` verb works on: a path, or an md array's members.
+#[derive(Debug, Clone, Args)]
+pub struct LuksTarget {
+    /// A file or block device holding (or to hold) the LUKS header
+    #[arg(
+        value_name = "DEVICE",
+        required_unless_present = "md",
+        conflicts_with = "md"
+    )]
+    pub device: Option<PathBuf>,
+
+    /// Use the md array assembled from these members (comma-separated) as DEVICE
+    #[arg(long, value_name = "MEMBER,MEMBER,...")]
+    pub md: Option<String>,
 }
 
-/// The passphrase for `shown` when serving: the key file, or asked on the terminal.
-pub fn serve_passphrase(key_file: Option<&Path>, shown: &str) -> Result<SecretBytes> {
-    match key_file {
-        Some(p) => read_key_file(p),
-        None => tty::passphrase(&format!("Enter passphrase for {shown}: ")),
-    }
+/// Where the passphrase comes from.
+#[derive(Debug, Clone, Args)]
+pub struct KeyFileArgs {
+    /// Read the passphrase from FILE, its exact bytes (`-`: stdin) instead of asking
+    #[arg(short = 'd', long, value_name = "FILE", visible_alias = "keyfile")]
+    pub key_file: Option<PathBuf>,
+}
+
+/// cryptsetup's key derivation options.
+#[derive(Debug, Clone, Args)]
+pub struct PbkdfArgs {
+    /// Key derivation function for the new keyslot: argon2id, argon2i or pbkdf2
+    #[arg(long, value_name = "KDF", default_value = "argon2id",
+          value_parser = ["argon2id", "argon2i", "pbkdf2"])]
+    pub pbkdf: String,
+
+    /// Hash for pbkdf2: sha256 (default), sha1, sha512, ...
+    #[arg(long, value_name = "HASH", default_value = "sha256")]
+    pub hash: String,
+
+    /// Fixed cost instead of a benchmark: pbkdf2 iterations (at least 1000), or argon2
+    /// passes (tests only)
+    #[arg(long, value_name = "N")]
+    pub pbkdf_force_iterations: Option<u32>,
+
+    /// Argon2 memory cost in KiB [default: 1 GiB, at most half the RAM]
+    #[arg(long, value_name = "KiB")]
+    pub pbkdf_memory: Option<u32>,
+
+    /// Argon2 threads [default: min(4, CPUs)]
+    #[arg(long, value_name = "N")]
+    pub pbkdf_parallel: Option<u32>,
+
+    /// Time one unlock should take when the cost is benchmarked, in milliseconds
+    #[arg(short = 'i', long, value_name = "MS", default_value_t = 2000)]
+    pub iter_time: u64,
+}
+
+/// `cairn luks format`.
+#[derive(Debug, Args)]
+pub struct LuksFormatArgs {
+    #[command(flatten)]
+    pub target: LuksTarget,
+
+    #[command(flatten)]
+    pub key: KeyFileArgs,
+
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+
+    /// LUKS version to write: luks2 (cairn reads LUKS1 but does not create it)
+    #[arg(long = "type", value_name = "TYPE", default_value = "luks2")]
+    pub kind: String,
+
+    /// Data cipher: aes-xts-plain64 (the only one cairn writes)
+    #[arg(short, long, value_name = "CIPHER", default_value = "aes-xts-plain64")]
+    pub cipher: String,
+
+    /// Volume key size in bits: 512 (AES-256-XTS) or 256 (AES-128-XTS)
+    #[arg(short = 's', long, value_name = "BITS", default_value_t = 512,
+          value_parser = clap::builder::PossibleValuesParser::new(["256", "512"])
+              .map(|s| s.parse::<u32>().expect("listed values are numbers")))]
+    pub key_size: u32,
+
+    /// Encryption sector size: 512 or 4096 [default: 4096 on 4K-sector devices, else 512]
+    #[arg(long, value_name = "BYTES",
+          value_parser = clap::builder::PossibleValuesParser::new(["512", "1024", "2048", "4096"])
+              .map(|s| s.parse::<u32>().expect("listed values are numbers")))]
+    pub sector_size: Option<u32>,
+
+    /// Volume label stored in the header (shown by dump and blkid)
+    #[arg(long, value_name = "LABEL", default_value = "")]
+    pub label: String,
+
+    /// Volume UUID [default: random]
+    #[arg(long, value_name = "UUID")]
+    pub uuid: Option<String>,
+
+    /// Keyslot for the passphrase [default: 0]
+    #[arg(short = 'S', long, value_name = "N")]
+    pub key_slot: Option<u32>,
+
+    /// Overwrite a device that carries an md, filesystem, LUKS or LVM signature
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// Do not ask for confirmation (cryptsetup's -q); signatures still need --force
+    #[arg(short = 'q', long = "batch-mode")]
+    pub batch_mode: bool,
+}
+
+/// Verbs that only read: `dump`.
+#[derive(Debug, Args)]
+pub struct LuksDeviceArgs {
+    #[command(flatten)]
+    pub target: LuksTarget,
+}
+
+/// Verbs that take one passphrase: `test`, `remove-key`.
+#[derive(Debug, Args)]
+pub struct LuksKeyArgs {
+    #[command(flatten)]
+    pub target: LuksTarget,
+
+    #[command(flatten)]
+    pub key: KeyFileArgs,
+
+    /// Try only this keyslot
+    #[arg(short = 'S', long, value_name = "N")]
+    pub key_slot: Option<u32>,
+
+    /// Do not ask for confirmation (remove-key)
+    #[arg(short = 'q', long = "batch-mode")]
+    pub batch_mode: bool,
+
+    /// remove-key: allow removing the last keyslot without a terminal (with -q)
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+/// Verbs that take an existing and a new passphrase: `add-key`, `change-key`.
+#[derive(Debug, Args)]
+pub struct LuksNewKeyArgs {
+    #[command(flatten)]
+    pub target: LuksTarget,
+
+    #[command(flatten)]
+    pub key: KeyFileArgs,
+
+    /// Read the new passphrase from FILE, its exact bytes (`-`: stdin) instead of asking
+    #[arg(long, value_name = "FILE", visible_alias = "new-keyfile")]
+    pub new_key_file: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+
+    /// Keyslot for the new passphrase [default: the lowest free one; change-key: the same]
+    #[arg(short = 'S', long, value_name = "N")]
+    pub key_slot: Option<u32>,
+}
+
+/// `header-backup` and `header-restore`.
+#[derive(Debug, Args)]
+pub struct LuksHeaderFileArgs {
+    #[command(flatten)]
+    pub target: LuksTarget,
+
+    /// The backup file (backup: created, never overwritten; restore: read)
+    #[arg(long, value_name = "FILE", required = true)]
+    pub header_backup_file: PathBuf,
+
+    /// Do not ask for confirmation (restore)
+    #[arg(short = 'q', long = "batch-mode")]
+    pub batch_mode: bool,
 }
 
 #[cfg(test)]
@@ -743,5 +933,13 @@ mod tests {
         assert!(pbkdf_options(&a).is_err());
         a.pbkdf = "argon2id".into();
         assert_eq!(pbkdf_options(&a).unwrap().memory_kib, Some(1024));
+    }
+}
+
+/// The passphrase for `shown` when serving: the key file, or asked on the terminal.
+pub fn serve_passphrase(key_file: Option<&Path>, shown: &str) -> Result<SecretBytes> {
+    match key_file {
+        Some(p) => read_key_file(p),
+        None => tty::passphrase(&format!("Enter passphrase for {shown}: ")),
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!   PV paths | --devices | --md M1,M2 [--luks] | --luks=FILE ─ open_pvs ─> PvDevices
-//!        (files via exports::open, md arrays via md::open_export, LUKS via
-//!         luks::open_export + serve_passphrase)
+//!        (each a cairn_stack::Spec: a file, an md array, LUKS on either, opened by
+//!         cairn_stack::open_one; passphrases from --key-file or the terminal)
 //!   verb ─> cairn_lvm (pvcreate, Vg::create/open, lv_create, ...) ─> lvm-like lines
 //!        | --json ─> close (md arrays marked clean)
 //! ```
@@ -13,22 +13,22 @@
 //! lin -L 20M vg`, "Logical volume "lin" created.". cairn has no device scan: the VG's PVs
 //! come from the command line, like lvm's `--devices`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use cairn_block::ErrorKind;
 use cairn_lvm::{LvCreate, PvCreateOptions, PvDevice, Vg, VgReport, VolumeGroup};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::args::{
-    Global, LvmCommand, LvmDevices, LvmLvArgs, LvmLvcreateArgs, LvmLvrenameArgs, LvmPvcreateArgs,
-    LvmReportArgs, LvmResizeArgs, LvmVgcfgParseArgs, LvmVgcreateArgs, LvmVgextendArgs,
-};
 use crate::error::{CliError, Result};
-use crate::exports::{self, ExportSpec, OpenedExport};
-use crate::size::parse_size;
-use crate::{luks, md};
+use crate::global::Global;
+use crate::luks::KeyFileArgs;
+pub use cairn_stack::lvm::lvm_error;
+use cairn_stack::size::parse_size;
+use cairn_stack::{Keys, Options, Spec};
+use clap::ArgAction;
+use clap::Args;
+use clap::Subcommand;
 
 pub fn run(cmd: LvmCommand, global: &Global) -> Result<()> {
     match cmd {
@@ -45,18 +45,6 @@ pub fn run(cmd: LvmCommand, global: &Global) -> Result<()> {
         LvmCommand::Lvremove(a) => lvremove(&a, global),
         LvmCommand::VgcfgParse(a) => vgcfg_parse(&a, global),
     }
-}
-
-/// A library error as one sentence: the kind's words only where they add something.
-pub fn lvm_error(e: &cairn_block::Error) -> CliError {
-    let s = e.to_string();
-    let plain = match e.kind() {
-        ErrorKind::InvalidArgument | ErrorKind::NotFound | ErrorKind::Unsupported => s
-            .strip_suffix(&format!(": {}", e.kind().describe()))
-            .map_or(s.clone(), str::to_string),
-        _ => s,
-    };
-    CliError::new(plain.replace("pass force", "give -f (--force)"))
 }
 
 fn out(text: &str) {
@@ -91,35 +79,21 @@ impl OpenedPvs {
     }
 }
 
-fn open_file(path: &Path, read_only: bool) -> Result<OpenedExport> {
-    exports::open(
-        &ExportSpec {
-            path: path.to_path_buf(),
-            name: String::new(),
-        },
-        read_only,
-        false,
-    )
-}
-
-fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<OpenedPvs> {
-    let mut out = OpenedPvs {
-        pvs: Vec::new(),
-        arrays: Vec::new(),
-    };
+/// The PV stacks the arguments name, each with the name lvm's metadata hints get: the
+/// path, `md:M1,M2`, `luks:PATH` or `luks:md:M1,M2`.
+fn pv_specs(paths: &[PathBuf], d: &LvmDevices) -> Result<Vec<(String, Spec)>> {
     let mut files: Vec<PathBuf> = paths.to_vec();
     for list in &d.devices {
         for p in list.split(',').filter(|p| !p.is_empty()) {
             files.push(PathBuf::from(p));
         }
     }
+    let mut out: Vec<(String, Spec)> = Vec::new();
     for (i, p) in files.iter().enumerate() {
         if files[..i].contains(p) {
             return Err(CliError::new(format!("{} is given twice", p.display())));
         }
-        let o = open_file(p, read_only)?;
-        out.pvs
-            .push(PvDevice::new(p.display().to_string(), o.device));
+        out.push((p.display().to_string(), Spec::File(p.clone())));
     }
     let bare_luks = d.luks.iter().any(String::is_empty);
     if bare_luks && d.md.is_empty() {
@@ -129,37 +103,49 @@ fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<Opened
         ));
     }
     for m in &d.md {
-        let spec = md::parse_md_spec(m)?;
-        let members: Vec<String> = spec
-            .members
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect();
-        let opened = md::open_export(&spec, read_only, false)?;
-        out.arrays.extend(opened.md.iter().cloned());
-        let mut name = format!("md:{}", members.join(","));
-        let device = if bare_luks {
-            let shown = format!("the md array on {}", members.join(", "));
-            let pass = luks::serve_passphrase(d.key.key_file.as_deref(), &shown)?;
-            name = format!("luks:{name}");
-            luks::open_export(opened, pass.as_bytes(), &shown)?.device
+        let members = cairn_stack::md::parse_md_spec(m)?.members;
+        let listed: Vec<String> = members.iter().map(|p| p.display().to_string()).collect();
+        let name = format!("md:{}", listed.join(","));
+        let md = Spec::Md(members);
+        out.push(if bare_luks {
+            let on = Box::new(md);
+            (format!("luks:{name}"), Spec::Luks { on, key_file: None })
         } else {
-            opened.device
-        };
-        out.pvs.push(PvDevice::new(name, device));
+            (name, md)
+        });
     }
     for f in d.luks.iter().filter(|f| !f.is_empty()) {
-        let p = PathBuf::from(f);
-        let opened = open_file(&p, read_only)?;
-        let pass = luks::serve_passphrase(d.key.key_file.as_deref(), f)?;
-        let device = luks::open_export(opened, pass.as_bytes(), f)?.device;
-        out.pvs.push(PvDevice::new(format!("luks:{f}"), device));
+        let on = Box::new(Spec::File(PathBuf::from(f)));
+        out.push((format!("luks:{f}"), Spec::Luks { on, key_file: None }));
     }
-    if out.pvs.is_empty() {
+    Ok(out)
+}
+
+fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<OpenedPvs> {
+    let specs = pv_specs(paths, d)?;
+    if specs.is_empty() {
         return Err(CliError::new(
             "no PVs given; name them as lvm's --devices does: --devices pv0.img,pv1.img (or \
              --md M1,M2,... for an md array, --luks=FILE for a LUKS volume)",
         ));
+    }
+    let opts = Options {
+        read_only,
+        hooks: crate::hooks::hooks(true),
+        ..Options::default()
+    };
+    let mut keys = Keys::new(d.key.key_file.clone(), None, opts.hooks.prompt.clone());
+    let mut out = OpenedPvs {
+        pvs: Vec::new(),
+        arrays: Vec::new(),
+    };
+    for (name, spec) in &specs {
+        // A file's name is its path; an empty export name skips the export-name rules.
+        let e = cairn_stack::open_one(spec, Some(""), &opts, &mut keys).inspect_err(|_| {
+            let _ = out.close();
+        })?;
+        out.arrays.extend(e.md.iter().cloned());
+        out.pvs.push(PvDevice::new(name.clone(), e.device));
     }
     Ok(out)
 }
@@ -204,7 +190,7 @@ fn no_devices() -> LvmDevices {
         devices: vec![],
         md: vec![],
         luks: vec![],
-        key: crate::args::KeyFileArgs { key_file: None },
+        key: crate::luks::KeyFileArgs { key_file: None },
     }
 }
 
@@ -325,7 +311,7 @@ pub fn default_extent_size(pvs: &[PvDevice]) -> u64 {
                 tracing::info!(
                     "extent size {} (not 4 MiB) so that every extent starts on a full stripe \
                      of the PVs",
-                    crate::size::format_size(e)
+                    cairn_stack::size::format_size(e)
                 );
             }
             e
@@ -611,7 +597,7 @@ fn report_from_daemon(a: &LvmReportArgs) -> Option<VgReport> {
         given.extend(list.split(',').filter(|p| !p.is_empty()).map(PathBuf::from));
     }
     for m in &a.devices.md {
-        given.extend(md::parse_md_spec(m).ok()?.members);
+        given.extend(cairn_stack::md::parse_md_spec(m).ok()?.members);
     }
     given.extend(
         a.devices
@@ -943,6 +929,276 @@ fn vgcfg_parse(a: &LvmVgcfgParseArgs, global: &Global) -> Result<()> {
         out(&serde_json::to_string_pretty(&v).expect("JSON"));
     }
     Ok(())
+}
+
+// ---- the command line (clap) ----------------------------------------------------
+//
+
+pub(crate) const LVM_LONG: &str = "\
+LVM2 volume groups in the on-disk format of lvm: PVs cairn makes are PVs `pvs`, `vgs` \
+and `lvs` show, and VGs lvm made (linear and striped LVs) are VGs cairn opens. The verbs \
+and options are lvm's: pvcreate, vgcreate -s, lvcreate -n -L/-l -i -I, lvextend, \
+lvreduce, lvrename, lvremove, pvs, vgs, lvs.
+
+cairn has no device scan, so commands that work on an existing VG take its PVs: as \
+arguments after the VG or LV (vg0 pv0.img pv1.img, as vgcreate takes them), or like \
+lvm's --devices: --devices PV,PV,... (files or block devices), --md M1,M2,... (an md \
+array assembled from its members is one PV; repeatable), --luks=FILE (a LUKS volume is \
+one PV) or a bare --luks (each --md array holds LUKS, the PV is inside it), with \
+--key-file for the passphrase. Every PV of the VG must be given.
+
+pvcreate starts the data area at 1 MiB, raised to a multiple of the device's full stripe \
+(an md array's chunk x data disks), so every extent starts on a full stripe and a \
+filesystem on an LV stays aligned. Every change writes new metadata (seqno + 1) to all \
+PVs in lvm's commit order, so a crash leaves the old or the new VG, never a mix. \
+Nothing is activated: serve an LV with `cairn serve --lvm`.";
+
+pub(crate) const LVM_EXAMPLES: &str = "\
+Examples:
+  truncate -s 1G pv0.img pv1.img
+  cairn lvm pvcreate pv0.img pv1.img
+  cairn lvm vgcreate vg0 pv0.img pv1.img                 # 4 MiB extents
+  cairn lvm lvcreate -n data -L 200M vg0 pv0.img pv1.img
+  cairn lvm lvcreate -n fast -L 100M -i 2 -I 64k vg0 pv0.img pv1.img
+  cairn lvm lvextend -L +100M vg0/data pv0.img pv1.img
+  cairn lvm lvs pv0.img pv1.img                          # or --devices pv0.img,pv1.img
+  cairn lvm vgcreate vg1 --md d0.img,d1.img,d2.img,d3.img  # a VG on an md array
+  cairn lvm lvs --md d0.img,d1.img,d2.img,d3.img --luks --key-file key   # LVM on LUKS on md";
+
+/// `cairn lvm ...`.
+#[derive(Debug, Subcommand)]
+pub enum LvmCommand {
+    /// Make devices LVM2 physical volumes (label + metadata area)
+    Pvcreate(LvmPvcreateArgs),
+    /// Show physical volumes
+    Pvs(LvmReportArgs),
+    /// Create a volume group over PVs (blank devices are made PVs first)
+    Vgcreate(LvmVgcreateArgs),
+    /// Show the volume group
+    Vgs(LvmReportArgs),
+    /// Add PVs to a volume group
+    Vgextend(LvmVgextendArgs),
+    /// Create a linear or striped logical volume
+    #[command(after_help = LVM_LVCREATE_EXAMPLES)]
+    Lvcreate(LvmLvcreateArgs),
+    /// Show logical volumes, one line per segment
+    Lvs(LvmReportArgs),
+    /// Grow a logical volume
+    Lvextend(LvmResizeArgs),
+    /// Shrink a logical volume (refused without -f: the cut-off data is lost)
+    Lvreduce(LvmResizeArgs),
+    /// Rename a logical volume: VG OLD NEW, or VG/OLD NEW
+    Lvrename(LvmLvrenameArgs),
+    /// Remove a logical volume
+    Lvremove(LvmLvArgs),
+    /// Parse a metadata text (vgcfgbackup output, or `pvck --dump metadata`) and print
+    /// it as cairn reads it
+    #[command(hide = true)]
+    VgcfgParse(LvmVgcfgParseArgs),
+}
+
+pub(crate) const LVM_LVCREATE_EXAMPLES: &str = "\
+Examples:
+  cairn lvm lvcreate -n lin -L 20M vg0 pv0.img pv1.img
+  cairn lvm lvcreate -n str -i 2 -I 64k -l 4 vg0 pv0.img pv1.img
+  cairn lvm lvcreate -n rest -l 100%FREE --devices pv0.img,pv1.img vg0   # lvm's --devices form";
+
+/// Where the PVs of an existing VG are (lvm's --devices, plus cairn's stacks).
+#[derive(Debug, Clone, Args)]
+pub struct LvmDevices {
+    /// PVs that are files or block devices (comma-separated; repeatable)
+    #[arg(long, value_name = "PV,PV,...", action = ArgAction::Append)]
+    pub devices: Vec<String>,
+
+    /// An md array assembled from these members is a PV (repeatable)
+    #[arg(long, value_name = "MEMBER,MEMBER,...", action = ArgAction::Append)]
+    pub md: Vec<String>,
+
+    /// A LUKS volume is a PV: --luks=FILE, or a bare --luks when each --md array holds
+    /// LUKS (the `=` keeps a bare --luks from taking the next word as its FILE)
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "",
+          require_equals = true, action = ArgAction::Append)]
+    pub luks: Vec<String>,
+
+    #[command(flatten)]
+    pub key: KeyFileArgs,
+}
+
+/// `cairn lvm pvcreate`.
+#[derive(Debug, Args)]
+pub struct LvmPvcreateArgs {
+    /// Files or block devices to make PVs
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+
+    /// Align the data area to SIZE instead of LCM(1 MiB, the device's full stripe)
+    #[arg(long = "dataalignment", value_name = "SIZE", value_parser = parse_size)]
+    pub data_alignment: Option<u64>,
+
+    /// Overwrite a device that holds another signature (md, LUKS, an LVM label)
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+/// `cairn lvm pvs|vgs|lvs`.
+#[derive(Debug, Args)]
+pub struct LvmReportArgs {
+    /// Files or block devices to look at (as --devices)
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm vgcreate`.
+#[derive(Debug, Args)]
+pub struct LvmVgcreateArgs {
+    /// Name of the new VG
+    #[arg(value_name = "VG")]
+    pub vg: String,
+
+    /// Files or block devices to use as PVs
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+
+    /// Extent size: a power of two of at least 4 KiB, or a multiple of 128 KiB
+    /// [default: 4M, raised to a multiple of the PVs' full stripe (a RAID6 of 3 data
+    /// members with 64K chunks: 12M) so every extent, and every LV, starts on one]
+    #[arg(short = 's', long = "physicalextentsize", value_name = "SIZE",
+          value_parser = parse_size)]
+    pub extent_size: Option<u64>,
+}
+
+/// `cairn lvm vgextend`.
+#[derive(Debug, Args)]
+pub struct LvmVgextendArgs {
+    #[arg(value_name = "VG")]
+    pub vg: String,
+
+    /// New PVs (files or block devices); the VG's current PVs go in --devices/--md
+    #[arg(value_name = "PV", required = true)]
+    pub new_pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm lvcreate`.
+#[derive(Debug, Args)]
+pub struct LvmLvcreateArgs {
+    #[arg(value_name = "VG")]
+    pub vg: String,
+
+    /// Name of the new LV
+    #[arg(short = 'n', long = "name", value_name = "NAME")]
+    pub name: String,
+
+    /// Size (rounded up to whole extents)
+    #[arg(short = 'L', long = "size", value_name = "SIZE", value_parser = parse_size,
+          required_unless_present = "extents", conflicts_with = "extents")]
+    pub size: Option<u64>,
+
+    /// Size in extents, or N%FREE / N%VG
+    #[arg(short = 'l', long = "extents", value_name = "EXTENTS")]
+    pub extents: Option<String>,
+
+    /// Number of stripes (PVs to spread over)
+    #[arg(short = 'i', long = "stripes", value_name = "N", default_value_t = 1)]
+    pub stripes: u32,
+
+    /// Stripe size [default: 64 KiB]
+    #[arg(short = 'I', long = "stripesize", value_name = "SIZE", value_parser = parse_size)]
+    pub stripe_size: Option<u64>,
+
+    /// The VG's PVs (files or block devices), as vgcreate takes them; the same as
+    /// --devices PV,PV,...
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm lvextend|lvreduce`.
+#[derive(Debug, Args)]
+pub struct LvmResizeArgs {
+    /// The LV as VG/LV
+    #[arg(value_name = "VG/LV")]
+    pub lv: String,
+
+    /// New size, or +SIZE (lvextend) / -SIZE (lvreduce) relative
+    #[arg(
+        short = 'L',
+        long = "size",
+        value_name = "[+|-]SIZE",
+        allow_hyphen_values = true,
+        required_unless_present = "extents",
+        conflicts_with = "extents"
+    )]
+    pub size: Option<String>,
+
+    /// New size in extents, or +N / -N relative
+    #[arg(
+        short = 'l',
+        long = "extents",
+        value_name = "[+|-]EXTENTS",
+        allow_hyphen_values = true
+    )]
+    pub extents: Option<String>,
+
+    /// lvreduce: really cut the data off the end
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// The VG's PVs (files or block devices), as vgcreate takes them; the same as
+    /// --devices PV,PV,...
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm lvrename`.
+#[derive(Debug, Args)]
+pub struct LvmLvrenameArgs {
+    /// VG OLD NEW, or VG/OLD NEW (or VG/OLD VG/NEW)
+    #[arg(value_name = "NAMES", num_args = 2..=3, required = true)]
+    pub names: Vec<String>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm lvremove`.
+#[derive(Debug, Args)]
+pub struct LvmLvArgs {
+    /// The LV as VG/LV
+    #[arg(value_name = "VG/LV")]
+    pub lv: String,
+
+    /// The VG's PVs (files or block devices), as vgcreate takes them; the same as
+    /// --devices PV,PV,...
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+/// `cairn lvm vgcfg-parse`.
+#[derive(Debug, Args)]
+pub struct LvmVgcfgParseArgs {
+    /// A metadata text file
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
 }
 
 #[cfg(test)]

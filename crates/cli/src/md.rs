@@ -16,18 +16,276 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cairn_block::{BlockDevice, ErrorKind, FileDisk, OpenOptions};
+use cairn_block::{BlockDevice, ErrorKind};
 use cairn_md::{
-    probe_signatures, Array, ArrayReport, AssembleOptions, BitmapChoice, CreateOptions, Examine,
-    FeaturePolicy, Level, MemberState, ParityAlgorithm, Raid0Layout, Raid10Layout, Sectors,
-    Superblock,
+    probe_signatures, Array, ArrayReport, BitmapChoice, CreateOptions, Examine, FeaturePolicy,
+    Level, ParityAlgorithm, Raid0Layout, Raid10Layout, Sectors, Superblock,
 };
 use serde::Serialize;
 
-use crate::args::{Global, MdCommand, MdCreateArgs, MdDetailArgs, MdExamineArgs};
+use crate::global::Global;
+use cairn_stack::md::{degraded_warning, export_name_for};
+// ---- the command line (clap) ----------------------------------------------------
+//
+
+pub(crate) const MD_LONG: &str = "\
+md RAID arrays, in the on-disk format of Linux md (superblock v1.2, the kernel's data \
+layout), with mdadm's words: an array cairn creates is one `mdadm --examine` recognises \
+and a Linux host can assemble, and members mdadm wrote can be served by cairn.
+
+Serve an array with `cairn serve --md MEMBER,MEMBER,...[:NAME]`.";
+
+/// `cairn md ...`.
+#[derive(Debug, Subcommand)]
+pub enum MdCommand {
+    /// Create a new array on files or block devices (mdadm --create)
+    #[command(long_about = MD_CREATE_LONG, after_help = MD_CREATE_EXAMPLES)]
+    Create(MdCreateArgs),
+
+    /// Print each member's md superblock (mdadm --examine)
+    #[command(long_about = MD_EXAMINE_LONG, after_help = MD_EXAMINE_EXAMPLES)]
+    Examine(MdExamineArgs),
+
+    /// Assemble an array read-only and print its state (mdadm --detail)
+    #[command(long_about = MD_DETAIL_LONG, after_help = MD_DETAIL_EXAMPLES)]
+    Detail(MdDetailArgs),
+
+    /// Mark a member of a served array faulty (mdadm --fail)
+    #[command(long_about = crate::md_manage::FAIL_LONG)]
+    Fail(crate::md_manage::MdMemberArgs),
+
+    /// Take a faulty member or a spare out of a served array (mdadm --remove)
+    #[command(long_about = crate::md_manage::REMOVE_LONG)]
+    Remove(crate::md_manage::MdMemberArgs),
+
+    /// Add a spare, or a former member back, to a served array (mdadm --add)
+    #[command(long_about = crate::md_manage::ADD_LONG)]
+    Add(crate::md_manage::MdAddArgs),
+
+    /// Copy a member onto a new device and swap them, staying redundant (mdadm --replace)
+    #[command(long_about = crate::md_manage::REPLACE_LONG)]
+    Replace(crate::md_manage::MdReplaceArgs),
+
+    /// Scrub a served array: compare parity/copies with the data (md's check)
+    #[command(long_about = crate::md_manage::CHECK_LONG)]
+    Check(crate::md_manage::MdScrubArgs),
+
+    /// Scrub a served array and rewrite what does not match (md's repair)
+    #[command(long_about = crate::md_manage::REPAIR_LONG)]
+    Repair(crate::md_manage::MdScrubArgs),
+}
+
+pub(crate) const MD_CREATE_LONG: &str = "\
+Create a new md array on MEMBERs (files or block devices), as `mdadm --create` does: \
+each member gets an md superblock v1.2 at 4 KiB, data starts at mdadm's default data \
+offset, and the data layout is the kernel's, so `mdadm --examine` reads the members and a \
+Linux host can assemble them.
+
+Members are given in role order (the first is role 0). With --size, member files that do \
+not exist yet are created sparse with that size; they read as zeroes, so the array needs \
+no initial sync and is clean at once. Members that already hold data make a redundant \
+array \"resync pending\" unless --assume-clean: `cairn serve` then resyncs it in the \
+background (parity or mirrors rewritten from the data), as md does after a create.
+
+RAID4/5/6 arrays get a partial-parity log by default (--write-hole log): before a write \
+that covers part of a stripe, the parity of the chunks it does not touch goes durably to \
+the parity members' free space between the bad-block log and the data. After a crash \
+that log lets cairn start the array even with a member gone, with every block that was \
+not being written intact; without it (--write-hole none, or an array mdadm made) that \
+start needs --force and may rebuild garbage. The price is one extra durable write per \
+partial-stripe write; see docs/write-hole.md. No md feature bit is set: Linux ignores \
+the log.
+
+cairn refuses a member that carries an md superblock or a filesystem, LUKS or LVM \
+signature, naming what it found; --force overwrites it.
+
+The array uses the smallest member's size. Its full stripe (chunk x data members) is the \
+I/O size that avoids read-modify-write: cairn serve advertises it to NBD clients, and \
+mkfs.ext4 wants it as -E stride=CHUNK/4K,stripe-width=FULL-STRIPE/4K.";
+
+pub(crate) const MD_CREATE_EXAMPLES: &str = "\
+Examples:
+  cairn md create --level 6 --chunk 64K --raid-devices 4 --size 1G d0.img d1.img d2.img d3.img
+  cairn md create -l 5 -n 3 /dev/sdb /dev/sdc /dev/sdd          # 512K chunk, left-symmetric
+  cairn md create -l 10 -p f2 -n 4 --size 2G --name data r0 r1 r2 r3
+  cairn md create -l 1 -n 2 --force old-a.img old-b.img         # overwrite what is there
+
+Levels: linear, 0, 1, 4, 5, 6, 10 (or raid0, raid5, mirror, stripe, ...).
+Layouts: RAID5/6 left-symmetric (ls, default), left-asymmetric (la), right-symmetric (rs),
+  right-asymmetric (ra), parity-first, parity-last, ddf-zero-restart, ddf-N-restart,
+  ddf-N-continue (for RAID5 these three are mdadm's aliases of ra, la, ls), and for RAID6
+  also the -6 forms; RAID10 nN (near, default n2), fN (far), oN (offset); RAID0 original,
+  alternate. RAID4, RAID1 and linear take no layout (RAID4's parity is the last member).";
+
+pub(crate) const MD_EXAMINE_LONG: &str = "\
+Print each MEMBER's md superblock with mdadm --examine's fields and wording: array UUID, \
+name, level, layout, chunk, raid devices, this member's role, events, state, checksum.
+
+A member without an md superblock, or with a bad one (wrong checksum, impossible \
+fields), is reported on stderr naming the member and what is wrong; the others are still \
+examined, and the exit status is then non-zero. Members are only read.";
+
+pub(crate) const MD_EXAMINE_EXAMPLES: &str = "\
+Examples:
+  cairn md examine d0.img d1.img d2.img d3.img
+  cairn md examine --json /dev/sdb | jq '.[0].examine.array_uuid'";
+
+pub(crate) const MD_DETAIL_LONG: &str = "\
+Assemble the array the MEMBERs belong to, read-only, and print its state as mdadm \
+--detail does: level, layout, chunk, size, state (clean, active, degraded, resync \
+pending), and each role with the member that fills it or \"missing\".
+
+Members are opened read-only and nothing is written: not even the superblocks, so the \
+array's event count and state stay as they are. A member file that does not exist counts \
+as missing (the array shows as degraded, if its level tolerates it).";
+
+pub(crate) const MD_DETAIL_EXAMPLES: &str = "\
+Examples:
+  cairn md detail d0.img d1.img d2.img d3.img
+  cairn md detail --json /dev/sd[b-e] | jq .state_text";
+
+/// `cairn md create`.
+#[derive(Debug, Args)]
+pub struct MdCreateArgs {
+    /// RAID level: linear, 0, 1, 4, 5, 6, 10 (also raid5, mirror, stripe, ...)
+    #[arg(short, long, value_name = "LEVEL", value_parser = parse_level)]
+    pub level: cairn_md::Level,
+
+    /// Chunk size, e.g. 64K, 512K, 1M: a power of two from 4K to 4M (a bare number is
+    /// KiB, as for mdadm) [default: 512K for levels that stripe]
+    #[arg(short, long, value_name = "SIZE", value_parser = parse_chunk)]
+    pub chunk: Option<u64>,
+
+    /// Data layout: left-symmetric, la, rs, ... (RAID5/6), n2, f2, o2 (RAID10)
+    /// [default: mdadm's for the level]
+    #[arg(short = 'p', long, value_name = "LAYOUT")]
+    pub layout: Option<String>,
+
+    /// Number of members; must match the MEMBERs given
+    #[arg(short = 'n', long, value_name = "N")]
+    pub raid_devices: u32,
+
+    /// Array name stored in the superblocks (at most 32 bytes) [default: md0]
+    #[arg(short = 'N', long, value_name = "NAME", default_value = "md0")]
+    pub name: String,
+
+    /// Overwrite members that carry an md superblock or a filesystem signature
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// Mark the array clean without checking that parity/mirrors match (mdadm
+    /// --assume-clean); only for members known to be zeroed or consistent
+    #[arg(long)]
+    pub assume_clean: bool,
+
+    /// Write-intent bitmap: `internal` keeps one after the superblock (mdadm
+    /// --bitmap=internal), so that after a crash, or when a member comes back, only the
+    /// regions written shortly before are resynced instead of the whole array; each
+    /// first write to a region costs one extra small write per member. `none` resyncs
+    /// everything after a crash [default: internal for RAID1/4/5/6/10; linear and RAID0
+    /// have nothing to resync]
+    #[arg(long, value_name = "internal|none", value_parser = ["internal", "none"])]
+    pub bitmap: Option<String>,
+
+    /// Bytes one bitmap bit covers (mdadm --bitmap-chunk), e.g. 64K, 1M, 64M: a power of
+    /// two of at least 4K. Smaller chunks resync less after a crash but set bits more
+    /// often; the bits must fit the space mdadm leaves (4K for components up to 8G, so
+    /// e.g. at least 64K per 1.8G). [default: 64M, larger on huge arrays]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub bitmap_chunk: Option<u64>,
+    /// RAID4/5/6 write-hole protection: `log` keeps a partial-parity log in the free
+    /// space before the data, so a crash during a partial-stripe write followed by a
+    /// lost member cannot corrupt data that was not being written, and such an array
+    /// may start dirty and degraded without --force. It costs one extra durable write
+    /// per partial-stripe write (full-stripe writes are almost free). `none` is mdadm's
+    /// behaviour without a PPL [default: log]
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = WriteHole::Log)]
+    pub write_hole: WriteHole,
+
+    /// Create member files that do not exist yet, sparse, of this size (e.g. 1G); they
+    /// read as zeroes, so the new array needs no sync. (Not mdadm's --size, which limits
+    /// the space used on each member.)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub size: Option<u64>,
+
+    /// Files or block devices, in role order
+    #[arg(value_name = "MEMBER", required = true)]
+    pub members: Vec<PathBuf>,
+}
+
+/// How `cairn md create` closes the RAID4/5/6 write hole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriteHole {
+    /// A partial-parity log on the members (ignored for levels without parity)
+    Log,
+    /// No protection: a dirty degraded start needs --force
+    None,
+}
+
+/// `cairn md examine`.
+#[derive(Debug, Args)]
+pub struct MdExamineArgs {
+    /// Files or block devices holding md members
+    #[arg(value_name = "MEMBER", required = true)]
+    pub members: Vec<PathBuf>,
+}
+
+/// `cairn md detail`.
+#[derive(Debug, Args)]
+pub struct MdDetailArgs {
+    /// The array's members (any order); missing files count as missing members
+    #[arg(value_name = "MEMBER", required = true)]
+    pub members: Vec<PathBuf>,
+
+    /// Assemble even when the array is degraded and was not shut down cleanly, degraded by
+    /// a stale member, or only with failed members taken back (mdadm --assemble --force)
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+pub(crate) fn parse_level(s: &str) -> Result<cairn_md::Level, String> {
+    cairn_md::Level::parse(&s.to_ascii_lowercase()).ok_or_else(|| {
+        format!(
+            "unknown RAID level {s:?}; use one of linear, 0, 1, 4, 5, 6, 10 (or raid0, \
+             raid1, raid4, raid5, raid6, raid10, mirror, stripe)"
+        )
+    })
+}
+
+/// mdadm reads a bare `--chunk 64` as KiB; a size with a unit is taken as written.
+pub(crate) fn parse_chunk(s: &str) -> Result<u64, String> {
+    let bytes = if s.trim().chars().all(|c| c.is_ascii_digit()) && !s.trim().is_empty() {
+        s.trim()
+            .parse::<u64>()
+            .ok()
+            .and_then(|k| k.checked_mul(1024))
+            .ok_or_else(|| format!("{s:?} is too large"))?
+    } else {
+        parse_size(s).map_err(|e| e.to_string())?
+    };
+    if !bytes.is_power_of_two() || !(4096..=4 << 20).contains(&bytes) {
+        return Err(format!(
+            "chunk {s} is not usable: md needs a power of two from 4K to 4M (e.g. 64K, \
+             512K, 1M)"
+        ));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+use cairn_stack::md::parse_md_spec;
+use cairn_stack::size::format_size;
+use cairn_stack::{Hooks, Options};
+
 use crate::error::{CliError, Result};
-use crate::exports::OpenedExport;
-use crate::size::format_size;
+use cairn_stack::size::parse_size;
+use clap::Args;
+use clap::Subcommand;
+
+/// A member for `create` and `examine`: opened as serving would, without counters.
+fn open_member(p: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>> {
+    cairn_stack::md::open_member(p, read_only, &Hooks::default())
+}
 
 pub fn run(cmd: MdCommand, global: &Global) -> Result<()> {
     match cmd {
@@ -289,7 +547,7 @@ fn create(a: MdCreateArgs, global: &Global) -> Result<()> {
                 none => none,
             },
         };
-        opts.write_journal = a.write_hole == crate::args::WriteHole::Log;
+        opts.write_journal = a.write_hole == WriteHole::Log;
         let array = Array::create(members, names, &opts)
             .map_err(|e| CliError::new(format!("cannot create the array: {e}")))?;
         array.close().map_err(|e| {
@@ -421,261 +679,6 @@ fn data_members(r: &ArrayReport) -> Option<u64> {
     }
 }
 
-/// An md array name as an export name: mdadm's "host:name" loses its host part, and
-/// characters a URI would need escaped become '_'.
-pub fn export_name_for(array_name: &str) -> String {
-    let base = array_name.rsplit(':').next().unwrap_or(array_name);
-    let clean: String = base
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if clean.is_empty() || clean.starts_with('.') {
-        "md0".into()
-    } else {
-        clean
-    }
-}
-
-// ---- opening members ---------------------------------------------------------------
-
-fn open_member(p: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>> {
-    let opts = OpenOptions {
-        read_only,
-        direct: false,
-        create_size: None,
-    };
-    let disk = FileDisk::open(p, &opts).map_err(|e| match e.kind() {
-        ErrorKind::ReadOnly if !read_only => CliError::new(format!(
-            "cannot open {} for writing ({e}); fix its permissions",
-            shown(p)
-        )),
-        ErrorKind::Busy => crate::owner::busy(&shown(p), &e),
-        _ => CliError::new(format!("cannot open {}: {e}", shown(p))),
-    })?;
-    crate::owner::note_reader(&shown(p), &disk);
-    // Counted as the stack node "member:PATH" (cairn top, metrics).
-    Ok(crate::daemon::wrap_member(&shown(p), Arc::new(disk)))
-}
-
-/// Members as given: the ones that exist, opened, and the paths that do not exist.
-struct Members {
-    devices: Vec<Arc<dyn BlockDevice>>,
-    names: Vec<String>,
-    missing: Vec<PathBuf>,
-}
-
-fn open_present(paths: &[PathBuf], read_only: bool) -> Result<Members> {
-    let mut m = Members {
-        devices: Vec::new(),
-        names: Vec::new(),
-        missing: Vec::new(),
-    };
-    for (i, p) in paths.iter().enumerate() {
-        if paths[..i].contains(p) {
-            return Err(CliError::new(format!("{} is given twice", shown(p))));
-        }
-        if !p.exists() {
-            m.missing.push(p.clone());
-            continue;
-        }
-        m.devices.push(open_member(p, read_only)?);
-        m.names.push(shown(p));
-    }
-    if m.devices.is_empty() {
-        return Err(CliError::new(format!(
-            "none of the members exist ({})",
-            paths
-                .iter()
-                .map(|p| shown(p))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
-    Ok(m)
-}
-
-/// Assembles the array on `paths`; missing files make it degraded (the caller warns).
-fn assemble(paths: &[PathBuf], read_only: bool, force: bool) -> Result<(Array, Vec<PathBuf>)> {
-    let m = open_present(paths, read_only)?;
-    let missing = m.missing;
-    let array = Array::assemble(m.devices, m.names, AssembleOptions { force }).map_err(|e| {
-        let mut msg = format!("cannot assemble the md array: {e}");
-        if !missing.is_empty() {
-            msg.push_str(&format!(" ({})", files_not_found(&missing)));
-        }
-        if e.kind() == ErrorKind::Degraded && !force && e.to_string().contains("force") {
-            msg.push_str("; --force starts it anyway");
-        }
-        CliError::new(msg)
-    })?;
-    Ok((array, missing))
-}
-
-/// "member file(s) not found: a, b", for errors and warnings about missing members.
-fn files_not_found(missing: &[PathBuf]) -> String {
-    let names: Vec<String> = missing.iter().map(|p| shown(p)).collect();
-    let plural = if missing.len() == 1 { "" } else { "s" };
-    format!("member file{plural} not found: {}", names.join(", "))
-}
-
-/// The loud warning for a degraded start, naming what is missing.
-fn degraded_warning(r: &ArrayReport, missing: &[PathBuf]) -> Option<String> {
-    if !r.state.degraded {
-        return None;
-    }
-    // One entry per role that is down (no member in sync in it); a member left out at
-    // assembly, or failed and kept in the list, says why beside its role, not as another.
-    let roles: Vec<String> = (0..r.raid_devices)
-        .filter(|&role| {
-            !r.members
-                .iter()
-                .any(|m| m.role == Some(role) && m.state == MemberState::ActiveSync)
-        })
-        .map(|role| {
-            let rows: Vec<String> = r
-                .members
-                .iter()
-                .filter(|m| m.role == Some(role))
-                .filter_map(|m| {
-                    let n = m.name.as_ref()?;
-                    Some(match &m.reason {
-                        Some(why) => format!("{n}: {why}"),
-                        None => format!("{n}, {}", m.state.text()),
-                    })
-                })
-                .collect();
-            if rows.is_empty() {
-                format!("role {role}")
-            } else {
-                format!("role {role} ({})", rows.join("; "))
-            }
-        })
-        .collect();
-    let files = if missing.is_empty() {
-        String::new()
-    } else {
-        format!("; {}", files_not_found(missing))
-    };
-    let redundancy = match r.level {
-        Level::Raid6 if roles.len() == 1 => "it can lose one more member",
-        _ => "it has NO redundancy left: one more failure loses data",
-    };
-    Some(format!(
-        "md array {:?} ({}) is running DEGRADED, {} of {} members missing: {}{files}; \
-         {redundancy}.{}",
-        r.name,
-        r.level,
-        roles.len(),
-        r.raid_devices,
-        roles.join(", "),
-        if r.members.iter().any(|m| m.state == MemberState::Rebuilding) {
-            " A rebuild resumes in the background when it is served writable."
-        } else if r.spare_devices > 0 {
-            " A spare takes the role over when it is served writable."
-        } else {
-            " Add a spare while it is served (`cairn md add ARRAY DEVICE`): it is rebuilt \
-             in the background."
-        }
-    ))
-}
-
-// ---- serve --md --------------------------------------------------------------------
-
-/// One `--md M1,M2,...[:NAME]` argument, split.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MdSpec {
-    pub members: Vec<PathBuf>,
-    pub name: Option<String>,
-}
-
-/// Splits `M1,M2,...[:NAME]`. A last member that exists as typed is not split, so paths
-/// with colons work when no name is given.
-pub fn parse_md_spec(arg: &str) -> Result<MdSpec> {
-    let (list, name) = match arg.rsplit_once(':') {
-        Some((l, n))
-            if !n.contains('/')
-                && !n.contains(',')
-                && !l.is_empty()
-                && !Path::new(arg.rsplit(',').next().unwrap_or("")).exists() =>
-        {
-            (l, Some(n.to_string()))
-        }
-        _ => (arg, None),
-    };
-    let members: Vec<PathBuf> = list.split(',').map(PathBuf::from).collect();
-    if members.iter().any(|p| p.as_os_str().is_empty()) {
-        return Err(CliError::new(format!(
-            "--md {arg:?}: an empty member; give MEMBER,MEMBER,...[:NAME], e.g. \
-             --md d0.img,d1.img,d2.img,d3.img:data"
-        )));
-    }
-    if let Some(n) = &name {
-        crate::exports::parse_spec(&format!("x:{n}"))
-            .map_err(|e| CliError::new(format!("--md {arg:?}: {e}")))?;
-    }
-    Ok(MdSpec { members, name })
-}
-
-/// Assembles `spec` for serving, warning loudly when degraded.
-pub fn open_export(spec: &MdSpec, read_only: bool, force: bool) -> Result<OpenedExport> {
-    let (array, missing) = assemble(&spec.members, read_only, force)?;
-    let report = array.report();
-    // Once, through the log: a log file gets it too.
-    if let Some(w) = degraded_warning(&report, &missing) {
-        tracing::warn!("{w}");
-    }
-    if report.state.resync_pending {
-        tracing::warn!(
-            "md array {:?}: resync pending (parity/mirrors not known to match the data); \
-             it runs in the background while the array is served writable, and a member \
-             lost before it finishes may not be rebuilt correctly",
-            report.name
-        );
-    }
-    let name = spec
-        .name
-        .clone()
-        .unwrap_or_else(|| export_name_for(&report.name));
-    let array = Arc::new(array);
-    Ok(OpenedExport {
-        name,
-        path: spec.members[0].clone(),
-        device: array.clone(),
-        read_only,
-        md: Some(array),
-        luks: None,
-        base: None,
-        lvm: None,
-    })
-}
-
-/// Puts a served RAID4/5/6 array's data path behind a stripe cache
-/// ([`cairn_md::StripeCache`]); `e.md` stays the array itself, for status and closing.
-/// Other levels, read-only exports and `opts.size` 0 are returned as they are.
-pub fn with_stripe_cache(mut e: OpenedExport, opts: cairn_md::StripeCacheOptions) -> OpenedExport {
-    let parity =
-        e.md.as_ref()
-            .is_some_and(|a| matches!(a.layout(), cairn_md::layout::ArrayLayout::Parity(_)));
-    if parity && !e.read_only && opts.size > 0 {
-        let cache = cairn_md::StripeCache::new(e.device.clone(), opts);
-        tracing::info!(
-            "export {}: stripe cache of {} (up to {} full stripes held, for at most {:?})",
-            e.name,
-            opts.size,
-            cache.max_held_stripes(),
-            opts.hold
-        );
-        e.device = Arc::new(cache);
-    }
-    e
-}
-
 // ---- examine -----------------------------------------------------------------------
 
 #[derive(Debug, Serialize)]
@@ -749,7 +752,12 @@ fn examine(a: &MdExamineArgs, global: &Global) -> Result<()> {
 
 fn detail(a: &MdDetailArgs, global: &Global) -> Result<()> {
     // Read-only members: assembly and the close on drop cannot write anything.
-    let (array, missing) = assemble(&a.members, true, a.force)?;
+    let opts = Options {
+        read_only: true,
+        force: a.force,
+        ..Options::default()
+    };
+    let (array, missing) = cairn_stack::md::assemble(&a.members, &opts)?;
     let report = array.report();
     if global.json {
         println!("{}", serde_json::to_string(&report).expect("serialisable"));

@@ -13,10 +13,11 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::args::{ControlArgs, Global};
 use crate::control;
+use crate::control::ControlArgs;
 use crate::error::{CliError, Result};
-use crate::size::format_size;
+use crate::global::Global;
+use cairn_stack::size::format_size;
 
 pub const FAIL_LONG: &str = "\
 Mark MEMBER of the served md ARRAY faulty, as `mdadm --fail` does: it takes no more I/O, \

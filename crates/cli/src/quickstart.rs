@@ -25,13 +25,15 @@ use cairn_md::{Array, CreateOptions, Level, Sectors};
 use cairn_nbd::Listen;
 use serde_json::json;
 
-use crate::args::{Global, QuickstartArgs, ServerOptions};
 use crate::error::{CliError, Result};
+use crate::global::Global;
 use crate::listen;
-use crate::luks;
-use crate::md;
+use crate::serve::ServerOptions;
 use crate::serve::{self, Extras};
-use crate::size::format_size;
+use cairn_stack::size::format_size;
+use cairn_stack::size::parse_size;
+use cairn_stack::{Keys, Options, Spec};
+use clap::Args;
 
 const DEMO_NAME: &str = "demo";
 const DEMO_MEMBERS: usize = 4;
@@ -97,10 +99,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
         create_demo_array(&members, args.size + LUKS_HEADER + LVM_HEADER)?;
         true
     };
-    let spec = md::MdSpec {
-        members: members.clone(),
-        name: Some(DEMO_NAME.into()),
-    };
+    let spec = Spec::Md(members.clone());
     let damaged = |e: CliError| {
         CliError::new(format!(
             "{e}; the demo in {} is damaged: delete demo-raid6-*.img and {DEMO_KEY_FILE} there \
@@ -108,8 +107,14 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
             dir.display()
         ))
     };
-    let opened = md::open_export(&spec, false, false).map_err(damaged)?;
-    let opened = md::with_stripe_cache(opened, cairn_md::StripeCacheOptions::default());
+    let open_opts = Options {
+        stripe_cache: Some(cairn_md::StripeCacheOptions::default()),
+        hooks: crate::hooks::hooks(false),
+        ..Options::default()
+    };
+    let mut keys = Keys::none();
+    let opened =
+        cairn_stack::open_one(&spec, Some(DEMO_NAME), &open_opts, &mut keys).map_err(damaged)?;
     let array = opened.md.clone().expect("an md export");
     let report = array.report();
     if created {
@@ -124,16 +129,11 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
         .map_err(|e| CliError::new(format!("cannot read the demo array: {e}")))?
         .is_some();
     let mut opened = if has_luks {
-        let shown = "the demo array";
-        let pass = luks::read_key_file(&key_path).map_err(|e| {
-            let _ = array.close();
-            damaged(e)
-        })?;
-        let opened = luks::open_export(opened, pass.as_bytes(), shown).map_err(|e| {
-            let _ = array.close();
-            damaged(e)
-        })?;
-        opened
+        keys.unlock(&opened, "the demo array", Some(&key_path))
+            .map_err(|e| {
+                let _ = array.close();
+                damaged(e)
+            })?
     } else {
         opened
     };
@@ -148,7 +148,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
             .map_err(|e| CliError::new(format!("cannot read the demo volume: {e}")))?
             .is_some();
     let exports = if has_lvm {
-        let lvs = crate::volumes::open_lv_exports(vec![opened], false).map_err(|e| {
+        let lvs = cairn_stack::lvm::open_lv_exports(vec![opened], false).map_err(|e| {
             let _ = array.close();
             damaged(e)
         })?;
@@ -184,7 +184,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
         String::new(),
         "$ cairn status   (the stack, from the export down to the member files)".to_string(),
     ];
-    let tree = json!({ "exports": exports.iter().map(crate::stack::describe).collect::<Vec<_>>() });
+    let tree = json!({ "exports": exports.iter().map(cairn_stack::describe::describe).collect::<Vec<_>>() });
     let tree = crate::status::render(&tree, false).unwrap_or_default();
     preamble.extend(tree.lines().map(|l| format!("  {l}")));
     preamble.push(String::new());
@@ -225,7 +225,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     // The export a filesystem goes on in the example: home, or the whole volume of an
     // older demo. LUKS2 with 4K sectors needs a loop device with 4K sectors.
     let block = if has_luks { " -b 4096" } else { "" };
-    let advice = crate::advise::advise(&crate::stack::describe(&opened));
+    let advice = cairn_stack::advise::advise(&cairn_stack::describe::describe(&opened));
     preamble.push(format!(
         "$ cairn advise {first}   (mkfs options that match the stack's real geometry)"
     ));
@@ -282,15 +282,15 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     };
     let opts = ServerOptions {
         listen: listens.clone(),
-        threads: crate::args::DEFAULT_THREADS,
-        max_connections: crate::args::DEFAULT_MAX_CONNECTIONS,
-        client_timeout: crate::args::DEFAULT_CLIENT_TIMEOUT,
+        threads: crate::serve::DEFAULT_THREADS,
+        max_connections: crate::serve::DEFAULT_MAX_CONNECTIONS,
+        client_timeout: crate::serve::DEFAULT_CLIENT_TIMEOUT,
         default_export: None,
         speed_limit_min: 1000,
         speed_limit_max: 200_000,
         stripe_cache_size: None,
         stripe_cache_hold_ms: None,
-        operator: crate::args::OperatorOptions::default(),
+        operator: crate::daemon::OperatorOptions::default(),
     };
     serve::serve(exports, listens, &opts, global, extras)
 }
@@ -388,7 +388,7 @@ fn create_demo_array(members: &[PathBuf], size: u64) -> Result<()> {
             },
         )
         .map_err(|e| match e.kind() {
-            cairn_block::ErrorKind::Busy => crate::owner::busy(&p.display().to_string(), &e),
+            cairn_block::ErrorKind::Busy => cairn_stack::owner::busy(&p.display().to_string(), &e),
             _ => CliError::new(format!("cannot open {}: {e}", p.display())),
         })?;
         devices.push(Arc::new(disk));
@@ -445,4 +445,51 @@ fn free_defaults() -> Vec<Listen> {
         tcp
     };
     vec![Listen::Unix(sock), Listen::Tcp(tcp)]
+}
+
+// ---- the command line (clap) ----------------------------------------------------
+//
+
+pub(crate) const QUICKSTART_LONG: &str = "\
+Create a demo stack, an md RAID6 array on four sparse files with LUKS2 encryption on \
+it and an LVM volume group with two logical volumes on that, and serve it, printing the \
+stack's details and the commands to connect.
+
+The members are sparse files (they take no space until written) named \
+demo-raid6-0.img ... demo-raid6-3.img in --dir, which defaults to $XDG_DATA_HOME/cairn \
+(~/.local/share/cairn). The array uses a 64K chunk, so its full stripe is 128K (two \
+data members), a size ordinary writes fill. Existing members are reused, never \
+overwritten; with one or two of them gone the array starts degraded. It is served \
+exactly as `cairn serve --md ... --luks` would: on the default Unix socket and on TCP \
+127.0.0.1:10809 (or a free port if 10809 is busy), with LVM on the LUKS volume: two \
+logical volumes, exported as \"demo/home\" (half the size) and \"demo/media\" (the rest).
+
+The LUKS2 passphrase is a DEMO KEY, written to demo.key (mode 0600) in --dir, and its \
+keyslot uses cheap argon2id costs so the demo starts at once: fine for trying cairn, not \
+for data that must stay secret (use `cairn luks format` for that). A demo array made by \
+an older cairn, without LUKS, is served as it is.
+
+Stop it with Ctrl-C. Delete the member files and demo.key with `rm` when you are done.";
+
+pub(crate) const QUICKSTART_EXAMPLES: &str = "\
+Examples:
+  cairn quickstart                         # 1 GiB RAID6 in ~/.local/share/cairn
+  cairn quickstart --dir ./demo --array-size 4G";
+
+/// `cairn quickstart`.
+#[derive(Debug, Args)]
+pub struct QuickstartArgs {
+    /// Directory for the demo array's members [default: $XDG_DATA_HOME/cairn, i.e. ~/.local/share/cairn]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+
+    /// Usable size of the demo stack when it is created, e.g. 512M, 1G, 20G (what the two
+    /// LVs share; the four member files are sized to give it). `--size` is the old name
+    #[arg(long = "array-size", alias = "size", value_name = "SIZE", default_value = "1G",
+          value_parser = parse_size)]
+    pub size: u64,
+
+    /// Address to listen on: unix:PATH or tcp:ADDR:PORT (repeatable; default as for serve)
+    #[arg(short, long = "listen", value_name = "ADDRESS")]
+    pub listen: Vec<Listen>,
 }

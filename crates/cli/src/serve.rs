@@ -1,11 +1,11 @@
 //! `cairn serve`: open the exports, bind, announce, serve until SIGINT/SIGTERM/SIGHUP.
 //!
 //! ```text
-//!   FILE[:NAME]...    ─ exports::open ──────────────┐
-//!   --md M1,M2,...    ─ md::open_export ────────────┤  a bare --luks next to --md: the
-//!                       (+ stripe cache, RAID4/5/6) │
-//!   --luks DEV[:NAME] ─ exports::open ─┐            │  arrays are unlocked the same way
-//!                       luks::open_export (key) ────┤  (key: --key-file, or the tty)
+//!   FILE[:NAME]...    ─ Spec::File ─────────────────┐
+//!   --md M1,M2,...    ─ Spec::Md ───────────────────┤  a bare --luks next to --md: the
+//!   --luks DEV[:NAME] ─ Spec::Luks ─────────────────┤  arrays are LUKS (key: --key-file,
+//!   --lvm [PV,...]    ─ Spec::Lvm ──────────────────┤  --key-dir, or the tty)
+//!                       cairn_stack::open_all ──────┤  (stripe cache on RAID4/5/6)
 //!   --config FILE     ─ config::open_stacks ────────┤  the [[export]] entries
 //!   --scan PATH       ─ scan::for_serve ────────────┤  md, LUKS found on disk
 //!   --listen / defaults ────────────────────────────┼─> Server::bind ─> announce ─> serve
@@ -23,13 +23,16 @@ use serde::Serialize;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::args::{Global, ServeArgs, ServerOptions};
+use crate::config::{Config, ExportEntry};
+use crate::daemon::OperatorOptions;
 use crate::error::{CliError, Result};
-use crate::exports::{self, OpenedExport};
+use crate::global::Global;
 use crate::listen;
-use crate::luks;
-use crate::md;
-use crate::size::format_size;
+use cairn_stack::discover::{scan, ScanOptions};
+use cairn_stack::export::{self, OpenedExport};
+use cairn_stack::size::format_size;
+use cairn_stack::{Keys, Options, Spec};
+use clap::Args;
 
 /// Extra things `quickstart` wants said around the usual announcement.
 #[derive(Debug, Default)]
@@ -44,126 +47,44 @@ pub struct Extras {
 
 pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
     // --config: the file's settings under the command line's, and its [[export]] stacks.
-    let (args, config_stacks) = crate::config::apply(args)?;
-    let specs = args
-        .exports
-        .iter()
-        .map(|a| exports::parse_spec(a))
-        .collect::<Result<Vec<_>>>()?;
-    let md_specs = args
-        .md
-        .iter()
-        .map(|a| md::parse_md_spec(a))
-        .collect::<Result<Vec<_>>>()?;
-    // `--luks` with no value: the --md arrays hold LUKS. With a value: a LUKS volume.
-    let luks_over_md = args.luks.iter().any(String::is_empty);
-    if luks_over_md && md_specs.is_empty() {
-        return Err(CliError::new(
-            "--luks without a DEVICE means \"the --md arrays are encrypted\", but no --md was \
-             given; name the volume: --luks DEVICE[:NAME]",
-        ));
-    }
-    let luks_specs = args
-        .luks
-        .iter()
-        .filter(|a| !a.is_empty())
-        .map(|a| exports::parse_spec(a))
-        .collect::<Result<Vec<_>>>()?;
-    let key_file = args.key_file.as_deref();
-    if key_file == Some(std::path::Path::new("-")) && luks_specs.len() + md_specs.len() > 1 {
+    let (args, config_stacks) = apply_config(args)?;
+    let defs = stack_defs(&args)?;
+    if args.key_file.as_deref() == Some(std::path::Path::new("-"))
+        && defs.iter().filter(|(_, s)| has_luks(s)).count() > 1
+    {
         tracing::info!("one passphrase from stdin unlocks every LUKS volume given");
     }
-    let mut opened = specs
-        .iter()
-        .map(|s| exports::open(s, args.read_only, args.direct))
-        .collect::<Result<Vec<_>>>()?;
-    // Read once when it comes from stdin; a terminal asks per volume.
-    let shared_key = match key_file {
-        Some(p) if !luks_specs.is_empty() || luks_over_md => Some(luks::read_key_file(p)?),
-        _ => None,
-    };
-    let pass_for = |shown: &str| -> Result<cairn_luks::SecretBytes> {
-        match &shared_key {
-            Some(k) => Ok(cairn_luks::SecretBytes::from_slice(k.as_bytes())),
-            None => luks::serve_passphrase(None, shown),
-        }
-    };
-    for s in &luks_specs {
-        let shown = s.path.display().to_string();
-        let e = exports::open(s, args.read_only, args.direct)?;
-        let pass = pass_for(&shown)?;
-        opened.push(luks::open_export(e, pass.as_bytes(), &shown)?);
-    }
-    for s in &md_specs {
-        let e = md::open_export(s, args.read_only, args.force)?;
-        let e = md::with_stripe_cache(e, args.server.stripe_cache());
-        if !luks_over_md {
-            opened.push(e);
-            continue;
-        }
-        let array = e.md.clone();
-        let shown = format!(
-            "the md array on {}",
-            s.members
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let unlocked = pass_for(&shown).and_then(|p| luks::open_export(e, p.as_bytes(), &shown));
-        match unlocked {
-            Ok(e) => opened.push(e),
-            Err(err) => {
-                // Not served after all: leave the array clean, as on shutdown.
-                if let Some(a) = array {
-                    let _ = a.close();
-                }
-                return Err(err);
-            }
-        }
-    }
-    // --lvm: the stacks above (bare) or the files listed are PVs; each LV is an export.
-    if !args.lvm.is_empty() {
-        let over_stacks = args.lvm.iter().any(String::is_empty);
-        let mut pvs: Vec<OpenedExport> = Vec::new();
-        if over_stacks {
-            if md_specs.is_empty() && luks_specs.is_empty() {
-                return Err(CliError::new(
-                    "--lvm without PVs means \"the --md/--luks stacks hold LVM\", but neither \
-                     was given; name the PVs: --lvm PV,PV,...",
-                ));
-            }
-            pvs.extend(opened.drain(specs.len()..));
-        }
-        for list in args.lvm.iter().filter(|a| !a.is_empty()) {
-            for p in list.split(',').filter(|p| !p.is_empty()) {
-                let spec = exports::ExportSpec {
-                    path: p.into(),
-                    name: String::new(),
-                };
-                pvs.push(exports::open(&spec, args.read_only, args.direct)?);
-            }
-        }
-        opened.extend(crate::volumes::open_lv_exports(pvs, args.read_only)?);
-    }
+    let opts = open_options(&args);
+    let mut keys = Keys::new(
+        args.key_file.clone(),
+        args.key_dir.clone(),
+        opts.hooks.prompt.clone(),
+    );
+    let mut opened = cairn_stack::open_all(&defs, &opts, &mut keys)?;
     // The config's [[export]] stacks, then what --scan finds (config.rs, scan.rs).
-    opened.extend(crate::config::open_stacks(&config_stacks, &args)?);
+    match open_config_stacks(&config_stacks, &args) {
+        Ok(more) => opened.extend(more),
+        Err(e) => {
+            cairn_stack::spec::close_all(&opened);
+            return Err(e);
+        }
+    }
     let taken = opened.iter().map(|e| e.name.clone()).collect();
-    opened.extend(crate::scan::for_serve(&args, taken)?);
+    opened.extend(scan_for_serve(&args, taken)?);
     if opened.is_empty() {
         return Err(CliError::new(
             "nothing to export: the scan found no stack cairn can serve (see the lines \
              above; `cairn scan PATH` shows what is there)",
         ));
     }
-    let named: Vec<exports::ExportSpec> = opened
+    let named: Vec<cairn_stack::export::ExportSpec> = opened
         .iter()
-        .map(|e| exports::ExportSpec {
+        .map(|e| cairn_stack::export::ExportSpec {
             path: e.path.clone(),
             name: e.name.clone(),
         })
         .collect();
-    exports::check_unique(&named)?;
+    cairn_stack::export::check_unique(&named)?;
     let listens = if args.server.listen.is_empty() {
         let (sock, tcp) = listen::defaults();
         vec![Listen::Unix(sock), Listen::Tcp(tcp)]
@@ -171,6 +92,100 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
         args.server.listen.clone()
     };
     serve(opened, listens, &args.server, global, Extras::default())
+}
+
+/// How `serve` opens its stacks: its flags, the daemon's counters, the terminal for
+/// passphrases (it says how to give a key file when there is none).
+pub fn open_options(args: &ServeArgs) -> Options {
+    Options {
+        read_only: args.read_only,
+        direct: args.direct,
+        force: args.force,
+        stripe_cache: Some(args.server.stripe_cache()),
+        hooks: crate::hooks::hooks(true),
+    }
+}
+
+fn has_luks(s: &Spec) -> bool {
+    match s {
+        Spec::Luks { .. } => true,
+        Spec::Lvm(pvs) => pvs.iter().any(has_luks),
+        _ => false,
+    }
+}
+
+/// The stacks the command line names, in the order they are served: FILE arguments,
+/// `--luks` volumes, `--md` arrays (LUKS on them with a bare `--luks`), then `--lvm`'s
+/// LVs (over those stacks with a bare `--lvm`, else over the PV files it lists).
+pub fn stack_defs(args: &ServeArgs) -> Result<Vec<(Option<String>, Spec)>> {
+    let files = args
+        .exports
+        .iter()
+        .map(|a| export::parse_spec(a))
+        .collect::<Result<Vec<_>>>()?;
+    let mds = args
+        .md
+        .iter()
+        .map(|a| cairn_stack::md::parse_md_spec(a))
+        .collect::<Result<Vec<_>>>()?;
+    // `--luks` with no value: the --md arrays hold LUKS. With a value: a LUKS volume.
+    let luks_over_md = args.luks.iter().any(String::is_empty);
+    if luks_over_md && mds.is_empty() {
+        return Err(CliError::new(
+            "--luks without a DEVICE means \"the --md arrays are encrypted\", but no --md was \
+             given; name the volume: --luks DEVICE[:NAME]",
+        ));
+    }
+    let lukses = args
+        .luks
+        .iter()
+        .filter(|a| !a.is_empty())
+        .map(|a| export::parse_spec(a))
+        .collect::<Result<Vec<_>>>()?;
+    let mut defs: Vec<(Option<String>, Spec)> = files
+        .into_iter()
+        .map(|s| (Some(s.name), Spec::File(s.path)))
+        .collect();
+    let mut layered: Vec<(Option<String>, Spec)> = Vec::new();
+    for s in lukses {
+        let on = Box::new(Spec::File(s.path));
+        layered.push((Some(s.name), Spec::Luks { on, key_file: None }));
+    }
+    for m in mds {
+        let md = Spec::Md(m.members);
+        let spec = if luks_over_md {
+            Spec::Luks {
+                on: Box::new(md),
+                key_file: None,
+            }
+        } else {
+            md
+        };
+        layered.push((m.name, spec));
+    }
+    // --lvm: the stacks above (bare) or the files listed are PVs; each LV is an export.
+    if !args.lvm.is_empty() {
+        let mut pvs: Vec<Spec> = Vec::new();
+        if args.lvm.iter().any(String::is_empty) {
+            if layered.is_empty() {
+                return Err(CliError::new(
+                    "--lvm without PVs means \"the --md/--luks stacks hold LVM\", but neither \
+                     was given; name the PVs: --lvm PV,PV,...",
+                ));
+            }
+            pvs.extend(layered.drain(..).map(|(_, s)| s));
+        }
+        for list in args.lvm.iter().filter(|a| !a.is_empty()) {
+            pvs.extend(
+                list.split(',')
+                    .filter(|p| !p.is_empty())
+                    .map(|p| Spec::File(p.into())),
+            );
+        }
+        layered.push((None, Spec::Lvm(pvs)));
+    }
+    defs.extend(layered);
+    Ok(defs)
 }
 
 /// Binds `listens`, announces, and serves `opened` until a signal. Shared with quickstart.
@@ -205,7 +220,7 @@ pub fn serve(
             .iter()
             .map(|e| Export {
                 name: e.name.clone(),
-                description: export_description(e),
+                description: cairn_stack::describe::export_description(e),
                 // Counted as the stack node "export:NAME" (cairn top, metrics).
                 device: crate::daemon::wrap_export(&e.name, e.device.clone()),
                 read_only: e.read_only,
@@ -223,7 +238,19 @@ pub fn serve(
     let bound = listeners.addresses();
     // The operator's view: control socket, --metrics, --on-event (daemon.rs). Kept until
     // serve returns; dropping it removes the socket files.
-    let operator = crate::daemon::start(&opts.operator, &opened, server.exports_handle(), &bound)?;
+    // Stacks added through the control API: the stripe cache as given, no terminal.
+    let api_open = Options {
+        stripe_cache: Some(opts.stripe_cache()),
+        hooks: crate::hooks::hooks(false),
+        ..Options::default()
+    };
+    let operator = crate::daemon::start(
+        &opts.operator,
+        &opened,
+        server.exports_handle(),
+        &bound,
+        api_open,
+    )?;
 
     // Signals are caught from here on, so one that arrives before serve() still stops it.
     // SIGHUP too: the terminal closing would otherwise kill cairn with arrays active.
@@ -265,7 +292,7 @@ pub fn serve(
     // Writable arrays run their own background work while serving: a resync after an
     // unclean stop, rebuilds onto spares (now, or when a member fails), replacements,
     // and scrubs asked for with `cairn md check`.
-    let arrays = exports::all_arrays(&opened);
+    let arrays = cairn_stack::export::all_arrays(&opened);
     let limits = opts.speed_limits();
     for a in &arrays {
         let writable = !a.capabilities().read_only && opened.iter().any(|e| !e.read_only);
@@ -311,40 +338,6 @@ pub fn serve(
     closed?;
     tracing::info!("stopped cleanly: data flushed");
     Ok(())
-}
-
-/// The NBD description of an export: its stack from the top, e.g. "LV vg0/home over
-/// LUKS2 aes-xts-plain64 ... over raid6 over d0.img, d1.img, d2.img, d3.img (clean)".
-fn export_description(e: &OpenedExport) -> String {
-    if let Some(lv) = &e.lvm {
-        let pvs: Vec<String> = lv.pvs.iter().map(export_description).collect();
-        return format!(
-            "LV {}/{} over {}",
-            lv.details.vg,
-            lv.details.lv,
-            pvs.join(" + ")
-        );
-    }
-    let below = match &e.md {
-        Some(a) => md_description(a),
-        None => e.path.display().to_string(),
-    };
-    match &e.luks {
-        Some(l) => format!("{} over {below}", l.description),
-        None => below,
-    }
-}
-
-/// "raid6 over d0.img, d1.img, d2.img, d3.img (clean, degraded)".
-fn md_description(a: &cairn_md::Array) -> String {
-    let r = a.report();
-    let members: Vec<String> = r
-        .members
-        .iter()
-        .filter(|m| m.state == cairn_md::MemberState::ActiveSync)
-        .filter_map(|m| m.name.clone())
-        .collect();
-    format!("{} over {} ({})", r.level, members.join(", "), r.state_text)
 }
 
 /// What the server announces once it listens: the `--json` line, and the text's source.
@@ -397,7 +390,7 @@ pub struct ExportInfo {
     pub md: Option<cairn_md::ArrayReport>,
     /// For `--luks` exports: the LUKS volume served decrypted (no key material).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub luks: Option<luks::LuksInfo>,
+    pub luks: Option<cairn_stack::export::LuksInfo>,
     /// For LV exports (`--lvm`): the LV's mapping and the stacks of its PVs, each as
     /// an export's `md`/`luks` fields describe them.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -408,7 +401,7 @@ pub struct ExportInfo {
 #[derive(Debug, Serialize)]
 pub struct LvInfo {
     #[serde(flatten)]
-    pub details: crate::stack::LvDetails,
+    pub details: cairn_stack::node::LvDetails,
     pub pvs: Vec<PvInfo>,
 }
 
@@ -419,7 +412,7 @@ pub struct PvInfo {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub md: Option<cairn_md::ArrayReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub luks: Option<luks::LuksInfo>,
+    pub luks: Option<cairn_stack::export::LuksInfo>,
 }
 
 impl Announcement {
@@ -493,7 +486,7 @@ impl Announcement {
 }
 
 /// "LUKS2 aes-xts-plain64 512-bit, 4096-byte sectors (keyslot 0)".
-fn luks_words(l: &luks::LuksInfo) -> String {
+fn luks_words(l: &cairn_stack::export::LuksInfo) -> String {
     let d = l
         .description
         .split(", data at")
@@ -676,6 +669,346 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
     s
 }
 
+// ---- --scan ------------------------------------------------------------------------
+
+/// `serve --scan`: the stacks found, unlocked and assembled for serving, avoiding the
+/// names in `taken`. What was skipped, and why, goes to stderr.
+pub fn scan_for_serve(args: &ServeArgs, taken: Vec<String>) -> Result<Vec<OpenedExport>> {
+    if args.scan.is_empty() {
+        return Ok(Vec::new());
+    }
+    let opts = ScanOptions {
+        read_only: args.read_only,
+        force: args.force,
+        direct: args.direct,
+        key_file: args.key_file.clone(),
+        key_dir: args.key_dir.clone(),
+        dry_run: false,
+        taken_names: taken,
+        stripe_cache: args.server.stripe_cache(),
+        hooks: crate::hooks::hooks(crate::tty::available()),
+    };
+    let (exports, report) = scan(&args.scan, &opts)?;
+    for w in report.warnings() {
+        eprintln!("cairn: {w}");
+    }
+    for e in &report.exports {
+        tracing::info!(
+            "scan: exporting {:?}: {} [{}]",
+            e.name,
+            e.layers.join(" over "),
+            e.state
+        );
+    }
+    Ok(exports)
+}
+
+// ---- the config file (--config): its settings under the command line's ------------
+
+/// Fills what the command line left unset from `--config`, and returns the config's
+/// `[[export]]` stacks. Lists (listen, scan) from the command line replace the file's;
+/// flags (read_only, force, direct) add to it; a `--threads` equal to the default counts
+/// as unset.
+pub fn apply_config(args: ServeArgs) -> Result<(ServeArgs, Vec<ExportEntry>)> {
+    let Some(path) = args.config.clone() else {
+        return Ok((args, Vec::new()));
+    };
+    let c = crate::config::load(&path)?;
+    Ok(merge(args, c))
+}
+
+fn merge(mut a: ServeArgs, c: Config) -> (ServeArgs, Vec<ExportEntry>) {
+    if a.server.listen.is_empty() {
+        a.server.listen = c
+            .listen
+            .iter()
+            .map(|l| l.parse().expect("checked in parse"))
+            .collect();
+    }
+    if a.server.threads == DEFAULT_THREADS {
+        if let Some(t) = c.threads {
+            a.server.threads = t;
+        }
+    }
+    if a.server.default_export.is_none() {
+        a.server.default_export = c.default_export;
+    }
+    a.server.stripe_cache_size = a.server.stripe_cache_size.or(c.stripe_cache_size);
+    a.server.stripe_cache_hold_ms = a.server.stripe_cache_hold_ms.or(c.stripe_cache_hold_ms);
+    a.read_only |= c.read_only;
+    a.direct |= c.direct;
+    a.force |= c.force;
+    if a.scan.is_empty() {
+        a.scan = c.scan;
+    }
+    if a.key_file.is_none() {
+        a.key_file = c.key_file;
+    }
+    if a.key_dir.is_none() {
+        a.key_dir = c.key_dir;
+    }
+    (a, c.exports)
+}
+
+/// Opens the config's `[[export]]` stacks as `cairn serve FILE`, `--md`, `--luks` and
+/// `--lvm` would: the entries marked `lvm` together as the PVs of their volume groups,
+/// after the others.
+pub fn open_config_stacks(entries: &[ExportEntry], args: &ServeArgs) -> Result<Vec<OpenedExport>> {
+    let base = crate::serve::open_options(args);
+    let opts = |read_only: bool| Options {
+        read_only: args.read_only || read_only,
+        hooks: crate::hooks::hooks(crate::tty::available()),
+        ..base.clone()
+    };
+    let mut keys = Keys::new(
+        args.key_file.clone(),
+        args.key_dir.clone(),
+        opts(false).hooks.prompt,
+    );
+    let mut out: Vec<OpenedExport> = Vec::new();
+    for entry in entries.iter().filter(|e| !e.lvm) {
+        let spec = crate::config::entry_spec(entry);
+        match cairn_stack::open(
+            &spec,
+            entry.name.as_deref(),
+            &opts(entry.read_only),
+            &mut keys,
+        ) {
+            Ok(e) => out.extend(e),
+            Err(err) => {
+                // Not served after all: leave arrays clean, as on shutdown.
+                cairn_stack::spec::close_all(&out);
+                return Err(err);
+            }
+        }
+    }
+    let pvs: Vec<&ExportEntry> = entries.iter().filter(|e| e.lvm).collect();
+    if !pvs.is_empty() {
+        let spec = Spec::Lvm(pvs.iter().map(|e| crate::config::entry_spec(e)).collect());
+        let read_only = pvs.iter().any(|e| e.read_only);
+        match cairn_stack::open(&spec, None, &opts(read_only), &mut keys) {
+            Ok(e) => out.extend(e),
+            Err(err) => {
+                cairn_stack::spec::close_all(&out);
+                return Err(err);
+            }
+        }
+    }
+    Ok(out)
+}
+
+// ---- the command line (clap) ----------------------------------------------------
+//
+
+/// Worker threads per connection for `cairn serve`: measured in docs/BENCHMARKS.md.
+pub const DEFAULT_THREADS: u16 = 1;
+
+/// `cairn serve --max-connections` and `--client-timeout` defaults (quickstart too).
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
+
+pub const DEFAULT_CLIENT_TIMEOUT: u64 = 30;
+
+pub(crate) const SERVE_LONG: &str = "\
+Export files or block devices over NBD.
+
+Each FILE becomes one export. Its name is the file name without its extension \
+(disk.img -> \"disk\", /dev/sdb -> \"sdb\"), or NAME when given as FILE:NAME. Clients \
+pick an export by name: nbd://HOST:PORT/NAME or nbd+unix:///NAME?socket=PATH.
+
+Without --listen, cairn listens on a Unix socket ($XDG_RUNTIME_DIR/cairn/nbd.sock, or \
+/run/cairn/nbd.sock as root) and on TCP 127.0.0.1:10809, the standard NBD port, on \
+loopback only. Nothing is reachable from other machines unless you ask for it with \
+--listen tcp:0.0.0.0:10809 (NBD has no authentication: only do that on a trusted \
+network).
+
+cairn runs in the foreground. Ctrl-C (SIGINT), SIGTERM or SIGHUP (its terminal closing) \
+stops it cleanly: requests already received are answered, data is flushed to the files, \
+then it exits 0. A second signal exits at once.
+
+--md serves an md RAID array (made by `cairn md create` or by mdadm) from its members. \
+The array is marked active while it is written and clean again when cairn stops, as the \
+kernel does. NBD clients are told the full stripe as the preferred block size (when it \
+is a power of two), so they write whole stripes and avoid read-modify-write.
+
+--luks opens a LUKS2 or LUKS1 volume (made by `cairn luks format`, cryptsetup or qemu-img) \
+and exports its decrypted contents: clients read and write plaintext, cairn encrypts \
+(aes-xts-plain64) on the way to the disk, as dm-crypt does. `--md M1,M2,... --luks` does \
+the same for an md array with LUKS on it. The passphrase comes from --key-file or is \
+asked for on the terminal; it is used once to unlock the volume key and then dropped.";
+
+pub(crate) const SERVE_EXAMPLES: &str = "\
+Examples:
+  cairn serve disk.img                         # export \"disk\"
+  cairn serve --md d0.img,d1.img,d2.img,d3.img:data
+                                               # an md array (cairn md create) as \"data\"
+  cairn serve --luks vol.img --key-file key     # a LUKS volume, decrypted, as \"vol\"
+  cairn serve --md d0.img,d1.img,d2.img,d3.img:data --luks --key-file key
+                                               # LUKS2 over an md array
+  cairn serve a.img b.img:data                 # exports \"a\" and \"data\"
+  cairn serve --read-only /dev/sdb:backup      # a block device, read-only
+  cairn serve --listen unix:/tmp/nbd.sock --listen tcp:127.0.0.1:0 --json disk.img
+                                               # port 0: any free port, printed in the JSON
+
+Then, from another shell:
+  nbdinfo nbd://127.0.0.1:10809/disk
+  qemu-img info nbd://127.0.0.1:10809/disk
+  nbdcopy image.raw nbd://127.0.0.1:10809/disk";
+
+/// `cairn serve`.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("key_users").args(["luks", "scan", "config"]).multiple(true))]
+pub struct ServeArgs {
+    /// Files or block devices to export; append :NAME to choose the export name
+    #[arg(value_name = "FILE[:NAME]", required_unless_present_any = ["md", "luks", "lvm", "scan", "config"])]
+    pub exports: Vec<String>,
+
+    /// Open this LUKS2 or LUKS1 volume (a file or block device) and export it decrypted
+    /// as NAME [default: the file name]; repeatable. Given with no value next to --md,
+    /// the md arrays themselves hold LUKS and are exported decrypted
+    #[arg(long, value_name = "DEVICE[:NAME]", num_args = 0..=1, default_missing_value = "")]
+    pub luks: Vec<String>,
+
+    /// The LUKS passphrase, read from FILE's exact bytes (`-`: stdin) [default: ask on
+    /// the terminal]
+    #[arg(
+        long,
+        value_name = "FILE",
+        visible_alias = "keyfile",
+        requires = "key_users"
+    )]
+    pub key_file: Option<PathBuf>,
+
+    /// Assemble the md array on these members (comma-separated, any order) and export
+    /// it as NAME [default: the array's name]; repeatable. Missing member files make the
+    /// array degraded, with a warning, when its level tolerates it
+    #[arg(long, value_name = "MEMBER,MEMBER,...[:NAME]")]
+    pub md: Vec<String>,
+
+    /// Open the LVM2 volume groups on these PVs (comma-separated files or block devices;
+    /// every PV of a VG must be given) and export each logical volume as VG/LV.
+    /// Given with no value next to --md or --luks, those stacks are the PVs (the
+    /// classic md -> LUKS -> LVM stack)
+    #[arg(long, value_name = "PV,PV,...", num_args = 0..=1, default_missing_value = "")]
+    pub lvm: Vec<String>,
+
+    /// Start an md array that is degraded and was not shut down cleanly (its parity may
+    /// not match where a write was interrupted), or degraded because a member given is
+    /// stale (mdadm --run); or, when too many members failed, take back the freshest of
+    /// them by event count (mdadm --assemble --force: data they missed may be
+    /// inconsistent; run `cairn md check`)
+    #[arg(short, long)]
+    pub force: bool,
+
+    #[command(flatten)]
+    pub server: ServerOptions,
+
+    /// Export everything read-only: clients may read but every write is refused
+    #[arg(long)]
+    pub read_only: bool,
+
+    /// Open files with O_DIRECT, bypassing the page cache (block size becomes 4096)
+    #[arg(long)]
+    pub direct: bool,
+
+    /// Find the stacks on PATH (a directory of member images, a file or a block device)
+    /// and serve every one it can assemble: md arrays, LUKS on files and arrays;
+    /// repeatable. A directory exports recognised stacks only (see `cairn scan --help`)
+    #[arg(long, value_name = "PATH")]
+    pub scan: Vec<PathBuf>,
+
+    /// LUKS passphrases by volume: DIR/<LUKS UUID> or DIR/<LUKS UUID>.key, tried before
+    /// --key-file
+    #[arg(long, value_name = "DIR")]
+    pub key_dir: Option<PathBuf>,
+
+    /// Read listeners, settings and exports from this TOML file (docs/cairn.example.toml);
+    /// options given on the command line win over it
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// How to serve, shared by `serve` and `quickstart`.
+#[derive(Debug, Clone, Args)]
+pub struct ServerOptions {
+    /// Address to listen on: unix:PATH or tcp:ADDR:PORT (repeatable; default: a Unix
+    /// socket and tcp:127.0.0.1:10809)
+    #[arg(short, long = "listen", value_name = "ADDRESS")]
+    pub listen: Vec<Listen>,
+
+    /// Requests each client connection may run at once (worker threads per connection).
+    /// One is fastest on few cores with files in the page cache: clients that want
+    /// parallelism open several connections (multi-conn). Raise it for disks with real
+    /// latency served to a client that uses one connection.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_THREADS,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: u16,
+
+    /// Most client connections served at once, handshakes included; more are closed at
+    /// once until some end
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_connections: u32,
+
+    /// Seconds a client may take to finish the NBD handshake, and may go without reading
+    /// a reply it is being sent, before it is disconnected. Such a client otherwise holds
+    /// a connection slot, and the memory of its unsent replies, for ever
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_CLIENT_TIMEOUT,
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub client_timeout: u64,
+
+    /// Export served to clients that ask for no name (default: the only export, if one)
+    #[arg(long, value_name = "NAME")]
+    pub default_export: Option<String>,
+
+    /// Background resync speed kept while clients do I/O, KiB/s (md's speed_limit_min)
+    #[arg(long, value_name = "KIB", default_value_t = 1000)]
+    pub speed_limit_min: u64,
+
+    /// Background resync speed ceiling when the array is idle, KiB/s (md's
+    /// speed_limit_max)
+    #[arg(long, value_name = "KIB", default_value_t = 200_000)]
+    pub speed_limit_max: u64,
+
+    /// Stripe cache of RAID4/5/6 arrays (md's stripe_cache_size, same unit: stripe heads
+    /// of one 4 KiB page per member). Concurrent writes that each cover part of a stripe
+    /// are held and merged into one full-stripe write, which needs no reads; a write is
+    /// answered only once it is written. 0 turns it off [default: 256]
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(0..=32768))]
+    pub stripe_cache_size: Option<u32>,
+
+    /// Longest a partial-stripe write waits in the stripe cache for its neighbours, in
+    /// milliseconds; FLUSH and FUA write held stripes at once [default: 2]
+    #[arg(long, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub stripe_cache_hold_ms: Option<u64>,
+
+    #[command(flatten)]
+    pub operator: OperatorOptions,
+}
+
+impl ServerOptions {
+    /// The resync pacing, in bytes per second.
+    pub fn speed_limits(&self) -> cairn_md::SpeedLimits {
+        let max = self.speed_limit_max.max(1).saturating_mul(1024);
+        cairn_md::SpeedLimits {
+            min: self.speed_limit_min.saturating_mul(1024).min(max),
+            max,
+        }
+    }
+
+    /// The stripe cache put over RAID4/5/6 arrays that are served writable.
+    pub fn stripe_cache(&self) -> cairn_md::StripeCacheOptions {
+        let d = cairn_md::StripeCacheOptions::default();
+        cairn_md::StripeCacheOptions {
+            size: self.stripe_cache_size.unwrap_or(d.size),
+            hold: self
+                .stripe_cache_hold_ms
+                .map_or(d.hold, std::time::Duration::from_millis),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -691,5 +1024,90 @@ mod tests {
             "'nbd+unix:///disk?socket=/run/cairn/nbd.sock'"
         );
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+    use crate::config::parse;
+    use clap::Parser;
+    use std::path::Path;
+
+    /// `cairn serve`'s options alone, parsed as the command line would.
+    #[derive(Debug, Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn try_serve_args(argv: &[&str]) -> std::result::Result<ServeArgs, clap::Error> {
+        let mut full = vec!["serve"];
+        full.extend_from_slice(argv);
+        Serve::try_parse_from(full).map(|s| s.args)
+    }
+
+    fn serve_args(argv: &[&str]) -> ServeArgs {
+        try_serve_args(argv).unwrap()
+    }
+
+    #[test]
+    fn scan_and_config_stand_in_for_files() {
+        let a = serve_args(&["--scan", "/d", "--key-file", "k", "--key-dir", "/keys"]);
+        assert!(a.exports.is_empty());
+        assert_eq!(a.scan, [PathBuf::from("/d")]);
+        assert!(try_serve_args(&["--config", "c.toml"]).is_ok());
+        // A key file still needs something to unlock.
+        assert!(try_serve_args(&["--key-file", "k", "a.img"]).is_err());
+    }
+
+    #[test]
+    fn the_command_line_wins() {
+        let c = parse(
+            "listen = [\"tcp:127.0.0.1:1\"]\nthreads = 4\nscan = [\"/a\"]\nkey_file = \"/k\"\n\
+             read_only = true\n",
+            "c",
+            Path::new("/"),
+        )
+        .unwrap();
+        let a = serve_args(&[
+            "--config",
+            "c",
+            "--listen",
+            "tcp:127.0.0.1:2",
+            "--key-file",
+            "/k2",
+        ]);
+        let (m, _) = merge(a, c.clone());
+        assert_eq!(m.server.listen, ["tcp:127.0.0.1:2".parse().unwrap()]);
+        assert_eq!(m.server.threads, 4);
+        assert_eq!(m.scan, [PathBuf::from("/a")]);
+        assert_eq!(m.key_file, Some(PathBuf::from("/k2")));
+        assert!(m.read_only);
+        let a = serve_args(&["--config", "c", "--threads", "8", "--scan", "/b"]);
+        let (m, _) = merge(a, c);
+        assert_eq!(m.server.threads, 8);
+        assert_eq!(m.scan, [PathBuf::from("/b")]);
+        assert_eq!(m.server.listen, ["tcp:127.0.0.1:1".parse().unwrap()]);
+    }
+
+    #[test]
+    fn stripe_cache_keys() {
+        let c = parse(
+            "stripe_cache_size = 4096\nstripe_cache_hold_ms = 5\n",
+            "c",
+            Path::new("/"),
+        )
+        .unwrap();
+        let (m, _) = merge(serve_args(&["--config", "c"]), c.clone());
+        let o = m.server.stripe_cache();
+        assert_eq!((o.size, o.hold.as_millis()), (4096, 5));
+        let a = serve_args(&["--config", "c", "--stripe-cache-size", "0"]);
+        let (m, _) = merge(a, c);
+        assert_eq!(m.server.stripe_cache().size, 0);
+        assert_eq!(m.server.stripe_cache().hold.as_millis(), 5);
+        let d = serve_args(&["x.img"]).server.stripe_cache();
+        assert_eq!(d, cairn_md::StripeCacheOptions::default());
+        assert!(parse("stripe_cache_size = 40000\n", "c", Path::new("/")).is_err());
     }
 }

@@ -20,11 +20,13 @@ use std::time::Duration;
 
 use cairn_nbd::Listen;
 
-use crate::args::{Global, StatusArgs};
 use crate::control;
+use crate::control::ControlArgs;
 use crate::error::{CliError, Result};
-use crate::size::format_size;
-use crate::stack::{Node, Progress};
+use crate::global::Global;
+use cairn_stack::node::{Node, Progress};
+use cairn_stack::size::format_size;
+use clap::Args;
 
 /// Width of the progress bar between the brackets.
 const BAR: usize = 20;
@@ -267,10 +269,41 @@ pub fn progress_line(p: &Progress, tty: bool) -> String {
     }
 }
 
+// ---- the command line (clap) ----------------------------------------------------
+//
+
+pub(crate) const STATUS_LONG: &str = "\
+Show every export of the running `cairn serve` as a tree, top to bottom: export -> LV -> \
+LUKS -> md array -> members (or the file), each with its size, geometry words and state \
+(md's own: clean, active, degraded; active sync, faulty, removed). Background work \
+(resync, recovery, check) shows a progress bar with speed and time left on a terminal, \
+and one plain line otherwise. Recent events (Fail, DegradedArray, ExportAdded, ...) follow.
+
+--json prints the daemon's /v1/status document. --watch redraws every SECS seconds \
+(default 2) until Ctrl-C.";
+
+pub(crate) const STATUS_EXAMPLES: &str = "\
+Examples:
+  cairn status
+  cairn status --watch              # redraw every 2 s
+  cairn status --json | jq '.exports[].children[0].state'
+  cairn status --control /tmp/c.sock";
+
+/// `cairn status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+
+    /// Redraw every SECS seconds until Ctrl-C
+    #[arg(short, long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
+    pub watch: Option<f64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stack::{LuksDetails, MdDetails, NodeGeometry};
+    use cairn_stack::node::{LuksDetails, MdDetails, NodeGeometry};
     use serde_json::json;
 
     fn p(done: u64, total: u64, speed: u64) -> Progress {

@@ -13,10 +13,12 @@ use std::time::Duration;
 use cairn_engine::stats::{Rates, Snapshot};
 use serde::Serialize;
 
-use crate::args::{Global, TopArgs};
 use crate::control;
+use crate::control::ControlArgs;
 use crate::error::{CliError, Result};
-use crate::stack::Node;
+use crate::global::Global;
+use cairn_stack::node::Node;
+use clap::Args;
 
 /// A member this many times busier than its array's median is flagged.
 const UNBALANCED: f64 = 1.5;
@@ -281,6 +283,39 @@ pub fn render(s: &Sample) -> String {
     }
     out.push('\n');
     out
+}
+
+// ---- the command line (clap) ----------------------------------------------------
+//
+
+pub(crate) const TOP_LONG: &str = "\
+Live I/O of every export and of each device below it (md members, files), sampled from \
+the running `cairn serve` every SECS seconds, as `iostat -x` shows disks: reads and \
+writes per second, MB/s, average latency (r_await, w_await) and its 99th percentile, \
+average queue depth (aqu-sz) and the share of reads. The first sample averages since the \
+server started. A member doing at least 1.5x the median I/O of its array is marked `!`.
+
+--json prints one JSON object per sample, with totals since the server started.";
+
+pub(crate) const TOP_EXAMPLES: &str = "\
+Examples:
+  cairn top
+  cairn top -d 5 -n 3
+  cairn top --json -n 1 | jq '.devices[] | {id, reads: .totals.reads}'";
+
+/// `cairn top`.
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+
+    /// Seconds between samples
+    #[arg(short, long, value_name = "SECS", default_value_t = 1.0)]
+    pub delay: f64,
+
+    /// Stop after COUNT samples
+    #[arg(short = 'n', long = "iterations", value_name = "COUNT")]
+    pub count: Option<u64>,
 }
 
 #[cfg(test)]

@@ -7,14 +7,14 @@ use std::sync::Mutex;
 
 use cairn_block::{FileDisk, InUse};
 
-use crate::error::CliError;
+use crate::error::StackError;
 
 /// cryptsetup's exit status for "device already exists or device is busy", so scripts
 /// written for it keep working.
 pub const EXIT_BUSY: u8 = 5;
 
 /// The refusal for a device another writer holds (`e` of kind [`cairn_block::ErrorKind::Busy`]).
-pub fn busy(shown: &str, e: &cairn_block::Error) -> CliError {
+pub fn busy(shown: &str, e: &cairn_block::Error) -> StackError {
     let message = match InUse::of(e) {
         Some(h) if h.this_process => format!(
             "{shown} is already open for writing in this process (a member or an export of \
@@ -26,7 +26,7 @@ pub fn busy(shown: &str, e: &cairn_block::Error) -> CliError {
         ),
         None => format!("{shown} is in use by another process or by the kernel ({e})"),
     };
-    CliError::with_code(message, EXIT_BUSY)
+    StackError::with_code(message, EXIT_BUSY)
 }
 
 /// For a device opened read-only: warns, once per writer, that another process writes

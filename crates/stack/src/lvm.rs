@@ -10,12 +10,13 @@
 
 use std::sync::Arc;
 
-use cairn_block::BlockDevice;
+use cairn_block::{BlockDevice, ErrorKind};
 use cairn_lvm::{OpenOptions, PvDevice, Vg};
 
-use crate::error::{CliError, Result};
-use crate::exports::OpenedExport;
-use crate::stack::{LvDetails, LvLayer};
+use crate::error::{Result, StackError};
+use crate::export::LvLayer;
+use crate::export::OpenedExport;
+use crate::node::LvDetails;
 
 /// How a PV stack is named in messages and in the metadata's device hint.
 fn pv_name(e: &OpenedExport) -> String {
@@ -30,16 +31,16 @@ fn pv_name(e: &OpenedExport) -> String {
 pub fn vg_of(pv: &OpenedExport) -> Result<(String, String)> {
     let shown = pv_name(pv);
     let info = cairn_lvm::probe(&*pv.device)
-        .map_err(|e| CliError::new(format!("{shown}: cannot read its LVM2 label: {e}")))?
+        .map_err(|e| StackError::new(format!("{shown}: cannot read its LVM2 label: {e}")))?
         .ok_or_else(|| {
-            CliError::new(format!(
+            StackError::new(format!(
                 "{shown} holds no LVM2 physical volume label; make it one with `cairn lvm \
                  pvcreate` and a VG with `cairn lvm vgcreate`"
             ))
         })?;
     match (info.vg_uuid, info.vg_name) {
         (Some(uuid), Some(name)) => Ok((uuid, name)),
-        _ => Err(CliError::new(match info.metadata_error {
+        _ => Err(StackError::new(match info.metadata_error {
             Some(why) => format!("{shown}: its LVM2 metadata cannot be read: {why}"),
             None => format!(
                 "{shown} is an LVM2 PV in no volume group; add it to one with `cairn lvm \
@@ -101,12 +102,7 @@ pub fn open_vg_exports(
             read_only,
         },
     )
-    .map_err(|e| {
-        CliError::new(format!(
-            "volume group {vg_name}: {}",
-            crate::lvm::lvm_error(&e)
-        ))
-    })?;
+    .map_err(|e| StackError::new(format!("volume group {vg_name}: {}", lvm_error(&e))))?;
     for note in vg.notes() {
         tracing::warn!("volume group {vg_name}: {note}");
     }
@@ -122,7 +118,7 @@ pub fn open_vg_exports(
         }
         let lv = vg
             .lv(&lv_report.name)
-            .map_err(|e| CliError::new(crate::lvm::lvm_error(&e).to_string()))?;
+            .map_err(|e| StackError::new(lvm_error(&e).to_string()))?;
         // The PVs this LV uses, in the order its extents first reach them.
         let used: Vec<usize> = lv
             .pv_names()
@@ -168,4 +164,16 @@ pub fn open_vg_exports(
         eprintln!("cairn: volume group {vg_name} has no logical volumes to serve");
     }
     Ok(out)
+}
+
+/// A library error as one sentence: the kind's words only where they add something.
+pub fn lvm_error(e: &cairn_block::Error) -> StackError {
+    let s = e.to_string();
+    let plain = match e.kind() {
+        ErrorKind::InvalidArgument | ErrorKind::NotFound | ErrorKind::Unsupported => s
+            .strip_suffix(&format!(": {}", e.kind().describe()))
+            .map_or(s.clone(), str::to_string),
+        _ => s,
+    };
+    StackError::new(plain.replace("pass force", "give -f (--force)"))
 }

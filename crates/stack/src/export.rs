@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cairn_block::{BlockDevice, ErrorKind, FileDisk, OpenOptions};
+use serde::Serialize;
 
-use crate::error::{CliError, Result};
+use crate::error::{Result, StackError};
+use crate::hooks::Options;
+use crate::node::LvDetails;
 
 /// One `FILE[:NAME]` argument, split.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,11 +31,11 @@ pub struct OpenedExport {
     pub md: Option<Arc<cairn_md::Array>>,
     /// For `serve --luks` exports: the volume `device` decrypts (`device` is then the
     /// LUKS layer over the file or the md array).
-    pub luks: Option<crate::luks::LuksInfo>,
+    pub luks: Option<LuksInfo>,
     /// The bottom device (the file or block device), when `device` is a layer over it.
     pub base: Option<Arc<dyn BlockDevice>>,
     /// For LV exports: the VG's PV stacks and the LV's mapping.
-    pub lvm: Option<crate::stack::LvLayer>,
+    pub lvm: Option<LvLayer>,
 }
 
 impl OpenedExport {
@@ -69,7 +72,7 @@ pub fn all_arrays(exports: &[OpenedExport]) -> Vec<Arc<cairn_md::Array>> {
 /// with colons (`/dev/disk/by-path/pci-0000:00:1f.2-ata-1`) work without a name.
 pub fn parse_spec(arg: &str) -> Result<ExportSpec> {
     if arg.is_empty() {
-        return Err(CliError::new(
+        return Err(StackError::new(
             "an empty FILE argument; give a file or block device path",
         ));
     }
@@ -95,13 +98,13 @@ pub fn parse_spec(arg: &str) -> Result<ExportSpec> {
         .and_then(|s| s.to_str())
         .filter(|s| !s.is_empty())
         .ok_or_else(|| {
-            CliError::new(format!(
+            StackError::new(format!(
                 "cannot make an export name from {arg:?}; name it explicitly as {arg}:NAME"
             ))
         })?
         .to_string();
     check_name(&name, arg).map_err(|_| {
-        CliError::new(format!(
+        StackError::new(format!(
             "the export name taken from {arg:?} would be {name:?}, which does not fit in an \
              NBD URI; name it explicitly as {arg}:NAME using letters, digits, '.', '_' or '-'"
         ))
@@ -128,7 +131,7 @@ fn check_name(name: &str, arg: &str) -> Result<()> {
     if export_name_ok(name) {
         Ok(())
     } else {
-        Err(CliError::new(format!(
+        Err(StackError::new(format!(
             "export name {name:?} (from {arg:?}) must be 1 to 255 letters, digits, '.', '_', \
              '-', '+' or ':', not starting with '.'"
         )))
@@ -140,7 +143,7 @@ pub fn check_unique(specs: &[ExportSpec]) -> Result<()> {
     let mut seen: HashMap<&str, &Path> = HashMap::new();
     for s in specs {
         if let Some(first) = seen.insert(&s.name, &s.path) {
-            return Err(CliError::new(format!(
+            return Err(StackError::new(format!(
                 "two exports would be named {:?} ({} and {}); give one another name with \
                  FILE:NAME, e.g. {}:{}2",
                 s.name,
@@ -155,22 +158,23 @@ pub fn check_unique(specs: &[ExportSpec]) -> Result<()> {
 }
 
 /// Opens one file or block device, explaining failures in the user's terms.
-pub fn open(spec: &ExportSpec, read_only: bool, direct: bool) -> Result<OpenedExport> {
+pub fn open(spec: &ExportSpec, o: &Options) -> Result<OpenedExport> {
+    let (read_only, direct) = (o.read_only, o.direct);
     let shown = spec.path.display();
     let meta = std::fs::metadata(&spec.path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => CliError::new(format!(
+        std::io::ErrorKind::NotFound => StackError::new(format!(
             "{shown} does not exist; create a sparse disk file with `truncate -s 1G {shown}`, \
              or try `cairn quickstart`"
         )),
-        _ => CliError::new(format!("cannot open {shown}: {e}")),
+        _ => StackError::new(format!("cannot open {shown}: {e}")),
     })?;
     if meta.is_dir() {
-        return Err(CliError::new(format!(
+        return Err(StackError::new(format!(
             "{shown} is a directory; give a disk image file or a block device"
         )));
     }
     if meta.is_file() && meta.len() == 0 {
-        return Err(CliError::new(format!(
+        return Err(StackError::new(format!(
             "{shown} is empty; give it a size first, e.g. `truncate -s 1G {shown}`"
         )));
     }
@@ -180,20 +184,22 @@ pub fn open(spec: &ExportSpec, read_only: bool, direct: bool) -> Result<OpenedEx
         create_size: None,
     };
     let disk = FileDisk::open(&spec.path, &opts).map_err(|e| match e.kind() {
-        ErrorKind::ReadOnly if !read_only => CliError::new(format!(
+        ErrorKind::ReadOnly if !read_only => StackError::new(format!(
             "cannot open {shown} for writing ({e}); serve it with --read-only or fix its \
              permissions"
         )),
-        ErrorKind::InvalidArgument if direct => CliError::new(format!(
+        ErrorKind::InvalidArgument if direct => StackError::new(format!(
             "cannot open {shown} with --direct ({e}); some filesystems (tmpfs) refuse \
              O_DIRECT, so try without --direct"
         )),
         ErrorKind::Busy => crate::owner::busy(&shown.to_string(), &e),
-        _ => CliError::new(format!("cannot export {shown}: {e}")),
+        _ => StackError::new(format!("cannot export {shown}: {e}")),
     })?;
     crate::owner::note_reader(&shown.to_string(), &disk);
     // Counted as the stack node "file:PATH" (cairn top, metrics).
-    let device = crate::daemon::wrap_file(&spec.path, Arc::new(disk));
+    let device = o
+        .hooks
+        .wrap(&format!("file:{}", spec.path.display()), Arc::new(disk));
     Ok(OpenedExport {
         name: spec.name.clone(),
         path: spec.path.clone(),
@@ -204,6 +210,30 @@ pub fn open(spec: &ExportSpec, read_only: bool, direct: bool) -> Result<OpenedEx
         base: Some(device),
         lvm: None,
     })
+}
+
+/// What the announcement says about a LUKS export.
+#[derive(Debug, Clone, Serialize)]
+pub struct LuksInfo {
+    pub version: u16,
+    pub uuid: String,
+    /// The keyslot the passphrase opened.
+    pub keyslot: u32,
+    /// Byte offset of the encrypted payload on the device below.
+    pub data_offset: u64,
+    pub sector_size: u32,
+    /// "LUKS2 aes-xts-plain64 512-bit, 4096-byte sectors, data at 16777216".
+    pub description: String,
+}
+
+/// What an LV export has below it: one stack per PV the VG holds.
+#[derive(Debug, Clone)]
+pub struct LvLayer {
+    pub details: LvDetails,
+    /// The PV stacks holding the LV's extents, in the order its extents reach them.
+    pub pvs: Vec<OpenedExport>,
+    /// Byte offset of the LV's first byte on its first PV.
+    pub first_byte: u64,
 }
 
 #[cfg(test)]
@@ -260,7 +290,7 @@ mod tests {
 
     #[test]
     fn missing_file_says_so() {
-        let err = open(&spec("/nonexistent/cairn/x.img"), false, false)
+        let err = open(&spec("/nonexistent/cairn/x.img"), &Options::default())
             .unwrap_err()
             .to_string();
         assert!(

@@ -1,0 +1,206 @@
+//! Describing an opened stack: the [`Node`] tree of an export (status, the control API,
+//! metrics labels and advise all read this one tree), and its stack in words for the NBD
+//! export description.
+
+use cairn_block::BlockDevice;
+
+use crate::export::OpenedExport;
+use crate::node::{JobSummary, LuksDetails, MdDetails, Node, Progress};
+
+/// "active", or "read-only" for an export served read-only.
+fn mode(e: &OpenedExport) -> &'static str {
+    if e.read_only {
+        "read-only"
+    } else {
+        "active"
+    }
+}
+
+/// The tree for one export: the export node with the stack below as its child.
+pub fn describe(e: &OpenedExport) -> Node {
+    let g = e.device.geometry();
+    Node {
+        children: vec![below(e)],
+        ..Node::new(
+            "export",
+            format!("export:{}", e.name),
+            e.name.clone(),
+            mode(e),
+            g.size,
+            g.into(),
+        )
+    }
+}
+
+/// The stack under an export (or under a PV of an LV): LV, LUKS, md or file.
+fn below(e: &OpenedExport) -> Node {
+    let g = e.device.geometry();
+    if let Some(lv) = &e.lvm {
+        let d = &lv.details;
+        let name = format!("{}/{}", d.vg, d.lv);
+        return Node {
+            data_offset: lv.first_byte,
+            lv: Some(d.clone()),
+            children: lv.pvs.iter().map(below).collect(),
+            ..Node::new("lv", format!("lv:{name}"), name, mode(e), g.size, g.into())
+        };
+    }
+    let base = base_node(e);
+    match &e.luks {
+        None => base,
+        Some(l) => Node {
+            data_offset: l.data_offset,
+            luks: Some(LuksDetails {
+                version: l.version,
+                uuid: l.uuid.clone(),
+                description: l.description.clone(),
+                sector_size: l.sector_size,
+                payload_offset: l.data_offset,
+            }),
+            children: vec![base],
+            ..Node::new(
+                "luks",
+                format!("luks:{}", l.uuid),
+                format!("LUKS{} {}", l.version, l.uuid),
+                mode(e),
+                g.size,
+                g.into(),
+            )
+        },
+    }
+}
+
+/// The bottom of a stack: an md array with its members, or a file.
+fn base_node(e: &OpenedExport) -> Node {
+    let path = e.path.display().to_string();
+    let Some(array) = &e.md else {
+        let g = e
+            .base
+            .as_ref()
+            .map_or_else(|| e.device.geometry(), |d| d.geometry());
+        return Node {
+            path: Some(path.clone()),
+            ..Node::new(
+                "file",
+                format!("file:{path}"),
+                path,
+                mode(e),
+                g.size,
+                g.into(),
+            )
+        };
+    };
+    let r = array.report();
+    let g = array.geometry();
+    let chunk_bytes = r.chunk_kib.unwrap_or(0) * 1024;
+    let data_disks = match array.layout() {
+        cairn_md::layout::ArrayLayout::Parity(p) => u32::try_from(p.data_disks()).unwrap_or(0),
+        _ if chunk_bytes > 0 => {
+            u32::try_from(u64::from(g.optimal_io_size) / chunk_bytes).unwrap_or(0)
+        }
+        _ => 1,
+    };
+    let uuid = r.uuid.to_string();
+    let children = r
+        .members
+        .iter()
+        .map(|m| {
+            let name = m.name.clone().unwrap_or_else(|| "(missing)".into());
+            // Size 0 stands for "not known" (a missing or left-out member): status
+            // prints no size for it.
+            let in_role = matches!(
+                m.state,
+                cairn_md::MemberState::ActiveSync | cairn_md::MemberState::Rebuilding
+            );
+            let mg = match m.role.and_then(|role| array.member(role as usize)) {
+                Some(d) if in_role && m.name.is_some() => d.geometry(),
+                _ => cairn_block::Geometry::simple(m.size_bytes.unwrap_or(0)),
+            };
+            let id = match (&m.name, m.role) {
+                (Some(n), _) => format!("member:{n}"),
+                (None, Some(role)) => format!("member:{uuid}/{role}"),
+                (None, None) => format!("member:{uuid}/?"),
+            };
+            Node {
+                path: m.name.clone(),
+                ..Node::new("member", id, name, m.state.text(), mg.size, mg.into())
+            }
+        })
+        .collect();
+    Node {
+        md: Some(MdDetails {
+            uuid: uuid.clone(),
+            level: r.level.to_string(),
+            layout: r.layout.clone(),
+            chunk_bytes,
+            raid_devices: r.raid_devices,
+            data_disks,
+            active_devices: r.active_devices,
+            failed_devices: r.failed_devices,
+            events: r.events,
+            mismatch_sectors: array
+                .last_scrub()
+                .filter(|s| s.complete)
+                .map(|s| s.mismatch_sectors),
+            job: array.background().map(|b| JobSummary {
+                id: b.id,
+                action: b.action.into(),
+                state: b.state,
+                member: b.member,
+            }),
+        }),
+        progress: array
+            .background()
+            .filter(|b| b.state == "running")
+            .map(|b| Progress {
+                action: b.action.into(),
+                member: b.member.clone(),
+                done_bytes: b.done_bytes,
+                total_bytes: b.total_bytes,
+                bytes_per_sec: b.bytes_per_sec,
+            }),
+        children,
+        ..Node::new(
+            "md",
+            format!("md:{uuid}"),
+            r.name.clone(),
+            &r.state_text,
+            g.size,
+            g.into(),
+        )
+    }
+}
+
+/// The NBD description of an export: its stack from the top, e.g. "LV vg0/home over
+/// LUKS2 aes-xts-plain64 ... over raid6 over d0.img, d1.img, d2.img, d3.img (clean)".
+pub fn export_description(e: &OpenedExport) -> String {
+    if let Some(lv) = &e.lvm {
+        let pvs: Vec<String> = lv.pvs.iter().map(export_description).collect();
+        return format!(
+            "LV {}/{} over {}",
+            lv.details.vg,
+            lv.details.lv,
+            pvs.join(" + ")
+        );
+    }
+    let below = match &e.md {
+        Some(a) => md_description(a),
+        None => e.path.display().to_string(),
+    };
+    match &e.luks {
+        Some(l) => format!("{} over {below}", l.description),
+        None => below,
+    }
+}
+
+/// "raid6 over d0.img, d1.img, d2.img, d3.img (clean, degraded)".
+pub fn md_description(a: &cairn_md::Array) -> String {
+    let r = a.report();
+    let members: Vec<String> = r
+        .members
+        .iter()
+        .filter(|m| m.state == cairn_md::MemberState::ActiveSync)
+        .filter_map(|m| m.name.clone())
+        .collect();
+    format!("{} over {} ({})", r.level, members.join(", "), r.state_text)
+}

@@ -1,0 +1,279 @@
+//! md arrays in stacks: members opened, the array assembled (degraded starts warned about
+//! once, by role), named as an export and put behind a stripe cache when served writable.
+//!
+//! ```text
+//!   MdSpec (members, name) ─ open_present (missing files noted) ─ Array::assemble
+//!     ─ degraded / resync-pending warnings ─ OpenedExport { device: array, md: array }
+//!     ─ with_stripe_cache (RAID4/5/6 writable): device = StripeCache over the array
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cairn_block::{BlockDevice, ErrorKind, FileDisk, OpenOptions};
+use cairn_md::{Array, ArrayReport, AssembleOptions, Level, MemberState};
+
+use crate::error::{Result, StackError};
+use crate::export::OpenedExport;
+use crate::hooks::{Hooks, Options};
+
+fn shown(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// An md array name as an export name: mdadm's "host:name" loses its host part, and
+/// characters a URI would need escaped become '_'.
+pub fn export_name_for(array_name: &str) -> String {
+    let base = array_name.rsplit(':').next().unwrap_or(array_name);
+    let clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean.is_empty() || clean.starts_with('.') {
+        "md0".into()
+    } else {
+        clean
+    }
+}
+
+// ---- opening members ---------------------------------------------------------------
+
+pub fn open_member(p: &Path, read_only: bool, hooks: &Hooks) -> Result<Arc<dyn BlockDevice>> {
+    let opts = OpenOptions {
+        read_only,
+        direct: false,
+        create_size: None,
+    };
+    let disk = FileDisk::open(p, &opts).map_err(|e| match e.kind() {
+        ErrorKind::ReadOnly if !read_only => StackError::new(format!(
+            "cannot open {} for writing ({e}); fix its permissions",
+            shown(p)
+        )),
+        ErrorKind::Busy => crate::owner::busy(&shown(p), &e),
+        _ => StackError::new(format!("cannot open {}: {e}", shown(p))),
+    })?;
+    crate::owner::note_reader(&shown(p), &disk);
+    // Counted as the stack node "member:PATH" (cairn top, metrics).
+    Ok(hooks.wrap(&format!("member:{}", shown(p)), Arc::new(disk)))
+}
+
+/// Members as given: the ones that exist, opened, and the paths that do not exist.
+struct Members {
+    devices: Vec<Arc<dyn BlockDevice>>,
+    names: Vec<String>,
+    missing: Vec<PathBuf>,
+}
+
+fn open_present(paths: &[PathBuf], read_only: bool, hooks: &Hooks) -> Result<Members> {
+    let mut m = Members {
+        devices: Vec::new(),
+        names: Vec::new(),
+        missing: Vec::new(),
+    };
+    for (i, p) in paths.iter().enumerate() {
+        if paths[..i].contains(p) {
+            return Err(StackError::new(format!("{} is given twice", shown(p))));
+        }
+        if !p.exists() {
+            m.missing.push(p.clone());
+            continue;
+        }
+        m.devices.push(open_member(p, read_only, hooks)?);
+        m.names.push(shown(p));
+    }
+    if m.devices.is_empty() {
+        return Err(StackError::new(format!(
+            "none of the members exist ({})",
+            paths
+                .iter()
+                .map(|p| shown(p))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok(m)
+}
+
+/// Assembles the array on `paths`; missing files make it degraded (the caller warns).
+pub fn assemble(paths: &[PathBuf], opts: &Options) -> Result<(Array, Vec<PathBuf>)> {
+    let (read_only, force) = (opts.read_only, opts.force);
+    let m = open_present(paths, read_only, &opts.hooks)?;
+    let missing = m.missing;
+    let array = Array::assemble(m.devices, m.names, AssembleOptions { force }).map_err(|e| {
+        let mut msg = format!("cannot assemble the md array: {e}");
+        if !missing.is_empty() {
+            msg.push_str(&format!(" ({})", files_not_found(&missing)));
+        }
+        if e.kind() == ErrorKind::Degraded && !force && e.to_string().contains("force") {
+            msg.push_str("; --force starts it anyway");
+        }
+        StackError::new(msg)
+    })?;
+    Ok((array, missing))
+}
+
+/// "member file(s) not found: a, b", for errors and warnings about missing members.
+fn files_not_found(missing: &[PathBuf]) -> String {
+    let names: Vec<String> = missing.iter().map(|p| shown(p)).collect();
+    let plural = if missing.len() == 1 { "" } else { "s" };
+    format!("member file{plural} not found: {}", names.join(", "))
+}
+
+/// The loud warning for a degraded start, naming what is missing.
+pub fn degraded_warning(r: &ArrayReport, missing: &[PathBuf]) -> Option<String> {
+    if !r.state.degraded {
+        return None;
+    }
+    // One entry per role that is down (no member in sync in it); a member left out at
+    // assembly, or failed and kept in the list, says why beside its role, not as another.
+    let roles: Vec<String> = (0..r.raid_devices)
+        .filter(|&role| {
+            !r.members
+                .iter()
+                .any(|m| m.role == Some(role) && m.state == MemberState::ActiveSync)
+        })
+        .map(|role| {
+            let rows: Vec<String> = r
+                .members
+                .iter()
+                .filter(|m| m.role == Some(role))
+                .filter_map(|m| {
+                    let n = m.name.as_ref()?;
+                    Some(match &m.reason {
+                        Some(why) => format!("{n}: {why}"),
+                        None => format!("{n}, {}", m.state.text()),
+                    })
+                })
+                .collect();
+            if rows.is_empty() {
+                format!("role {role}")
+            } else {
+                format!("role {role} ({})", rows.join("; "))
+            }
+        })
+        .collect();
+    let files = if missing.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", files_not_found(missing))
+    };
+    let redundancy = match r.level {
+        Level::Raid6 if roles.len() == 1 => "it can lose one more member",
+        _ => "it has NO redundancy left: one more failure loses data",
+    };
+    Some(format!(
+        "md array {:?} ({}) is running DEGRADED, {} of {} members missing: {}{files}; \
+         {redundancy}.{}",
+        r.name,
+        r.level,
+        roles.len(),
+        r.raid_devices,
+        roles.join(", "),
+        if r.members.iter().any(|m| m.state == MemberState::Rebuilding) {
+            " A rebuild resumes in the background when it is served writable."
+        } else if r.spare_devices > 0 {
+            " A spare takes the role over when it is served writable."
+        } else {
+            " Add a spare while it is served (`cairn md add ARRAY DEVICE`): it is rebuilt \
+             in the background."
+        }
+    ))
+}
+
+// ---- serve --md --------------------------------------------------------------------
+
+/// One `--md M1,M2,...[:NAME]` argument, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MdSpec {
+    pub members: Vec<PathBuf>,
+    pub name: Option<String>,
+}
+
+/// Splits `M1,M2,...[:NAME]`. A last member that exists as typed is not split, so paths
+/// with colons work when no name is given.
+pub fn parse_md_spec(arg: &str) -> Result<MdSpec> {
+    let (list, name) = match arg.rsplit_once(':') {
+        Some((l, n))
+            if !n.contains('/')
+                && !n.contains(',')
+                && !l.is_empty()
+                && !Path::new(arg.rsplit(',').next().unwrap_or("")).exists() =>
+        {
+            (l, Some(n.to_string()))
+        }
+        _ => (arg, None),
+    };
+    let members: Vec<PathBuf> = list.split(',').map(PathBuf::from).collect();
+    if members.iter().any(|p| p.as_os_str().is_empty()) {
+        return Err(StackError::new(format!(
+            "--md {arg:?}: an empty member; give MEMBER,MEMBER,...[:NAME], e.g. \
+             --md d0.img,d1.img,d2.img,d3.img:data"
+        )));
+    }
+    if let Some(n) = &name {
+        crate::export::parse_spec(&format!("x:{n}"))
+            .map_err(|e| StackError::new(format!("--md {arg:?}: {e}")))?;
+    }
+    Ok(MdSpec { members, name })
+}
+
+/// Assembles `spec` for serving, warning loudly when degraded.
+pub fn open_export(spec: &MdSpec, opts: &Options) -> Result<OpenedExport> {
+    let read_only = opts.read_only;
+    let (array, missing) = assemble(&spec.members, opts)?;
+    let report = array.report();
+    // Once, through the log: a log file gets it too.
+    if let Some(w) = degraded_warning(&report, &missing) {
+        tracing::warn!("{w}");
+    }
+    if report.state.resync_pending {
+        tracing::warn!(
+            "md array {:?}: resync pending (parity/mirrors not known to match the data); \
+             it runs in the background while the array is served writable, and a member \
+             lost before it finishes may not be rebuilt correctly",
+            report.name
+        );
+    }
+    let name = spec
+        .name
+        .clone()
+        .unwrap_or_else(|| export_name_for(&report.name));
+    let array = Arc::new(array);
+    Ok(OpenedExport {
+        name,
+        path: spec.members[0].clone(),
+        device: array.clone(),
+        read_only,
+        md: Some(array),
+        luks: None,
+        base: None,
+        lvm: None,
+    })
+}
+
+/// Puts a served RAID4/5/6 array's data path behind a stripe cache
+/// ([`cairn_md::StripeCache`]); `e.md` stays the array itself, for status and closing.
+/// Other levels, read-only exports and `opts.size` 0 are returned as they are.
+pub fn with_stripe_cache(mut e: OpenedExport, opts: cairn_md::StripeCacheOptions) -> OpenedExport {
+    let parity =
+        e.md.as_ref()
+            .is_some_and(|a| matches!(a.layout(), cairn_md::layout::ArrayLayout::Parity(_)));
+    if parity && !e.read_only && opts.size > 0 {
+        let cache = cairn_md::StripeCache::new(e.device.clone(), opts);
+        tracing::info!(
+            "export {}: stripe cache of {} (up to {} full stripes held, for at most {:?})",
+            e.name,
+            opts.size,
+            cache.max_held_stripes(),
+            opts.hold
+        );
+        e.device = Arc::new(cache);
+    }
+    e
+}

@@ -1,0 +1,298 @@
+//! A stack as data: what to open, layer over layer, and the one function that opens it.
+//!
+//! Every front end (`cairn serve` arguments, the config file's `[[export]]` tables, the
+//! control API's `POST /v1/exports`, `advise`, `quickstart`, the `luks` and `lvm` verbs)
+//! says what it wants as a [`Spec`] and calls [`open`]; none of them wires layers by hand.
+//!
+//! ```text
+//!   Spec::File(path)                 a file or block device
+//!   Spec::Md([member, ...])          the md array on these members (files or devices)
+//!   Spec::Luks { on: Spec, key_file } the LUKS volume on a file or an md array
+//!   Spec::Lvm([Spec, ...])           the volume groups on these PV stacks: one export per LV
+//! ```
+//!
+//! In JSON (the control API) a spec is `{"file": "/srv/d.img"}`, `{"md": ["a", "b"]}`,
+//! `{"luks": {"on": {"md": [...]}, "key_file": "/etc/cairn/key"}}` or
+//! `{"lvm": [{"file": "pv.img"}]}`.
+//!
+//! The opened stack keeps the shape [`OpenedExport`] can describe: LUKS over a file or an
+//! md array, PVs that are files, arrays or LUKS volumes. A spec outside it (LUKS over an
+//! LV, LVM over LVs) is refused with a sentence, not opened halfway.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, StackError};
+use crate::export::{self, ExportSpec, OpenedExport};
+use crate::hooks::{Options, Prompt};
+use crate::luks::{self, KeyCache, KeySource};
+use crate::md::{self, MdSpec};
+
+/// What to open.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum Spec {
+    /// A file or block device.
+    File(PathBuf),
+    /// The md array on these members, in any order; missing ones make it degraded.
+    Md(Vec<PathBuf>),
+    /// The LUKS volume on the stack below.
+    Luks {
+        on: Box<Spec>,
+        /// The passphrase's file for this volume (otherwise the key directory, the
+        /// general key file, then the prompt).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key_file: Option<PathBuf>,
+    },
+    /// The volume groups on these PV stacks; every LV becomes an export `VG/LV`.
+    Lvm(Vec<Spec>),
+}
+
+impl Spec {
+    /// How messages name this stack: a path, "the md array on a, b", "LUKS on ...".
+    pub fn shown(&self) -> String {
+        match self {
+            Spec::File(p) => p.display().to_string(),
+            Spec::Md(members) => format!("the md array on {}", paths(members)),
+            Spec::Luks { on, .. } => on.shown(),
+            Spec::Lvm(pvs) => format!(
+                "the volume groups on {}",
+                pvs.iter().map(Spec::shown).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+
+    /// Every file or block device the stack reads, bottom first.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        match self {
+            Spec::File(p) => vec![p.clone()],
+            Spec::Md(m) => m.clone(),
+            Spec::Luks { on, .. } => on.paths(),
+            Spec::Lvm(pvs) => pvs.iter().flat_map(Spec::paths).collect(),
+        }
+    }
+
+    /// Refuses the shapes an opened stack cannot hold, before anything is opened.
+    pub fn check(&self) -> Result<()> {
+        match self {
+            Spec::File(p) if p.as_os_str().is_empty() => {
+                Err(StackError::new("an empty file name in a stack"))
+            }
+            Spec::Md(m) if m.is_empty() => Err(StackError::new("an md array needs members")),
+            Spec::Md(m) if m.iter().any(|p| p.as_os_str().is_empty()) => {
+                Err(StackError::new("an empty member name in an md array"))
+            }
+            Spec::File(_) | Spec::Md(_) => Ok(()),
+            Spec::Luks { on, .. } => match &**on {
+                Spec::File(_) | Spec::Md(_) => on.check(),
+                _ => Err(StackError::new(format!(
+                    "LUKS on {} is not supported: a LUKS volume is opened on a file, a \
+                     block device or an md array",
+                    on.shown()
+                ))),
+            },
+            Spec::Lvm(pvs) if pvs.is_empty() => {
+                Err(StackError::new("LVM needs at least one PV stack"))
+            }
+            Spec::Lvm(pvs) => {
+                for pv in pvs {
+                    if matches!(pv, Spec::Lvm(_)) {
+                        return Err(StackError::new(
+                            "LVM over LVs is not supported: a PV is a file, a block \
+                             device, an md array or a LUKS volume",
+                        ));
+                    }
+                    pv.check()?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn paths(ps: &[PathBuf]) -> String {
+    ps.iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Where passphrases come from while opening stacks: a key directory (files named by
+/// LUKS UUID), a key file, then a person through [`Prompt`]. Key files are read once
+/// each (`-`, stdin, can be read only once).
+#[derive(Debug)]
+pub struct Keys {
+    cache: KeyCache,
+    key_file: Option<PathBuf>,
+    key_dir: Option<PathBuf>,
+    ask: bool,
+    /// Describe LUKS volumes from their headers and leave them locked (dry runs).
+    locked: bool,
+}
+
+impl Keys {
+    pub fn new(
+        key_file: Option<PathBuf>,
+        key_dir: Option<PathBuf>,
+        prompt: Option<Arc<dyn Prompt>>,
+    ) -> Keys {
+        Keys {
+            ask: prompt.is_some(),
+            cache: KeyCache::new(prompt),
+            key_file,
+            key_dir,
+            locked: false,
+        }
+    }
+
+    /// No passphrase at all: LUKS volumes are described from their headers and stay
+    /// locked (their exports read-only, reads refused). For `advise` and dry runs.
+    pub fn locked() -> Keys {
+        Keys {
+            locked: true,
+            ..Keys::none()
+        }
+    }
+
+    /// No keys at all: opening a LUKS spec fails with advice.
+    pub fn none() -> Keys {
+        Keys::new(None, None, None)
+    }
+
+    /// Pushes a LUKS layer: the volume on `e` unlocked, with `own` (the spec's key file)
+    /// as its only source when given. On failure `e` is untouched (its caller closes it).
+    pub fn unlock(
+        &mut self,
+        e: &OpenedExport,
+        shown: &str,
+        own: Option<&Path>,
+    ) -> Result<OpenedExport> {
+        if self.locked {
+            return luks::describe_locked(e.clone(), shown);
+        }
+        let sources = match own {
+            Some(k) => vec![KeySource::KeyFile(k.to_path_buf())],
+            None => {
+                let uuid = luks::luks_uuid(e.device.clone(), shown)?;
+                luks::key_sources(
+                    &uuid,
+                    self.key_file.as_deref(),
+                    self.key_dir.as_deref(),
+                    self.ask,
+                )
+            }
+        };
+        luks::unlock_with(e, shown, &sources, &mut self.cache).map(|(u, _)| u)
+    }
+}
+
+/// Opens `spec`. `name` names the export (a file's stem or an array's name otherwise);
+/// LVs are named `VG/LV` whatever it says. An LVM spec gives one export per LV, every
+/// other spec exactly one. On failure nothing stays open: arrays opened on the way are
+/// closed (marked clean) again.
+pub fn open(
+    spec: &Spec,
+    name: Option<&str>,
+    opts: &Options,
+    keys: &mut Keys,
+) -> Result<Vec<OpenedExport>> {
+    spec.check()?;
+    match spec {
+        Spec::Lvm(pvs) => {
+            let mut opened: Vec<OpenedExport> = Vec::new();
+            for pv in pvs {
+                match open_one(pv, Some(""), opts, keys) {
+                    Ok(e) => opened.push(e),
+                    Err(err) => {
+                        close_all(&opened);
+                        return Err(err);
+                    }
+                }
+            }
+            let arrays = export::all_arrays(&opened);
+            crate::lvm::open_lv_exports(opened, opts.read_only).inspect_err(|_| {
+                for a in arrays {
+                    let _ = a.close();
+                }
+            })
+        }
+        _ => open_one(spec, name, opts, keys).map(|e| vec![e]),
+    }
+}
+
+/// Opens a spec that makes one export (anything but LVM).
+pub fn open_one(
+    spec: &Spec,
+    name: Option<&str>,
+    opts: &Options,
+    keys: &mut Keys,
+) -> Result<OpenedExport> {
+    spec.check()?;
+    match spec {
+        Spec::File(path) => {
+            let name = match name {
+                Some(n) => n.to_string(),
+                None => export::parse_spec(&path.display().to_string())?.name,
+            };
+            export::open(
+                &ExportSpec {
+                    path: path.clone(),
+                    name,
+                },
+                opts,
+            )
+        }
+        Spec::Md(members) => {
+            let e = md::open_export(
+                &MdSpec {
+                    members: members.clone(),
+                    name: name.map(str::to_string),
+                },
+                opts,
+            )?;
+            Ok(match opts.stripe_cache {
+                Some(c) => md::with_stripe_cache(e, c),
+                None => e,
+            })
+        }
+        Spec::Luks { on, key_file } => {
+            let below = open_one(on, name, opts, keys)?;
+            let shown = on.shown();
+            keys.unlock(&below, &shown, key_file.as_deref())
+                .inspect_err(|_| close_all(std::slice::from_ref(&below)))
+        }
+        Spec::Lvm(_) => Err(StackError::new(format!(
+            "{} makes one export per LV, not one export",
+            spec.shown()
+        ))),
+    }
+}
+
+/// Closes (marks clean) every md array behind `opened`.
+pub fn close_all(opened: &[OpenedExport]) {
+    for a in export::all_arrays(opened) {
+        let _ = a.close();
+    }
+}
+
+/// Opens every `(name, spec)` in order; on a failure the ones opened before are closed
+/// and the error names the stack that failed.
+pub fn open_all(
+    defs: &[(Option<String>, Spec)],
+    opts: &Options,
+    keys: &mut Keys,
+) -> Result<Vec<OpenedExport>> {
+    let mut out: Vec<OpenedExport> = Vec::new();
+    for (name, spec) in defs {
+        match open(spec, name.as_deref(), opts, keys) {
+            Ok(e) => out.extend(e),
+            Err(err) => {
+                close_all(&out);
+                return Err(err);
+            }
+        }
+    }
+    Ok(out)
+}
