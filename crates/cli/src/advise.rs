@@ -229,6 +229,7 @@ pub struct AdviseArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_stack::node::NodeKind;
 
     #[test]
     fn control_answers_are_found_where_they_are() {
@@ -238,7 +239,7 @@ mod tests {
             optimal_io: 128 << 10,
         };
         let file = Node::new(
-            "file",
+            NodeKind::File,
             "file:/d.img".into(),
             "/d.img".into(),
             "active",
@@ -248,7 +249,7 @@ mod tests {
         let tree = Node {
             children: vec![file],
             ..Node::new(
-                "export",
+                NodeKind::Export,
                 "export:d".into(),
                 "d".into(),
                 "active",

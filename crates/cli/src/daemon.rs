@@ -34,7 +34,7 @@ use serde_json::json;
 
 use crate::error::{CliError, Result};
 use cairn_stack::export::OpenedExport;
-use cairn_stack::node::{self, Node};
+use cairn_stack::node::{self, Node, NodeKind};
 use cairn_stack::size::format_size;
 use cairn_stack::{Keys, Options, Spec};
 use clap::Args;
@@ -413,7 +413,7 @@ impl Daemon {
         let mut out = Vec::new();
         for (e, root) in trees {
             for n in node::walk(root) {
-                if matches!(n.kind.as_str(), "export" | "file" | "member")
+                if matches!(n.kind, NodeKind::Export | NodeKind::File | NodeKind::Member)
                     && seen.insert(n.id.clone())
                 {
                     let mut n = n.clone();
@@ -498,7 +498,7 @@ impl Daemon {
                 s.devices.push(metrics::DeviceSample {
                     export,
                     device: n.name.clone(),
-                    kind: n.kind.clone(),
+                    kind: n.kind.to_string(),
                     stats: st.clone(),
                 });
             }
@@ -644,7 +644,9 @@ impl Daemon {
                 // cannot be opened again; the answer is the array's own.
                 if self.array_holds(&m.array, &m.path) {
                     return self.md_change(&m.array, |_| {
-                        Ok(format!("{name} is already in the array; nothing to do"))
+                        Ok(cairn_md::Change::unchanged(format!(
+                            "{name} is already in the array; nothing to do"
+                        )))
                     });
                 }
                 let dev = open_new_member(&m.path)?;
@@ -659,11 +661,11 @@ impl Daemon {
             }
             Action::MdScrub(m) => self.md_change(&m.array, |a| {
                 a.request_scrub(m.repair).map(|()| {
-                    format!(
+                    cairn_md::Change::done(format!(
                         "{} started; follow it with cairn status, the result with cairn md \
                          check --wait",
                         if m.repair { "repair" } else { "check" }
-                    )
+                    ))
                 })
             }),
         }
@@ -742,12 +744,11 @@ impl Daemon {
     fn md_change(
         &self,
         array: &str,
-        f: impl FnOnce(&cairn_md::Array) -> cairn_block::Result<String>,
+        f: impl FnOnce(&cairn_md::Array) -> cairn_block::Result<cairn_md::Change>,
     ) -> std::result::Result<Outcome, Response> {
         let a = self.find_array(array)?;
         match f(&a) {
-            Ok(message) => {
-                let changed = !message.contains("nothing to do");
+            Ok(cairn_md::Change { changed, message }) => {
                 tracing::info!("md array {}: {message}", a.report().name);
                 Ok(Outcome {
                     status: 200,
@@ -1041,7 +1042,7 @@ impl Daemon {
 #[derive(Debug, Clone, PartialEq)]
 struct Seen {
     export: String,
-    kind: String,
+    kind: NodeKind,
     name: String,
     state: String,
     /// The md array a member belongs to.
@@ -1059,7 +1060,7 @@ fn seen_nodes(trees: &[(OpenedExport, Node)]) -> BTreeMap<String, Seen> {
     fn visit(n: &Node, export: &str, parent: Option<&str>, out: &mut BTreeMap<String, Seen>) {
         out.entry(n.id.clone()).or_insert_with(|| Seen {
             export: export.to_string(),
-            kind: n.kind.clone(),
+            kind: n.kind,
             name: n.name.clone(),
             state: n.state.clone(),
             parent: parent.map(str::to_string),
@@ -1077,7 +1078,7 @@ fn seen_nodes(trees: &[(OpenedExport, Node)]) -> BTreeMap<String, Seen> {
                 .and_then(|m| m.job.as_ref())
                 .map(|j| (j.id, j.action.clone(), j.state.clone(), j.member.clone())),
         });
-        let me = (n.kind == "md").then_some(n.name.as_str());
+        let me = (n.kind == NodeKind::Md).then_some(n.name.as_str());
         for c in &n.children {
             visit(c, export, me.or(parent), out);
         }
@@ -1101,7 +1102,7 @@ fn diff(
         let spec = |event: &'static str, member: Option<String>, message: String| EventSpec {
             event,
             export: Some(n.export.clone()),
-            device: if n.kind == "member" {
+            device: if n.kind == NodeKind::Member {
                 n.parent.clone()
             } else {
                 Some(n.name.clone())
@@ -1109,8 +1110,8 @@ fn diff(
             member,
             message,
         };
-        match n.kind.as_str() {
-            "md" => {
+        match n.kind {
+            NodeKind::Md => {
                 let degraded = n.state.contains("degraded");
                 let was = before.map(|b| b.state.contains("degraded"));
                 if degraded && (first || was == Some(false)) {
@@ -1195,7 +1196,7 @@ fn diff(
                     }
                 }
             }
-            "member" => {
+            NodeKind::Member => {
                 let st = n.state.as_str();
                 let was = before.map(|b| b.state.as_str());
                 let bad_now = st.contains("faulty");
@@ -1366,7 +1367,7 @@ mod tests {
     fn seen(kind: &str, name: &str, state: &str, progress: Option<(&str, u64)>) -> Seen {
         Seen {
             export: "e".into(),
-            kind: kind.into(),
+            kind: kind.parse().unwrap(),
             name: name.into(),
             state: state.into(),
             parent: (kind == "member").then(|| "demo".to_string()),

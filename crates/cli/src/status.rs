@@ -24,7 +24,7 @@ use crate::control;
 use crate::control::ControlArgs;
 use crate::error::{CliError, Result};
 use crate::global::Global;
-use cairn_stack::node::{Node, Progress};
+use cairn_stack::node::{Node, NodeKind, Progress};
 use cairn_stack::size::format_size;
 use clap::Args;
 
@@ -158,9 +158,9 @@ fn pick_uri(listen: &[Listen], name: &str) -> Option<String> {
 /// One node's line, without the tree drawing.
 pub fn node_line(n: &Node) -> String {
     let size = format_size(n.size);
-    match n.kind.as_str() {
-        "export" => format!("export {}  {size}  {}", n.name, n.state),
-        "lv" => {
+    match n.kind {
+        NodeKind::Export => format!("export {}  {size}  {}", n.name, n.state),
+        NodeKind::Lv => {
             let layout = match &n.lv {
                 Some(lv) if lv.stripes > 1 => {
                     format!("striped {} x {}", lv.stripes, format_size(lv.stripe_size))
@@ -169,7 +169,7 @@ pub fn node_line(n: &Node) -> String {
             };
             format!("lv {}  {size}  {layout}  {}", n.name, n.state)
         }
-        "luks" => {
+        NodeKind::Luks => {
             let (words, offset) = match &n.luks {
                 Some(l) => (
                     l.description
@@ -187,7 +187,7 @@ pub fn node_line(n: &Node) -> String {
                 n.state
             )
         }
-        "md" => {
+        NodeKind::Md => {
             let shape = match &n.md {
                 Some(md) => {
                     let chunk = if md.chunk_bytes > 0 {
@@ -202,8 +202,8 @@ pub fn node_line(n: &Node) -> String {
             format!("md {}  {size}  {shape}  {}", n.name, n.state)
         }
         // A member the array does not hold open has no size to show.
-        "member" if n.size == 0 => format!("{}  {}", n.name, n.state),
-        "member" => format!("{}  {size}  {}", n.name, n.state),
+        NodeKind::Member if n.size == 0 => format!("{}  {}", n.name, n.state),
+        NodeKind::Member => format!("{}  {size}  {}", n.name, n.state),
         _ => format!("{} {}  {size}  {}", n.kind, n.name, n.state),
     }
 }
@@ -358,7 +358,7 @@ mod tests {
         Node {
             children,
             ..Node::new(
-                kind,
+                kind.parse().unwrap(),
                 format!("{kind}:{name}"),
                 name.into(),
                 state,

@@ -17,7 +17,7 @@ use crate::control;
 use crate::control::ControlArgs;
 use crate::error::{CliError, Result};
 use crate::global::Global;
-use cairn_stack::node::Node;
+use cairn_stack::node::{Node, NodeKind};
 use clap::Args;
 
 /// A member this many times busier than its array's median is flagged.
@@ -28,7 +28,7 @@ const UNBALANCED: f64 = 1.5;
 pub struct Row {
     pub id: String,
     pub export: String,
-    pub kind: String,
+    pub kind: NodeKind,
     pub name: String,
     /// For members: the md array's name.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -136,7 +136,7 @@ pub fn rows(
                 out.push(Row {
                     id: n.id.clone(),
                     export: export.to_string(),
-                    kind: n.kind.clone(),
+                    kind: n.kind,
                     name: n.name.clone(),
                     array: array.map(str::to_string),
                     depth,
@@ -156,12 +156,12 @@ pub fn rows(
                     unbalanced: false,
                 });
             }
-        } else if n.kind == "md" {
+        } else if n.kind == NodeKind::Md {
             // The array itself is not counted (its members are): a heading row.
             out.push(Row {
                 id: n.id.clone(),
                 export: export.to_string(),
-                kind: n.kind.clone(),
+                kind: n.kind,
                 name: format!(
                     "{} {}",
                     n.name,
@@ -174,7 +174,7 @@ pub fn rows(
                 unbalanced: false,
             });
         }
-        let array = if n.kind == "md" {
+        let array = if n.kind == NodeKind::Md {
             Some(n.name.as_str())
         } else {
             array
@@ -210,7 +210,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn mark_unbalanced(rows: &mut [Row]) {
     let mut by_array: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.kind == "member") {
+    for r in rows.iter().filter(|r| r.kind == NodeKind::Member) {
         if let Some(a) = &r.array {
             by_array
                 .entry((r.export.clone(), a.clone()))
@@ -218,7 +218,7 @@ fn mark_unbalanced(rows: &mut [Row]) {
                 .push(load(r));
         }
     }
-    for r in rows.iter_mut().filter(|r| r.kind == "member") {
+    for r in rows.iter_mut().filter(|r| r.kind == NodeKind::Member) {
         let Some(a) = &r.array else { continue };
         let loads = &by_array[&(r.export.clone(), a.clone())];
         let med = median(loads.clone());
@@ -231,10 +231,10 @@ fn mark_unbalanced(rows: &mut [Row]) {
 pub fn render(s: &Sample) -> String {
     let label = |r: &Row| {
         let indent = "  ".repeat(r.depth);
-        match r.kind.as_str() {
-            "export" => format!("export {}", r.name),
-            "md" => format!("{indent}md {}", r.name),
-            "file" => format!("{indent}file {}", r.name),
+        match r.kind {
+            NodeKind::Export => format!("export {}", r.name),
+            NodeKind::Md => format!("{indent}md {}", r.name),
+            NodeKind::File => format!("{indent}file {}", r.name),
             _ => format!("{indent}{}", r.name),
         }
     };
@@ -257,7 +257,7 @@ pub fn render(s: &Sample) -> String {
     out.push('\n');
     for r in &s.devices {
         let name = label(r);
-        if r.kind == "md" {
+        if r.kind == NodeKind::Md {
             out.push_str(&format!("{name}\n"));
             continue;
         }

@@ -67,6 +67,7 @@ pub use cache::{StripeCache, StripeCacheOptions, StripeCacheStats};
 pub use create::{create, CreateParams, CreatedArray};
 pub use examine::Examine;
 pub use level::{Level, ParityAlgorithm, Raid0Layout, Raid10Layout};
+pub use members::Change;
 pub use ondisk::{DevRole, FeaturePolicy, Features, MdTime, SetName, Superblock, Uuid};
 pub use probe::{probe_signatures, Signature};
 pub use report::{ArrayReport, ArrayState, MemberReport, MemberState};

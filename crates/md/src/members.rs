@@ -116,15 +116,15 @@ impl Array {
     /// Marks a member faulty, as `mdadm --fail` does: it takes no more I/O and the
     /// other superblocks record it. Refused when the array could not go on without it.
     /// A spare, if any, takes its role over once the array is managed.
-    pub fn fail(&self, who: &str) -> Result<String> {
+    pub fn fail(&self, who: &str) -> Result<Change> {
         let place = self.find(who)?;
         match place {
             Place::Role(role) => {
                 if !self.is_writable(role) {
-                    return Ok(format!(
+                    return Ok(Change::unchanged(format!(
                         "{} is already faulty; nothing to do",
                         self.describe_role(role)
-                    ));
+                    )));
                 }
                 let mut down = self.down_mask();
                 down[role] = true;
@@ -140,7 +140,10 @@ impl Array {
                     role,
                     &Error::new(ErrorKind::Io, "marked faulty by the operator"),
                 );
-                Ok(format!("{} marked faulty", self.describe_role(role)))
+                Ok(Change::done(format!(
+                    "{} marked faulty",
+                    self.describe_role(role)
+                )))
             }
             Place::Replacement(role) => {
                 self.drop_replacement(
@@ -148,7 +151,7 @@ impl Array {
                     &Error::new(ErrorKind::Io, "marked faulty by the operator"),
                 );
                 self.forget_replacement(role);
-                Ok(format!("replacement for role {role} dropped"))
+                Ok(Change::done(format!("replacement for role {role} dropped")))
             }
             Place::Spare(i) => {
                 let mut meta = self.meta_lock();
@@ -157,15 +160,17 @@ impl Array {
                 meta.faulty.push(s);
                 meta.events += 1;
                 self.write_superblocks(&mut meta)?;
-                Ok(format!("spare {name} marked faulty"))
+                Ok(Change::done(format!("spare {name} marked faulty")))
             }
-            Place::Faulty(_) => Ok(format!("{who} is already faulty; nothing to do")),
+            Place::Faulty(_) => Ok(Change::unchanged(format!(
+                "{who} is already faulty; nothing to do"
+            ))),
         }
     }
 
     /// Takes a faulty member or a spare out of the array (`mdadm --remove`). An active
     /// member must be failed first.
-    pub fn remove(&self, who: &str) -> Result<String> {
+    pub fn remove(&self, who: &str) -> Result<Change> {
         let place = self.find(who)?;
         let mut meta = self.meta_lock();
         let name = match place {
@@ -188,7 +193,7 @@ impl Array {
                 drop(meta);
                 self.drop_replacement(role, &Error::new(ErrorKind::Io, "removed"));
                 self.forget_replacement(role);
-                return Ok(format!("replacement for role {role} removed"));
+                return Ok(Change::done(format!("replacement for role {role} removed")));
             }
             Place::Spare(i) => {
                 let s = meta.spares.remove(i);
@@ -205,7 +210,7 @@ impl Array {
             meta.events += 1;
             self.write_superblocks(&mut meta)?;
         }
-        Ok(format!("{name} removed"))
+        Ok(Change::done(format!("{name} removed")))
     }
 
     /// Adds `dev` (called `name`) to the running array (`mdadm --add`). A former
@@ -213,7 +218,7 @@ impl Array {
     /// rebuilt there; anything else becomes a spare, which a down role takes at once.
     /// A device holding another array, a filesystem, LUKS or LVM is refused unless
     /// `force`.
-    pub fn add(&self, dev: Arc<dyn BlockDevice>, name: String, force: bool) -> Result<String> {
+    pub fn add(&self, dev: Arc<dyn BlockDevice>, name: String, force: bool) -> Result<Change> {
         if !self.layout_is_redundant() {
             return Err(invalid(format!(
                 "{}: {} has no redundancy; members cannot be added",
@@ -222,12 +227,14 @@ impl Array {
             )));
         }
         if self.all_names().iter().any(|n| names_match(&name, n)) {
-            return Ok(format!("{name} is already in the array; nothing to do"));
+            return Ok(Change::unchanged(format!(
+                "{name} is already in the array; nothing to do"
+            )));
         }
         let old = Superblock::read_from(&*dev, &name, FeaturePolicy::Supported).ok();
         if let Some(old) = old.as_ref().filter(|o| o.set_uuid == self.identity.uuid) {
             if let Some(msg) = self.re_add(&dev, &name, old)? {
-                return Ok(msg);
+                return Ok(Change::done(msg));
             }
         }
         let spare = self.new_spare(dev, name, force, old.as_ref())?;
@@ -239,7 +246,7 @@ impl Array {
             self.write_superblocks(&mut meta)?;
         }
         self.kick();
-        Ok(format!("{} added as a spare", member.name))
+        Ok(Change::done(format!("{} added as a spare", member.name)))
     }
 
     /// `dev` made ready to be a spare: refused when it holds another array, a
@@ -443,7 +450,7 @@ impl Array {
         who: &str,
         new: Option<(Arc<dyn BlockDevice>, String)>,
         force: bool,
-    ) -> Result<String> {
+    ) -> Result<Change> {
         let Place::Role(role) = self.find(who)? else {
             return Err(invalid(format!(
                 "{}: {who} has no role to hand over",
@@ -458,18 +465,18 @@ impl Array {
             )));
         }
         if self.slots[role].replacement().is_some() {
-            return Ok(format!(
+            return Ok(Change::unchanged(format!(
                 "{} is already being replaced; nothing to do",
                 self.describe_role(role)
-            ));
+            )));
         }
         if let Some((dev, name)) = new {
             if !self.all_names().iter().any(|n| names_match(&name, n)) {
                 self.add_spare_quietly(dev, name.clone(), force)?;
             }
-            return self.replace_with_spare(role, Some(&name));
+            return self.replace_with_spare(role, Some(&name)).map(Change::done);
         }
-        self.replace_with_spare(role, None)
+        self.replace_with_spare(role, None).map(Change::done)
     }
 
     fn add_spare_quietly(
@@ -988,5 +995,37 @@ impl Array {
         meta.events += 1;
         self.write_superblocks(&mut meta)?;
         Ok(true)
+    }
+}
+
+/// What an operator's action on the array did: whether it changed anything (an action
+/// asked for twice changes nothing the second time) and what, in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub changed: bool,
+    pub message: String,
+}
+
+impl Change {
+    /// Something changed.
+    pub fn done(message: String) -> Change {
+        Change {
+            changed: true,
+            message,
+        }
+    }
+
+    /// Nothing needed doing; the message says why.
+    pub fn unchanged(message: String) -> Change {
+        Change {
+            changed: false,
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
     }
 }

@@ -107,8 +107,14 @@ fn fail_spare_takes_over_and_rebuilds() {
         let model = fill(&a, &mut rng);
         let victim = rng.gen_range(0..shape.members);
         let msg = a.fail(&format!("disk{victim}.img")).unwrap();
-        assert!(msg.contains("faulty"), "{name}: {msg}");
+        assert!(
+            msg.message.contains("faulty") && msg.changed,
+            "{name}: {msg}"
+        );
         assert!(a.report().state.degraded, "{name}");
+        // Asked twice: nothing changes, and the answer says so in its type.
+        let again = a.fail(&format!("disk{victim}.img")).unwrap();
+        assert!(!again.changed, "{name}: {again}");
         // Refused: failing one more than the level tolerates.
         if matches!(shape.level, Level::Raid1 | Level::Raid5) {
             let other = (victim + 1) % shape.members;
@@ -124,7 +130,7 @@ fn fail_spare_takes_over_and_rebuilds() {
                 false,
             )
             .unwrap();
-        assert!(msg.contains("spare"), "{name}: {msg}");
+        assert!(msg.message.contains("spare"), "{name}: {msg}");
         a.run_pending().unwrap();
         let r = a.report();
         assert!(
@@ -311,7 +317,7 @@ fn replace_copies_then_hands_over() {
                 false,
             )
             .unwrap();
-        assert!(msg.contains("replaced by new.img"), "{name}: {msg}");
+        assert!(msg.message.contains("replaced by new.img"), "{name}: {msg}");
         assert!(
             !a.report().state.degraded,
             "{name}: replace must not degrade"
@@ -338,7 +344,10 @@ fn replace_copies_then_hands_over() {
                 .any(|x| x.state == MemberState::Faulty && x.name.as_deref() == Some("disk0.img")),
             "{name}: {r:?}"
         );
-        assert_eq!(a.remove("disk0.img").unwrap(), "disk0.img removed");
+        assert_eq!(
+            a.remove("disk0.img").unwrap(),
+            cairn_md::Change::done("disk0.img removed".into())
+        );
         check(&a, &model, &name);
         a.close().unwrap();
         drop(a);
@@ -369,7 +378,7 @@ fn re_add_takes_the_old_role_back() {
             false,
         )
         .unwrap();
-    assert!(msg.contains("re-added into role 2"), "{msg}");
+    assert!(msg.message.contains("re-added into role 2"), "{msg}");
     a.run_pending().unwrap();
     assert!(!a.report().state.degraded);
     check(&a, &model, "re-added");
@@ -604,7 +613,10 @@ fn bitmap_guided_re_add_rebuilds_only_dirty_chunks() {
                 false,
             )
             .unwrap();
-        assert!(msg.contains("only the"), "{name}: not bitmap-guided: {msg}");
+        assert!(
+            msg.message.contains("only the"),
+            "{name}: not bitmap-guided: {msg}"
+        );
         a.run_pending().unwrap();
         let st = a.background().unwrap();
         assert_eq!(st.state, "finished");

@@ -390,7 +390,7 @@ fn a_bitmap_guided_re_add_is_as_long_as_what_it_missed() {
             false,
         )
         .unwrap();
-    assert!(msg.contains("only the"), "not bitmap-guided: {msg}");
+    assert!(msg.message.contains("only the"), "not bitmap-guided: {msg}");
     let st = loop {
         if let Some(st) = a.background() {
             if st.action == "recovery" && st.state != "running" {

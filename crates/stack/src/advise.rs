@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::node::Node;
+use crate::node::{Node, NodeKind};
 use crate::size::format_size;
 
 /// The filesystem block size the advice assumes: what mkfs.ext4 and mkfs.xfs pick for
@@ -117,15 +117,15 @@ pub fn advise_on(node: &Node, device: &str) -> Advice {
     let mut striping: Option<(Striping, String)> = None;
     let mut lv_is_striping = false;
 
-    let mut cur = if node.kind == "export" {
+    let mut cur = if node.kind == NodeKind::Export {
         node.children.first()
     } else {
         Some(node)
     };
     while let Some(n) = cur {
         cur = None;
-        match n.kind.as_str() {
-            "luks" => {
+        match n.kind {
+            NodeKind::Luks => {
                 let l = n.luks.as_ref();
                 let v = l.map_or(2, |l| l.version);
                 let sector = l.map_or(512, |l| l.sector_size);
@@ -140,7 +140,7 @@ pub fn advise_on(node: &Node, device: &str) -> Advice {
                 luks_sectors.push((format!("LUKS{v}"), sector));
                 cur = n.children.first();
             }
-            "lv" => {
+            NodeKind::Lv => {
                 let Some(lv) = &n.lv else {
                     stack_words.push(format!("LV {}", n.name));
                     break;
@@ -188,7 +188,7 @@ pub fn advise_on(node: &Node, device: &str) -> Advice {
                 ));
                 cur = n.children.first();
             }
-            "md" => {
+            NodeKind::Md => {
                 let Some(m) = &n.md else { break };
                 let layout = m
                     .layout
@@ -229,7 +229,7 @@ pub fn advise_on(node: &Node, device: &str) -> Advice {
                     )),
                 }
             }
-            "file" | "member" => {
+            NodeKind::File | NodeKind::Member => {
                 stack_words.push(format!("file {}", n.path.as_deref().unwrap_or(&n.name)));
             }
             other => stack_words.push(format!("{other} {}", n.name)),
@@ -381,7 +381,7 @@ mod tests {
     use super::*;
     use crate::node::{LuksDetails, LvDetails, MdDetails, NodeGeometry};
 
-    fn node(kind: &str, name: &str, children: Vec<Node>) -> Node {
+    fn node(kind: NodeKind, name: &str, children: Vec<Node>) -> Node {
         Node {
             children,
             ..Node::new(
@@ -404,7 +404,7 @@ mod tests {
     }
 
     fn md(level: &str, layout: Option<&str>, n: u32, chunk_k: u64) -> Node {
-        let mut m = node("md", "data", Vec::new());
+        let mut m = node(NodeKind::Md, "data", Vec::new());
         m.md = Some(MdDetails {
             uuid: "u".into(),
             level: level.into(),
@@ -422,7 +422,7 @@ mod tests {
     }
 
     fn luks(payload: u64, sector: u32, below: Node) -> Node {
-        let mut l = node("luks", "LUKS2 u", vec![below]);
+        let mut l = node(NodeKind::Luks, "LUKS2 u", vec![below]);
         l.data_offset = payload;
         l.luks = Some(LuksDetails {
             version: 2,
@@ -435,7 +435,7 @@ mod tests {
     }
 
     fn export(below: Node) -> Node {
-        node("export", "data", vec![below])
+        node(NodeKind::Export, "data", vec![below])
     }
 
     #[test]
@@ -582,7 +582,7 @@ mod tests {
     }
 
     fn lv(stripes: u32, stripe_k: u64, pe_start: u64, ranges: &str, below: Vec<Node>) -> Node {
-        let mut n = node("lv", "vg0/data", below);
+        let mut n = node(NodeKind::Lv, "vg0/data", below);
         n.data_offset = pe_start;
         n.lv = Some(LvDetails {
             vg: "vg0".into(),
@@ -622,7 +622,7 @@ mod tests {
         )));
         assert!(a.warnings.is_empty(), "{:?}", a.warnings);
         // A striped LV over plain PVs: its own stripe size and count.
-        let pv = node("file", "/d/pv0.img", Vec::new());
+        let pv = node(NodeKind::File, "/d/pv0.img", Vec::new());
         let a = advise(&export(lv(
             3,
             128,
@@ -636,7 +636,7 @@ mod tests {
 
     #[test]
     fn a_plain_file_gets_plain_lines() {
-        let a = advise(&export(node("file", "/d/disk.img", Vec::new())));
+        let a = advise(&export(node(NodeKind::File, "/d/disk.img", Vec::new())));
         assert_eq!(a.mkfs_ext4, "mkfs.ext4 DEVICE");
         assert_eq!(a.stride, None);
         assert!(a.warnings.is_empty());

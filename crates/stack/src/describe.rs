@@ -5,7 +5,7 @@
 use cairn_block::BlockDevice;
 
 use crate::export::OpenedExport;
-use crate::node::{JobSummary, LuksDetails, MdDetails, Node, Progress};
+use crate::node::{JobSummary, LuksDetails, MdDetails, Node, NodeKind, Progress};
 
 /// "active", or "read-only" for an export served read-only.
 fn mode(e: &OpenedExport) -> &'static str {
@@ -22,7 +22,7 @@ pub fn describe(e: &OpenedExport) -> Node {
     Node {
         children: vec![below(e)],
         ..Node::new(
-            "export",
+            NodeKind::Export,
             format!("export:{}", e.name),
             e.name.clone(),
             mode(e),
@@ -42,7 +42,14 @@ fn below(e: &OpenedExport) -> Node {
             data_offset: lv.first_byte,
             lv: Some(d.clone()),
             children: lv.pvs.iter().map(below).collect(),
-            ..Node::new("lv", format!("lv:{name}"), name, mode(e), g.size, g.into())
+            ..Node::new(
+                NodeKind::Lv,
+                format!("lv:{name}"),
+                name,
+                mode(e),
+                g.size,
+                g.into(),
+            )
         };
     }
     let base = base_node(e);
@@ -59,7 +66,7 @@ fn below(e: &OpenedExport) -> Node {
             }),
             children: vec![base],
             ..Node::new(
-                "luks",
+                NodeKind::Luks,
                 format!("luks:{}", l.uuid),
                 format!("LUKS{} {}", l.version, l.uuid),
                 mode(e),
@@ -81,7 +88,7 @@ fn base_node(e: &OpenedExport) -> Node {
         return Node {
             path: Some(path.clone()),
             ..Node::new(
-                "file",
+                NodeKind::File,
                 format!("file:{path}"),
                 path,
                 mode(e),
@@ -123,7 +130,14 @@ fn base_node(e: &OpenedExport) -> Node {
             };
             Node {
                 path: m.name.clone(),
-                ..Node::new("member", id, name, m.state.text(), mg.size, mg.into())
+                ..Node::new(
+                    NodeKind::Member,
+                    id,
+                    name,
+                    m.state.text(),
+                    mg.size,
+                    mg.into(),
+                )
             }
         })
         .collect();
@@ -161,7 +175,7 @@ fn base_node(e: &OpenedExport) -> Node {
             }),
         children,
         ..Node::new(
-            "md",
+            NodeKind::Md,
             format!("md:{uuid}"),
             r.name.clone(),
             &r.state_text,

@@ -24,8 +24,7 @@ pub struct Node {
     /// Unique among all nodes of a daemon: "export:home", "md:<uuid>", "member:<path>",
     /// "luks:<uuid>", "lv:<vg>/<lv>", "file:<path>".
     pub id: String,
-    /// "export", "lv", "luks", "md", "member" or "file".
-    pub kind: String,
+    pub kind: NodeKind,
     /// What a person calls it: the export name, `vg/lv`, the array name, the file path.
     pub name: String,
     /// The file or block device, for files and members.
@@ -56,7 +55,7 @@ pub struct Node {
 impl Node {
     /// A node with no details, progress or children, its data at offset 0.
     pub fn new(
-        kind: &str,
+        kind: NodeKind,
         id: String,
         name: String,
         state: &str,
@@ -65,7 +64,7 @@ impl Node {
     ) -> Node {
         Node {
             id,
-            kind: kind.into(),
+            kind,
             name,
             path: None,
             state: state.into(),
@@ -78,6 +77,62 @@ impl Node {
             progress: None,
             children: Vec::new(),
         }
+    }
+}
+
+/// What a node is; in JSON its lower-case name ("export", "lv", "luks", "md", "member",
+/// "file").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeKind {
+    /// What NBD clients see.
+    Export,
+    /// An LVM2 logical volume.
+    Lv,
+    /// A LUKS volume's decrypted payload.
+    Luks,
+    /// An md array.
+    Md,
+    /// A member of an md array (a file or block device in a role, spare or failed).
+    Member,
+    /// A file or block device at the bottom of a stack.
+    File,
+}
+
+impl NodeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeKind::Export => "export",
+            NodeKind::Lv => "lv",
+            NodeKind::Luks => "luks",
+            NodeKind::Md => "md",
+            NodeKind::Member => "member",
+            NodeKind::File => "file",
+        }
+    }
+}
+
+impl std::str::FromStr for NodeKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<NodeKind, String> {
+        [
+            NodeKind::Export,
+            NodeKind::Lv,
+            NodeKind::Luks,
+            NodeKind::Md,
+            NodeKind::Member,
+            NodeKind::File,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+        .ok_or_else(|| format!("no node kind {s:?}"))
+    }
+}
+
+impl std::fmt::Display for NodeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
