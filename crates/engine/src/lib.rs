@@ -11,6 +11,7 @@
 //!        state changes ────────── events::Events ────────── log, ring, --on-event CMD
 //! ```
 
+pub mod daemon;
 pub mod events;
 pub mod http;
 pub mod metrics;

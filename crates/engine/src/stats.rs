@@ -546,7 +546,9 @@ mod tests {
             &reg.get("file:/x").unwrap()
         ));
         let json = serde_json::to_value(reg.snapshot()).unwrap();
-        assert_eq!(json["file:/x"]["write"]["buckets"][0], 1);
+        // One write in some latency bucket (which one depends on how busy the machine is).
+        let buckets = json["file:/x"]["write"]["buckets"].as_array().unwrap();
+        assert_eq!(buckets.iter().filter_map(|b| b.as_u64()).sum::<u64>(), 1);
         reg.remove("file:/x");
         assert!(reg.snapshot().is_empty());
     }

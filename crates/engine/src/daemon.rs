@@ -1,0 +1,1322 @@
+//! The daemon's state and its management plane: the exports it serves (each an opened
+//! stack), the control API's answers and actions, and the monitor that turns state
+//! changes into events. The CLI binds the sockets and starts the threads; everything a
+//! request or an event needs is here.
+//!
+//! ```text
+//!   control socket (http) ─ Daemon::handle ─ GET  status, exports, arrays, stats, lvm
+//!                                          └ POST/DELETE ─ Action ─ Daemon::apply
+//!                                              add-export (any Spec) ─ cairn_stack::open
+//!                                              md fail/add/remove/replace/check ─ md's Change
+//!   monitor thread (1 s) ─ Daemon::monitor ─ describe every export, diff the trees
+//!                                          ─ Fail / DegradedArray / RebuildStarted ... events
+//!   --metrics (http) ──── Daemon::handle_metrics ─ metrics::render
+//! ```
+//!
+//! Every answer is built from `cairn_stack::describe`, so the status tree, the API, the
+//! metrics labels and the events name the same nodes. Each action is idempotent and says
+//! whether it changed anything.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, SystemTime};
+
+use cairn_block::BlockDevice;
+use cairn_nbd::{Export, ExportsHandle, Listen};
+use cairn_stack::export::OpenedExport;
+use cairn_stack::node::{self, Node, NodeKind};
+use cairn_stack::size::format_size;
+use cairn_stack::{Keys, Options, Spec};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::events::{self, EventSpec, Events};
+use crate::http::{Request, Response};
+use crate::metrics;
+use crate::stats::{self, Registry};
+
+/// Events shown in `/v1/status`.
+const STATUS_EVENTS: usize = 20;
+/// How often the monitor looks for state changes.
+const MONITOR_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Counts an md member's I/O under its stack node id `member:NAME`.
+fn wrap_member(name: &str, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    Registry::global().wrap(&format!("member:{name}"), dev)
+}
+
+/// Counts `dev`'s I/O as the export `name` (what NBD clients see).
+pub fn wrap_export(name: &str, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    Registry::global().wrap(&format!("export:{name}"), dev)
+}
+
+/// The running daemon's state.
+#[derive(Debug)]
+pub struct Daemon {
+    exports: Mutex<Vec<OpenedExport>>,
+    /// How stacks added through the API are opened (serve's flags, no terminal).
+    open: Options,
+    nbd: ExportsHandle,
+    events: Arc<Events>,
+    listen: Vec<Listen>,
+    control: Option<PathBuf>,
+    metrics: Option<String>,
+    started: SystemTime,
+}
+
+/// Where the daemon answers, for its status.
+#[derive(Debug, Clone, Default)]
+pub struct Endpoints {
+    /// The NBD listeners.
+    pub listen: Vec<Listen>,
+    pub control: Option<PathBuf>,
+    pub metrics: Option<String>,
+}
+
+impl Daemon {
+    /// The daemon serving `exports` through `nbd`; stacks added through the API are
+    /// opened with `open`.
+    pub fn new(
+        exports: Vec<OpenedExport>,
+        open: Options,
+        nbd: ExportsHandle,
+        events: Arc<Events>,
+        at: Endpoints,
+    ) -> Daemon {
+        Daemon {
+            exports: Mutex::new(exports),
+            open,
+            nbd,
+            events,
+            listen: at.listen,
+            control: at.control,
+            metrics: at.metrics,
+            started: SystemTime::now(),
+        }
+    }
+
+    /// The metrics listener's address, when there is one.
+    pub fn metrics_address(&self) -> Option<&str> {
+        self.metrics.as_deref()
+    }
+}
+
+// ---- answers -------------------------------------------------------------------------
+
+/// One NBD client connection, as the API shows it.
+#[derive(Debug, Serialize)]
+struct ConnectionView {
+    id: u64,
+    peer: String,
+    export: Option<String>,
+    connected_at: String,
+    seconds: u64,
+}
+
+/// One export, as `/v1/exports` shows it.
+#[derive(Debug, Serialize)]
+struct ExportView {
+    name: String,
+    path: PathBuf,
+    read_only: bool,
+    size: u64,
+    uris: Vec<String>,
+    connections: usize,
+    stack: Node,
+}
+
+/// `POST /v1/exports`: a file (`path`), or any stack (`stack`, a [`Spec`] in JSON:
+/// `{"md": [...]}`, `{"luks": {"on": ..., "key_file": ...}}`, `{"lvm": [...]}`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddExport {
+    /// The export's name; an LVM stack's exports are named `VG/LV` and take none.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// An absolute path to a file or block device.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// A stack to open; its paths absolute, its LUKS volumes with a `key_file` (the
+    /// daemon has no terminal to ask on).
+    #[serde(default)]
+    pub stack: Option<Spec>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A change asked for through the API. `POST /v1/actions` takes any of them as
+/// `{"action": "add-export", ...}`; the REST routes build them too. md's fail, add,
+/// remove, replace and check join here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
+pub enum Action {
+    AddExport(AddExport),
+    RemoveExport {
+        name: String,
+    },
+    /// `cairn md fail`: mark a member faulty.
+    MdFail(MdMember),
+    /// `cairn md remove`: take a faulty member or a spare out.
+    MdRemove(MdMember),
+    /// `cairn md add`: a new spare, or a former member back into its role.
+    MdAdd(MdAdd),
+    /// `cairn md replace`: copy a member onto a new device, then swap.
+    MdReplace(MdReplace),
+    /// `cairn md check` / `cairn md repair`.
+    MdScrub(MdScrub),
+}
+
+/// An md array and one of its members. The array is named by its name (with or
+/// without the `host:` part), its UUID, or an export it is under.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MdMember {
+    pub array: String,
+    pub member: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MdAdd {
+    pub array: String,
+    /// An absolute path to a file or block device.
+    pub path: PathBuf,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MdReplace {
+    pub array: String,
+    pub member: String,
+    /// The new device (absolute path); without it the first spare is used.
+    #[serde(default)]
+    pub with: Option<PathBuf>,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MdScrub {
+    pub array: String,
+    #[serde(default)]
+    pub repair: bool,
+}
+
+/// What an action did.
+#[derive(Debug, Serialize)]
+pub struct Outcome {
+    #[serde(skip)]
+    status: u16,
+    pub changed: bool,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub export: Option<serde_json::Value>,
+}
+
+impl Outcome {
+    fn unchanged(message: String) -> Outcome {
+        Outcome {
+            status: 200,
+            changed: false,
+            message,
+            export: None,
+        }
+    }
+}
+
+const ROUTES: &str = "GET /v1/status, GET /v1/exports, GET /v1/exports/NAME, \
+POST /v1/exports, DELETE /v1/exports/NAME, GET /v1/arrays, GET /v1/arrays/NAME, \
+GET /v1/stats, GET /v1/events, POST /v1/actions, GET /metrics";
+
+impl Daemon {
+    fn exports(&self) -> std::sync::MutexGuard<'_, Vec<OpenedExport>> {
+        self.exports.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The trees of every export now, and the exports' names, paths and modes.
+    fn trees(&self) -> Vec<(OpenedExport, Node)> {
+        let list = self.exports().clone();
+        list.into_iter()
+            .map(|e| {
+                let n = cairn_stack::describe::describe(&e);
+                (e, n)
+            })
+            .collect()
+    }
+
+    fn connections(&self) -> Vec<ConnectionView> {
+        let now = SystemTime::now();
+        self.nbd
+            .connections()
+            .into_iter()
+            .map(|c| {
+                let since = c
+                    .since
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default();
+                ConnectionView {
+                    id: c.id,
+                    peer: c.peer,
+                    export: c.export,
+                    connected_at: rfc3339(since),
+                    seconds: now.duration_since(c.since).unwrap_or_default().as_secs(),
+                }
+            })
+            .collect()
+    }
+
+    fn export_view(&self, e: &OpenedExport, stack: Node, conns: &[ConnectionView]) -> ExportView {
+        ExportView {
+            name: e.name.clone(),
+            path: std::path::absolute(&e.path).unwrap_or_else(|_| e.path.clone()),
+            read_only: e.read_only,
+            size: stack.size,
+            uris: self.listen.iter().map(|l| l.uri(&e.name)).collect(),
+            connections: conns
+                .iter()
+                .filter(|c| c.export.as_deref() == Some(e.name.as_str()))
+                .count(),
+            stack,
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let trees = self.trees();
+        let events = self.events.since(0);
+        let recent = &events[events.len().saturating_sub(STATUS_EVENTS)..];
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "uptime_seconds": SystemTime::now()
+                .duration_since(self.started)
+                .unwrap_or_default()
+                .as_secs(),
+            "control": self.control,
+            "metrics": self.metrics,
+            "listen": self.listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "exports": trees.iter().map(|(_, n)| n).collect::<Vec<_>>(),
+            "connections": self.connections(),
+            "events": recent,
+        })
+    }
+
+    /// Every counted node of the current trees: (export, node) once per node id.
+    fn counted_nodes(trees: &[(OpenedExport, Node)]) -> Vec<(String, Node)> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for (e, root) in trees {
+            for n in node::walk(root) {
+                if matches!(n.kind, NodeKind::Export | NodeKind::File | NodeKind::Member)
+                    && seen.insert(n.id.clone())
+                {
+                    let mut n = n.clone();
+                    n.children.clear();
+                    out.push((e.name.clone(), n));
+                }
+            }
+        }
+        out
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let trees = self.trees();
+        let snaps = Registry::global().snapshot();
+        let mut nodes = serde_json::Map::new();
+        for (export, n) in Self::counted_nodes(&trees) {
+            if let Some(s) = snaps.get(&n.id) {
+                nodes.insert(
+                    n.id.clone(),
+                    json!({
+                        "export": export,
+                        "kind": n.kind,
+                        "name": n.name,
+                        "stats": s,
+                    }),
+                );
+            }
+        }
+        json!({
+            "monotonic_ns": stats::monotonic_ns(),
+            "bucket_bounds_ns": stats::BUCKET_BOUNDS_NS,
+            "nodes": nodes,
+        })
+    }
+
+    fn metrics_text(&self) -> String {
+        let trees = self.trees();
+        let snaps = Registry::global().snapshot();
+        let conns = self.nbd.connections();
+        let mut s = metrics::Sample {
+            version: env!("CARGO_PKG_VERSION").into(),
+            events: self.events.counts(),
+            ..metrics::Sample::default()
+        };
+        for (e, root) in &trees {
+            s.exports.push(metrics::ExportSample {
+                export: e.name.clone(),
+                size_bytes: root.size,
+                read_only: e.read_only,
+                connections: conns
+                    .iter()
+                    .filter(|c| c.export.as_deref() == Some(e.name.as_str()))
+                    .count() as u64,
+            });
+            for n in node::walk(root) {
+                if let Some(md) = &n.md {
+                    s.arrays.push(metrics::ArraySample {
+                        export: e.name.clone(),
+                        device: n.name.clone(),
+                        level: md.level.clone(),
+                        state: n.state.clone(),
+                        raid_devices: md.raid_devices,
+                        active_devices: md.active_devices,
+                        failed_devices: md.raid_devices.saturating_sub(md.active_devices),
+                        degraded: n.state.contains("degraded"),
+                    });
+                }
+                if let Some(p) = &n.progress {
+                    s.progress.push(metrics::ProgressSample {
+                        export: e.name.clone(),
+                        device: n.name.clone(),
+                        action: p.action.clone(),
+                        done_bytes: p.done_bytes,
+                        total_bytes: p.total_bytes,
+                        bytes_per_sec: p.bytes_per_sec,
+                    });
+                }
+            }
+        }
+        for (export, n) in Self::counted_nodes(&trees) {
+            if let Some(st) = snaps.get(&n.id) {
+                s.devices.push(metrics::DeviceSample {
+                    export,
+                    device: n.name.clone(),
+                    kind: n.kind.to_string(),
+                    stats: st.clone(),
+                });
+            }
+        }
+        metrics::render(&s)
+    }
+
+    fn metrics_response(&self) -> Response {
+        Response::text(
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            self.metrics_text(),
+        )
+    }
+
+    /// The `--metrics` listener: `GET /metrics` only.
+    pub fn handle_metrics(&self, r: &Request) -> Response {
+        match r.path.as_str() {
+            "/metrics" if r.method == "GET" => self.metrics_response(),
+            "/metrics" => Response::method_not_allowed(&r.method, &r.path, &["GET"]),
+            _ => Response::error(404, format!("no such route: {}; use GET /metrics", r.path)),
+        }
+    }
+
+    /// The control socket's routes.
+    pub fn handle(&self, r: &Request) -> Response {
+        let path = r.path.trim_end_matches('/');
+        let segs: Vec<&str> = path.split('/').skip(1).collect();
+        let m = r.method.as_str();
+        let only = |allowed: &[&str], f: &dyn Fn() -> Response| {
+            if allowed.contains(&m) {
+                f()
+            } else {
+                Response::method_not_allowed(m, &r.path, allowed)
+            }
+        };
+        match segs.as_slice() {
+            [] | ["v1"] => only(&["GET"], &|| {
+                Response::json(
+                    200,
+                    &json!({ "version": env!("CARGO_PKG_VERSION"), "routes": ROUTES }),
+                )
+            }),
+            ["v1", "status"] => only(&["GET"], &|| Response::json(200, &self.status())),
+            ["v1", "stats"] => only(&["GET"], &|| Response::json(200, &self.stats())),
+            ["v1", "events"] => only(&["GET"], &|| {
+                let after = r
+                    .query_param("after")
+                    .and_then(|a| a.parse().ok())
+                    .unwrap_or(0);
+                Response::json(200, &json!({ "events": self.events.since(after) }))
+            }),
+            ["metrics"] => only(&["GET"], &|| self.metrics_response()),
+            ["v1", "exports"] => match m {
+                "GET" => {
+                    let conns = self.connections();
+                    let list: Vec<ExportView> = self
+                        .trees()
+                        .into_iter()
+                        .map(|(e, n)| self.export_view(&e, n, &conns))
+                        .collect();
+                    Response::json(200, &json!({ "exports": list }))
+                }
+                "POST" => match r.json::<AddExport>() {
+                    Ok(a) => self.respond(Action::AddExport(a)),
+                    Err(resp) => resp,
+                },
+                _ => Response::method_not_allowed(m, &r.path, &["GET", "POST"]),
+            },
+            // LV exports are named VG/LV: the name is every segment after "exports", so
+            // both /v1/exports/vg0/home and /v1/exports/vg0%2Fhome reach it.
+            ["v1", "exports", rest @ ..] => match m {
+                "GET" => {
+                    let name = &rest.join("/");
+                    let conns = self.connections();
+                    match self.trees().into_iter().find(|(e, _)| e.name == *name) {
+                        Some((e, n)) => Response::json(200, &self.export_view(&e, n, &conns)),
+                        None => Response::error(404, self.no_export(name)),
+                    }
+                }
+                "DELETE" => self.respond(Action::RemoveExport {
+                    name: rest.join("/"),
+                }),
+                _ => Response::method_not_allowed(m, &r.path, &["GET", "DELETE"]),
+            },
+            ["v1", "arrays"] => only(&["GET"], &|| Response::json(200, &self.arrays_view())),
+            ["v1", "lvm", vg] => only(&["GET"], &|| self.lvm_view(vg)),
+            ["v1", "arrays", name] => only(&["GET"], &|| {
+                let v = self.arrays_view();
+                let hit = self.find_array(name).map(|a| a.uuid().to_string());
+                match hit {
+                    Ok(uuid) => v["arrays"]
+                        .as_array()
+                        .and_then(|l| l.iter().find(|x| x["uuid"] == uuid.as_str()))
+                        .map_or_else(
+                            || Response::error(404, format!("no md array named {name:?}")),
+                            |x| Response::json(200, x),
+                        ),
+                    Err(resp) => resp,
+                }
+            }),
+            ["v1", "actions"] => match m {
+                "POST" => match r.json::<Action>() {
+                    Ok(a) => self.respond(a),
+                    Err(resp) => resp,
+                },
+                _ => Response::method_not_allowed(m, &r.path, &["POST"]),
+            },
+            _ => Response::error(404, format!("no such route: {}; routes: {ROUTES}", r.path)),
+        }
+    }
+
+    fn no_export(&self, name: &str) -> String {
+        let names: Vec<String> = self.exports().iter().map(|e| e.name.clone()).collect();
+        format!(
+            "no export named {name:?}; the exports are: {}",
+            if names.is_empty() {
+                "(none)".to_string()
+            } else {
+                names.join(", ")
+            }
+        )
+    }
+
+    fn respond(&self, action: Action) -> Response {
+        match self.apply(action) {
+            Ok(o) => Response::json(o.status, &o),
+            Err(e) => e,
+        }
+    }
+
+    /// Applies one action. Idempotent: asking for what is already so changes nothing and
+    /// says so.
+    pub fn apply(&self, action: Action) -> std::result::Result<Outcome, Response> {
+        match action {
+            Action::AddExport(a) => self.add_export(a),
+            Action::RemoveExport { name } => self.remove_export(&name),
+            Action::MdFail(m) => self.md_change(&m.array, |a| a.fail(&m.member)),
+            Action::MdRemove(m) => self.md_change(&m.array, |a| a.remove(&m.member)),
+            Action::MdAdd(m) => {
+                let name = m.path.display().to_string();
+                // A member this array already holds is open for writing here, so it
+                // cannot be opened again; the answer is the array's own.
+                if self.array_holds(&m.array, &m.path) {
+                    return self.md_change(&m.array, |_| {
+                        Ok(cairn_md::Change::unchanged(format!(
+                            "{name} is already in the array; nothing to do"
+                        )))
+                    });
+                }
+                let dev = open_new_member(&m.path)?;
+                self.md_change(&m.array, |a| a.add(dev.clone(), name.clone(), m.force))
+            }
+            Action::MdReplace(m) => {
+                let with = match &m.with {
+                    Some(p) => Some((open_new_member(p)?, p.display().to_string())),
+                    None => None,
+                };
+                self.md_change(&m.array, |a| a.replace(&m.member, with.clone(), m.force))
+            }
+            Action::MdScrub(m) => self.md_change(&m.array, |a| {
+                a.request_scrub(m.repair).map(|()| {
+                    cairn_md::Change::done(format!(
+                        "{} started; follow it with cairn status, the result with cairn md \
+                         check --wait",
+                        if m.repair { "repair" } else { "check" }
+                    ))
+                })
+            }),
+        }
+    }
+
+    /// Whether the array `who` names has `path` among its members (active, spare,
+    /// replacement or faulty: every one it holds open).
+    fn array_holds(&self, who: &str, path: &Path) -> bool {
+        let Ok(a) = self.find_array(who) else {
+            return false;
+        };
+        a.report()
+            .members
+            .iter()
+            .filter(|m| m.reason.is_none())
+            .filter_map(|m| m.name.as_deref())
+            .any(|n| same_file(Path::new(n), path))
+    }
+
+    /// The md arrays being served: (name, array, the exports it is under).
+    fn md_arrays(&self) -> Vec<(String, Arc<cairn_md::Array>, Vec<String>)> {
+        let list = self.exports();
+        let mut out: Vec<(String, Arc<cairn_md::Array>, Vec<String>)> = Vec::new();
+        for e in list.iter() {
+            for a in e.arrays() {
+                match out.iter_mut().find(|(_, b, _)| Arc::ptr_eq(&a, b)) {
+                    Some((_, _, exports)) => exports.push(e.name.clone()),
+                    None => out.push((a.report().name, a, vec![e.name.clone()])),
+                }
+            }
+        }
+        out
+    }
+
+    /// The array `who` names (its name, with or without `host:`, its UUID, or an
+    /// export in front of it), or a 404 that lists them.
+    fn find_array(&self, who: &str) -> std::result::Result<Arc<cairn_md::Array>, Response> {
+        let arrays = self.md_arrays();
+        let short = |n: &str| n.rsplit(':').next().unwrap_or(n).to_string();
+        let hits: Vec<&Arc<cairn_md::Array>> = arrays
+            .iter()
+            .filter(|(name, a, exports)| {
+                name == who
+                    || short(name) == who
+                    || a.uuid().to_string() == who
+                    || exports.iter().any(|e| e == who)
+            })
+            .map(|(_, a, _)| a)
+            .collect();
+        match hits.as_slice() {
+            [a] => Ok((*a).clone()),
+            [] => Err(Response::error(
+                404,
+                format!(
+                    "no md array named {who:?}; the arrays are: {}",
+                    if arrays.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        arrays
+                            .iter()
+                            .map(|(n, _, e)| format!("{n} (export {})", e.join(", ")))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    }
+                ),
+            )),
+            _ => Err(Response::error(
+                409,
+                format!("{who:?} names more than one md array; use its UUID"),
+            )),
+        }
+    }
+
+    /// Runs a change on an array and words the outcome: "nothing to do" answers are
+    /// unchanged, refusals 409 (conflict with the array's state) or 404 (no such member).
+    fn md_change(
+        &self,
+        array: &str,
+        f: impl FnOnce(&cairn_md::Array) -> cairn_block::Result<cairn_md::Change>,
+    ) -> std::result::Result<Outcome, Response> {
+        let a = self.find_array(array)?;
+        match f(&a) {
+            Ok(cairn_md::Change { changed, message }) => {
+                tracing::info!("md array {}: {message}", a.report().name);
+                Ok(Outcome {
+                    status: 200,
+                    changed,
+                    message,
+                    export: None,
+                })
+            }
+            Err(e) => Err(Response::error(
+                match e.kind() {
+                    cairn_block::ErrorKind::NotFound => 404,
+                    cairn_block::ErrorKind::Io => 500,
+                    _ => 409,
+                },
+                e.to_string(),
+            )),
+        }
+    }
+
+    /// `GET /v1/lvm/VG`: the VG's report, as `cairn lvm vgs/lvs` print it, read from the
+    /// PVs this daemon has open (and unlocked) already, so a client does not open or
+    /// unlock them again. Only PVs that hold a served LV are known here: a PV that holds
+    /// none shows as missing, and the client then reads the VG itself.
+    fn lvm_view(&self, vg: &str) -> Response {
+        let mut pvs: Vec<cairn_lvm::PvDevice> = Vec::new();
+        for e in self.exports().iter() {
+            let Some(lv) = e.lvm.as_ref().filter(|lv| lv.details.vg == vg) else {
+                continue;
+            };
+            for pv in &lv.pvs {
+                let same = |p: &cairn_lvm::PvDevice| {
+                    std::ptr::addr_eq(Arc::as_ptr(&p.dev), Arc::as_ptr(&pv.device))
+                };
+                if !pvs.iter().any(same) {
+                    pvs.push(cairn_lvm::PvDevice::new(pv_label(pv), pv.device.clone()));
+                }
+            }
+        }
+        if pvs.is_empty() {
+            return Response::error(404, format!("no LV of a VG named {vg:?} is served here"));
+        }
+        let opts = cairn_lvm::OpenOptions {
+            partial: true,
+            read_only: true,
+        };
+        match cairn_lvm::Vg::open_with(pvs, opts) {
+            Ok(v) => Response::json(200, &v.report()),
+            Err(e) => Response::error(500, format!("VG {vg}: {e}")),
+        }
+    }
+
+    /// `GET /v1/arrays`: each md array's report, background work and last scrub.
+    fn arrays_view(&self) -> serde_json::Value {
+        let list: Vec<serde_json::Value> = self
+            .md_arrays()
+            .into_iter()
+            .map(|(name, a, exports)| {
+                json!({
+                    "name": name,
+                    "uuid": a.uuid().to_string(),
+                    "exports": exports,
+                    "detail": a.report(),
+                    "background": a.background(),
+                    "scrub": a.last_scrub(),
+                })
+            })
+            .collect();
+        json!({ "arrays": list })
+    }
+
+    fn add_export(&self, a: AddExport) -> std::result::Result<Outcome, Response> {
+        let spec = match (&a.path, &a.stack) {
+            (Some(p), None) => Spec::File(p.clone()),
+            (None, Some(s)) => s.clone(),
+            _ => {
+                return Err(Response::error(
+                    422,
+                    "give either \"path\" (a file or block device) or \"stack\" (e.g. \
+                     {\"md\": [\"/srv/d0.img\", ...]}), not both",
+                ))
+            }
+        };
+        spec.check()
+            .map_err(|e| Response::error(422, e.to_string()))?;
+        for p in spec.paths() {
+            if !p.is_absolute() {
+                return Err(Response::error(
+                    422,
+                    format!(
+                        "path {:?} must be absolute (the daemon does not share your working \
+                         directory)",
+                        p.display().to_string()
+                    ),
+                ));
+            }
+        }
+        let lvm = matches!(spec, Spec::Lvm(_));
+        let name = match (&a.name, lvm) {
+            (Some(n), false) => n.clone(),
+            (None, false) => {
+                return Err(Response::error(
+                    422,
+                    "missing field `name` (the export's name)",
+                ))
+            }
+            (Some(_), true) => {
+                return Err(Response::error(
+                    422,
+                    "an LVM stack's exports are named VG/LV; give no \"name\"",
+                ))
+            }
+            (None, true) => String::new(),
+        };
+        if !lvm {
+            check_export_name(&name).map_err(|m| Response::error(422, m))?;
+        }
+        let mut list = self.exports();
+        if let (false, Some(e)) = (lvm, list.iter().find(|e| e.name == name)) {
+            let plain = e.md.is_none() && e.luks.is_none() && e.lvm.is_none();
+            let same = match &spec {
+                Spec::File(p) => plain && same_file(&e.path, p),
+                _ => false,
+            };
+            if same && e.read_only == a.read_only {
+                return Ok(Outcome::unchanged(format!(
+                    "export {name:?} already present; nothing to do"
+                )));
+            }
+            return Err(Response::error(
+                409,
+                format!(
+                    "export {:?} is already served from {} ({}); remove it first with \
+                     DELETE /v1/exports/{} or choose another name",
+                    name,
+                    e.path.display(),
+                    if e.read_only {
+                        "read-only"
+                    } else {
+                        "read-write"
+                    },
+                    name
+                ),
+            ));
+        }
+        if let Spec::File(p) = &spec {
+            if let Some(e) = list
+                .iter()
+                .find(|e| e.md.is_none() && same_file(&e.path, p))
+            {
+                return Err(Response::error(
+                    409,
+                    format!("{} is already served as export {:?}", p.display(), e.name),
+                ));
+            }
+        }
+        let opts = Options {
+            read_only: a.read_only,
+            ..self.open.clone()
+        };
+        let opened = cairn_stack::open(
+            &spec,
+            (!lvm).then_some(name.as_str()),
+            &opts,
+            &mut Keys::none(),
+        )
+        .map_err(|e| {
+            let busy = e.exit_code() == cairn_stack::owner::EXIT_BUSY;
+            Response::error(if busy { 409 } else { 422 }, e.to_string())
+        })?;
+        if let Some(e) = opened
+            .iter()
+            .find(|e| list.iter().any(|o| o.name == e.name))
+        {
+            let taken = e.name.clone();
+            cairn_stack::spec::close_all(&opened);
+            return Err(Response::error(
+                409,
+                format!("export {taken:?} is already served; remove it first"),
+            ));
+        }
+        let mut messages = Vec::new();
+        let mut views = Vec::new();
+        for (i, e) in opened.iter().enumerate() {
+            let g = e.device.geometry();
+            let device = wrap_export(&e.name, e.device.clone());
+            let added = self.nbd.add(Export {
+                name: e.name.clone(),
+                description: cairn_stack::describe::export_description(e),
+                device,
+                read_only: e.read_only,
+            });
+            if let Err(err) = added {
+                for done in &opened[..i] {
+                    self.nbd.remove(&done.name);
+                }
+                cairn_stack::spec::close_all(&opened);
+                return Err(Response::error(409, err.to_string()));
+            }
+            let mode = if e.read_only {
+                "read-only"
+            } else {
+                "read-write"
+            };
+            messages.push(format!(
+                "export {:?} added: {}, {}, {mode}",
+                e.name,
+                cairn_stack::describe::export_description(e),
+                format_size(g.size)
+            ));
+            let n = cairn_stack::describe::describe(e);
+            views.extend(serde_json::to_value(self.export_view(e, n, &[])).ok());
+        }
+        for (e, message) in opened.iter().zip(&messages) {
+            self.events.emit(EventSpec {
+                event: events::EXPORT_ADDED,
+                export: Some(e.name.clone()),
+                device: Some(e.path.display().to_string()),
+                member: None,
+                message: message.clone(),
+            });
+        }
+        list.extend(opened);
+        drop(list);
+        let message = if messages.is_empty() {
+            "no logical volumes to serve on that stack".to_string()
+        } else {
+            messages.join("; ")
+        };
+        Ok(Outcome {
+            status: 201,
+            changed: !views.is_empty(),
+            message,
+            export: match views.len() {
+                1 => views.pop(),
+                _ => Some(serde_json::Value::Array(views)),
+            },
+        })
+    }
+
+    fn remove_export(&self, name: &str) -> std::result::Result<Outcome, Response> {
+        let removed = {
+            let mut list = self.exports();
+            let Some(i) = list.iter().position(|e| e.name == name) else {
+                return Ok(Outcome::unchanged(format!(
+                    "export {name:?} is not present; nothing to do"
+                )));
+            };
+            list.remove(i)
+        };
+        // Outside the lock: this waits for the export's connections to finish.
+        let closed = self.nbd.remove(name).map_or(0, |r| r.connections);
+        let message = format!(
+            "export {name:?} removed ({}); {closed} client connection{} closed",
+            removed.path.display(),
+            if closed == 1 { "" } else { "s" }
+        );
+        self.events.emit(EventSpec {
+            event: events::EXPORT_REMOVED,
+            export: Some(name.to_string()),
+            device: Some(removed.path.display().to_string()),
+            member: None,
+            message: message.clone(),
+        });
+        Ok(Outcome {
+            status: 200,
+            changed: true,
+            message,
+            export: None,
+        })
+    }
+
+    // ---- the monitor -------------------------------------------------------------------
+
+    /// Looks at every tree each second and turns changes into events; runs until the
+    /// process ends (the CLI gives it a thread).
+    pub fn monitor(&self) {
+        let mut prev: BTreeMap<String, Seen> = BTreeMap::new();
+        let mut first = true;
+        loop {
+            let now = seen_nodes(&self.trees());
+            for spec in diff(&prev, &now, first) {
+                self.events.emit(spec);
+            }
+            prev = now;
+            first = false;
+            thread::sleep(MONITOR_INTERVAL);
+        }
+    }
+}
+
+/// What the monitor remembers of a node.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    export: String,
+    kind: NodeKind,
+    name: String,
+    state: String,
+    /// The md array a member belongs to.
+    parent: Option<String>,
+    progress: Option<(String, u64)>,
+    /// md arrays: mismatched sectors of the last finished scrub.
+    mismatch: Option<u64>,
+    /// md arrays: the background job (number, action, state, member), running or last
+    /// ended.
+    job: Option<(u64, String, String, Option<String>)>,
+}
+
+fn seen_nodes(trees: &[(OpenedExport, Node)]) -> BTreeMap<String, Seen> {
+    let mut out = BTreeMap::new();
+    fn visit(n: &Node, export: &str, parent: Option<&str>, out: &mut BTreeMap<String, Seen>) {
+        out.entry(n.id.clone()).or_insert_with(|| Seen {
+            export: export.to_string(),
+            kind: n.kind,
+            name: n.name.clone(),
+            state: n.state.clone(),
+            parent: parent.map(str::to_string),
+            progress: n.progress.as_ref().map(|p| {
+                let pct = u64::try_from(
+                    u128::from(p.done_bytes) * 100 / u128::from(p.total_bytes.max(1)),
+                )
+                .unwrap_or(100);
+                (p.action.clone(), pct)
+            }),
+            mismatch: n.md.as_ref().and_then(|m| m.mismatch_sectors),
+            job: n
+                .md
+                .as_ref()
+                .and_then(|m| m.job.as_ref())
+                .map(|j| (j.id, j.action.clone(), j.state.clone(), j.member.clone())),
+        });
+        let me = (n.kind == NodeKind::Md).then_some(n.name.as_str());
+        for c in &n.children {
+            visit(c, export, me.or(parent), out);
+        }
+    }
+    for (e, root) in trees {
+        visit(root, &e.name, None, &mut out);
+    }
+    out
+}
+
+/// The events between two looks at the trees. On the first look only problems are
+/// reported (a degraded array, a faulty member), as `mdadm --monitor` does at start.
+fn diff(
+    prev: &BTreeMap<String, Seen>,
+    now: &BTreeMap<String, Seen>,
+    first: bool,
+) -> Vec<EventSpec> {
+    let mut out = Vec::new();
+    for (id, n) in now {
+        let before = prev.get(id);
+        let spec = |event: &'static str, member: Option<String>, message: String| EventSpec {
+            event,
+            export: Some(n.export.clone()),
+            device: if n.kind == NodeKind::Member {
+                n.parent.clone()
+            } else {
+                Some(n.name.clone())
+            },
+            member,
+            message,
+        };
+        match n.kind {
+            NodeKind::Md => {
+                let degraded = n.state.contains("degraded");
+                let was = before.map(|b| b.state.contains("degraded"));
+                if degraded && (first || was == Some(false)) {
+                    out.push(spec(
+                        events::DEGRADED_ARRAY,
+                        None,
+                        format!("md array {:?} is degraded ({})", n.name, n.state),
+                    ));
+                }
+                if let Some(x) = n.mismatch.filter(|&x| x > 0) {
+                    if before.is_some_and(|b| b.mismatch != Some(x)) {
+                        out.push(spec(
+                            events::MISMATCHES_FOUND,
+                            None,
+                            format!(
+                                "md array {:?}: a scrub found {x} mismatched sectors",
+                                n.name
+                            ),
+                        ));
+                    }
+                }
+                let prog = &n.progress;
+                let was_prog = before.and_then(|b| b.progress.clone());
+                // Start and end come from the job's number and state, so a job that
+                // started and ended between two looks still gets both events.
+                let was_job = before.and_then(|b| b.job.clone());
+                if let Some((old, action, _, _)) = was_job.as_ref().filter(|j| j.2 == "running") {
+                    // A running job replaced by the next one before a look saw it end.
+                    if n.job.as_ref().is_some_and(|j| j.0 != *old) {
+                        out.push(spec(
+                            events::REBUILD_FINISHED,
+                            None,
+                            format!("md array {:?}: {action} ended", n.name),
+                        ));
+                    }
+                }
+                if let Some((id, action, state, member)) = &n.job {
+                    let seen_before = was_job.as_ref().filter(|j| j.0 == *id);
+                    if seen_before.is_none() && !(first && state != "running") {
+                        out.push(spec(
+                            events::REBUILD_STARTED,
+                            None,
+                            format!("md array {:?}: {action} started", n.name),
+                        ));
+                    }
+                    let ended_now = state != "running"
+                        && seen_before.is_none_or(|j| j.2 == "running")
+                        && !first;
+                    if ended_now {
+                        out.push(spec(
+                            events::REBUILD_FINISHED,
+                            None,
+                            format!("md array {:?}: {action} {state}", n.name),
+                        ));
+                        // A rebuilt spare (or a replacement) is in sync now.
+                        if state == "finished" && (action == "recovery" || action == "replace") {
+                            out.push(spec(
+                                events::SPARE_ACTIVE,
+                                member.clone(),
+                                format!(
+                                    "member {} of md array {} is in sync",
+                                    member.as_deref().unwrap_or("?"),
+                                    n.name
+                                ),
+                            ));
+                        }
+                    }
+                }
+                if let (Some((_, p0)), Some((action, p1))) = (&was_prog, prog) {
+                    // mdadm's RebuildNN: at 20, 40, 60 and 80 %.
+                    for nn in [20u64, 40, 60, 80] {
+                        if *p0 < nn && *p1 >= nn {
+                            out.push(EventSpec {
+                                event: rebuild_nn(nn),
+                                ..spec(
+                                    "",
+                                    None,
+                                    format!("md array {:?}: {action} {nn}% done", n.name),
+                                )
+                            });
+                        }
+                    }
+                }
+            }
+            NodeKind::Member => {
+                let st = n.state.as_str();
+                let was = before.map(|b| b.state.as_str());
+                let bad_now = st.contains("faulty");
+                let gone_now = st == "removed" || st == "missing";
+                if bad_now && (first || was.is_some_and(|w| !w.contains("faulty"))) {
+                    out.push(spec(
+                        events::FAIL,
+                        Some(n.name.clone()),
+                        format!(
+                            "member {} of md array {} is faulty",
+                            n.name,
+                            n.parent.as_deref().unwrap_or("?")
+                        ),
+                    ));
+                } else if gone_now && was.is_some_and(|w| w != st && !w.contains("faulty")) {
+                    out.push(spec(
+                        events::DEVICE_DISAPPEARED,
+                        Some(n.name.clone()),
+                        format!(
+                            "member {} of md array {} is gone",
+                            n.name,
+                            n.parent.as_deref().unwrap_or("?")
+                        ),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn rebuild_nn(nn: u64) -> &'static str {
+    match nn {
+        20 => "Rebuild20",
+        40 => "Rebuild40",
+        60 => "Rebuild60",
+        _ => "Rebuild80",
+    }
+}
+
+/// A PV's name in reports, as `cairn lvm` names the PVs it opens: `md:M1,M2,...` for an
+/// array, `luks:` before an encrypted one, else the path.
+fn pv_label(e: &OpenedExport) -> String {
+    let base = match &e.md {
+        Some(a) => {
+            let members: Vec<String> = a
+                .report()
+                .members
+                .into_iter()
+                .filter(|m| m.role.is_some() && m.state == cairn_md::MemberState::ActiveSync)
+                .filter_map(|m| m.name)
+                .collect();
+            format!("md:{}", members.join(","))
+        }
+        None => e.path.display().to_string(),
+    };
+    if e.luks.is_some() {
+        format!("luks:{base}")
+    } else {
+        base
+    }
+}
+
+/// Opens a device named in an md action (read-write, counted like other members).
+fn open_new_member(
+    path: &Path,
+) -> std::result::Result<Arc<dyn cairn_block::BlockDevice>, Response> {
+    if !path.is_absolute() {
+        return Err(Response::error(
+            422,
+            format!(
+                "path {:?} must be absolute (the daemon does not share your working \
+                 directory)",
+                path.display().to_string()
+            ),
+        ));
+    }
+    let opts = cairn_block::OpenOptions {
+        read_only: false,
+        direct: false,
+        create_size: None,
+    };
+    let disk = cairn_block::FileDisk::open(path, &opts).map_err(|e| match e.kind() {
+        cairn_block::ErrorKind::NotFound => Response::error(
+            404,
+            format!(
+                "{} does not exist; make it first (a file: `truncate -s SIZE {}`, at least \
+                 as large as the other members)",
+                path.display(),
+                path.display()
+            ),
+        ),
+        cairn_block::ErrorKind::Busy => Response::error(
+            409,
+            cairn_stack::owner::busy(&path.display().to_string(), &e).to_string(),
+        ),
+        // The error's own context already says "open PATH".
+        _ => Response::error(422, format!("cannot use it: {e}")),
+    })?;
+    Ok(wrap_member(&path.display().to_string(), Arc::new(disk)))
+}
+
+fn rfc3339(since_epoch: Duration) -> String {
+    events::rfc3339_at(since_epoch)
+}
+
+/// The rules of `cairn_stack::export::parse_spec` for names: they appear in URIs and shells.
+fn check_export_name(name: &str) -> std::result::Result<(), String> {
+    if cairn_stack::export::export_name_ok(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "export name {name:?} must be 1 to 255 letters, digits, '.', '_', '-', '+' or \
+             ':', not starting with '.'"
+        ))
+    }
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(kind: &str, name: &str, state: &str, progress: Option<(&str, u64)>) -> Seen {
+        Seen {
+            export: "e".into(),
+            kind: kind.parse().unwrap(),
+            name: name.into(),
+            state: state.into(),
+            parent: (kind == "member").then(|| "demo".to_string()),
+            progress: progress.map(|(a, p)| (a.to_string(), p)),
+            mismatch: None,
+            job: progress.map(|(a, _)| (1, a.to_string(), "running".to_string(), None)),
+        }
+    }
+
+    fn names(v: &[EventSpec]) -> Vec<&str> {
+        v.iter().map(|e| e.event).collect()
+    }
+
+    #[test]
+    fn start_reports_only_problems() {
+        let mut now = BTreeMap::new();
+        now.insert("md:1".into(), seen("md", "demo", "clean, degraded", None));
+        now.insert("member:a".into(), seen("member", "a", "active sync", None));
+        now.insert("member:b".into(), seen("member", "b", "removed", None));
+        let ev = diff(&BTreeMap::new(), &now, true);
+        assert_eq!(names(&ev), ["DegradedArray"]);
+        assert_eq!(ev[0].device.as_deref(), Some("demo"));
+        assert!(diff(&now, &now, false).is_empty());
+    }
+
+    #[test]
+    fn changes_become_mdadm_events() {
+        let mut a = BTreeMap::new();
+        a.insert("md:1".into(), seen("md", "demo", "active", None));
+        a.insert("member:a".into(), seen("member", "a", "active sync", None));
+        a.insert("member:b".into(), seen("member", "b", "active sync", None));
+        let mut b = a.clone();
+        b.insert(
+            "md:1".into(),
+            seen("md", "demo", "active, degraded", Some(("recovery", 10))),
+        );
+        b.insert("member:a".into(), seen("member", "a", "faulty", None));
+        let ev = diff(&a, &b, false);
+        assert_eq!(names(&ev), ["DegradedArray", "RebuildStarted", "Fail"]);
+        assert_eq!(ev[2].member.as_deref(), Some("a"));
+        assert_eq!(ev[2].device.as_deref(), Some("demo"));
+        let mut c = b.clone();
+        c.insert(
+            "md:1".into(),
+            seen("md", "demo", "active, degraded", Some(("recovery", 45))),
+        );
+        assert_eq!(names(&diff(&b, &c, false)), ["Rebuild20", "Rebuild40"]);
+        let mut d = c.clone();
+        let mut done = seen("md", "demo", "active", None);
+        done.job = Some((1, "recovery".into(), "finished".into(), Some("a".into())));
+        d.insert("md:1".into(), done);
+        d.insert("member:a".into(), seen("member", "a", "active sync", None));
+        assert_eq!(
+            names(&diff(&c, &d, false)),
+            ["RebuildFinished", "SpareActive"]
+        );
+        // A job that started and ended between two looks still gets both events.
+        let mut e = d.clone();
+        let mut quick = seen("md", "demo", "active", None);
+        quick.job = Some((2, "check".into(), "finished".into(), None));
+        e.insert("md:1".into(), quick);
+        assert_eq!(
+            names(&diff(&d, &e, false)),
+            ["RebuildStarted", "RebuildFinished"]
+        );
+        assert_eq!(names(&diff(&e, &e, false)), Vec::<&str>::new());
+        // A running job followed by the next before a look saw it end: it ends too.
+        let mut f = e.clone();
+        let mut next = seen("md", "demo", "active", None);
+        next.job = Some((3, "check".into(), "running".into(), None));
+        f.insert("md:1".into(), next);
+        let mut g = f.clone();
+        let mut after = seen("md", "demo", "active", None);
+        after.job = Some((4, "repair".into(), "running".into(), None));
+        g.insert("md:1".into(), after);
+        assert_eq!(
+            names(&diff(&f, &g, false)),
+            ["RebuildFinished", "RebuildStarted"]
+        );
+    }
+
+    #[test]
+    fn export_names_follow_the_cli_rules() {
+        assert!(check_export_name("home-2.x").is_ok());
+        assert!(check_export_name("").is_err());
+        assert!(check_export_name(".hidden").is_err());
+        assert!(check_export_name("a b").is_err());
+        assert!(check_export_name("a/b").is_err());
+    }
+}
