@@ -267,7 +267,10 @@ fn rfc3339(secs: u64, millis: u32) -> String {
     i64::try_from(secs)
         .ok()
         .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
-        .and_then(|t| t.replace_millisecond(u16::try_from(millis.min(999)).unwrap_or(0)).ok())
+        .and_then(|t| {
+            t.replace_millisecond(u16::try_from(millis.min(999)).unwrap_or(0))
+                .ok()
+        })
         .and_then(|t| t.format(FORMAT).ok())
         // Past year 9999 (a clock gone wild): the epoch's seconds, still readable.
         .unwrap_or_else(|| format!("@{secs}.{millis:03}"))

@@ -172,7 +172,9 @@ impl Collector for Scrape {
             "cairn_export_read_only",
             "1 when the export is read-only.",
             MetricType::Gauge,
-            s.exports.iter().map(|e| (exp(e), Gauge(u32::from(e.read_only)))),
+            s.exports
+                .iter()
+                .map(|e| (exp(e), Gauge(u32::from(e.read_only)))),
         )?;
         family(
             enc,
@@ -242,9 +244,12 @@ impl Collector for Scrape {
             "cairn_io_queue_seconds_total",
             "Summed time requests spent on each device; its rate is the average queue depth.",
             MetricType::Counter,
-            s.devices
-                .iter()
-                .map(|d| (dev_labels(d, None), Counter(d.stats.queue_ns() as f64 / 1e9))),
+            s.devices.iter().map(|d| {
+                (
+                    dev_labels(d, None),
+                    Counter(d.stats.queue_ns() as f64 / 1e9),
+                )
+            }),
         )?;
         {
             let mut m = enc.encode_descriptor(
