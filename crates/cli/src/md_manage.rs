@@ -243,12 +243,11 @@ fn act_and_wait(
 }
 
 /// Follows the jobs numbered after `before` (a rebuild, then perhaps the next the array
-/// queues) until none runs and the array is not recovering, with a progress line on
+/// queues) until none runs and the array is not recovering, with a progress bar on
 /// stderr when it is a terminal. A job that fails or is stopped is an error. When the
 /// action started nothing (a spare on a healthy array), returns after a second.
 fn wait_jobs(path: &Path, route: &str, array: &str, before: u64) -> Result<()> {
-    use std::io::{IsTerminal, Write};
-    let tty = std::io::stderr().is_terminal();
+    let bar = crate::tty::Progress::bytes(array);
     let started = std::time::Instant::now();
     let mut followed = false;
     loop {
@@ -268,13 +267,7 @@ fn wait_jobs(path: &Path, route: &str, array: &str, before: u64) -> Result<()> {
             followed = true;
             let done = bg["done_bytes"].as_u64().unwrap_or(0);
             let total = bg["total_bytes"].as_u64().unwrap_or(0).max(1);
-            #[allow(clippy::cast_precision_loss)]
-            let pct = done as f64 * 100.0 / total as f64;
-            if tty {
-                let mut e = std::io::stderr().lock();
-                let _ = write!(e, "\r{action} of {array}: {pct:.1}% done   ");
-                let _ = e.flush();
-            }
+            bar.update(&format!("{action} of {array}"), done, total);
             continue;
         }
         // Nothing of ours runs: done once the array is not waiting for another job.
@@ -282,9 +275,9 @@ fn wait_jobs(path: &Path, route: &str, array: &str, before: u64) -> Result<()> {
             break;
         }
     }
+    bar.clear();
     if followed {
-        let mut e = std::io::stderr().lock();
-        let _ = writeln!(e, "{}{array}: done", if tty { "\r" } else { "" });
+        eprintln!("{array}: done");
     }
     Ok(())
 }
