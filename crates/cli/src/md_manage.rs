@@ -291,16 +291,23 @@ pub fn scrub(a: &MdScrubArgs, repair: bool, global: &Global) -> Result<()> {
     }
     let route = format!("/v1/arrays/{}", a.array);
     let action = if repair { "repair" } else { "check" };
+    let bar = crate::tty::Progress::bytes(&a.array);
     let report = loop {
         std::thread::sleep(Duration::from_millis(200));
         let v = control::get_ok(&path, &route)?;
         let bg = &v["background"];
         let mine = bg["action"].as_str() == Some(action);
         let state = bg["state"].as_str().unwrap_or("");
+        if mine && state == "running" {
+            let done = bg["done_bytes"].as_u64().unwrap_or(0);
+            let total = bg["total_bytes"].as_u64().unwrap_or(0).max(1);
+            bar.update(&format!("{action} of {}", a.array), done, total);
+        }
         if mine && state.starts_with("failed") {
             return Err(CliError::new(format!("{action} of {}: {state}", a.array)));
         }
         if mine && state != "running" && v["scrub"]["complete"] == json!(true) {
+            bar.clear();
             break v["scrub"].clone();
         }
         if mine && state == "stopped" {
