@@ -18,6 +18,7 @@ mod error;
 mod file;
 mod mem;
 mod owner;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
 pub use error::{Error, ErrorKind, Result};

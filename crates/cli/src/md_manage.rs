@@ -244,12 +244,11 @@ fn act_and_wait(
 }
 
 /// Follows the jobs numbered after `before` (a rebuild, then perhaps the next the array
-/// queues) until none runs and the array is not recovering, with a progress line on
+/// queues) until none runs and the array is not recovering, with a progress bar on
 /// stderr when it is a terminal. A job that fails or is stopped is an error. When the
 /// action started nothing (a spare on a healthy array), returns after a second.
 fn wait_jobs(path: &Path, route: &str, array: &str, before: u64) -> Result<()> {
-    use std::io::{IsTerminal, Write};
-    let tty = std::io::stderr().is_terminal();
+    let bar = crate::tty::Progress::bytes(array);
     let started = std::time::Instant::now();
     let mut followed = false;
     loop {
@@ -269,13 +268,7 @@ fn wait_jobs(path: &Path, route: &str, array: &str, before: u64) -> Result<()> {
             followed = true;
             let done = bg["done_bytes"].as_u64().unwrap_or(0);
             let total = bg["total_bytes"].as_u64().unwrap_or(0).max(1);
-            #[allow(clippy::cast_precision_loss)]
-            let pct = done as f64 * 100.0 / total as f64;
-            if tty {
-                let mut e = std::io::stderr().lock();
-                let _ = write!(e, "\r{action} of {array}: {pct:.1}% done   ");
-                let _ = e.flush();
-            }
+            bar.update(&format!("{action} of {array}"), done, total);
             continue;
         }
         // Nothing of ours runs: done once the array is not waiting for another job.
@@ -283,9 +276,9 @@ fn wait_jobs(path: &Path, route: &str, array: &str, before: u64) -> Result<()> {
             break;
         }
     }
+    bar.clear();
     if followed {
-        let mut e = std::io::stderr().lock();
-        let _ = writeln!(e, "{}{array}: done", if tty { "\r" } else { "" });
+        eprintln!("{array}: done");
     }
     Ok(())
 }
@@ -299,16 +292,23 @@ pub fn scrub(a: &MdScrubArgs, repair: bool, global: &Global) -> Result<()> {
     }
     let route = format!("/v1/arrays/{}", a.array);
     let action = if repair { "repair" } else { "check" };
+    let bar = crate::tty::Progress::bytes(&a.array);
     let report = loop {
         std::thread::sleep(Duration::from_millis(200));
         let v = control::get_ok(&path, &route)?;
         let bg = &v["background"];
         let mine = bg["action"].as_str() == Some(action);
         let state = bg["state"].as_str().unwrap_or("");
+        if mine && state == "running" {
+            let done = bg["done_bytes"].as_u64().unwrap_or(0);
+            let total = bg["total_bytes"].as_u64().unwrap_or(0).max(1);
+            bar.update(&format!("{action} of {}", a.array), done, total);
+        }
         if mine && state.starts_with("failed") {
             return Err(CliError::new(format!("{action} of {}: {state}", a.array)));
         }
         if mine && state != "running" && v["scrub"]["complete"] == json!(true) {
+            bar.clear();
             break v["scrub"].clone();
         }
         if mine && state == "stopped" {

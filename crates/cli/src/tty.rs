@@ -1,4 +1,5 @@
-//! The controlling terminal: passphrase prompts without echo and typed confirmations.
+//! The controlling terminal: passphrase prompts without echo, typed confirmations, and
+//! progress bars on stderr (indicatif's; drawn only when stderr is a terminal).
 //!
 //! Prompts go to and answers come from `/dev/tty`, not stdin/stdout, so `--json` output
 //! and `--key-file -` (stdin) stay clean, and a script without a terminal fails with advice
@@ -12,6 +13,52 @@ use cairn_luks::SecretBytes;
 use zeroize::Zeroize;
 
 use crate::error::{CliError, Result};
+
+/// A progress bar on stderr for work counted in bytes (a rebuild, a resync). Drawn only
+/// when stderr is a terminal: otherwise it writes nothing at all, no escape code or colour,
+/// and the caller's own lines are the whole output.
+#[derive(Debug)]
+pub struct Progress {
+    bar: indicatif::ProgressBar,
+}
+
+impl Progress {
+    /// A bar that shows `message` (set again with [`Progress::update`]) before the counts.
+    pub fn bytes(message: &str) -> Progress {
+        use std::io::IsTerminal;
+        let target = if std::io::stderr().is_terminal() {
+            indicatif::ProgressDrawTarget::stderr()
+        } else {
+            indicatif::ProgressDrawTarget::hidden()
+        };
+        let style = indicatif::ProgressStyle::with_template(
+            "{msg}: [{bar:30}] {percent:>3}% {binary_bytes}/{binary_total_bytes} \
+             {binary_bytes_per_sec} ETA {eta}",
+        )
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        // Dropped on an early return (an error to print), the bar is cleared too.
+        let bar = indicatif::ProgressBar::with_draw_target(Some(0), target)
+            .with_style(style)
+            .with_finish(indicatif::ProgressFinish::AndClear);
+        bar.set_message(message.to_string());
+        Progress { bar }
+    }
+
+    /// Moves the bar to `done` of `total` bytes, with `message` before it.
+    pub fn update(&self, message: &str, done: u64, total: u64) {
+        if self.bar.message() != message {
+            self.bar.set_message(message.to_string());
+        }
+        self.bar.set_length(total);
+        self.bar.set_position(done.min(total));
+    }
+
+    /// Removes the bar (when drawn), leaving the terminal as it was before it.
+    pub fn clear(&self) {
+        self.bar.finish_and_clear();
+    }
+}
 
 /// Longest passphrase read from a prompt (cryptsetup's limit is 512 bytes too).
 const MAX_PROMPTED: usize = 512;
@@ -151,4 +198,21 @@ pub fn confirm_yes(warning: &str) -> Result<bool> {
         .read_line(&mut line)
         .map_err(|e| CliError::new(format!("cannot read the answer: {e}")))?;
     Ok(line.trim_end_matches(['\n', '\r']) == "YES")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With stderr not a terminal (as under cargo test or CI), the bar draws nothing.
+    #[test]
+    fn progress_is_silent_off_a_terminal() {
+        use std::io::IsTerminal;
+        let p = Progress::bytes("resync of r");
+        p.update("resync of r", 5, 10);
+        p.update("recovery of r", 20, 10);
+        assert_eq!(p.bar.position(), 10);
+        assert_eq!(p.bar.is_hidden(), !std::io::stderr().is_terminal());
+        p.clear();
+    }
 }

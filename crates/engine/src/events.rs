@@ -261,24 +261,19 @@ pub fn rfc3339_at(since_epoch: Duration) -> String {
 }
 
 fn rfc3339(secs: u64, millis: u32) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    const FORMAT: &[time::format_description::BorrowedFormatItem<'_>] = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    i64::try_from(secs)
+        .ok()
+        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+        .and_then(|t| {
+            t.replace_millisecond(u16::try_from(millis.min(999)).unwrap_or(0))
+                .ok()
+        })
+        .and_then(|t| t.format(FORMAT).ok())
+        // Past year 9999 (a clock gone wild): the epoch's seconds, still readable.
+        .unwrap_or_else(|| format!("@{secs}.{millis:03}"))
 }
 
 #[cfg(test)]
@@ -290,6 +285,8 @@ mod tests {
         assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
         assert_eq!(rfc3339(1_795_286_190, 123), "2026-11-21T18:36:30.123Z");
+        assert_eq!(rfc3339(253_402_300_799, 999), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(u64::MAX, 0), format!("@{}.000", u64::MAX));
     }
 
     #[test]

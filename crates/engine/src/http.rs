@@ -13,6 +13,17 @@
 //! request must arrive within IO_TIMEOUT (sending a byte at a time does not extend it),
 //! every write has a timeout, and every refusal is a 4xx with a JSON `{"error": "..."}`
 //! naming the problem. When descriptors run out, accept pauses and says so once.
+//!
+//! The message heads, requests and responses alike, are parsed by `httparse` (hyper's
+//! parser); what is written here is the transport around it and this API's own rules.
+//! A whole server crate was weighed and left out: tiny_http 0.12 (the thread-based one)
+//! reads a header line without a length cap, starts a thread for every connection without
+//! a bound, has no per-request deadline, and its accept thread ends for good on the first
+//! accept error (out of descriptors, which tests/interop/limits.sh provokes), so each of
+//! the limits above would have to be rebuilt around it; hyper needs an async runtime the
+//! rest of cairn does not use. The client stays a few lines over `UnixStream` for the same
+//! reason: ureq 3 reaches Unix sockets only through its semver-exempt (`unversioned`)
+//! transport API.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -171,35 +182,56 @@ fn bad(msg: impl Into<String>) -> Response {
     Response::error(400, msg)
 }
 
-/// Reads one line (through `\n`) of at most `*budget` bytes, charging it to the budget.
-/// `Ok(None)` at a clean EOF before any byte.
-fn read_line(r: &mut impl BufRead, budget: &mut usize) -> Result<Option<String>, Response> {
-    let mut line = Vec::new();
-    let limit = u64::try_from(*budget).unwrap_or(0) + 1;
-    let n = r
-        .take(limit)
-        .read_until(b'\n', &mut line)
-        .map_err(io_error)?;
-    if n == 0 {
-        return Ok(None);
+/// Why a message head could not be read.
+enum HeadError {
+    /// The stream ended before any byte.
+    Empty,
+    /// The stream ended before the blank line after the headers.
+    Ended,
+    /// More than MAX_HEADER_BYTES before the blank line.
+    TooLong,
+    Io(io::Error),
+}
+
+/// Reads a message head (start line and headers, through the blank line) of at most
+/// MAX_HEADER_BYTES and parses it with `parse`, which returns the head's length once the
+/// bytes hold a whole head. Returns the bytes read, which may run past the head into the
+/// body (the stream serves this one message only), and the head's length.
+fn read_head(
+    r: &mut impl BufRead,
+    mut parse: impl FnMut(&[u8]) -> Result<httparse::Status<usize>, httparse::Error>,
+) -> Result<Result<(Vec<u8>, usize), httparse::Error>, HeadError> {
+    let mut buf: Vec<u8> = Vec::new();
+    // Where to look for a blank line next: a head is parsed only when one may have come.
+    let mut scan = 0;
+    loop {
+        let chunk = r.fill_buf().map_err(HeadError::Io)?;
+        if chunk.is_empty() {
+            return Err(if buf.is_empty() {
+                HeadError::Empty
+            } else {
+                HeadError::Ended
+            });
+        }
+        let take = chunk.len().min(MAX_HEADER_BYTES + 1 - buf.len());
+        buf.extend_from_slice(&chunk[..take]);
+        r.consume(take);
+        let blank = buf[scan..].windows(2).any(|w| w == b"\n\n" || w == b"\n\r");
+        scan = buf.len().saturating_sub(2);
+        if blank {
+            match parse(&buf) {
+                Ok(httparse::Status::Complete(n)) if n <= MAX_HEADER_BYTES => {
+                    return Ok(Ok((buf, n)))
+                }
+                Ok(httparse::Status::Complete(_)) => return Err(HeadError::TooLong),
+                Ok(httparse::Status::Partial) => {}
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        if buf.len() > MAX_HEADER_BYTES {
+            return Err(HeadError::TooLong);
+        }
     }
-    if n > *budget {
-        return Err(Response::error(
-            431,
-            format!("the request line and headers are longer than {MAX_HEADER_BYTES} bytes"),
-        ));
-    }
-    *budget -= n;
-    if line.last() != Some(&b'\n') {
-        return Err(bad("the request ended in the middle of a line"));
-    }
-    line.pop();
-    if line.last() == Some(&b'\r') {
-        line.pop();
-    }
-    String::from_utf8(line)
-        .map(Some)
-        .map_err(|_| bad("the request line or a header is not UTF-8"))
 }
 
 fn io_error(e: io::Error) -> Response {
@@ -210,12 +242,6 @@ fn io_error(e: io::Error) -> Response {
         ),
         _ => bad(format!("reading the request: {e}")),
     }
-}
-
-fn is_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Decodes `%XX` escapes; `None` for a bad escape or a result that is not UTF-8.
@@ -237,26 +263,54 @@ pub fn percent_decode(s: &str) -> Option<String> {
 }
 
 /// Reads and checks one request. The error is the response to send.
+///
+/// httparse splits the head (and refuses what RFC 9112 does not allow: folded or nameless
+/// headers, controls in the path, versions other than 1.0 and 1.1); the checks this API
+/// adds on top (upper-case methods, absolute paths, %-escapes, the body's length) follow.
 pub fn read_request(r: &mut impl BufRead) -> Result<Request, Response> {
-    let mut budget = MAX_HEADER_BYTES;
-    let line = read_line(r, &mut budget)?.ok_or_else(|| bad("empty request"))?;
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(bad(format!(
-            "the request line {:?} is not METHOD PATH HTTP/1.1",
-            truncate(&line)
-        )));
+    let (raw, head_len) = match read_head(r, |b| {
+        httparse::Request::new(&mut [httparse::EMPTY_HEADER; MAX_HEADERS]).parse(b)
+    }) {
+        Ok(Ok(read)) => read,
+        Ok(Err(httparse::Error::TooManyHeaders)) => {
+            return Err(Response::error(
+                431,
+                format!("more than {MAX_HEADERS} header fields"),
+            ))
+        }
+        Ok(Err(httparse::Error::Version)) => {
+            return Err(bad("the request is not HTTP/1.1 or HTTP/1.0"))
+        }
+        Ok(Err(e)) => {
+            return Err(bad(format!(
+                "the request line or headers are malformed ({e})"
+            )))
+        }
+        Err(HeadError::Empty) => return Err(bad("empty request")),
+        Err(HeadError::Ended) => {
+            return Err(bad(
+                "the request ended before the blank line after the headers",
+            ))
+        }
+        Err(HeadError::TooLong) => {
+            return Err(Response::error(
+                431,
+                format!("the request line and headers are longer than {MAX_HEADER_BYTES} bytes"),
+            ))
+        }
+        Err(HeadError::Io(e)) => return Err(io_error(e)),
+    };
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut slots);
+    // The same bytes parsed the same way a moment ago.
+    if !matches!(req.parse(&raw), Ok(httparse::Status::Complete(_))) {
+        return Err(bad("the request could not be parsed"));
+    }
+    let (Some(method), Some(target)) = (req.method, req.path) else {
+        return Err(bad("the request line is not METHOD PATH HTTP/1.1"));
     };
     if !(1..=16).contains(&method.len()) || !method.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(bad(format!("{:?} is not an HTTP method", truncate(method))));
-    }
-    if version != "HTTP/1.1" && version != "HTTP/1.0" {
-        return Err(bad(format!(
-            "{:?} is not HTTP/1.1 or HTTP/1.0",
-            truncate(version)
-        )));
     }
     if !target.starts_with('/') || !target.bytes().all(|b| (0x21..0x7f).contains(&b)) {
         return Err(bad(format!(
@@ -274,34 +328,13 @@ pub fn read_request(r: &mut impl BufRead) -> Result<Request, Response> {
             truncate(raw_path)
         ))
     })?;
-
-    let mut headers: Vec<(String, String)> = Vec::new();
-    loop {
-        let line = read_line(r, &mut budget)?
-            .ok_or_else(|| bad("the request ended before the blank line after the headers"))?;
-        if line.is_empty() {
-            break;
-        }
-        if line.starts_with([' ', '\t']) {
-            return Err(bad("folded header lines are not accepted"));
-        }
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(bad(format!(
-                "the header {:?} has no colon",
-                truncate(&line)
-            )));
-        };
-        if !is_token(name) {
-            return Err(bad(format!("{:?} is not a header name", truncate(name))));
-        }
-        if headers.len() == MAX_HEADERS {
-            return Err(Response::error(
-                431,
-                format!("more than {MAX_HEADERS} header fields"),
-            ));
-        }
-        headers.push((name.to_ascii_lowercase(), value.trim().to_string()));
+    let mut headers: Vec<(String, String)> = Vec::with_capacity(req.headers.len());
+    for h in req.headers.iter() {
+        let value = std::str::from_utf8(h.value)
+            .map_err(|_| bad(format!("the header {:?} is not UTF-8", truncate(h.name))))?;
+        headers.push((h.name.to_ascii_lowercase(), value.trim().to_string()));
     }
+    let method = method.to_string();
 
     if headers.iter().any(|(k, _)| k == "transfer-encoding") {
         return Err(Response::error(
@@ -350,15 +383,22 @@ pub fn read_request(r: &mut impl BufRead) -> Result<Request, Response> {
             format!("a body of {length} bytes is more than the {MAX_BODY_BYTES} accepted"),
         ));
     }
-    let mut body = vec![0u8; usize::try_from(length).unwrap_or(0)];
-    r.read_exact(&mut body).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => bad(format!(
-            "the body ended before its Content-Length of {length} bytes"
-        )),
-        _ => io_error(e),
-    })?;
+    let length_usize = usize::try_from(length).unwrap_or(0);
+    // What came with the head is the body's start; anything past its length is ignored.
+    let mut body = raw;
+    body.drain(..head_len);
+    body.truncate(length_usize);
+    let have = body.len();
+    body.resize(length_usize, 0);
+    r.read_exact(&mut body[have..])
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => bad(format!(
+                "the body ended before its Content-Length of {length} bytes"
+            )),
+            _ => io_error(e),
+        })?;
     Ok(Request {
-        method: method.to_string(),
+        method,
         path,
         query,
         headers,
@@ -585,38 +625,46 @@ fn exchange(
     stream.flush()?;
     let mut r = BufReader::new(stream);
     let invalid = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_string());
-    let mut budget = MAX_HEADER_BYTES;
-    let status_line = read_line(&mut r, &mut budget)
-        .map_err(|_| invalid("bad status line"))?
-        .ok_or_else(|| invalid("the server closed the connection without answering"))?;
-    let status: u16 = status_line
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| invalid("bad status line"))?;
-    let mut length: Option<usize> = None;
-    loop {
-        let line = read_line(&mut r, &mut budget)
-            .map_err(|_| invalid("bad response header"))?
-            .ok_or_else(|| invalid("the response ended inside the headers"))?;
-        if line.is_empty() {
-            break;
+    let (raw, head_len) = match read_head(&mut r, |b| {
+        httparse::Response::new(&mut [httparse::EMPTY_HEADER; MAX_HEADERS]).parse(b)
+    }) {
+        Ok(Ok(read)) => read,
+        Ok(Err(e)) => return Err(invalid(&format!("a malformed response head ({e})"))),
+        Err(HeadError::Empty) => {
+            return Err(invalid(
+                "the server closed the connection without answering",
+            ))
         }
-        if let Some((k, v)) = line.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().ok();
-            }
-        }
+        Err(HeadError::Ended) => return Err(invalid("the response ended inside the headers")),
+        Err(HeadError::TooLong) => return Err(invalid("the response headers are too long")),
+        Err(HeadError::Io(e)) => return Err(e),
+    };
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut slots);
+    if !matches!(resp.parse(&raw), Ok(httparse::Status::Complete(_))) {
+        return Err(invalid("a malformed response head"));
     }
-    let mut body = Vec::new();
+    let status = resp.code.ok_or_else(|| invalid("bad status line"))?;
+    let length: Option<usize> = resp
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok());
+    // The body's start came with the head.
+    let mut start = raw;
+    start.drain(..head_len);
+    let mut body = start;
     match length {
         Some(n) if n <= MAX_RESPONSE_BYTES => {
+            body.truncate(n);
+            let have = body.len();
             body.resize(n, 0);
-            r.read_exact(&mut body)?;
+            r.read_exact(&mut body[have..])?;
         }
         Some(_) => return Err(invalid("the response is too large")),
         None => {
-            r.take(MAX_RESPONSE_BYTES as u64).read_to_end(&mut body)?;
+            let room = MAX_RESPONSE_BYTES.saturating_sub(body.len());
+            r.take(room as u64).read_to_end(&mut body)?;
         }
     }
     Ok((status, body))
@@ -679,6 +727,54 @@ mod tests {
         // Bare LF line ends are accepted; GET needs no length.
         let r = parse(b"GET / HTTP/1.0\nHost: x\n\n").unwrap();
         assert_eq!((r.method.as_str(), r.body.len()), ("GET", 0));
+    }
+
+    /// A request arriving a byte at a time is read the same as in one piece, with
+    /// nothing of the body lost or read twice; the same for a response.
+    #[test]
+    fn heads_and_bodies_split_anywhere() {
+        struct Trickle(Cursor<Vec<u8>>);
+        impl Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let n = buf.len().min(1);
+                self.0.read(&mut buf[..n])
+            }
+        }
+        for raw in [
+            &b"POST /a?b=c HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"a\":1}"[..],
+            b"POST /a?b=c HTTP/1.1\nContent-Length: 7\n\n{\"a\":1}trailing",
+        ] {
+            let whole = parse(raw).unwrap();
+            for cap in [1, 2, 3, 7, 64] {
+                let mut r = BufReader::with_capacity(cap, Trickle(Cursor::new(raw.to_vec())));
+                assert_eq!(read_request(&mut r).unwrap(), whole, "capacity {cap}");
+            }
+            assert_eq!(whole.body, b"{\"a\":1}");
+        }
+        struct Duplex(Cursor<Vec<u8>>);
+        impl Read for Duplex {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let n = buf.len().min(3);
+                self.0.read(&mut buf[..n])
+            }
+        }
+        impl Write for Duplex {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let answer = |raw: &[u8]| exchange(Duplex(Cursor::new(raw.to_vec())), "GET", "/", None);
+        let (st, body) =
+            answer(b"HTTP/1.1 409 Conflict\r\nContent-Length: 5\r\n\r\nbusy!extra").unwrap();
+        assert_eq!((st, body.as_slice()), (409, &b"busy!"[..]));
+        let (st, body) = answer(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end").unwrap();
+        assert_eq!((st, body.as_slice()), (200, &b"to the end"[..]));
+        assert!(answer(b"").is_err());
+        assert!(answer(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort").is_err());
+        assert!(answer(b"garbage\r\n\r\n").is_err());
     }
 
     #[test]
