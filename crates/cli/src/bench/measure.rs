@@ -173,7 +173,12 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 
 /// Sequential QD1 requests of `req` bytes from offset 0 for `runtime`, wrapping.
 /// Returns (bytes, elapsed).
-fn sequential(dev: &dyn BlockDevice, req: u64, write: bool, runtime: Duration) -> Result<(u64, Duration)> {
+fn sequential(
+    dev: &dyn BlockDevice,
+    req: u64,
+    write: bool,
+    runtime: Duration,
+) -> Result<(u64, Duration)> {
     let size = dev.geometry().size;
     let req = req.min(size);
     let len = usize::try_from(req).map_err(|_| CliError::new("bench: request too large"))?;
@@ -264,14 +269,23 @@ fn sync_writes(dev: &dyn BlockDevice, runtime: Duration) -> Result<(f64, Latency
         dev.write_at(&buf, off, WriteFlags::NONE)
             .map_err(|e| io_error("a sync write", &e))?;
         dev.flush().map_err(|e| io_error("a flush", &e))?;
-        lat.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1));
+        lat.push(
+            u64::try_from(t.elapsed().as_nanos())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
     }
     let ops = lat.len() as f64 / start.elapsed().as_secs_f64().max(1e-9);
     Ok((ops, Latency::from_ns(lat)))
 }
 
 /// Runs every measurement on one cell.
-pub fn run_cell(plan: &Plan, spec: &CellSpec, stack: &Stack, progress: &mut Progress) -> Result<CellResult> {
+pub fn run_cell(
+    plan: &Plan,
+    spec: &CellSpec,
+    stack: &Stack,
+    progress: &mut Progress,
+) -> Result<CellResult> {
     let dev = &stack.top;
     let g = dev.geometry();
     let block = u64::from(g.logical_block_size).max(512);

@@ -84,7 +84,12 @@ pub struct BenchArgs {
     pub destructive: bool,
 
     /// RAID levels to try (0, 1, 4, 5, 6, 10; or raid6, ...)
-    #[arg(long, value_delimiter = ',', default_value = "6", value_name = "LEVEL,...")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "6",
+        value_name = "LEVEL,..."
+    )]
     pub level: Vec<String>,
 
     /// Members per array (scratch files; with DEVICEs their count wins)
@@ -92,7 +97,12 @@ pub struct BenchArgs {
     pub members: u32,
 
     /// Chunk sizes to try
-    #[arg(long, value_delimiter = ',', default_value = "64K,512K", value_name = "SIZE,...")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "64K,512K",
+        value_name = "SIZE,..."
+    )]
     pub chunk: Vec<String>,
 
     /// Ciphers to try: aes-xts-plain64, or none (no LUKS layer)
@@ -105,15 +115,30 @@ pub struct BenchArgs {
     pub cipher: Vec<String>,
 
     /// LUKS key sizes in bits (256: AES-128-XTS, 512: AES-256-XTS)
-    #[arg(long, value_delimiter = ',', default_value = "512", value_name = "BITS,...")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "512",
+        value_name = "BITS,..."
+    )]
     pub key_size: Vec<u32>,
 
     /// LUKS encryption sector sizes (512 .. 4096)
-    #[arg(long, value_delimiter = ',', default_value = "4096", value_name = "BYTES,...")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "4096",
+        value_name = "BYTES,..."
+    )]
     pub sector_size: Vec<u32>,
 
     /// Stripe cache sizes in md's unit (stripe heads; 0: off); RAID4/5/6 only
-    #[arg(long, value_delimiter = ',', default_value = "256", value_name = "N,...")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "256",
+        value_name = "N,..."
+    )]
     pub stripe_cache: Vec<u32>,
 
     /// Request sizes of the sweep: FROM..TO, TO a size or Nx-full-stripe
@@ -216,7 +241,11 @@ impl CellSpec {
     /// "raid6 4x64K aes-xts-plain64/512 s4096 sc256": unique within a matrix, used to
     /// name the cell in tables, plots, the recommendation and --compare.
     pub fn label(&self) -> String {
-        let mut s = format!("{} {}x{}", self.level, self.members, short_size(self.chunk));
+        let mut s = if self.chunk > 0 {
+            format!("{} {}x{}", self.level, self.members, short_size(self.chunk))
+        } else {
+            format!("{} {}-way", self.level, self.members)
+        };
         if self.cipher == "none" {
             s += " plain";
         } else {
@@ -295,9 +324,7 @@ impl BenchArgs {
         for l in &self.level {
             let level = cairn_md::Level::parse(l.trim().to_ascii_lowercase().as_str())
                 .filter(|l| *l != cairn_md::Level::Linear)
-                .ok_or_else(|| {
-                    CliError::new(format!("--level {l}: give 0, 1, 4, 5, 6 or 10"))
-                })?;
+                .ok_or_else(|| CliError::new(format!("--level {l}: give 0, 1, 4, 5, 6 or 10")))?;
             levels.push(level);
         }
         let members = if self.devices.is_empty() {
@@ -381,7 +408,9 @@ impl BenchArgs {
             }
         }
         if cells.is_empty() {
-            return Err(CliError::new("the matrix is empty: give at least one value to each list option"));
+            return Err(CliError::new(
+                "the matrix is empty: give at least one value to each list option",
+            ));
         }
         if cells.len() > 256 {
             return Err(CliError::new(format!(
@@ -398,9 +427,16 @@ impl BenchArgs {
         let sweep_from = size_arg("--sweep", from)?;
         let (sweep_to, sweep_stripes) = match to.trim().strip_suffix("x-full-stripe") {
             Some(n) => (
-                n.trim().parse::<u64>().ok().filter(|n| (1..=64).contains(n)).ok_or_else(
-                    || CliError::new(format!("--sweep {}: Nx-full-stripe takes N from 1 to 64", self.sweep)),
-                )?,
+                n.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or_else(|| {
+                        CliError::new(format!(
+                            "--sweep {}: Nx-full-stripe takes N from 1 to 64",
+                            self.sweep
+                        ))
+                    })?,
                 true,
             ),
             None => (size_arg("--sweep", to)?, false),
@@ -432,7 +468,11 @@ impl BenchArgs {
             size,
             runtime: Duration::from_secs_f64(self.runtime),
             workload: Workload::parse(&self.workload)?,
-            member_latency: self.member_latency.as_deref().map(parse_duration).transpose()?,
+            member_latency: self
+                .member_latency
+                .as_deref()
+                .map(parse_duration)
+                .transpose()?,
         })
     }
 }
@@ -562,18 +602,22 @@ pub fn run(a: &BenchArgs, global: &Global) -> Result<()> {
         nbd::check_fio()?;
     }
     std::fs::create_dir_all(&a.out).map_err(|e| {
-        CliError::new(format!("cannot create the output directory {}: {e}", a.out.display()))
+        CliError::new(format!(
+            "cannot create the output directory {}: {e}",
+            a.out.display()
+        ))
     })?;
     let scratch = cell::Scratch::new(a.dir.as_deref(), &a.devices)?;
-    let steps: u64 = plan
-        .cells
-        .iter()
-        .map(|c| measure::steps(&plan, c))
-        .sum();
+    let steps: u64 = plan.cells.iter().map(|c| measure::steps(&plan, c)).sum();
     let mut progress = Progress::new(steps);
     let mut results = Vec::new();
     for (i, spec) in plan.cells.iter().enumerate() {
-        progress.step(&format!("cell {}/{}: {}", i + 1, plan.cells.len(), spec.label()));
+        progress.step(&format!(
+            "cell {}/{}: {}",
+            i + 1,
+            plan.cells.len(),
+            spec.label()
+        ));
         let r = if a.nbd {
             nbd::run_cell(&plan, spec, &scratch, &mut progress)
         } else {
@@ -613,4 +657,138 @@ pub fn run(a: &BenchArgs, global: &Global) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::{Cli, Command};
+    use clap::Parser as _;
+
+    fn args(extra: &[&str]) -> BenchArgs {
+        let mut v = vec!["cairn", "bench"];
+        v.extend_from_slice(extra);
+        match Cli::try_parse_from(v).expect("parses").command {
+            Command::Bench(a) => a,
+            _ => panic!("not bench"),
+        }
+    }
+
+    #[test]
+    fn the_matrix_is_every_combination_that_differs() {
+        let p = args(&[
+            "--level",
+            "5,6",
+            "--chunk",
+            "64K,512K",
+            "--key-size",
+            "256,512",
+        ])
+        .plan()
+        .expect("plan");
+        assert_eq!(p.cells.len(), 8);
+        // Without a cipher, key and sector sizes make no different cells; RAID1 has no
+        // chunk and no stripe cache.
+        let p = args(&[
+            "--level",
+            "1,6",
+            "--chunk",
+            "64K,512K",
+            "--cipher",
+            "none",
+            "--key-size",
+            "256,512",
+            "--members",
+            "4",
+        ])
+        .plan()
+        .expect("plan");
+        assert_eq!(p.cells.len(), 3);
+        let labels: Vec<String> = p.cells.iter().map(CellSpec::label).collect();
+        assert!(
+            labels.contains(&"raid6 4x64K plain sc256".to_string()),
+            "{labels:?}"
+        );
+        assert!(
+            labels.contains(&"raid1 4-way plain".to_string()),
+            "{labels:?}"
+        );
+    }
+
+    #[test]
+    fn bad_options_are_refused_by_name() {
+        for (opt, val) in [
+            ("--level", "7"),
+            ("--chunk", "3K"),
+            ("--cipher", "aes-cbc-essiv"),
+            ("--key-size", "128"),
+            ("--sector-size", "8192"),
+            ("--sweep", "4K"),
+            ("--size", "1M"),
+            ("--workload", "fast"),
+            ("--member-latency", "2 parsecs"),
+        ] {
+            let e = args(&[opt, val]).plan().expect_err(opt).to_string();
+            assert!(e.contains(opt) || e.contains(val), "{opt} {val}: {e}");
+        }
+        let e = args(&["--level", "6", "--members", "3"])
+            .plan()
+            .expect_err("3 members");
+        assert!(e.to_string().contains("at least 4"), "{e}");
+    }
+
+    #[test]
+    fn the_sweep_reaches_four_full_stripes_and_holds_the_full_stripe() {
+        let p = args(&[]).plan().expect("plan");
+        // RAID6 4 x 64K: full stripe 128K.
+        let s = p.sweep_sizes(128 << 10, 4096);
+        assert_eq!(s.first(), Some(&4096));
+        assert_eq!(s.last(), Some(&(512 << 10)));
+        assert!(s.contains(&(128 << 10)) && s.contains(&(64 << 10)));
+        // RAID5 4 x 64K: full stripe 192K, not a power of two, still in the sweep.
+        let s = p.sweep_sizes(192 << 10, 4096);
+        assert!(
+            s.contains(&(192 << 10)) && s.contains(&(768 << 10)),
+            "{s:?}"
+        );
+        let p = args(&["--sweep", "8K..64K"]).plan().expect("plan");
+        assert_eq!(
+            p.sweep_sizes(128 << 10, 4096),
+            vec![8 << 10, 16 << 10, 32 << 10, 64 << 10]
+        );
+    }
+
+    #[test]
+    fn given_members_need_destructive() {
+        let a = args(&[
+            "/nonexistent/a",
+            "/nonexistent/b",
+            "/nonexistent/c",
+            "/nonexistent/d",
+        ]);
+        let g = Global {
+            verbose: 0,
+            json: false,
+        };
+        let e = run(&a, &g).expect_err("refused").to_string();
+        assert!(
+            e.contains("--destructive") && e.contains("/nonexistent/a"),
+            "{e}"
+        );
+        assert!(!std::path::Path::new("/nonexistent/a").exists());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(
+            parse_duration("2ms").expect("2ms"),
+            Duration::from_millis(2)
+        );
+        assert_eq!(
+            parse_duration("500us").expect("us"),
+            Duration::from_micros(500)
+        );
+        assert!(parse_duration("20s").is_err());
+        assert!(parse_duration("-1ms").is_err());
+    }
 }

@@ -143,8 +143,15 @@ fn mbps(job: &Value, dir: &str) -> f64 {
 }
 
 /// Measures one cell through cairn serve and fio.
-pub fn run_cell(plan: &Plan, spec: &CellSpec, scratch: &Scratch, progress: &mut Progress) -> Result<CellResult> {
-    let dir = scratch.dir().map_or_else(std::env::temp_dir, Path::to_path_buf);
+pub fn run_cell(
+    plan: &Plan,
+    spec: &CellSpec,
+    scratch: &Scratch,
+    progress: &mut Progress,
+) -> Result<CellResult> {
+    let dir = scratch
+        .dir()
+        .map_or_else(std::env::temp_dir, Path::to_path_buf);
     let key = (spec.cipher != "none").then(|| dir.join("bench.key"));
     let stack = cell::build(plan, spec, scratch, key.as_deref())?;
     let (full_stripe, payload_offset) = (stack.full_stripe, stack.payload_offset);
@@ -194,7 +201,11 @@ pub fn run_cell(plan: &Plan, spec: &CellSpec, scratch: &Scratch, progress: &mut 
         let cpu = (num(job, "/usr_cpu") + num(job, "/sys_cpu")) / 100.0
             * num(job, &format!("/{dir}/runtime"))
             / 1000.0;
-        if gb > 0.0 { (cpu / gb).max(1e-6) } else { 1e-6 }
+        if gb > 0.0 {
+            (cpu / gb).max(1e-6)
+        } else {
+            1e-6
+        }
     };
     Ok(CellResult {
         cell: spec.label(),

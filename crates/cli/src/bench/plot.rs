@@ -35,10 +35,14 @@ fn font() {
     });
 }
 
-/// A tick value of the log axis as bytes (ticks are sizes, far below 2^53).
+/// A tick value as an integer (ticks are small: log2 of sizes, counts).
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 fn to_u64(x: f64) -> u64 {
     x.round().max(0.0) as u64
+}
+
+fn to_usize(x: f64) -> usize {
+    usize::try_from(to_u64(x)).unwrap_or(64).min(64)
 }
 
 fn e<E: std::fmt::Display>(err: E) -> String {
@@ -76,6 +80,13 @@ where
         .disable_y_mesh()
         .y_labels(0)
         .x_desc(unit)
+        .x_label_formatter(&|x| {
+            if max > 20.0 {
+                format!("{x:.0}")
+            } else {
+                format!("{x:.1}")
+            }
+        })
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(e)?;
@@ -85,7 +96,7 @@ where
         let color = Palette99::pick(si).to_rgba();
         chart
             .draw_series(values.iter().enumerate().map(|(i, v)| {
-                let y0 = (n - 1 - i) as f64 + 0.1 + si as f64 * h;
+                let y0 = (n - 1 - i) as f64 + 0.1 + (k - 1.0 - si as f64) * h;
                 Rectangle::new([(0.0, y0), (*v, y0 + h)], color.filled())
             }))
             .map_err(e)?
@@ -101,8 +112,8 @@ where
         .draw()
         .map_err(e)?;
     // The cell names beside their bars, in pixels left of the plot.
-    let style = TextStyle::from(("sans-serif", 13).into_font())
-        .pos(Pos::new(HPos::Right, VPos::Center));
+    let style =
+        TextStyle::from(("sans-serif", 13).into_font()).pos(Pos::new(HPos::Right, VPos::Center));
     for (i, label) in labels.iter().enumerate() {
         let (px, py) = chart.backend_coord(&(0.0, (n - 1 - i) as f64 + 0.5));
         root.draw(&Text::new(label.clone(), (px - 8, py), style.clone()))
@@ -117,12 +128,17 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(e)?;
+    // x is log2 of the request size, so each tick is a power of two: 4K, 8K, ... 1M.
     let pts = r.cells.iter().flat_map(|c| c.sweep.iter());
     let (lo, hi, ymax) = pts.fold((f64::MAX, 0f64, 0f64), |(lo, hi, y), p| {
-        let x = p.request as f64;
+        let x = (p.request as f64).log2();
         (lo.min(x), hi.max(x), y.max(p.write_mbps))
     });
-    let (lo, hi) = if lo > hi { (4096.0, 8192.0) } else { (lo, hi.max(lo * 2.0)) };
+    let (lo, hi) = if lo > hi {
+        (12.0, 13.0)
+    } else {
+        (lo.floor(), hi.ceil().max(lo + 1.0))
+    };
     let mut chart = ChartBuilder::on(root)
         .caption(
             "request-size sweep: sequential write (o = full stripe)",
@@ -131,13 +147,21 @@ where
         .margin(12)
         .x_label_area_size(45)
         .y_label_area_size(70)
-        .build_cartesian_2d((lo..hi).log_scale(), 0f64..ymax.max(1e-9) * 1.1)
+        .build_cartesian_2d(lo..hi + 0.25, 0f64..ymax.max(1e-9) * 1.1)
         .map_err(e)?;
     chart
         .configure_mesh()
         .x_desc("request size")
         .y_desc("MB/s")
-        .x_label_formatter(&|x| short_size(to_u64(*x)))
+        .x_labels(to_usize(hi - lo) + 1)
+        .x_label_formatter(&|x| {
+            if (x - x.round()).abs() < 1e-6 {
+                short_size(1u64 << to_u64(*x).min(62))
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(e)?;
@@ -145,18 +169,28 @@ where
         let color = Palette99::pick(i).to_rgba();
         chart
             .draw_series(LineSeries::new(
-                c.sweep.iter().map(|p| (p.request as f64, p.write_mbps)),
+                c.sweep
+                    .iter()
+                    .map(|p| ((p.request as f64).log2(), p.write_mbps)),
                 color.stroke_width(2),
             ))
             .map_err(e)?
             .label(c.cell.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(
                 c.sweep
                     .iter()
                     .filter(|p| p.request == c.full_stripe)
-                    .map(|p| Circle::new((p.request as f64, p.write_mbps), 6, color.stroke_width(2))),
+                    .map(|p| {
+                        Circle::new(
+                            ((p.request as f64).log2(), p.write_mbps),
+                            6,
+                            color.stroke_width(2),
+                        )
+                    }),
             )
             .map_err(e)?;
     }
@@ -183,7 +217,11 @@ where
         .iter()
         .flat_map(|c| c.sync_write_lat_us.pairs().map(|(_, v)| v))
         .fold((f64::MAX, 0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let (lo, hi) = if lo > hi { (1.0, 10.0) } else { (lo.max(0.1) / 1.5, hi.max(lo * 2.0) * 1.5) };
+    let (lo, hi) = if lo > hi {
+        (1.0, 10.0)
+    } else {
+        (lo.max(0.1) / 1.5, hi.max(lo * 2.0) * 1.5)
+    };
     let mut chart = ChartBuilder::on(root)
         .caption("QD1 4K write + flush latency", ("sans-serif", 20))
         .margin(12)
@@ -194,6 +232,7 @@ where
     chart
         .configure_mesh()
         .y_desc("microseconds")
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .x_label_formatter(&|v| match v {
             SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => {
                 names.get(*i).map_or(String::new(), |s| (*s).to_string())
@@ -216,7 +255,9 @@ where
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(e)?
             .label(c.cell.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
             .map_err(e)?;
@@ -263,8 +304,14 @@ pub fn all(r: &Results, dir: &Path) -> Result<Vec<PathBuf>> {
     let n = u32::try_from(labels.len()).unwrap_or(256);
     let bars_size = (1100, 140 + 46 * n);
     let tp = [
-        ("seq write", r.cells.iter().map(|c| c.seq_write_mbps).collect()),
-        ("seq read", r.cells.iter().map(|c| c.seq_read_mbps).collect()),
+        (
+            "seq write",
+            r.cells.iter().map(|c| c.seq_write_mbps).collect(),
+        ),
+        (
+            "seq read",
+            r.cells.iter().map(|c| c.seq_read_mbps).collect(),
+        ),
     ];
     let mode = &r.mode;
     figure!(dir, "throughput", bars_size, out, |root| hbars(
@@ -275,10 +322,22 @@ pub fn all(r: &Results, dir: &Path) -> Result<Vec<PathBuf>> {
         &tp
     ));
     let iops = [
-        ("rand read QD1", r.cells.iter().map(|c| c.randread_qd1_iops).collect()),
-        ("rand write QD1", r.cells.iter().map(|c| c.randwrite_qd1_iops).collect()),
-        ("rand read QD32", r.cells.iter().map(|c| c.randread_qd32_iops).collect()),
-        ("rand write QD32", r.cells.iter().map(|c| c.randwrite_qd32_iops).collect()),
+        (
+            "rand read QD1",
+            r.cells.iter().map(|c| c.randread_qd1_iops).collect(),
+        ),
+        (
+            "rand write QD1",
+            r.cells.iter().map(|c| c.randwrite_qd1_iops).collect(),
+        ),
+        (
+            "rand read QD32",
+            r.cells.iter().map(|c| c.randread_qd32_iops).collect(),
+        ),
+        (
+            "rand write QD32",
+            r.cells.iter().map(|c| c.randwrite_qd32_iops).collect(),
+        ),
     ];
     let iops_size = (1100, 140 + 80 * n);
     figure!(dir, "iops", iops_size, out, |root| hbars(

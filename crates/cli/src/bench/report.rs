@@ -117,7 +117,14 @@ pub fn cell_node(c: &CellResult) -> Node {
     let below = if c.spec.cipher == "none" {
         md
     } else {
-        let mut l = Node::new("luks", "luks:bench".into(), "bench".into(), "active", 0, geo);
+        let mut l = Node::new(
+            "luks",
+            "luks:bench".into(),
+            "bench".into(),
+            "active",
+            0,
+            geo,
+        );
         l.data_offset = c.payload_offset;
         l.luks = Some(LuksDetails {
             version: 2,
@@ -129,7 +136,14 @@ pub fn cell_node(c: &CellResult) -> Node {
         l.children.push(md);
         l
     };
-    let mut e = Node::new("export", "export:bench".into(), "bench".into(), "active", 0, geo);
+    let mut e = Node::new(
+        "export",
+        "export:bench".into(),
+        "bench".into(),
+        "active",
+        0,
+        geo,
+    );
     e.children.push(below);
     e
 }
@@ -171,10 +185,18 @@ pub fn recommendation_text(r: &Results) -> String {
         let _ = writeln!(s, "  chunk {}", short_size(rec.chunk));
     }
     if rec.stripe_cache > 0 {
-        let _ = writeln!(s, "  stripe cache {} (cairn serve --stripe-cache-size {})", rec.stripe_cache, rec.stripe_cache);
+        let _ = writeln!(
+            s,
+            "  stripe cache {} (cairn serve --stripe-cache-size {})",
+            rec.stripe_cache, rec.stripe_cache
+        );
     }
     if rec.sector_size > 0 {
-        let _ = writeln!(s, "  LUKS sector size {} (cairn luks format --sector-size {})", rec.sector_size, rec.sector_size);
+        let _ = writeln!(
+            s,
+            "  LUKS sector size {} (cairn luks format --sector-size {})",
+            rec.sector_size, rec.sector_size
+        );
     }
     let _ = writeln!(s, "  {}\n  {}", rec.mkfs_ext4, rec.mkfs_xfs);
     s
@@ -219,7 +241,13 @@ pub fn table(r: &Results) -> String {
             .iter()
             .zip(&widths)
             .enumerate()
-            .map(|(i, (c, w))| if i == 0 { format!("{c:<w$}") } else { format!("{c:>w$}") })
+            .map(|(i, (c, w))| {
+                if i == 0 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
             .collect::<Vec<_>>()
             .join("  ")
     };
@@ -227,7 +255,10 @@ pub fn table(r: &Results) -> String {
     for row in &rows {
         let _ = writeln!(s, "{}", line(row.iter().map(|c| c.1.as_str()).collect()));
     }
-    let _ = writeln!(s, "\nrequest-size sweep, sequential write MB/s (* = full stripe):");
+    let _ = writeln!(
+        s,
+        "\nrequest-size sweep, sequential write MB/s (* = full stripe):"
+    );
     for c in &r.cells {
         let pts: Vec<String> = c
             .sweep
@@ -342,7 +373,13 @@ pub fn compare(a: &Path, b: &Path, json: bool) -> Result<()> {
         println!("{}", serde_json::json!({"a": a, "b": b, "rows": v}));
         return Ok(());
     }
-    println!("A = {} ({})\nB = {} ({})", a.display(), ra.mode, b.display(), rb.mode);
+    println!(
+        "A = {} ({})\nB = {} ({})",
+        a.display(),
+        ra.mode,
+        b.display(),
+        rb.mode
+    );
     let mut last = String::new();
     for (cell, name, va, vb, ratio, up) in rows {
         if cell != last {
@@ -360,4 +397,94 @@ pub fn compare(a: &Path, b: &Path, json: bool) -> Result<()> {
         println!("  {name:<26}{va:>12.1}{vb:>12.1}{ratio:>8.2}x{verdict}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::measure::{Latency, SweepPoint};
+    use crate::bench::CellSpec;
+
+    fn cell(chunk: u64, seq: f64, iops: f64) -> CellResult {
+        let spec = CellSpec {
+            level: "raid6".into(),
+            members: 4,
+            chunk,
+            cipher: "aes-xts-plain64".into(),
+            key_size: 512,
+            sector_size: 4096,
+            stripe_cache: 256,
+        };
+        CellResult {
+            cell: spec.label(),
+            spec,
+            mode: "in-process".into(),
+            full_stripe: chunk * 2,
+            payload_offset: 16 << 20,
+            seq_write_mbps: seq,
+            seq_read_mbps: seq,
+            randread_qd1_iops: iops,
+            randwrite_qd1_iops: iops,
+            randread_qd32_iops: iops,
+            randwrite_qd32_iops: iops,
+            sync_write_iops: iops,
+            sync_write_lat_us: Latency {
+                p50: 1.0,
+                p90: 2.0,
+                p99: 3.0,
+                p999: 4.0,
+                max: 5.0,
+            },
+            cpu_s_per_gb_write: 1.0,
+            cpu_s_per_gb_read: 1.0,
+            sweep: vec![SweepPoint {
+                request: 4096,
+                write_mbps: 1.0,
+            }],
+        }
+    }
+
+    #[test]
+    fn the_recommendation_follows_the_workload_and_advise() {
+        let cells = vec![cell(64 << 10, 100.0, 10.0), cell(512 << 10, 50.0, 20.0)];
+        let seq = recommend(&cells, Workload::Seq).expect("a cell");
+        assert_eq!(seq.cell, cells[0].cell);
+        assert_eq!(seq.chunk, 64 << 10);
+        // cairn advise's maths: RAID6 4 x 64K -> stride 16, stripe width 32.
+        assert_eq!(
+            seq.mkfs_ext4,
+            "mkfs.ext4 -E stride=16,stripe_width=32 DEVICE"
+        );
+        assert_eq!(seq.mkfs_xfs, "mkfs.xfs -d su=64k,sw=2 DEVICE");
+        let rnd = recommend(&cells, Workload::Random).expect("a cell");
+        assert_eq!(rnd.cell, cells[1].cell);
+        assert_eq!(
+            rnd.mkfs_ext4,
+            "mkfs.ext4 -E stride=128,stripe_width=256 DEVICE"
+        );
+        assert!(recommend(&[], Workload::Db).is_none());
+    }
+
+    #[test]
+    fn compare_reads_what_a_run_writes() {
+        let dir = std::env::temp_dir().join(format!("cairn-bench-cmp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mk = |seq| Results {
+            tool: "cairn bench".into(),
+            mode: "in-process".into(),
+            runtime_s: 1.0,
+            array_size: 1 << 30,
+            member_latency_us: None,
+            note: String::new(),
+            cells: vec![cell(64 << 10, seq, 10.0)],
+            recommendation: None,
+        };
+        let (a, b) = (dir.join("a.json"), dir.join("b.json"));
+        write_json(&mk(100.0), &a).expect("a");
+        write_json(&mk(200.0), &b).expect("b");
+        compare(&a, &b, true).expect("compare");
+        std::fs::write(&b, "{}").expect("b");
+        assert!(compare(&a, &b, false).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
