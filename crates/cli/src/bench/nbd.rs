@@ -62,6 +62,9 @@ fn serve(spec: &CellSpec, dir: &Path, members: &[PathBuf], key: Option<&Path>) -
     let socket = dir.join("nbd.sock");
     let control = dir.join("control.sock");
     let list: Vec<String> = members.iter().map(|p| p.display().to_string()).collect();
+    let log = dir.join("serve.log");
+    let log_file = std::fs::File::create(&log)
+        .map_err(|e| CliError::new(format!("cannot write {}: {e}", log.display())))?;
     let mut cmd = Command::new(exe);
     cmd.arg("serve")
         .arg("--md")
@@ -74,7 +77,7 @@ fn serve(spec: &CellSpec, dir: &Path, members: &[PathBuf], key: Option<&Path>) -
         .arg(spec.stripe_cache.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(log_file);
     if let Some(k) = key {
         cmd.arg("--luks").arg("--key-file").arg(k);
     }
@@ -85,9 +88,11 @@ fn serve(spec: &CellSpec, dir: &Path, members: &[PathBuf], key: Option<&Path>) -
     let t = Instant::now();
     while !s.socket.exists() {
         if let Ok(Some(st)) = s.child.try_wait() {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
             return Err(CliError::new(format!(
-                "cairn serve for {} stopped at start ({st})",
-                spec.label()
+                "cairn serve for {} stopped at start ({st}): {}",
+                spec.label(),
+                said.trim()
             )));
         }
         if t.elapsed() > Duration::from_secs(30) {
