@@ -83,25 +83,17 @@ impl BlockDevice for DelayDisk {
     }
 }
 
-/// Where the members come from: scratch files in a directory this run made (removed
-/// afterwards, also on failure), or the user's devices.
+/// Where the members come from: scratch files in a directory this run made, or the
+/// user's devices. The directory is made either way (it also holds `--nbd`'s sockets, key
+/// file and server log) and is removed on drop, also on failure.
 #[derive(Debug)]
 pub struct Scratch {
-    dir: Option<PathBuf>,
-    /// The directory was made here and is removed on drop.
-    owned: bool,
+    dir: PathBuf,
     devices: Vec<PathBuf>,
 }
 
 impl Scratch {
     pub fn new(dir: Option<&Path>, devices: &[PathBuf]) -> Result<Scratch> {
-        if !devices.is_empty() {
-            return Ok(Scratch {
-                dir: None,
-                owned: false,
-                devices: devices.to_vec(),
-            });
-        }
         let parent = dir.map_or_else(std::env::temp_dir, Path::to_path_buf);
         let d = parent.join(format!("cairn-bench-{}", std::process::id()));
         std::fs::create_dir_all(&d).map_err(|e| {
@@ -111,15 +103,14 @@ impl Scratch {
             ))
         })?;
         Ok(Scratch {
-            dir: Some(d),
-            owned: true,
-            devices: Vec::new(),
+            dir: d,
+            devices: devices.to_vec(),
         })
     }
 
-    /// The scratch directory, when members are scratch files.
-    pub fn dir(&self) -> Option<&Path> {
-        self.dir.as_deref()
+    /// This run's own directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     pub fn uses_devices(&self) -> bool {
@@ -128,19 +119,18 @@ impl Scratch {
 
     /// The member paths of a cell: the devices, or `n` files in the scratch directory.
     pub fn member_paths(&self, n: u32) -> Vec<PathBuf> {
-        match &self.dir {
-            None => self.devices.clone(),
-            Some(d) => (0..n).map(|i| d.join(format!("m{i}.img"))).collect(),
+        if self.devices.is_empty() {
+            (0..n).map(|i| self.dir.join(format!("m{i}.img"))).collect()
+        } else {
+            self.devices.clone()
         }
     }
 
-    /// Removes the last cell's scratch files (the next cell starts from fresh ones).
+    /// Removes the last cell's files (the next cell starts from fresh ones).
     pub fn clear(&self) {
-        if let Some(d) = &self.dir {
-            if let Ok(rd) = std::fs::read_dir(d) {
-                for e in rd.flatten() {
-                    let _ = std::fs::remove_file(e.path());
-                }
+        if let Ok(rd) = std::fs::read_dir(&self.dir) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_file(e.path());
             }
         }
     }
@@ -148,11 +138,7 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        if self.owned {
-            if let Some(d) = &self.dir {
-                let _ = std::fs::remove_dir_all(d);
-            }
-        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -154,9 +154,7 @@ pub fn run_cell(
     scratch: &Scratch,
     progress: &mut Progress,
 ) -> Result<CellResult> {
-    let dir = scratch
-        .dir()
-        .map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let dir = scratch.dir().to_path_buf();
     let key = (spec.cipher != "none").then(|| dir.join("bench.key"));
     let stack = cell::build(plan, spec, scratch, key.as_deref())?;
     let (full_stripe, payload_offset) = (stack.full_stripe, stack.payload_offset);
