@@ -316,7 +316,7 @@ pub fn run_cell(
     let rr1 = random(dev, false, 1, rt)?;
     progress.step("4K random write QD1");
     let rw1 = random(dev, true, 1, rt)?;
-    progress.step("4K random read QD32");
+    progress.step("4K random read and write QD32");
     let rr32 = random(dev, false, 32, rt)?;
     let rw32 = random(dev, true, 32, rt)?;
     let gb = |b: u64| (b as f64 / 1e9).max(1e-12);
