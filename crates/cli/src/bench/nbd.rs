@@ -56,6 +56,34 @@ impl Drop for Server {
     }
 }
 
+impl Server {
+    /// CPU seconds (user + system) the server has used so far, from /proc/PID/stat;
+    /// 0 when it cannot be read.
+    fn cpu(&self) -> f64 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())) else {
+            return 0.0;
+        };
+        // The fields after the command name (which may hold spaces) in parentheses.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            return 0.0;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+        let ticks: f64 = [11, 12]
+            .iter()
+            .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
+            .map(|t| t as f64)
+            .sum();
+        // SAFETY: sysconf has no memory effects.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        if hz > 0 {
+            ticks / hz as f64
+        } else {
+            0.0
+        }
+    }
+}
+
 fn serve(spec: &CellSpec, dir: &Path, members: &[PathBuf], key: Option<&Path>) -> Result<Server> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::new(format!("cannot find the cairn binary to serve with: {e}")))?;
@@ -165,9 +193,13 @@ pub fn run_cell(
     let rt = plan.runtime;
     let seq = (1u64 << 20).max(full_stripe);
     progress.step("sequential write (fio)");
+    let c0 = s.cpu();
     let w = fio(&s, "write", seq, 1, false, rt)?;
+    let wcpu = s.cpu() - c0;
     progress.step("sequential read (fio)");
+    let c0 = s.cpu();
     let r = fio(&s, "read", seq, 1, false, rt)?;
+    let rcpu = s.cpu() - c0;
     let mut sweep = Vec::new();
     for req in plan.sweep_sizes(full_stripe, block) {
         progress.step(&format!("sweep {} (fio)", super::short_size(req)));
@@ -198,12 +230,10 @@ pub fn run_cell(
     if let Some(k) = &key {
         let _ = std::fs::remove_file(k);
     }
-    // fio's own CPU figures are the client's; the server's is what the stack costs.
-    let cpu_gb = |job: &Value, dir: &str| {
+    // The server's CPU (the stack and the protocol), not fio's: per GB fio moved. A
+    // floor of a microsecond per GB keeps a run shorter than the clock tick positive.
+    let cpu_gb = |job: &Value, dir: &str, cpu: f64| {
         let gb = num(job, &format!("/{dir}/io_bytes")) / 1e9;
-        let cpu = (num(job, "/usr_cpu") + num(job, "/sys_cpu")) / 100.0
-            * num(job, &format!("/{dir}/runtime"))
-            / 1000.0;
         if gb > 0.0 {
             (cpu / gb).max(1e-6)
         } else {
@@ -224,8 +254,8 @@ pub fn run_cell(
         randwrite_qd32_iops: num(&rw32, "/write/iops"),
         sync_write_iops: num(&sync, "/write/iops"),
         sync_write_lat_us: lat,
-        cpu_s_per_gb_write: cpu_gb(&w, "write"),
-        cpu_s_per_gb_read: cpu_gb(&r, "read"),
+        cpu_s_per_gb_write: cpu_gb(&w, "write", wcpu),
+        cpu_s_per_gb_read: cpu_gb(&r, "read", rcpu),
         sweep,
     })
 }
