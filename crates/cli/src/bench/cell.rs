@@ -222,6 +222,9 @@ pub fn build(
         });
     }
     let mut opts = CreateOptions::new(level, "bench");
+    if let Some(l) = &spec.layout {
+        opts.layout = super::layout_word(level, l).map(|(_, word)| word);
+    }
     if spec.chunk > 0 {
         opts.chunk = Some(Sectors::from_bytes_floor(spec.chunk));
     }

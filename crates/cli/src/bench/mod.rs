@@ -3,7 +3,7 @@
 //! many parallel ones), built in, with a table, JSON, CSV, plots and a recommendation.
 //!
 //! ```text
-//!   BenchArgs ─ matrix() ─> [CellSpec]  (level x chunk x cipher x key size x sector size
+//!   BenchArgs ─ plan() ─> [CellSpec]    (level x layout x chunk x cipher x key size x sector size
 //!                                        x stripe cache; cipher "none" drops the crypt)
 //!   for each cell: cell::build   scratch sparse files in a temp dir (or the given members
 //!                                with --destructive) -> [DelayDisk] -> md Array
@@ -41,8 +41,8 @@ measure each one: sequential write and read throughput, a request-size sweep fro
 write+flush latency (the single job that waits for each fsync), 4K random IOPS at QD1 and \
 QD32 (32 threads), and CPU seconds per GB moved.
 
-Each list option (--level, --chunk, --cipher, --key-size, --sector-size, --stripe-cache) \
-takes comma-separated values; the matrix is every combination. Cells run on sparse scratch \
+Each list option (--level, --layout, --chunk, --cipher, --key-size, --sector-size, \
+--stripe-cache) takes comma-separated values; the matrix is every combination. Cells run on sparse scratch \
 files in a temporary directory (--dir, --size), which are removed afterwards. Given \
 DEVICEs are used as the members instead, and every byte on them is overwritten: that \
 needs --destructive.
@@ -62,6 +62,8 @@ Examples:
   cairn bench --out bench-results
   # RAID5 and RAID6, three chunk sizes, with and without encryption, for a database
   cairn bench --level 5,6 --chunk 64K,256K,1M --cipher none,aes-xts-plain64 --workload db
+  # RAID10 near against far and offset copies
+  cairn bench --level 10 --layout n2,f2,o2 --cipher none
   # the stripe cache question: 256 against 4096 stripe heads
   cairn bench --level 6 --chunk 512K --stripe-cache 256,4096
   # disks that answer in 2 ms: see the full-stripe knee without slow disks
@@ -95,6 +97,12 @@ pub struct BenchArgs {
     /// Members per array (scratch files; with DEVICEs their count wins)
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub members: u32,
+
+    /// md layouts to try, in mdadm's words: left-symmetric (ls), right-asymmetric (ra),
+    /// ... for RAID5/6; n2, f2, o2 for RAID10. Each level takes the ones that apply to it
+    /// [default: each level's own]
+    #[arg(long, value_delimiter = ',', value_name = "LAYOUT,...")]
+    pub layout: Vec<String>,
 
     /// Chunk sizes to try
     #[arg(
@@ -225,6 +233,10 @@ pub struct CellSpec {
     /// "raid6", ...
     pub level: String,
     pub members: u32,
+    /// The md layout in mdadm's words ("left-symmetric", "f2"); `None`: the level's
+    /// default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
     /// Bytes; 0 for levels without a chunk.
     pub chunk: u64,
     /// "aes-xts-plain64" or "none".
@@ -246,6 +258,9 @@ impl CellSpec {
         } else {
             format!("{} {}-way", self.level, self.members)
         };
+        if let Some(l) = &self.layout {
+            s += &format!(" {l}");
+        }
         if self.cipher == "none" {
             s += " plain";
         } else {
@@ -255,6 +270,21 @@ impl CellSpec {
             s += &format!(" sc{}", self.stripe_cache);
         }
         s
+    }
+}
+
+/// The md layout `text` names at `level`: (mdadm's name for it, the superblock word);
+/// `None` when the level has no such layout. Only RAID5, RAID6 and RAID10 have a choice.
+pub fn layout_word(level: cairn_md::Level, text: &str) -> Option<(String, u32)> {
+    use cairn_md::{Level, ParityAlgorithm, Raid10Layout};
+    let t = text.trim();
+    match level {
+        Level::Raid5 => ParityAlgorithm::parse_raid5(t).map(|a| (a.name().to_string(), a.to_raw())),
+        Level::Raid6 => ParityAlgorithm::parse(t).map(|a| (a.name().to_string(), a.to_raw())),
+        Level::Raid10 => Raid10Layout::parse(&t.to_ascii_lowercase())
+            .filter(|l| l.copies() >= 2)
+            .map(|l| (l.short_name(), l.to_raw())),
+        _ => None,
     }
 }
 
@@ -368,6 +398,15 @@ impl BenchArgs {
                 )));
             }
         }
+        for l in &self.layout {
+            if !levels.iter().any(|level| layout_word(*level, l).is_some()) {
+                return Err(CliError::new(format!(
+                    "--layout {l}: no level of the matrix has it; RAID5/6 take left-symmetric \
+                     (ls), left-asymmetric (la), right-symmetric (rs), right-asymmetric (ra), \
+                     parity-first, parity-last; RAID10 nN, fN or oN (e.g. n2, f2, o2)"
+                )));
+            }
+        }
         let mut cells: Vec<CellSpec> = Vec::new();
         for level in &levels {
             let min = match level {
@@ -383,23 +422,35 @@ impl BenchArgs {
             }
             let parity = level.parity_members() > 0;
             let striped = *level != cairn_md::Level::Raid1;
-            for &chunk in &chunks {
-                for cipher in &self.cipher {
-                    let crypt = cipher != "none";
-                    for &key_size in &self.key_size {
-                        for &sector_size in &self.sector_size {
-                            for &sc in &self.stripe_cache {
-                                let cell = CellSpec {
-                                    level: level.name().into(),
-                                    members,
-                                    chunk: if striped { chunk } else { 0 },
-                                    cipher: cipher.clone(),
-                                    key_size: if crypt { key_size } else { 0 },
-                                    sector_size: if crypt { sector_size } else { 0 },
-                                    stripe_cache: if parity { sc } else { 0 },
-                                };
-                                if !cells.contains(&cell) {
-                                    cells.push(cell);
+            let mut layouts: Vec<Option<String>> = self
+                .layout
+                .iter()
+                .filter_map(|l| layout_word(*level, l).map(|(name, _)| Some(name)))
+                .collect();
+            layouts.dedup();
+            if layouts.is_empty() {
+                layouts.push(None);
+            }
+            for layout in &layouts {
+                for &chunk in &chunks {
+                    for cipher in &self.cipher {
+                        let crypt = cipher != "none";
+                        for &key_size in &self.key_size {
+                            for &sector_size in &self.sector_size {
+                                for &sc in &self.stripe_cache {
+                                    let cell = CellSpec {
+                                        level: level.name().into(),
+                                        members,
+                                        layout: layout.clone(),
+                                        chunk: if striped { chunk } else { 0 },
+                                        cipher: cipher.clone(),
+                                        key_size: if crypt { key_size } else { 0 },
+                                        sector_size: if crypt { sector_size } else { 0 },
+                                        stripe_cache: if parity { sc } else { 0 },
+                                    };
+                                    if !cells.contains(&cell) {
+                                        cells.push(cell);
+                                    }
                                 }
                             }
                         }
@@ -713,6 +764,29 @@ mod tests {
             labels.contains(&"raid1 4-way plain".to_string()),
             "{labels:?}"
         );
+    }
+
+    #[test]
+    fn layouts_go_to_the_levels_that_have_them() {
+        let p = args(&[
+            "--level", "5,10,0", "--layout", "ls,ra,f2", "--chunk", "64K", "--cipher", "none",
+        ])
+        .plan()
+        .expect("plan");
+        let labels: Vec<String> = p.cells.iter().map(CellSpec::label).collect();
+        assert_eq!(
+            labels,
+            [
+                "raid5 4x64K left-symmetric plain sc256",
+                "raid5 4x64K right-asymmetric plain sc256",
+                "raid10 4x64K f2 plain",
+                "raid0 4x64K plain"
+            ],
+        );
+        let e = args(&["--level", "6", "--layout", "n2"])
+            .plan()
+            .expect_err("n2 on raid6");
+        assert!(e.to_string().contains("--layout n2"), "{e}");
     }
 
     #[test]

@@ -104,7 +104,18 @@ pub fn cell_node(c: &CellResult) -> Node {
     md.md = Some(MdDetails {
         uuid: String::new(),
         level: c.spec.level.clone(),
-        layout: (level == cairn_md::Level::Raid10).then(|| "near=2".to_string()),
+        // advise reads RAID10's copies from mdadm's layout text ("near=2", "far=2").
+        layout: if level == cairn_md::Level::Raid10 {
+            let l = c
+                .spec
+                .layout
+                .as_deref()
+                .and_then(|l| cairn_md::Raid10Layout::parse(l))
+                .unwrap_or(cairn_md::Raid10Layout::DEFAULT);
+            Some(l.mdadm_text())
+        } else {
+            c.spec.layout.clone()
+        },
         chunk_bytes: c.spec.chunk,
         raid_devices: c.spec.members,
         data_disks: data,
@@ -287,7 +298,7 @@ pub fn write_json(r: &Results, path: &Path) -> Result<()> {
 /// CSV, one row per cell: the spec, every figure, and the sweep as request:MBps pairs.
 pub fn write_csv(r: &Results, path: &Path) -> Result<()> {
     let mut s = String::from(
-        "cell,mode,level,members,chunk,cipher,key_size,sector_size,stripe_cache,full_stripe,\
+        "cell,mode,level,members,layout,chunk,cipher,key_size,sector_size,stripe_cache,full_stripe,\
          seq_write_mbps,seq_read_mbps,randread_qd1_iops,randwrite_qd1_iops,randread_qd32_iops,\
          randwrite_qd32_iops,sync_write_iops,sync_lat_p50_us,sync_lat_p90_us,sync_lat_p99_us,\
          sync_lat_p999_us,sync_lat_max_us,cpu_s_per_gb_write,cpu_s_per_gb_read,sweep\n",
@@ -301,8 +312,9 @@ pub fn write_csv(r: &Results, path: &Path) -> Result<()> {
             .collect();
         let _ = writeln!(
             s,
-            "\"{}\",{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.4},{:.4},\"{}\"",
-            c.cell, c.mode, c.spec.level, c.spec.members, c.spec.chunk, c.spec.cipher,
+            "\"{}\",{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.4},{:.4},\"{}\"",
+            c.cell, c.mode, c.spec.level, c.spec.members,
+            c.spec.layout.as_deref().unwrap_or("default"), c.spec.chunk, c.spec.cipher,
             c.spec.key_size, c.spec.sector_size, c.spec.stripe_cache, c.full_stripe,
             c.seq_write_mbps, c.seq_read_mbps, c.randread_qd1_iops, c.randwrite_qd1_iops,
             c.randread_qd32_iops, c.randwrite_qd32_iops, c.sync_write_iops, l.p50, l.p90,
@@ -409,6 +421,7 @@ mod tests {
         let spec = CellSpec {
             level: "raid6".into(),
             members: 4,
+            layout: None,
             chunk,
             cipher: "aes-xts-plain64".into(),
             key_size: 512,
