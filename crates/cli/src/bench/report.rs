@@ -110,7 +110,7 @@ pub fn cell_node(c: &CellResult) -> Node {
                 .spec
                 .layout
                 .as_deref()
-                .and_then(|l| cairn_md::Raid10Layout::parse(l))
+                .and_then(cairn_md::Raid10Layout::parse)
                 .unwrap_or(cairn_md::Raid10Layout::DEFAULT);
             Some(l.mdadm_text())
         } else {
