@@ -33,6 +33,8 @@ for c in cells:
     assert all(p > 0 for p in ps) and ps == sorted(ps), f"{c['cell']}: latency {lat}"
     assert len(c["sweep"]) >= 3, c["sweep"]
     assert all(p["request"] > 0 and p["write_mbps"] > 0 for p in c["sweep"]), c["sweep"]
+    if mode == "in-process":
+        assert all(p["member_ops_per_mib"] > 0 for p in c["sweep"]), c["sweep"]
     assert c["full_stripe"] in [p["request"] for p in c["sweep"]], "full stripe not swept"
     assert max(p["request"] for p in c["sweep"]) == 4 * c["full_stripe"], "sweep end"
     for k in ("level", "members", "chunk", "cipher", "key_size", "sector_size", "stripe_cache"):
@@ -114,7 +116,7 @@ t_matrix() {
 # The full-stripe knee: RAID6 over 4 members with 64K chunks, members that take 1 ms per
 # operation (so that the figure counts the stack's member operations, not the speed of a
 # busy machine): 128K requests (full stripes) write at least twice as fast as 64K ones
-# (read-modify-write).
+# (read-modify-write), and cost at most half the member operations per MiB.
 t_knee() {
   timeout -k 5 120 "$CAIRN" bench --level 6 --members 4 --chunk 64K --cipher none \
     --member-latency 1ms --size 32M --runtime 0.3 --dir "$SHM" --out "$WORK/knee" \
@@ -124,8 +126,12 @@ import json, sys
 c = json.load(open(sys.argv[1]))["cells"][0]
 s = {p["request"]: p["write_mbps"] for p in c["sweep"]}
 assert c["full_stripe"] == 128 << 10, c["full_stripe"]
-print("64K:", s[64 << 10], "MB/s  128K:", s[128 << 10], "MB/s")
+ops = {p["request"]: p["member_ops_per_mib"] for p in c["sweep"]}
+print("64K:", s[64 << 10], "MB/s", ops[64 << 10], "member ops/MiB;",
+      "128K:", s[128 << 10], "MB/s", ops[128 << 10], "member ops/MiB")
 assert s[128 << 10] >= 2 * s[64 << 10], "no knee at the full stripe"
+# The same knee counted: a partial-stripe write costs its reads too.
+assert ops[64 << 10] >= 2 * ops[128 << 10], "no knee in member operations"
 PY
 }
 

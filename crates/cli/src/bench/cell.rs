@@ -152,6 +152,15 @@ pub struct Stack {
     pub full_stripe: u64,
     /// Where the LUKS payload starts on the array; 0 without LUKS.
     pub payload_offset: u64,
+    /// The members as the array sees them, counting their operations.
+    pub members: Vec<Arc<DelayDisk>>,
+}
+
+impl Stack {
+    /// Member operations so far, all members together.
+    pub fn member_ops(&self) -> u64 {
+        self.members.iter().map(|m| m.ops()).sum()
+    }
 }
 
 impl Stack {
@@ -205,6 +214,7 @@ pub fn build(
     let create_size = (!scratch.uses_devices())
         .then(|| member_size(plan.size, level, spec.members, spec.chunk.max(4096)));
     let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
+    let mut counters: Vec<Arc<DelayDisk>> = Vec::new();
     for p in &paths {
         let disk = FileDisk::open(
             p,
@@ -215,11 +225,14 @@ pub fn build(
             },
         )
         .map_err(|e| CliError::new(format!("cannot open {}: {e}", p.display())))?;
-        let disk: Arc<dyn BlockDevice> = Arc::new(disk);
-        devices.push(match plan.member_latency {
-            Some(d) if !d.is_zero() => Arc::new(DelayDisk::new(disk, d)),
-            _ => disk,
-        });
+        // Every member is counted (an atomic add per operation); delayed only with
+        // --member-latency.
+        let counted = Arc::new(DelayDisk::new(
+            Arc::new(disk),
+            plan.member_latency.unwrap_or(Duration::ZERO),
+        ));
+        counters.push(counted.clone());
+        devices.push(counted);
     }
     let mut opts = CreateOptions::new(level, "bench");
     if let Some(l) = &spec.layout {
@@ -258,6 +271,7 @@ pub fn build(
             array,
             full_stripe,
             payload_offset: 0,
+            members: counters,
         });
     }
     let mut pass = Zeroizing::new([0u8; 32]);
@@ -298,6 +312,7 @@ pub fn build(
         array,
         full_stripe,
         payload_offset,
+        members: counters,
     })
 }
 

@@ -72,6 +72,10 @@ pub struct SweepPoint {
     /// Request size in bytes.
     pub request: u64,
     pub write_mbps: f64,
+    /// Member operations (reads, writes, flushes of all members) per MiB written: the
+    /// stack's cost whatever the machine's speed; in-process runs only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_ops_per_mib: Option<f64>,
 }
 
 /// Everything measured on one cell. Throughput in MB/s (10^6 bytes), IOPS per second,
@@ -304,10 +308,13 @@ pub fn run_cell(
     let mut sweep = Vec::new();
     for req in plan.sweep_sizes(stack.full_stripe, block) {
         progress.step(&format!("sweep {}", super::short_size(req)));
+        let ops0 = stack.member_ops();
         let (b, t) = sequential(dev.as_ref(), req, true, rt / 2)?;
+        let ops = stack.member_ops() - ops0;
         sweep.push(SweepPoint {
             request: req,
             write_mbps: mbps(b, t),
+            member_ops_per_mib: Some(ops as f64 / (b as f64 / f64::from(1u32 << 20)).max(1e-9)),
         });
     }
     progress.step("QD1 write+flush");

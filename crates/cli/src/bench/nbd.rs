@@ -207,6 +207,7 @@ pub fn run_cell(
         sweep.push(SweepPoint {
             request: req,
             write_mbps: mbps(&j, "write"),
+            member_ops_per_mib: None,
         });
     }
     progress.step("QD1 write+flush (fio)");

@@ -268,7 +268,7 @@ pub fn table(r: &Results) -> String {
     }
     let _ = writeln!(
         s,
-        "\nrequest-size sweep, sequential write MB/s (* = full stripe):"
+        "\nrequest-size sweep, sequential write MB/s [member operations per MiB] (* = full stripe):"
     );
     for c in &r.cells {
         let pts: Vec<String> = c
@@ -276,10 +276,13 @@ pub fn table(r: &Results) -> String {
             .iter()
             .map(|p| {
                 format!(
-                    "{}{}={:.1}",
+                    "{}{}={:.1}{}",
                     short_size(p.request),
                     if p.request == c.full_stripe { "*" } else { "" },
-                    p.write_mbps
+                    p.write_mbps,
+                    p.member_ops_per_mib
+                        .map(|o| format!("[{o:.0}]"))
+                        .unwrap_or_default()
                 )
             })
             .collect();
