@@ -456,6 +456,7 @@ mod tests {
             sweep: vec![SweepPoint {
                 request: 4096,
                 write_mbps: 1.0,
+                member_ops_per_mib: None,
             }],
         }
     }
