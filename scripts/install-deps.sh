@@ -30,6 +30,7 @@ needed=(
   "curl curl"       # tests/interop/operator.sh: the control API over its Unix socket
   "tmux tmux"       # tests/interop/operator.sh: cairn status under a real terminal
   "xz xz-utils"
+  "file file"       # tests/interop/cairn_bench.sh: the plots are real PNG and SVG
 )
 
 missing=()

@@ -60,7 +60,18 @@ fn second_writer_in_this_process_is_refused_and_readers_are_told() {
     // The reader holds nothing: dropping the writer frees the file for the next one,
     // even with the reader still open.
     drop(first);
-    let second = FileDisk::open(&tmp.0, &rw()).expect("the first writer is gone");
+    // Another test in this binary forks a child now and then; until it execs, the child
+    // holds a copy of every descriptor, the lock's included, for a few microseconds.
+    // Only that window is waited out: a lock still held after 2 s is a failure.
+    let second = (0..200)
+        .find_map(|_| match FileDisk::open(&tmp.0, &rw()) {
+            Ok(d) => Some(d),
+            Err(_) => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                None
+            }
+        })
+        .expect("the first writer is gone");
     drop(second);
     let calm = FileDisk::open(&tmp.0, &ro()).unwrap();
     assert!(calm.in_use().is_none(), "nobody writes it now");

@@ -93,6 +93,11 @@ pub enum Command {
     /// LVM2 volume groups (lvm's format): pvcreate, vgcreate, lvcreate, lvs, ...
     #[command(subcommand, long_about = crate::lvm::LVM_LONG, after_help = crate::lvm::LVM_EXAMPLES)]
     Lvm(crate::lvm::LvmCommand),
+
+    /// Benchmark candidate stacks (level x chunk x cipher x stripe cache) on scratch files:
+    /// throughput, the full-stripe knee, fsync latency, IOPS; plots and a recommendation
+    #[command(long_about = crate::bench::BENCH_LONG, after_help = crate::bench::BENCH_EXAMPLES)]
+    Bench(crate::bench::BenchArgs),
 }
 
 // ---- cairn lvm ---------------------------------------------------------------------

@@ -6,7 +6,8 @@
 //!                                      ├──> md::run          (cairn md create|examine|detail)
 //!                                      ├──> luks::run        (cairn luks format|dump|add-key|...)
 //!                                      ├──> scan::run        (cairn scan: what serve --scan finds)
-//!                                      └──> advise::run      (cairn advise: mkfs lines)
+//!                                      ├──> advise::run      (cairn advise: mkfs lines)
+//!                                      └──> bench::run       (cairn bench: matrix, plots)
 //!   config: serve --config TOML
 //!   exports: FILE[:NAME] -> opened FileDisk    listen: default addresses, bind advice
 //!   size: "1G" <-> bytes                       logging: tracing on stderr
@@ -42,6 +43,7 @@ macro_rules! eprintln {
 
 pub mod advise;
 pub mod args;
+pub mod bench;
 pub mod config;
 pub mod control;
 pub mod daemon;
@@ -79,6 +81,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Scan(a) => scan::run(&a, &cli.global),
         Command::Advise(a) => advise::run(&a, &cli.global),
         Command::Lvm(c) => lvm::run(c, &cli.global),
+        Command::Bench(a) => bench::run(&a, &cli.global),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
