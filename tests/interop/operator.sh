@@ -471,8 +471,9 @@ t_control_api_stacks() {
   fi
   start_cairn --md "$SHM/m0.img,$SHM/m1.img,$SHM/m2.img:arr" --luks "$SHM/vol.img:vol" --key-file "$WORK/key"
   for i in arr vol; do
-    nbdcopy "$(unix_uri $i)" - | head -c 1048576 >"$WORK/back"
-    cmp "$WORK/data" "$WORK/back" || fail "what was written through the API-added $i export did not come back"
+    nbdcopy "$(unix_uri $i)" "$WORK/back"
+    cmp -n 1048576 "$WORK/data" "$WORK/back" || fail "what was written through the API-added $i export did not come back"
+    rm -f "$WORK/back"
   done
   stop_cairn
 }
