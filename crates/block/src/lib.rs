@@ -14,6 +14,7 @@
 //! any order; `flush` makes every write that completed before it durable; a write with
 //! [`WriteFlags::FUA`] is durable when it returns.
 
+pub mod codec;
 mod error;
 mod file;
 mod mem;
