@@ -8,6 +8,9 @@
 //!   NBD handshake and requests   big-endian      (and Reader/Writer cursors)
 //! ```
 //!
+//! Records of a fixed size (`[u8; N]`) use the `*_at::<OFFSET, _>` forms, whose offsets
+//! the compiler checks against `N`.
+//!
 //! Reads take bytes that came from a disk or a socket, so a short buffer is bad input:
 //! they return [`Short`] (which turns into an [`ErrorKind::Corrupt`] error) instead of
 //! panicking. Writes go into buffers the encoder sized itself, so a `put_*` past the end
@@ -91,6 +94,34 @@ codec! {
     be16 put_be16 u16, from_be_bytes to_be_bytes;
     be32 put_be32 u32, from_be_bytes to_be_bytes;
     be64 put_be64 u64, from_be_bytes to_be_bytes;
+}
+
+macro_rules! fixed {
+    ($($get:ident $put:ident $ty:ty, $from:ident $to:ident;)*) => {$(
+        #[doc = concat!("The `", stringify!($ty), "` at byte `AT` of a fixed-size record, ", stringify!($from), "; the offset is checked when compiling.")]
+        pub fn $get<const AT: usize, const N: usize>(b: &[u8; N]) -> $ty {
+            const W: usize = std::mem::size_of::<$ty>();
+            const { assert!(AT + W <= N, "field past the end of the record") };
+            let mut a = [0u8; W];
+            a.copy_from_slice(&b[AT..AT + W]);
+            <$ty>::$from(a)
+        }
+        #[doc = concat!("Stores `v` at byte `AT` of a fixed-size record, ", stringify!($to), "; the offset is checked when compiling.")]
+        pub fn $put<const AT: usize, const N: usize>(b: &mut [u8; N], v: $ty) {
+            const W: usize = std::mem::size_of::<$ty>();
+            const { assert!(AT + W <= N, "field past the end of the record") };
+            b[AT..AT + W].copy_from_slice(&v.$to());
+        }
+    )*};
+}
+
+fixed! {
+    le16_at put_le16_at u16, from_le_bytes to_le_bytes;
+    le32_at put_le32_at u32, from_le_bytes to_le_bytes;
+    le64_at put_le64_at u64, from_le_bytes to_le_bytes;
+    be16_at put_be16_at u16, from_be_bytes to_be_bytes;
+    be32_at put_be32_at u32, from_be_bytes to_be_bytes;
+    be64_at put_be64_at u64, from_be_bytes to_be_bytes;
 }
 
 /// A read cursor: each call takes the next field and moves past it.
@@ -202,6 +233,16 @@ mod tests {
         assert_eq!(le16(&b, 0), Ok(0xcdab));
         put_le_i32(&mut b, 4, -2);
         assert_eq!(le_i32(&b, 4), Ok(-2));
+    }
+
+    #[test]
+    fn fixed_records() {
+        let mut h = [0u8; 12];
+        put_be32_at::<0, _>(&mut h, 0x2560_9513);
+        put_le64_at::<4, _>(&mut h, 5);
+        assert_eq!(be32_at::<0, _>(&h), 0x2560_9513);
+        assert_eq!(le64_at::<4, _>(&h), 5);
+        assert_eq!(le32(&h, 4), Ok(5));
     }
 
     #[test]
