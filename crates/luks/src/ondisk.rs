@@ -100,7 +100,6 @@ const _: () = assert!(size_of::<RawHeader>() == BINARY_SIZE);
 const _: () = assert!(off::END == BINARY_SIZE);
 const _: () = assert!(off::CSUM == 448 && off::HDR_OFFSET == 256 && off::UUID == 168);
 
-
 impl RawHeader {
     /// Reads the first 4096 bytes of `b`; a shorter `b` is an error.
     pub fn from_bytes(b: &[u8]) -> Result<RawHeader, Short> {
@@ -1108,7 +1107,8 @@ pub fn build_copy(bin: &BinaryHeader, json: &str, which: Which) -> Result<Vec<u8
         Which::Primary => 0,
         Which::Secondary => bin.hdr_size,
     };
-    let mut raw = RawHeader::from_bytes(&[0u8; BINARY_SIZE]).expect("a zeroed buffer of the header size");
+    let mut raw =
+        RawHeader::from_bytes(&[0u8; BINARY_SIZE]).expect("a zeroed buffer of the header size");
     raw.magic = match which {
         Which::Primary => MAGIC_PRIMARY,
         Which::Secondary => MAGIC_SECONDARY,
