@@ -15,6 +15,9 @@
 //!             being written from PP/PQ, set parity to match ─► flush ─► log emptied
 //! ```
 //!
+//! This file is the running log and replay (state and I/O); the header layouts, where
+//! the area lies and how a header block is judged are in `ppl/format.rs`.
+//!
 //! No md feature bit is set: the area lies between the bad-block log and `data_offset`,
 //! where md keeps nothing, and only an area whose ring header carries this log's magic
 //! and the array's UUID is used. md's own PPL (feature 1024) cannot coexist with a
