@@ -19,6 +19,7 @@ mod error;
 mod file;
 mod mem;
 mod owner;
+pub mod probe;
 pub mod testkit;
 
 pub use error::{Error, ErrorKind, Result};
