@@ -25,24 +25,14 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 /// `"LUKS\xba\xbe"`: the primary header (and LUKS1).
-pub const MAGIC_PRIMARY: [u8; 6] = *b"LUKS\xba\xbe";
+pub const MAGIC_PRIMARY: [u8; 6] = *cairn_block::probe::LUKS_MAGIC;
 /// `"SKUL\xba\xbe"`: the secondary header.
-pub const MAGIC_SECONDARY: [u8; 6] = *b"SKUL\xba\xbe";
+pub const MAGIC_SECONDARY: [u8; 6] = *cairn_block::probe::LUKS2_SECONDARY_MAGIC;
 /// Size of the binary part of a header copy.
 pub const BINARY_SIZE: usize = 4096;
 /// The header sizes (binary + JSON) cryptsetup knows, which are also where the secondary
 /// copy is searched for when the primary is unusable (`LUKS2_HDR2_OFFSETS`).
-pub const HDR_SIZES: [u64; 9] = [
-    16 << 10,
-    32 << 10,
-    64 << 10,
-    128 << 10,
-    256 << 10,
-    512 << 10,
-    1 << 20,
-    2 << 20,
-    4 << 20,
-];
+pub const HDR_SIZES: [u64; 9] = cairn_block::probe::LUKS2_SECONDARY_OFFSETS;
 /// At most this many keyslots (ids 0..31), and tokens.
 pub const MAX_KEYSLOTS: u32 = 32;
 pub const MAX_TOKENS: u32 = 32;

@@ -136,18 +136,23 @@ fn gcd(a: u64, b: u64) -> u64 {
     }
 }
 
-/// Signatures pvcreate refuses to overwrite without `force`.
+/// Signatures pvcreate refuses to overwrite without `force` (`cairn_block::probe`): a
+/// LUKS header or an md superblock at the start of the device.
 fn other_signature(dev: &dyn BlockDevice) -> Result<Option<String>> {
-    let size = dev.geometry().size;
-    if size < 8192 {
+    use cairn_block::probe::{Kind, MdVersion};
+    if dev.geometry().size < 8192 {
         return Ok(None);
     }
-    let head = read_bytes(dev, 0, 8192, "the device start")?;
-    if &head[..6] == b"LUKS\xba\xbe" {
+    let found = cairn_block::probe::probe(dev)?;
+    let has = |k: Kind| found.signatures.iter().any(|s| s.kind == k);
+    if found
+        .signatures
+        .iter()
+        .any(|s| matches!(s.kind, Kind::Luks { .. }))
+    {
         return Ok(Some("a LUKS header".into()));
     }
-    let md = 0xa92b_4efcu32.to_le_bytes();
-    if head[4096..4100] == md || head[..4] == md {
+    if has(Kind::Md(MdVersion::V1_2)) || has(Kind::Md(MdVersion::V1_1)) {
         return Ok(Some("an md superblock".into()));
     }
     Ok(None)
