@@ -88,7 +88,10 @@ fn main() {
     // rounds, not the best one.
     let table_rate = rate(&buf[..4 << 20], 4096, &|d| !table(!0, d));
     println!("byte table (the fallback without SSE4.2), 4 MiB once: {table_rate:.2} GiB/s");
-    println!("{:>10} {:>14} {:>14} {:>8}", "piece", "hand GiB/s", "crate GiB/s", "ratio");
+    println!(
+        "{:>10} {:>14} {:>14} {:>8}",
+        "piece", "hand GiB/s", "crate GiB/s", "ratio"
+    );
     for piece in [4096, 64 << 20] {
         let (mut old, mut new) = (0f64, 0f64);
         for _ in 0..7 {
