@@ -14,10 +14,12 @@
 //! any order; `flush` makes every write that completed before it durable; a write with
 //! [`WriteFlags::FUA`] is durable when it returns.
 
+pub mod codec;
 mod error;
 mod file;
 mod mem;
 mod owner;
+pub mod probe;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 

@@ -246,10 +246,10 @@ fn format(a: LuksFormatArgs, global: &Global) -> Result<()> {
 
 fn format_on(t: &Target, a: &LuksFormatArgs, pbkdf: PbkdfOptions, global: &Global) -> Result<()> {
     if !a.force {
-        let sigs = cairn_md::probe_signatures(&*t.device)
+        let found = cairn_block::probe::probe(&*t.device)
             .map_err(|e| CliError::new(format!("cannot read {}: {e}", t.shown)))?;
-        if !sigs.is_empty() {
-            let what: Vec<String> = sigs.iter().map(ToString::to_string).collect();
+        if !found.is_empty() {
+            let what: Vec<String> = found.signatures.iter().map(ToString::to_string).collect();
             return Err(CliError::new(format!(
                 "refusing to format {}: it may hold data ({}). Check with `cairn luks dump \
                  {}` or `blkid`, and add --force to overwrite it",

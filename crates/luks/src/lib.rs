@@ -45,26 +45,12 @@ pub(crate) fn random_fill(buf: &mut [u8]) {
     rand::rngs::OsRng.fill_bytes(buf);
 }
 
-/// Which LUKS version a device holds, from its signatures (§5), without validating it:
+/// Which LUKS version a device holds, from its signatures (§5, `cairn_block::probe`),
+/// without validating it:
 /// `Some(1)`, `Some(2)` (including a LUKS2 device whose primary header is destroyed but
 /// whose secondary is there), or `None`.
 pub fn probe(device: &dyn BlockDevice) -> Result<Option<u16>> {
-    if let Some(b) = ondisk::read_dev(device, 0, 4096)? {
-        if b[..6] == ondisk::MAGIC_PRIMARY {
-            let v = u16::from_be_bytes([b[6], b[7]]);
-            if v == 1 || v == 2 {
-                return Ok(Some(v));
-            }
-        }
-    }
-    for off in ondisk::HDR_SIZES {
-        if let Some(b) = ondisk::read_dev(device, off, 4096)? {
-            if b[..6] == ondisk::MAGIC_SECONDARY {
-                return Ok(Some(2));
-            }
-        }
-    }
-    Ok(None)
+    Ok(cairn_block::probe::probe(device)?.luks_version())
 }
 
 /// A LUKS header of either version.

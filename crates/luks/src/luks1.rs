@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use cairn_block::codec::{be16, be32};
 use cairn_block::{BlockDevice, Error, ErrorKind, Result};
 use serde::Serialize;
 
@@ -70,10 +71,6 @@ fn cstr(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
 /// One LUKS1 keyslot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Luks1Keyslot {
@@ -120,19 +117,19 @@ pub fn parse_header(b: &[u8], device_size: u64) -> Result<Luks1Header> {
     if b[..6] != MAGIC {
         return Err(corrupt("no LUKS magic"));
     }
-    let version = u16::from_be_bytes([b[off::VERSION], b[off::VERSION + 1]]);
+    let version = be16(b, off::VERSION)?;
     if version != 1 {
         return Err(corrupt(format!("LUKS version {version}, not 1")));
     }
-    let key_bytes = be32(b, off::KEY_BYTES);
+    let key_bytes = be32(b, off::KEY_BYTES)?;
     if key_bytes == 0 || key_bytes > 512 {
         return Err(corrupt(format!("key size {key_bytes} bytes")));
     }
-    let payload_offset = be32(b, off::PAYLOAD_OFFSET);
+    let payload_offset = be32(b, off::PAYLOAD_OFFSET)?;
     let mut keyslots = Vec::with_capacity(KEYSLOTS);
     for i in 0..KEYSLOTS {
         let k = off::KEYBLOCK + i * off::KEYBLOCK_SIZE;
-        let active = match be32(b, k) {
+        let active = match be32(b, k)? {
             KEY_ENABLED => true,
             KEY_DISABLED => false,
             other => {
@@ -145,10 +142,10 @@ pub fn parse_header(b: &[u8], device_size: u64) -> Result<Luks1Header> {
         salt.copy_from_slice(&b[k + 8..k + 40]);
         keyslots.push(Luks1Keyslot {
             active,
-            iterations: be32(b, k + 4),
+            iterations: be32(b, k + 4)?,
             salt,
-            key_material_offset: be32(b, k + 40),
-            stripes: be32(b, k + 44),
+            key_material_offset: be32(b, k + 40)?,
+            stripes: be32(b, k + 44)?,
         });
     }
     // Geometry of every keyslot, enabled or not.
@@ -199,7 +196,7 @@ pub fn parse_header(b: &[u8], device_size: u64) -> Result<Luks1Header> {
         key_bytes,
         mk_digest,
         mk_digest_salt,
-        mk_digest_iterations: be32(b, off::MK_DIGEST_ITER),
+        mk_digest_iterations: be32(b, off::MK_DIGEST_ITER)?,
         uuid: cstr(&b[off::UUID..off::KEYBLOCK]),
         keyslots,
     })

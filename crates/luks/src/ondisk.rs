@@ -18,30 +18,21 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use base64::Engine as _;
+use cairn_block::codec::{array, Short};
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 /// `"LUKS\xba\xbe"`: the primary header (and LUKS1).
-pub const MAGIC_PRIMARY: [u8; 6] = *b"LUKS\xba\xbe";
+pub const MAGIC_PRIMARY: [u8; 6] = *cairn_block::probe::LUKS_MAGIC;
 /// `"SKUL\xba\xbe"`: the secondary header.
-pub const MAGIC_SECONDARY: [u8; 6] = *b"SKUL\xba\xbe";
+pub const MAGIC_SECONDARY: [u8; 6] = *cairn_block::probe::LUKS2_SECONDARY_MAGIC;
 /// Size of the binary part of a header copy.
 pub const BINARY_SIZE: usize = 4096;
 /// The header sizes (binary + JSON) cryptsetup knows, which are also where the secondary
 /// copy is searched for when the primary is unusable (`LUKS2_HDR2_OFFSETS`).
-pub const HDR_SIZES: [u64; 9] = [
-    16 << 10,
-    32 << 10,
-    64 << 10,
-    128 << 10,
-    256 << 10,
-    512 << 10,
-    1 << 20,
-    2 << 20,
-    4 << 20,
-];
+pub const HDR_SIZES: [u64; 9] = cairn_block::probe::LUKS2_SECONDARY_OFFSETS;
 /// At most this many keyslots (ids 0..31), and tokens.
 pub const MAX_KEYSLOTS: u32 = 32;
 pub const MAX_TOKENS: u32 = 32;
@@ -99,31 +90,24 @@ const _: () = assert!(size_of::<RawHeader>() == BINARY_SIZE);
 const _: () = assert!(off::END == BINARY_SIZE);
 const _: () = assert!(off::CSUM == 448 && off::HDR_OFFSET == 256 && off::UUID == 168);
 
-fn arr<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
-    let mut a = [0u8; N];
-    a.copy_from_slice(&b[at..at + N]);
-    a
-}
-
 impl RawHeader {
-    /// Reads the first 4096 bytes of `b` (which must be at least that long).
-    pub fn from_bytes(b: &[u8]) -> RawHeader {
-        assert!(b.len() >= BINARY_SIZE, "binary header needs 4096 bytes");
-        RawHeader {
-            magic: arr(b, off::MAGIC),
-            version: arr(b, off::VERSION),
-            hdr_size: arr(b, off::HDR_SIZE),
-            seqid: arr(b, off::SEQID),
-            label: arr(b, off::LABEL),
-            checksum_alg: arr(b, off::CHECKSUM_ALG),
-            salt: arr(b, off::SALT),
-            uuid: arr(b, off::UUID),
-            subsystem: arr(b, off::SUBSYSTEM),
-            hdr_offset: arr(b, off::HDR_OFFSET),
-            padding: arr(b, off::PADDING),
-            csum: arr(b, off::CSUM),
-            padding4096: arr(b, off::PADDING4096),
-        }
+    /// Reads the first 4096 bytes of `b`; a shorter `b` is an error.
+    pub fn from_bytes(b: &[u8]) -> Result<RawHeader, Short> {
+        Ok(RawHeader {
+            magic: array(b, off::MAGIC)?,
+            version: array(b, off::VERSION)?,
+            hdr_size: array(b, off::HDR_SIZE)?,
+            seqid: array(b, off::SEQID)?,
+            label: array(b, off::LABEL)?,
+            checksum_alg: array(b, off::CHECKSUM_ALG)?,
+            salt: array(b, off::SALT)?,
+            uuid: array(b, off::UUID)?,
+            subsystem: array(b, off::SUBSYSTEM)?,
+            hdr_offset: array(b, off::HDR_OFFSET)?,
+            padding: array(b, off::PADDING)?,
+            csum: array(b, off::CSUM)?,
+            padding4096: array(b, off::PADDING4096)?,
+        })
     }
 
     pub fn write_to(&self, b: &mut [u8]) {
@@ -199,7 +183,7 @@ impl fmt::Display for Which {
 /// The checks cryptsetup makes on a binary header before reading its JSON
 /// (`hdr_disk_sanity_check_pre`). `offset` is where it was read.
 pub fn parse_binary(b: &[u8], offset: u64) -> Result<BinaryHeader> {
-    let raw = RawHeader::from_bytes(b);
+    let raw = RawHeader::from_bytes(b)?;
     let which = if offset == 0 {
         Which::Primary
     } else {
@@ -925,7 +909,7 @@ fn read_copy(read: &mut ReadFn<'_>, offset: u64) -> Result<HeaderCopy> {
     let len = usize::try_from(binary.hdr_size).map_err(|_| corrupt("header size"))?;
     let whole = read(offset, len)?
         .ok_or_else(|| corrupt(format!("device too small for the header at {offset}")))?;
-    let raw = RawHeader::from_bytes(&whole);
+    let raw = RawHeader::from_bytes(&whole)?;
     let want = checksum(&binary.checksum_alg, &whole)?;
     if !crate::secret::ct_eq(&want, &raw.csum) {
         return Err(corrupt(format!(
@@ -1113,7 +1097,8 @@ pub fn build_copy(bin: &BinaryHeader, json: &str, which: Which) -> Result<Vec<u8
         Which::Primary => 0,
         Which::Secondary => bin.hdr_size,
     };
-    let mut raw = RawHeader::from_bytes(&[0u8; BINARY_SIZE]);
+    let mut raw =
+        RawHeader::from_bytes(&[0u8; BINARY_SIZE]).expect("a zeroed buffer of the header size");
     raw.magic = match which {
         Which::Primary => MAGIC_PRIMARY,
         Which::Secondary => MAGIC_SECONDARY,

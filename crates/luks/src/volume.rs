@@ -287,28 +287,19 @@ pub fn payload_alignment(optimal_io_size: u32) -> u64 {
     }
 }
 
+/// A random (version 4) UUID in the hyphenated lower-case form cryptsetup writes.
 fn random_uuid() -> String {
     let mut b = [0u8; 16];
     crate::random_fill(&mut b);
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    uuid::Builder::from_random_bytes(b)
+        .into_uuid()
+        .hyphenated()
+        .to_string()
 }
 
+/// Whether `s` is a UUID in the hyphenated form (the only one a LUKS2 header holds).
 fn valid_uuid(s: &str) -> bool {
-    s.len() == 36
-        && s.char_indices().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => c == '-',
-            _ => c.is_ascii_hexdigit(),
-        })
+    s.len() == uuid::fmt::Hyphenated::LENGTH && uuid::Uuid::try_parse(s).is_ok()
 }
 
 /// A LUKS2 header loaded from (or just written to) a device.
@@ -1464,5 +1455,10 @@ mod tests {
         assert!(valid_uuid(&u), "{u}");
         assert_eq!(&u[14..15], "4");
         assert!(!valid_uuid("12a3a118-7039-4575-a649-3f559d8d87e"));
+        assert!(valid_uuid("12A3A118-7039-4575-a649-3f559d8d87ef"));
+        // The other forms a UUID is written in are not a LUKS2 uuid field.
+        assert!(!valid_uuid("12a3a118703945754a6493f559d8d87ef"));
+        assert!(!valid_uuid("12a3a1187039457_a649_3f559d8d87ef0000"));
+        assert!(!valid_uuid("{12a3a118-7039-4575-a649-3f559d8d87ef}"));
     }
 }

@@ -13,6 +13,7 @@
 //! Every list is bounded by the sector: a missing terminator is corruption, never a read
 //! past the end.
 
+use cairn_block::codec::{le32, le64, put_le32, put_le64};
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
 use crate::crc::crc;
@@ -58,14 +59,6 @@ pub struct PvHeader {
     pub sector: u64,
 }
 
-fn le32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes(b[off..off + 4].try_into().expect("4 bytes"))
-}
-
-fn le64(b: &[u8], off: usize) -> u64 {
-    u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
-}
-
 fn corrupt(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
 }
@@ -81,8 +74,8 @@ fn read_list(s: &[u8], pos: &mut usize, what: &str) -> Result<Vec<DiskLocn>> {
             )));
         }
         let l = DiskLocn {
-            offset: le64(s, *pos),
-            size: le64(s, *pos + 8),
+            offset: le64(s, *pos)?,
+            size: le64(s, *pos + 8)?,
         };
         *pos += LOCN_SIZE;
         if l.offset == 0 && l.size == 0 {
@@ -105,7 +98,7 @@ pub fn parse_sector(s: &[u8], sector: u64) -> Result<Option<PvHeader>> {
         return Ok(None);
     }
     let s = &s[..SECTOR_BYTES];
-    let stored = le32(s, 16);
+    let stored = le32(s, 16)?;
     let computed = crc(&s[20..]);
     if stored != computed {
         return Err(corrupt(format!(
@@ -113,10 +106,10 @@ pub fn parse_sector(s: &[u8], sector: u64) -> Result<Option<PvHeader>> {
              {computed:#010x}"
         )));
     }
-    if le64(s, 8) != sector {
+    let claimed = le64(s, 8)?;
+    if claimed != sector {
         return Err(corrupt(format!(
-            "PV label in sector {sector} says it belongs in sector {}",
-            le64(s, 8)
+            "PV label in sector {sector} says it belongs in sector {claimed}"
         )));
     }
     if &s[24..32] != LVM2_TYPE {
@@ -128,7 +121,7 @@ pub fn parse_sector(s: &[u8], sector: u64) -> Result<Option<PvHeader>> {
             ),
         ));
     }
-    let off = le32(s, 20) as usize;
+    let off = le32(s, 20)? as usize;
     if off != PV_HEADER_OFFSET {
         return Err(corrupt(format!(
             "PV label in sector {sector}: pv_header offset {off} is not 32"
@@ -140,15 +133,15 @@ pub fn parse_sector(s: &[u8], sector: u64) -> Result<Option<PvHeader>> {
             "PV label in sector {sector}: invalid PV uuid {uuid:?}"
         )));
     }
-    let device_size = le64(s, off + UUID_LEN);
+    let device_size = le64(s, off + UUID_LEN)?;
     let mut pos = off + UUID_LEN + 8;
     let data_areas = read_list(s, &mut pos, "data area")?;
     let metadata_areas = read_list(s, &mut pos, "metadata area")?;
     let (mut ext_version, mut ext_flags, mut bootloader_areas) = (0, 0, Vec::new());
     if pos + 8 <= s.len() {
-        ext_version = le32(s, pos);
+        ext_version = le32(s, pos)?;
         if ext_version != 0 {
-            ext_flags = le32(s, pos + 4);
+            ext_flags = le32(s, pos + 4)?;
             pos += 8;
             bootloader_areas = read_list(s, &mut pos, "bootloader area")?;
         }
@@ -175,13 +168,13 @@ pub fn encode(pv: &PvHeader) -> Result<Vec<u8>> {
     }
     let mut s = vec![0u8; SECTOR_BYTES];
     s[..8].copy_from_slice(LABEL_ID);
-    s[8..16].copy_from_slice(&pv.sector.to_le_bytes());
-    s[20..24].copy_from_slice(&32u32.to_le_bytes());
+    put_le64(&mut s, 8, pv.sector);
+    put_le32(&mut s, 20, 32u32);
     s[24..32].copy_from_slice(LVM2_TYPE);
     let mut p = PV_HEADER_OFFSET;
     s[p..p + UUID_LEN].copy_from_slice(pv.uuid.as_bytes());
     p += UUID_LEN;
-    s[p..p + 8].copy_from_slice(&pv.device_size.to_le_bytes());
+    put_le64(&mut s, p, pv.device_size);
     p += 8;
     let ext = if pv.ext_version != 0 { 8 } else { 0 };
     let lists = pv.data_areas.len()
@@ -199,8 +192,8 @@ pub fn encode(pv: &PvHeader) -> Result<Vec<u8>> {
         ));
     }
     let put = |s: &mut [u8], p: &mut usize, l: &DiskLocn| {
-        s[*p..*p + 8].copy_from_slice(&l.offset.to_le_bytes());
-        s[*p + 8..*p + 16].copy_from_slice(&l.size.to_le_bytes());
+        put_le64(s, *p, l.offset);
+        put_le64(s, *p + 8, l.size);
         *p += LOCN_SIZE;
     };
     for l in &pv.data_areas {
@@ -212,15 +205,15 @@ pub fn encode(pv: &PvHeader) -> Result<Vec<u8>> {
     }
     p += LOCN_SIZE;
     if ext > 0 {
-        s[p..p + 4].copy_from_slice(&pv.ext_version.to_le_bytes());
-        s[p + 4..p + 8].copy_from_slice(&pv.ext_flags.to_le_bytes());
+        put_le32(&mut s, p, pv.ext_version);
+        put_le32(&mut s, p + 4, pv.ext_flags);
         p += 8;
         for l in &pv.bootloader_areas {
             put(&mut s, &mut p, l);
         }
     }
     let c = crc(&s[20..]);
-    s[16..20].copy_from_slice(&c.to_le_bytes());
+    put_le32(&mut s, 16, c);
     Ok(s)
 }
 
@@ -341,15 +334,15 @@ mod tests {
     fn unterminated_list_is_corrupt() {
         let mut s = vec![0u8; 512];
         s[..8].copy_from_slice(LABEL_ID);
-        s[8..16].copy_from_slice(&1u64.to_le_bytes());
-        s[20..24].copy_from_slice(&32u32.to_le_bytes());
+        put_le64(&mut s, 8, 1u64);
+        put_le32(&mut s, 20, 32u32);
         s[24..32].copy_from_slice(LVM2_TYPE);
         s[32..64].copy_from_slice(b"WKCTnRTYCUfnop8qheb7Ff5k4DrnoKPq");
         for b in s[72..].iter_mut() {
             *b = 1;
         }
         let c = crc(&s[20..]);
-        s[16..20].copy_from_slice(&c.to_le_bytes());
+        put_le32(&mut s, 16, c);
         assert_eq!(parse_sector(&s, 1).unwrap_err().kind(), ErrorKind::Corrupt);
     }
 }

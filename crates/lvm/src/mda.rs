@@ -13,6 +13,7 @@
 //! overwrites the committed text. The commit protocol across all PVs of a VG lives in
 //! `vg.rs`; this module writes one area's pieces.
 
+use cairn_block::codec::{le32, le64, put_le32, put_le64};
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
 use crate::crc::{calc_crc, crc, INITIAL_CRC};
@@ -60,14 +61,6 @@ pub struct MdaHeader {
     pub precommitted: RawLocn,
 }
 
-fn le32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes(b[off..off + 4].try_into().expect("4 bytes"))
-}
-
-fn le64(b: &[u8], off: usize) -> u64 {
-    u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
-}
-
 fn corrupt(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
 }
@@ -100,7 +93,7 @@ impl MdaHeader {
                 area.offset
             )));
         }
-        let stored = le32(b, 0);
+        let stored = le32(b, 0)?;
         let computed = crc(&b[4..]);
         if stored != computed {
             return Err(corrupt(format!(
@@ -109,7 +102,7 @@ impl MdaHeader {
                 area.offset
             )));
         }
-        let version = le32(b, 20);
+        let version = le32(b, 20)?;
         if version != FMTT_VERSION {
             return Err(Error::new(
                 ErrorKind::Unsupported,
@@ -119,7 +112,7 @@ impl MdaHeader {
                 ),
             ));
         }
-        let (start, size) = (le64(b, 24), le64(b, 32));
+        let (start, size) = (le64(b, 24)?, le64(b, 32)?);
         if start != area.offset || (area.size != 0 && size != area.size) {
             return Err(corrupt(format!(
                 "metadata area header at byte {} says the area is [{start}, +{size}) but the \
@@ -136,10 +129,10 @@ impl MdaHeader {
         for i in 0..=MAX_RAW_LOCNS {
             let p = RAW_LOCNS_AT + i * RAW_LOCN_SIZE;
             let l = RawLocn {
-                offset: le64(b, p),
-                size: le64(b, p + 8),
-                checksum: le32(b, p + 16),
-                flags: le32(b, p + 20),
+                offset: le64(b, p)?,
+                size: le64(b, p + 8)?,
+                checksum: le32(b, p + 16)?,
+                flags: le32(b, p + 20)?,
             };
             if l.is_zero() {
                 break;
@@ -162,9 +155,9 @@ impl MdaHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; HEADER_BYTES];
         b[4..20].copy_from_slice(MDA_MAGIC);
-        b[20..24].copy_from_slice(&FMTT_VERSION.to_le_bytes());
-        b[24..32].copy_from_slice(&self.start.to_le_bytes());
-        b[32..40].copy_from_slice(&self.size.to_le_bytes());
+        put_le32(&mut b, 20, FMTT_VERSION);
+        put_le64(&mut b, 24, self.start);
+        put_le64(&mut b, 32, self.size);
         let mut p = RAW_LOCNS_AT;
         // A zero committed entry would end the list early; lvm writes the precommitted
         // entry only next to a committed one.
@@ -174,14 +167,14 @@ impl MdaHeader {
             &[self.committed, self.precommitted]
         };
         for l in locns {
-            b[p..p + 8].copy_from_slice(&l.offset.to_le_bytes());
-            b[p + 8..p + 16].copy_from_slice(&l.size.to_le_bytes());
-            b[p + 16..p + 20].copy_from_slice(&l.checksum.to_le_bytes());
-            b[p + 20..p + 24].copy_from_slice(&l.flags.to_le_bytes());
+            put_le64(&mut b, p, l.offset);
+            put_le64(&mut b, p + 8, l.size);
+            put_le32(&mut b, p + 16, l.checksum);
+            put_le32(&mut b, p + 20, l.flags);
             p += RAW_LOCN_SIZE;
         }
         let c = crc(&b[4..]);
-        b[0..4].copy_from_slice(&c.to_le_bytes());
+        put_le32(&mut b, 0, c);
         b
     }
 

@@ -8,14 +8,17 @@
 //! ```
 //!
 //! [`RawSuperblock`] is the C struct with little-endian fields, its offsets checked at
-//! compile time against the table in the format document. [`Superblock`] is the parsed,
+//! compile time against the table in the format document. It stays a `raw_struct!`
+//! rather than reads at offsets (`cairn_block::codec`, which the rest of md uses): the
+//! struct *is* the kernel's field table, so each offset is derived by the compiler and
+//! asserted once, instead of written out again at every read and write. [`Superblock`] is the parsed,
 //! validated form. [`Superblock::parse`] applies the kernel's acceptance rules
 //! (`super_1_load`) plus mdadm's, and every refusal names the member and the field.
 
 use std::fmt;
 use std::mem::{offset_of, size_of};
 
-use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
+use cairn_block::{codec, BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
 use crate::level::{BadRaid10Layout, Level, ParityAlgorithm, Raid10Layout, UnknownLevel};
 use crate::units::{small, wide, Sectors};
@@ -219,7 +222,7 @@ pub const SUPERBLOCK_BYTE_OFFSET: u64 = 4096;
 /// version 1: the cheap probe that tells "not an md member" from "a damaged one" before
 /// [`Superblock::parse`] says which check failed.
 pub fn looks_like_md(bytes: &[u8]) -> bool {
-    bytes.len() >= 8 && bytes[..4] == MD_SB_MAGIC.to_le_bytes() && bytes[4..8] == 1u32.to_le_bytes()
+    codec::le32(bytes, 0) == Ok(MD_SB_MAGIC) && codec::le32(bytes, 4) == Ok(1)
 }
 
 /// The largest chunk md supports (`MAX_CHUNK_SIZE`, 1 GiB: "the largest chunk size the
@@ -1082,10 +1085,10 @@ impl Superblock {
         let fixed: &mut [u8; FIXED_SIZE] = (&mut out[..FIXED_SIZE]).try_into().expect("256 bytes");
         self.to_raw().write_to(fixed);
         for (i, role) in self.dev_roles.iter().enumerate() {
-            out[FIXED_SIZE + 2 * i..FIXED_SIZE + 2 * i + 2].copy_from_slice(&role.0.to_le_bytes());
+            codec::put_le16(&mut out, FIXED_SIZE + 2 * i, role.0);
         }
         let csum = checksum(&out, self.max_dev());
-        out[CSUM_OFFSET..CSUM_OFFSET + 4].copy_from_slice(&csum.to_le_bytes());
+        codec::put_le32(&mut out, CSUM_OFFSET, csum);
         Self::parse_with(&out, "(being encoded)", FeaturePolicy::KnownToMd)
             .map_err(|e| e.with_kind(ErrorKind::InvalidArgument))?;
         Ok(out)
@@ -1097,7 +1100,7 @@ impl Superblock {
         let fixed: &mut [u8; FIXED_SIZE] = (&mut buf[..FIXED_SIZE]).try_into().expect("256 bytes");
         self.to_raw().write_to(fixed);
         for (i, role) in self.dev_roles.iter().enumerate() {
-            buf[FIXED_SIZE + 2 * i..FIXED_SIZE + 2 * i + 2].copy_from_slice(&role.0.to_le_bytes());
+            codec::put_le16(&mut buf, FIXED_SIZE + 2 * i, role.0);
         }
         checksum(&buf, self.max_dev())
     }

@@ -341,25 +341,11 @@ fn open_ro(p: &Path) -> Result<Arc<dyn BlockDevice>> {
     Ok(Arc::new(disk))
 }
 
-/// Whether sectors 0-3 carry an LVM2 label. Reads whole logical blocks (a LUKS payload
-/// may have 4096-byte ones).
-fn has_lvm_label(dev: &dyn BlockDevice) -> Result<bool, Error> {
-    let g = dev.geometry();
-    let lbs = u64::from(g.logical_block_size.max(512));
-    let len = 2048u64.div_ceil(lbs) * lbs;
-    if g.size < len {
-        return Ok(false);
-    }
-    let mut buf = vec![0u8; usize::try_from(len).expect("a few KiB")];
-    dev.read_at(&mut buf, 0)?;
-    Ok((0..4).any(|s| &buf[s * 512..s * 512 + 8] == b"LABELONE"))
-}
-
 /// Classifies one device. md comes first: an md 1.0 member's data starts at sector 0, so
 /// a RAID1 member also shows the array's LUKS header or LVM label there.
 fn probe(dev: &dyn BlockDevice, name: &str) -> Result<Found, Error> {
-    let sigs = cairn_md::probe_signatures(dev)?;
-    let kinds: Vec<&str> = sigs.iter().map(|s| s.kind.as_str()).collect();
+    let found = cairn_block::probe::probe(dev)?;
+    let kinds: Vec<&str> = found.signatures.iter().map(|s| s.kind.describe()).collect();
     if kinds.contains(&"md superblock 1.2") {
         return match cairn_md::Superblock::read_from(dev, name, cairn_md::FeaturePolicy::Supported)
         {
@@ -377,10 +363,10 @@ fn probe(dev: &dyn BlockDevice, name: &str) -> Result<Found, Error> {
             "an {k} (cairn assembles md superblock 1.2 arrays only)"
         )));
     }
-    if let Some(v) = cairn_luks::probe(dev)? {
+    if let Some(v) = found.luks_version() {
         return Ok(Found::Luks(v));
     }
-    if has_lvm_label(dev)? {
+    if found.has_lvm_label() {
         return Ok(Found::LvmPv);
     }
     match kinds.first() {
@@ -762,7 +748,7 @@ fn stack_on(
     }
     // An LVM2 label on the top device: on an unlocked payload or an array (a plain
     // file's label was seen by the probe already).
-    let lvm = has_lvm_label(&*e.device).unwrap_or(false);
+    let lvm = cairn_block::probe::probe(&*e.device).is_ok_and(|f| f.has_lvm_label());
     Ok(Some((e, lvm)))
 }
 
