@@ -10,15 +10,23 @@ use std::sync::{Arc, Condvar, Mutex};
 #[derive(Debug)]
 pub(super) struct Budget {
     limit: usize,
-    held: Mutex<usize>,
+    state: Mutex<State>,
     freed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    held: usize,
+    /// Threads waiting on `freed`: a release wakes nobody (no syscall) when there are
+    /// none, which is the common case on every request.
+    waiting: usize,
 }
 
 impl Budget {
     pub(super) fn new(limit: usize) -> Arc<Budget> {
         Arc::new(Budget {
             limit: limit.max(1),
-            held: Mutex::new(0),
+            state: Mutex::new(State::default()),
             freed: Condvar::new(),
         })
     }
@@ -26,11 +34,13 @@ impl Budget {
     /// Takes `n` units, waiting while they do not fit. The units go back when the
     /// returned [`Held`] is dropped, on whatever thread that happens.
     pub(super) fn take(self: &Arc<Self>, n: usize) -> Held {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        while *held > 0 && held.saturating_add(n) > self.limit {
-            held = self.freed.wait(held).unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while st.held > 0 && st.held.saturating_add(n) > self.limit {
+            st.waiting += 1;
+            st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.waiting -= 1;
         }
-        *held += n;
+        st.held += n;
         Held {
             budget: self.clone(),
             n,
@@ -39,15 +49,17 @@ impl Budget {
 
     /// Waits until nothing is held.
     pub(super) fn wait_empty(&self) {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        while *held > 0 {
-            held = self.freed.wait(held).unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while st.held > 0 {
+            st.waiting += 1;
+            st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.waiting -= 1;
         }
     }
 
     #[cfg(test)]
     fn held(&self) -> usize {
-        *self.held.lock().unwrap()
+        self.state.lock().unwrap().held
     }
 }
 
@@ -60,9 +72,11 @@ pub(super) struct Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut held = self.budget.held.lock().unwrap_or_else(|p| p.into_inner());
-        *held -= self.n;
-        self.budget.freed.notify_all();
+        let mut st = self.budget.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.held -= self.n;
+        if st.waiting > 0 {
+            self.budget.freed.notify_all();
+        }
     }
 }
 

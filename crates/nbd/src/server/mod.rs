@@ -1,17 +1,21 @@
 //! The NBD server.
 //!
 //! ```text
-//!   accept thread ── poll(listeners) ──> one thread per connection: handshake
+//!   accept thread ── poll(listeners) ──> one thread per connection (accept.rs)
+//!                                             │ handshake (handshake.rs)
+//!   reader: header (+ payload) → check → running slot + buffer budget → submit
 //!                                             │
-//!                  transmission: N workers share the connection ──────────────┐
-//!     worker: lock reader → header (+ payload) → unlock → device I/O → lock writer → reply
+//!   shared pool (pool.rs): device I/O → lock the connection's writer → whole reply
 //! ```
 //!
-//! Workers take turns reading requests, so a request is executed by the thread that read
-//! it (no hand-off between a reader thread and a pool), and replies go out in completion
-//! order. Requests are validated here, once (`check_io` and the flag rules of
-//! proto.md); the device below only asserts. A bad request gets the protocol's error and
-//! the connection goes on; only a broken stream (bad magic, EOF) or DISC ends it.
+//! A connection's thread reads and checks requests and hands them to a worker pool the
+//! whole server shares, so one connection has up to `threads_per_connection` requests
+//! running and their replies go out in the order they finish (transmission.rs). With one
+//! request per connection, the reader runs it itself. Requests are validated here, once
+//! (`check_io` and the flag rules of proto.md); the device below only asserts. A bad
+//! request gets the protocol's error and the connection goes on; only a broken stream
+//! (bad magic, EOF) or DISC ends it. The exports and what they advertise live in
+//! exports.rs.
 //!
 //! Nothing a client does grows the server without bound: at most `max_connections`
 //! connections (handshakes included); a handshake not finished within `client_timeout` is

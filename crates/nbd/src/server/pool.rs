@@ -85,8 +85,11 @@ impl Pool {
             }
         }
         st.jobs.push_back(job);
+        let wake = st.idle > 0;
         drop(st);
-        self.inner.ready.notify_one();
+        if wake {
+            self.inner.ready.notify_one();
+        }
     }
 }
 
