@@ -60,8 +60,12 @@ impl From<cairn_block::Error> for Failure {
     }
 }
 
-/// Largest per-worker buffer kept between requests.
+/// Largest buffer kept between requests.
 const KEEP_BUFFER: usize = 4 << 20;
+
+/// Most bytes of buffers one connection keeps between requests: eight 1 MiB requests in
+/// flight reuse theirs, and an idle connection pins no more than this.
+const SPARE_BYTES: usize = 8 << 20;
 
 /// One connection in its transmission phase, shared by its reader (the connection's
 /// thread) and the pool workers running its requests.
@@ -84,7 +88,14 @@ struct Transmission {
     running: Arc<Budget>,
     /// Buffers of finished requests, reused by the next ones (a 1 MiB buffer allocated
     /// afresh costs page faults on every request).
-    spare: Mutex<Vec<Vec<u8>>>,
+    spare: Mutex<Spare>,
+}
+
+/// Buffers of finished requests, and their total capacity.
+#[derive(Default)]
+struct Spare {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
 }
 
 /// What a request holds until its reply is sent: its place among the connection's
@@ -174,7 +185,7 @@ pub(super) fn serve_connection(
         id,
         in_flight: Budget::new(CONNECTION_IN_FLIGHT),
         running: Budget::new(shared.threads),
-        spare: Mutex::new(Vec::new()),
+        spare: Mutex::new(Spare::default()),
     });
     // This thread reads requests and hands each to the pool; a worker executes it and
     // writes its reply, so replies go out in the order requests finish.
@@ -241,22 +252,29 @@ impl Transmission {
     }
 
     fn spare_buffer(&self) -> Vec<u8> {
-        self.spare
-            .lock()
-            .ok()
-            .and_then(|mut s| s.pop())
-            .unwrap_or_default()
+        let Ok(mut s) = self.spare.lock() else {
+            return Vec::new();
+        };
+        match s.bufs.pop() {
+            Some(b) => {
+                s.bytes -= b.capacity();
+                b
+            }
+            None => Vec::new(),
+        }
     }
 
-    /// Keeps the common sizes (up to 4 MiB) warm, at most one per running request, but
-    /// does not let one 32 MiB request pin 32 MiB for the life of the connection.
+    /// Keeps the common sizes (up to 4 MiB) warm, up to [`SPARE_BYTES`], but does not let
+    /// one 32 MiB request pin 32 MiB for the life of the connection.
     fn give_back(&self, buf: Vec<u8>) {
-        if buf.capacity() == 0 || buf.capacity() > KEEP_BUFFER {
+        let cap = buf.capacity();
+        if cap == 0 || cap > KEEP_BUFFER {
             return;
         }
         if let Ok(mut s) = self.spare.lock() {
-            if s.len() < self.shared.threads {
-                s.push(buf);
+            if s.bytes + cap <= SPARE_BYTES {
+                s.bytes += cap;
+                s.bufs.push(buf);
             }
         }
     }
