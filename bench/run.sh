@@ -20,8 +20,8 @@
 #   BENCH_RUNTIME, BENCH_SIZE, BENCH_RAMP   the same settings from the environment
 #
 # Server settings (the defaults of each, made comparable, see docs/BENCHMARKS.md):
-#   cairn     cairn serve FILE (defaults: 1 worker thread per connection, page cache;
-#             CAIRN_SERVE_ARGS="--threads 4" adds options)
+#   cairn     cairn serve FILE (defaults: 32 requests running per connection on a shared
+#             worker pool, page cache; CAIRN_SERVE_ARGS="--threads 1" adds options)
 #   nbdkit    nbdkit file plugin defaults (16 threads, parallel model, page cache)
 #   qemu-nbd  -f raw --cache=writeback --aio=threads --shared=8 --persistent
 # Writes the raw fio JSON, machine details and the table to bench/results/DATE/.

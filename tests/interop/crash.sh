@@ -53,7 +53,10 @@ rng() {
 # serve NAME: serves ${M[@]} as NAME with a control socket; sets CTL, URI, SIZE.
 serve() {
   CTL=$WORK/c$((CAIRN_N + 1)).sock
-  start_cairn --control "$CTL" --md "$(IFS=,; echo "${M[*]}"):$1"
+  # --threads 1: each connection answers its requests in order, which the check of fio's
+  # verify state below relies on (see "bytes verified vs written"); fio's several jobs
+  # still write concurrently over their own connections.
+  start_cairn --threads 1 --control "$CTL" --md "$(IFS=,; echo "${M[*]}"):$1"
   URI=$(unix_uri "$1")
   SIZE=$(nbdinfo --size "$URI")
 }
@@ -278,7 +281,7 @@ crash_loop() {
     sed -n '/^{/,$p' "$WORK/v.json" >"$WORK/v.clean.json" && mv "$WORK/v.clean.json" "$WORK/v.json"
     errs=$(jq '[.jobs[].error] | add' "$WORK/v.json")
     expect_eq "$errs" 0 "fio errors in --verify_only (iteration $IT)"
-    # Each connection's requests complete in order (one worker each), so the writes fio
+    # Each connection's requests complete in order (--threads 1), so the writes fio
     # saw complete are exactly those before the first failed one: fio must read back (and
     # check) exactly the bytes it wrote, per job.
     verified=$(jq '[.jobs[].read.io_bytes] | add' "$WORK/v.json")

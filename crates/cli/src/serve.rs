@@ -800,8 +800,8 @@ pub fn open_config_stacks(entries: &[ExportEntry], args: &ServeArgs) -> Result<V
 // ---- the command line (clap) ----------------------------------------------------
 //
 
-/// Worker threads per connection for `cairn serve`: measured in docs/BENCHMARKS.md.
-pub const DEFAULT_THREADS: u16 = 1;
+/// Requests one connection runs at once for `cairn serve`: measured in docs/BENCHMARKS.md.
+pub const DEFAULT_THREADS: u16 = 32;
 
 /// `cairn serve --max-connections` and `--client-timeout` defaults (quickstart too).
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
@@ -935,10 +935,11 @@ pub struct ServerOptions {
     #[arg(short, long = "listen", value_name = "ADDRESS")]
     pub listen: Vec<Listen>,
 
-    /// Requests each client connection may run at once (worker threads per connection).
-    /// One is fastest on few cores with files in the page cache: clients that want
-    /// parallelism open several connections (multi-conn). Raise it for disks with real
-    /// latency served to a client that uses one connection.
+    /// Requests each client connection may have running at once. They run on one pool of
+    /// worker threads shared by all connections (started when requests wait, ended when
+    /// idle, at most 256), and their replies go out as each finishes. 32 matches the
+    /// queue depth of common clients, so one connection gets the parallelism of a disk or
+    /// network below; 1 answers one request at a time, in order
     #[arg(long, value_name = "N", default_value_t = DEFAULT_THREADS,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: u16,

@@ -2,7 +2,10 @@
 //! information, optional structured replies and `base:allocation`.
 //!
 //! ```text
-//!   Client (BlockDevice, Mutex)          -- a remote export as a cairn member device
+//!   Client (BlockDevice)                 -- a remote export as a cairn member device,
+//!                                           over one or more (multi-conn) pipelines
+//!     Pipeline (shared by threads)       -- callers send, one reader thread matches
+//!                                           replies to callers by cookie
 //!     Connection (transmission phase)    -- typed ops, pipelining by cookie, raw requests
 //!       Handshake (option haggling)      -- LIST / INFO / GO / STRUCTURED_REPLY / META
 //!         socket: Unix or TCP, or any Read + Write pair (fuzzing, tests)
@@ -21,7 +24,10 @@ use std::fmt;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
 use std::time::Duration;
 
 use cairn_block::{BlockDevice, Capabilities, ErrorKind, Extent, Geometry, Support, WriteFlags};
@@ -241,6 +247,18 @@ impl Socket {
             Socket::Tcp(s) => (Box::new(s.try_clone()?), Box::new(s.try_clone()?)),
         })
     }
+    fn try_clone(&self) -> io::Result<Socket> {
+        Ok(match self {
+            Socket::Unix(s) => Socket::Unix(s.try_clone()?),
+            Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
+        })
+    }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Socket::Unix(s) => s.set_read_timeout(t),
+            Socket::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
     fn shutdown(&self, how: std::net::Shutdown) {
         let _ = match self {
             Socket::Unix(s) => s.shutdown(how),
@@ -321,6 +339,10 @@ pub struct ClientOptions {
     pub meta_base_allocation: bool,
     /// Socket read/write timeout; `None` waits forever.
     pub timeout: Option<Duration>,
+    /// Connections [`Client::connect`] opens when the server offers multi-conn (else
+    /// one). Each keeps many requests in flight; more spread them over the server's
+    /// connection threads.
+    pub connections: usize,
 }
 
 impl ClientOptions {
@@ -332,6 +354,7 @@ impl ClientOptions {
             structured: true,
             meta_base_allocation: true,
             timeout: Some(Duration::from_secs(30)),
+            connections: 4,
         }
     }
 }
@@ -720,7 +743,7 @@ impl Handshake {
             structured: self.structured,
             meta_base_allocation: self.meta_base_allocation,
             next_cookie: 1,
-            in_flight: HashMap::new(),
+            in_flight: Arc::new(Mutex::new(HashMap::new())),
             partial: HashMap::new(),
             done: Vec::new(),
             broken: None,
@@ -845,7 +868,8 @@ pub struct Connection {
     structured: bool,
     meta_base_allocation: Option<u32>,
     next_cookie: u64,
-    in_flight: HashMap<u64, InFlight>,
+    /// Shared with a [`Pipeline`]'s sending side once the connection becomes one.
+    in_flight: Arc<Mutex<HashMap<u64, InFlight>>>,
     partial: HashMap<u64, Partial>,
     /// Complete replies read while waiting for another cookie.
     done: Vec<Reply>,
@@ -860,7 +884,7 @@ impl fmt::Debug for Connection {
             .field("info", &self.info)
             .field("structured", &self.structured)
             .field("meta_base_allocation", &self.meta_base_allocation)
-            .field("in_flight", &self.in_flight.len())
+            .field("in_flight", &self.flights().len())
             .field("broken", &self.broken)
             .finish()
     }
@@ -879,7 +903,7 @@ impl Connection {
     }
     /// Requests sent whose replies have not been returned yet.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len() + self.done.len()
+        self.flights().len() + self.done.len()
     }
     /// Why the connection is unusable, if it is.
     pub fn broken(&self) -> Option<&str> {
@@ -891,6 +915,12 @@ impl Connection {
             s.set_timeout(t)?;
         }
         Ok(())
+    }
+
+    fn flights(&self) -> MutexGuard<'_, HashMap<u64, InFlight>> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn check_usable(&self) -> Result<()> {
@@ -914,7 +944,7 @@ impl Connection {
     pub fn send_raw(&mut self, req: RawRequest, payload: &[u8]) -> Result<()> {
         self.check_usable()?;
         if req.kind != CMD_DISC {
-            if self.in_flight.contains_key(&req.cookie)
+            if self.flights().contains_key(&req.cookie)
                 || self.done.iter().any(|r| r.cookie == req.cookie)
             {
                 return Err(Error::Usage(format!(
@@ -922,7 +952,7 @@ impl Connection {
                     req.cookie
                 )));
             }
-            self.in_flight.insert(
+            self.flights().insert(
                 req.cookie,
                 InFlight {
                     kind: req.kind,
@@ -994,7 +1024,7 @@ impl Connection {
         if let Some(i) = self.done.iter().position(|r| r.cookie == cookie) {
             return Ok(self.done.remove(i));
         }
-        if !self.in_flight.contains_key(&cookie) {
+        if !self.flights().contains_key(&cookie) {
             return Err(Error::Usage(format!("cookie {cookie} is not in flight")));
         }
         self.check_usable()?;
@@ -1020,7 +1050,7 @@ impl Connection {
     }
 
     fn take_in_flight(&mut self, cookie: u64) -> Result<InFlight> {
-        self.in_flight.remove(&cookie).ok_or_else(|| {
+        self.flights().remove(&cookie).ok_or_else(|| {
             Error::Protocol(format!("reply to cookie {cookie}, which is not in flight"))
         })
     }
@@ -1077,7 +1107,7 @@ impl Connection {
                 "structured reply without negotiation".into(),
             ));
         }
-        let req = *self.in_flight.get(&cookie).ok_or_else(|| {
+        let req = *self.flights().get(&cookie).ok_or_else(|| {
             Error::Protocol(format!("chunk for cookie {cookie}, which is not in flight"))
         })?;
         if flags & !REPLY_FLAG_DONE != 0 {
@@ -1215,7 +1245,7 @@ impl Connection {
         if flags & REPLY_FLAG_DONE == 0 {
             return Ok(None);
         }
-        self.in_flight.remove(&cookie);
+        self.flights().remove(&cookie);
         let Partial {
             mut reply,
             mut covered,
@@ -1377,20 +1407,315 @@ impl Connection {
 }
 
 // ---------------------------------------------------------------------------------------
+// Pipeline: one connection shared by many threads
+
+/// One connection that many threads use at once: each caller sends its request under a
+/// short lock and waits for its own reply; one reader thread reads replies in whatever
+/// order the server sends them and hands each to its caller by cookie.
+///
+/// ```text
+///   caller ─┐ lock sender: cookie, in-flight entry, waiter → write request ─┐
+///   caller ─┤                                                             server
+///   caller ─┘ <── waiter channel <── reader thread: recv, match cookie <────┘
+/// ```
+///
+/// A broken stream (a protocol error, EOF, a reply the server does not send within the
+/// timeout while requests wait) fails every request in flight and every later one.
+pub struct Pipeline {
+    shared: Arc<PipeShared>,
+    socket: Option<Socket>,
+    reader: Option<thread::JoinHandle<()>>,
+}
+
+struct PipeShared {
+    sender: Mutex<PipeSender>,
+    in_flight: Arc<Mutex<HashMap<u64, InFlight>>>,
+    waiters: Mutex<Waiters>,
+}
+
+struct PipeSender {
+    writer: BufWriter<Box<dyn Write + Send>>,
+    next_cookie: u64,
+}
+
+#[derive(Default)]
+struct Waiters {
+    by_cookie: HashMap<u64, SyncSender<Result<Reply>>>,
+    /// Why the connection is unusable, once it is ([`Error::Closed`] after a clean
+    /// close).
+    broken: Option<Error>,
+}
+
+impl fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = self
+            .shared
+            .waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        f.debug_struct("Pipeline")
+            .field("in_flight", &w.by_cookie.len())
+            .field("broken", &w.broken.as_ref().map(ToString::to_string))
+            .finish()
+    }
+}
+
+/// A request sent on a [`Pipeline`] whose reply has not been taken yet.
+#[derive(Debug)]
+pub struct Pending {
+    rx: Receiver<Result<Reply>>,
+}
+
+impl Pending {
+    /// Waits for the reply; an error reply is `Err(Error::Request)`.
+    pub fn wait(self) -> Result<Reply> {
+        match self.rx.recv() {
+            Ok(r) => r?.result(),
+            Err(_) => Err(Error::Protocol(
+                "connection closed with the request in flight".into(),
+            )),
+        }
+    }
+}
+
+/// The same failure again, for each request it ends.
+fn again(e: &Error) -> Error {
+    match e {
+        Error::Closed => Error::Closed,
+        Error::Io(io) => Error::Io(io::Error::new(io.kind(), io.to_string())),
+        e => Error::Protocol(format!("connection unusable: {e}")),
+    }
+}
+
+impl Connection {
+    /// Turns this connection into a [`Pipeline`] (no request may be in flight). Its
+    /// timeout then applies to waiting for a reply while requests are in flight: an idle
+    /// pipeline stays open.
+    pub fn into_pipeline(mut self) -> Result<Pipeline> {
+        self.check_usable()?;
+        if self.in_flight() != 0 {
+            return Err(Error::Usage("requests are in flight".into()));
+        }
+        let writer = std::mem::replace(
+            &mut self.wire.writer,
+            BufWriter::new(Box::new(io::sink()) as Box<dyn Write + Send>),
+        );
+        let socket = match &self.wire.socket {
+            Some(s) => Some(s.try_clone()?),
+            None => None,
+        };
+        let shared = Arc::new(PipeShared {
+            sender: Mutex::new(PipeSender {
+                writer,
+                next_cookie: self.next_cookie,
+            }),
+            in_flight: self.in_flight.clone(),
+            waiters: Mutex::new(Waiters::default()),
+        });
+        let s = shared.clone();
+        let reader = thread::Builder::new()
+            .name("nbd-client-reader".into())
+            .spawn(move || s.read_replies(self))?;
+        Ok(Pipeline {
+            shared,
+            socket,
+            reader: Some(reader),
+        })
+    }
+}
+
+impl PipeShared {
+    fn waiters(&self) -> MutexGuard<'_, Waiters> {
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The reader thread: every reply to its caller, until the stream ends.
+    fn read_replies(&self, mut conn: Connection) {
+        let end = loop {
+            match conn.recv_one() {
+                Ok(Some(r)) => {
+                    if let Some(tx) = self.waiters().by_cookie.remove(&r.cookie) {
+                        let _ = tx.send(Ok(r));
+                    }
+                }
+                Ok(None) => {}
+                // The read timeout with nothing in flight: an idle connection, not a
+                // server that fails to answer. Nothing of a message was consumed (a
+                // partial reply keeps its request in flight).
+                Err(Error::Io(e))
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) && conn.flights().is_empty() => {}
+                Err(e) => break e,
+            }
+        };
+        let mut w = self.waiters();
+        for (_, tx) in w.by_cookie.drain() {
+            let _ = tx.send(Err(again(&end)));
+        }
+        w.broken = Some(end);
+    }
+}
+
+impl Pipeline {
+    /// Sends a request and returns at once; [`Pending::wait`] takes its reply. `payload`
+    /// goes with WRITE (its length is the request length) and must be empty otherwise.
+    pub fn submit(
+        &self,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) -> Result<Pending> {
+        let (tx, rx) = sync_channel(1);
+        let mut s = self.shared.sender.lock().unwrap_or_else(|p| p.into_inner());
+        let cookie = s.next_cookie;
+        s.next_cookie = s.next_cookie.wrapping_add(1).max(1);
+        {
+            // The waiter is in place before the request leaves: the reply may come back
+            // before this thread runs again.
+            let mut w = self.shared.waiters();
+            if let Some(e) = &w.broken {
+                return Err(again(e));
+            }
+            w.by_cookie.insert(cookie, tx);
+        }
+        self.shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                cookie,
+                InFlight {
+                    kind,
+                    flags,
+                    offset,
+                    length,
+                },
+            );
+        let mut req = RawRequest::new(kind, flags, offset, length);
+        req.cookie = cookie;
+        let sent = s
+            .writer
+            .write_all(&req.encode())
+            .and_then(|()| s.writer.write_all(payload))
+            .and_then(|()| s.writer.flush());
+        if let Err(e) = sent {
+            // Part of a request may be on the wire: the stream is lost. The reader sees
+            // the end and fails everything in flight.
+            self.shared.waiters().by_cookie.remove(&cookie);
+            self.shared
+                .in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&cookie);
+            if let Some(sock) = &self.socket {
+                sock.shutdown(std::net::Shutdown::Both);
+            }
+            return Err(Error::Io(e));
+        }
+        Ok(Pending { rx })
+    }
+
+    /// Sends a request and waits for its reply.
+    pub fn call(
+        &self,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) -> Result<Reply> {
+        self.submit(kind, flags, offset, length, payload)?.wait()
+    }
+
+    /// Requests sent whose replies have not been read.
+    pub fn in_flight(&self) -> usize {
+        self.shared.waiters().by_cookie.len()
+    }
+
+    /// Sends `NBD_CMD_DISC` once the requests in flight are answered, and waits for the
+    /// server to close.
+    pub fn disconnect(mut self) -> Result<()> {
+        while self.in_flight() > 0 && self.reader.as_ref().is_some_and(|r| !r.is_finished()) {
+            thread::sleep(Duration::from_millis(1));
+        }
+        {
+            let mut s = self.shared.sender.lock().unwrap_or_else(|p| p.into_inner());
+            let mut req = RawRequest::new(CMD_DISC, 0, 0, 0);
+            req.cookie = 0;
+            s.writer.write_all(&req.encode())?;
+            s.writer.flush()?;
+        }
+        if let Some(sock) = &self.socket {
+            sock.shutdown(std::net::Shutdown::Write);
+            // The reader now waits for the close, however long the server takes.
+            let _ = sock.set_read_timeout(None);
+        }
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        match &self.shared.waiters().broken {
+            None | Some(Error::Closed) => Ok(()),
+            Some(e) => Err(again(e)),
+        }
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        if let Some(r) = self.reader.take() {
+            if let Some(sock) = &self.socket {
+                sock.shutdown(std::net::Shutdown::Both);
+                let _ = r.join();
+            }
+            // A stream without a socket ends when its other side does; the reader
+            // thread is left to see that.
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Client: a remote export as a BlockDevice
 
-/// A connected export, usable as a [`BlockDevice`]. One request at a time (a mutex
-/// around the connection); [`Client::connection`] gives the raw layer.
+/// A connected export, usable as a [`BlockDevice`] by many threads at once: each call
+/// sends its requests on a [`Pipeline`] and waits only for its own replies, so
+/// concurrent callers keep many requests in flight. When the server offers multi-conn
+/// (`FLAG_CAN_MULTI_CONN`), the client opens [`ClientOptions::connections`] connections
+/// and spreads calls over them; a FLUSH on any one of them covers writes completed on
+/// all, as multi-conn promises.
 #[derive(Debug)]
 pub struct Client {
-    conn: Mutex<Connection>,
+    pipes: Vec<Pipeline>,
+    next: AtomicUsize,
     info: ExportInfo,
-    base_allocation: bool,
+    /// The context id the server gave `base:allocation`, if negotiated.
+    base_allocation: Option<u32>,
 }
 
 impl Client {
-    /// Handshakes and enters transmission as `opts` asks.
+    /// Handshakes and enters transmission as `opts` asks, on one connection or, when the
+    /// server offers multi-conn, on `opts.connections`.
     pub fn connect(opts: &ClientOptions) -> Result<Client> {
+        let first = Client::connect_one(opts)?;
+        let mut client = Client::from_connection(first)?;
+        if client.info.has(FLAG_CAN_MULTI_CONN) {
+            for _ in 1..opts.connections.max(1) {
+                let more = Client::connect_one(opts)?;
+                if more.info().size != client.info.size || more.info().flags != client.info.flags {
+                    return Err(Error::Protocol(
+                        "a second connection to the export saw a different export".into(),
+                    ));
+                }
+                client.pipes.push(more.into_pipeline()?);
+            }
+        }
+        Ok(client)
+    }
+
+    fn connect_one(opts: &ClientOptions) -> Result<Connection> {
         let mut hs = Handshake::connect(&opts.addr, opts.timeout)?;
         if opts.structured || opts.meta_base_allocation {
             hs.structured_replies()?;
@@ -1398,17 +1723,19 @@ impl Client {
         if opts.meta_base_allocation {
             hs.meta_context(true, &opts.export, &[BASE_ALLOCATION])?;
         }
-        Ok(Client::from_connection(hs.go(&opts.export)?))
+        hs.go(&opts.export)
     }
 
-    pub fn from_connection(conn: Connection) -> Client {
+    /// A client over one connection already in transmission.
+    pub fn from_connection(conn: Connection) -> Result<Client> {
         let info = conn.info().clone();
-        let base_allocation = conn.meta_base_allocation().is_some();
-        Client {
-            conn: Mutex::new(conn),
+        let base_allocation = conn.meta_base_allocation();
+        Ok(Client {
+            pipes: vec![conn.into_pipeline()?],
+            next: AtomicUsize::new(0),
             info,
             base_allocation,
-        }
+        })
     }
 
     /// (name, description) of every export at `addr`, via `NBD_OPT_LIST`.
@@ -1445,21 +1772,38 @@ impl Client {
         )
     }
 
-    /// The connection, for pipelining and raw requests.
-    pub fn connection(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock leaves at worst an in-flight entry behind; the
-        // connection marks itself broken on any stream error, so it is safe to go on.
-        self.conn
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// How many connections the client uses.
+    pub fn connections(&self) -> usize {
+        self.pipes.len()
     }
 
-    /// Soft disconnect.
+    /// The next connection, round robin.
+    fn pipe(&self) -> &Pipeline {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pipes.len();
+        &self.pipes[i]
+    }
+
+    /// Sends one request and waits for its reply.
+    fn call(
+        &self,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) -> Result<Reply> {
+        self.pipe().call(kind, flags, offset, length, payload)
+    }
+
+    /// Soft disconnect of every connection.
     pub fn disconnect(self) -> Result<()> {
-        self.conn
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .disconnect()
+        let mut first_err = None;
+        for p in self.pipes {
+            if let Err(e) = p.disconnect() {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Largest length one request may carry, aligned down to the minimum block.
@@ -1527,15 +1871,28 @@ impl BlockDevice for Client {
             } else {
                 Support::Emulate
             },
-            extents: self.base_allocation,
+            extents: self.base_allocation.is_some(),
         }
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> cairn_block::Result<()> {
+        // Every piece of a large read is in flight at once, spread over the connections.
         let chunk = usize::try_from(self.chunk(true)).expect("<= 32 MiB");
-        let mut c = self.connection();
-        for (i, piece) in buf.chunks_mut(chunk).enumerate() {
-            c.read(offset + (i * chunk) as u64, piece, 0)?;
+        let pending = buf
+            .chunks(chunk)
+            .enumerate()
+            .map(|(i, piece)| {
+                let len = len_u32(piece.len(), "read")?;
+                self.pipe()
+                    .submit(CMD_READ, 0, offset + (i * chunk) as u64, len, &[])
+            })
+            .collect::<Vec<_>>();
+        for (piece, p) in buf.chunks_mut(chunk).zip(pending) {
+            let r = p?.wait()?;
+            if r.data.len() != piece.len() {
+                return Err(Error::Protocol("READ reply has the wrong length".into()).into());
+            }
+            piece.copy_from_slice(&r.data);
         }
         Ok(())
     }
@@ -1547,12 +1904,26 @@ impl BlockDevice for Client {
             (true, false) => (0, true),
             (false, _) => (0, false),
         };
-        let mut c = self.connection();
-        for (i, piece) in buf.chunks(chunk).enumerate() {
-            c.write(offset + (i * chunk) as u64, piece, nbd_flags)?;
+        let pending = buf
+            .chunks(chunk)
+            .enumerate()
+            .map(|(i, piece)| {
+                let len = len_u32(piece.len(), "write")?;
+                self.pipe().submit(
+                    CMD_WRITE,
+                    nbd_flags,
+                    offset + (i * chunk) as u64,
+                    len,
+                    piece,
+                )
+            })
+            .collect::<Vec<_>>();
+        for p in pending {
+            p?.wait()?;
         }
+        // After every piece is answered: the flush must cover them all.
         if flush_after && self.info.has(FLAG_SEND_FLUSH) {
-            c.flush()?;
+            self.call(CMD_FLUSH, 0, 0, 0, &[])?;
         }
         Ok(())
     }
@@ -1561,7 +1932,8 @@ impl BlockDevice for Client {
         if !self.info.has(FLAG_SEND_FLUSH) {
             return Ok(()); // the server says it has no volatile cache
         }
-        Ok(self.connection().flush()?)
+        self.call(CMD_FLUSH, 0, 0, 0, &[])?;
+        Ok(())
     }
 
     fn discard(&self, offset: u64, len: u64) -> cairn_block::Result<()> {
@@ -1571,8 +1943,9 @@ impl BlockDevice for Client {
                 "remote NBD export: discard",
             ));
         }
-        let mut c = self.connection();
-        self.split(offset, len, self.chunk(false), |o, n| c.trim(o, n, 0))?;
+        self.split(offset, len, self.chunk(false), |o, n| {
+            self.call(CMD_TRIM, 0, o, n, &[]).map(drop)
+        })?;
         Ok(())
     }
 
@@ -1597,15 +1970,14 @@ impl BlockDevice for Client {
         if fast {
             f |= CMD_FLAG_FAST_ZERO;
         }
-        let mut c = self.connection();
         self.split(offset, len, self.chunk(false), |o, n| {
-            c.write_zeroes(o, n, f)
+            self.call(CMD_WRITE_ZEROES, f, o, n, &[]).map(drop)
         })?;
         Ok(())
     }
 
     fn extents(&self, offset: u64, len: u64) -> cairn_block::Result<Vec<Extent>> {
-        if !self.base_allocation {
+        if self.base_allocation.is_none() {
             return Ok(vec![Extent {
                 offset,
                 length: len,
@@ -1614,7 +1986,16 @@ impl BlockDevice for Client {
             }]);
         }
         let ask = u32::try_from(len.min(self.chunk(false))).expect("<= 1 GiB");
-        let descs = self.connection().block_status(offset, ask, 0)?;
+        let r = self.call(CMD_BLOCK_STATUS, 0, offset, ask, &[])?;
+        let mut descs = Vec::new();
+        for (id, d) in r.block_status {
+            if Some(id) != self.base_allocation {
+                return Err(
+                    Error::Protocol(format!("block status for unknown context {id}")).into(),
+                );
+            }
+            descs.extend(d);
+        }
         let mut out: Vec<Extent> = Vec::new();
         let mut pos = offset;
         let end = offset + len;
@@ -1641,8 +2022,9 @@ impl BlockDevice for Client {
         if !self.info.has(FLAG_SEND_CACHE) {
             return Ok(());
         }
-        let mut c = self.connection();
-        self.split(offset, len, self.chunk(false), |o, n| c.cache(o, n))?;
+        self.split(offset, len, self.chunk(false), |o, n| {
+            self.call(CMD_CACHE, 0, o, n, &[]).map(drop)
+        })?;
         Ok(())
     }
 }

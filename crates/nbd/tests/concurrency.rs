@@ -268,7 +268,7 @@ fn many_connections_at_once_each_see_their_own_data() {
 
 #[test]
 fn a_shared_client_serialises_callers() {
-    // The Client's mutex makes one connection safe to share between threads.
+    // One connection shared by threads: each gets its own replies.
     let srv = TestServer::start(vec![export("d", mem(4 << 20))]);
     let client =
         Arc::new(Client::connect(&ClientOptions::new(srv.tcp.clone(), "d")).expect("connect"));
@@ -293,4 +293,179 @@ fn a_shared_client_serialises_callers() {
         .expect("sole owner")
         .disconnect()
         .expect("disconnect");
+}
+
+#[test]
+fn a_shared_client_keeps_many_requests_in_flight_on_one_connection() {
+    // Every read waits 100 ms in the device: 32 callers on one connection finish in a few
+    // device latencies only if the client pipelines them and the server runs them at once.
+    let disk = HookDisk::new(MemDisk::new(4 << 20));
+    *disk.read_delay.lock().unwrap() = Some((0..4 << 20, Duration::from_millis(100)));
+    let srv = TestServer::start(vec![export("d", Arc::new(disk))]);
+    let mut opts = ClientOptions::new(srv.unix.clone(), "d");
+    opts.connections = 1;
+    let client = Arc::new(Client::connect(&opts).expect("connect"));
+    assert_eq!(client.connections(), 1);
+    for i in 0..32u64 {
+        let data = vec![i as u8 + 1; BLOCK];
+        client
+            .write_at(&data, i * BLOCK as u64, cairn_block::WriteFlags::NONE)
+            .expect("write");
+    }
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for i in 0..32u64 {
+            let client = client.clone();
+            s.spawn(move || {
+                let mut got = vec![0u8; BLOCK];
+                client.read_at(&mut got, i * BLOCK as u64).expect("read");
+                assert!(
+                    got.iter().all(|&b| b == i as u8 + 1),
+                    "read {i} got another's data"
+                );
+            });
+        }
+    });
+    let took = t0.elapsed();
+    // One after another: 3.2 s.
+    assert!(took < Duration::from_millis(1600), "32 reads took {took:?}");
+    Arc::try_unwrap(client)
+        .expect("sole owner")
+        .disconnect()
+        .expect("disconnect");
+}
+
+#[test]
+fn a_shared_client_matches_out_of_order_replies_to_their_callers() {
+    // The first 4 KiB read slowly: the replies to the later reads overtake it, and each
+    // caller still gets its own data.
+    let disk = HookDisk::new(MemDisk::new(4 << 20));
+    *disk.read_delay.lock().unwrap() = Some((0..4096, Duration::from_millis(400)));
+    let srv = TestServer::start(vec![export("d", Arc::new(disk))]);
+    let mut opts = ClientOptions::new(srv.tcp.clone(), "d");
+    opts.connections = 1;
+    let client = Arc::new(Client::connect(&opts).expect("connect"));
+    client
+        .write_at(&[7u8; BLOCK], 0, cairn_block::WriteFlags::NONE)
+        .expect("write");
+    client
+        .write_at(&[8u8; BLOCK], BLOCK as u64, cairn_block::WriteFlags::NONE)
+        .expect("write");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let c = client.clone();
+        let tx1 = tx.clone();
+        s.spawn(move || {
+            let mut got = vec![0u8; BLOCK];
+            c.read_at(&mut got, 0).expect("slow read");
+            assert!(got.iter().all(|&b| b == 7));
+            tx1.send("slow").unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..8 {
+            let c = client.clone();
+            let tx = tx.clone();
+            s.spawn(move || {
+                let mut got = vec![0u8; BLOCK];
+                c.read_at(&mut got, BLOCK as u64).expect("fast read");
+                assert!(got.iter().all(|&b| b == 8));
+                tx.send("fast").unwrap();
+            });
+        }
+    });
+    drop(tx);
+    let order: Vec<&str> = rx.iter().collect();
+    assert_eq!(order.len(), 9);
+    assert_eq!(
+        order.last(),
+        Some(&"slow"),
+        "the slow read held back others: {order:?}"
+    );
+}
+
+#[test]
+fn a_client_opens_several_connections_when_the_server_offers_multi_conn() {
+    let srv = TestServer::start(vec![export("d", mem(4 << 20))]);
+    let client = Client::connect(&ClientOptions::new(srv.unix.clone(), "d")).expect("connect");
+    assert!(client.flags() & FLAG_CAN_MULTI_CONN != 0);
+    assert_eq!(client.connections(), 4);
+    // Writes spread over the connections; a FLUSH on one covers them all; reads see them.
+    for i in 0..16u64 {
+        client
+            .write_at(
+                &[i as u8; BLOCK],
+                i * BLOCK as u64,
+                cairn_block::WriteFlags::NONE,
+            )
+            .expect("write");
+    }
+    client.flush().expect("flush");
+    for i in 0..16u64 {
+        let mut got = vec![0u8; BLOCK];
+        client.read_at(&mut got, i * BLOCK as u64).expect("read");
+        assert!(got.iter().all(|&b| b == i as u8));
+    }
+    client.disconnect().expect("disconnect");
+}
+
+#[test]
+fn a_shared_client_against_nbdkit() {
+    // nbdkit's parallel thread model answers out of order too; its delay filter makes
+    // every read take 50 ms.
+    if std::process::Command::new("nbdkit")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP: nbdkit is not installed");
+        return;
+    }
+    let dir = TempDir::new("nbdkit-pipeline");
+    let sock = dir.path().join("nbdkit.sock");
+    let mut child = std::process::Command::new("nbdkit")
+        .args(["-f", "--exit-with-parent", "-U"])
+        .arg(&sock)
+        .args(["--filter=delay", "memory", "8M", "rdelay=50ms"])
+        .spawn()
+        .expect("start nbdkit");
+    wait_until("nbdkit listens", || sock.exists());
+    let client = Arc::new(
+        Client::connect(&ClientOptions::new(
+            cairn_nbd::Listen::Unix(sock.clone()),
+            "",
+        ))
+        .expect("connect to nbdkit"),
+    );
+    for i in 0..16u64 {
+        client
+            .write_at(
+                &[i as u8 ^ 0x5a; BLOCK],
+                i * 65536,
+                cairn_block::WriteFlags::NONE,
+            )
+            .expect("write");
+    }
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for i in 0..16u64 {
+            let client = client.clone();
+            s.spawn(move || {
+                let mut got = vec![0u8; BLOCK];
+                client.read_at(&mut got, i * 65536).expect("read");
+                assert!(got.iter().all(|&b| b == i as u8 ^ 0x5a));
+            });
+        }
+    });
+    // One after another: 0.8 s.
+    assert!(
+        t0.elapsed() < Duration::from_millis(600),
+        "{:?}",
+        t0.elapsed()
+    );
+    Arc::try_unwrap(client)
+        .expect("sole owner")
+        .disconnect()
+        .expect("disconnect");
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -1,0 +1,383 @@
+//! The accept loop: bound listeners, one thread per accepted connection, the connection
+//! limit, handshake deadlines, and the orderly end of a shutdown.
+
+use super::*;
+
+impl Server {
+    /// Binds every address. A stale Unix socket file (nobody listening) is replaced; a
+    /// live one is an error.
+    pub fn bind(&self, listen: &[Listen]) -> io::Result<Listeners> {
+        let mut items = Vec::new();
+        for l in listen {
+            match l {
+                Listen::Unix(path) => {
+                    if let Ok(meta) = std::fs::symlink_metadata(path) {
+                        if !meta.file_type().is_socket() {
+                            return Err(io::Error::new(
+                                io::ErrorKind::AlreadyExists,
+                                format!("{} exists and is not a socket", path.display()),
+                            ));
+                        }
+                        if UnixStream::connect(path).is_ok() {
+                            return Err(io::Error::new(
+                                io::ErrorKind::AddrInUse,
+                                format!("{}: another server is listening there", path.display()),
+                            ));
+                        }
+                        std::fs::remove_file(path)?;
+                    }
+                    // Owner only: the socket gives raw access to the data. Created so under
+                    // the umask (0700), then 0600: no other user can connect at any moment.
+                    let lst = bind_owner_only(path).map_err(|e| {
+                        io::Error::new(e.kind(), format!("bind {}: {e}", path.display()))
+                    })?;
+                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                    lst.set_nonblocking(true)?;
+                    items.push((l.clone(), BoundListener::Unix(lst)));
+                }
+                Listen::Tcp(addr) => {
+                    let lst = TcpListener::bind(addr)
+                        .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
+                    lst.set_nonblocking(true)?;
+                    let real = lst.local_addr()?;
+                    items.push((Listen::Tcp(real), BoundListener::Tcp(lst)));
+                }
+            }
+        }
+        Ok(Listeners { items })
+    }
+
+    /// Accepts connections until shutdown, then waits (up to the grace period) for
+    /// connections to finish, and flushes every writable export. A failed final flush is
+    /// an error.
+    pub fn serve(&self, listeners: Listeners) -> io::Result<()> {
+        let mut handles: Vec<thread::JoinHandle<()>> = Vec::new();
+        let mut fds: Vec<libc::pollfd> = listeners
+            .items
+            .iter()
+            .map(|(_, l)| libc::pollfd {
+                fd: match l {
+                    BoundListener::Unix(u) => u.as_raw_fd(),
+                    BoundListener::Tcp(t) => t.as_raw_fd(),
+                },
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // Conditions logged once when they start and once when they end, not per event.
+        let mut starved = false;
+        let mut full = false;
+        while !self.shared.shutdown.load(Ordering::SeqCst) {
+            handles.retain(|h| !h.is_finished());
+            self.cut_slow_handshakes();
+            let nfds = libc::nfds_t::try_from(fds.len()).unwrap_or(0);
+            // SAFETY: fds is a live, correctly sized array of pollfd for the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, 200) };
+            if n <= 0 {
+                continue;
+            }
+            for (i, (_, l)) in listeners.items.iter().enumerate() {
+                if fds[i].revents == 0 {
+                    continue;
+                }
+                fds[i].revents = 0;
+                loop {
+                    let accepted = match l {
+                        BoundListener::Unix(u) => u.accept().map(|(s, _)| Conn::unix(s)),
+                        BoundListener::Tcp(t) => t.accept().map(|(s, a)| Conn::tcp(s, a)),
+                    };
+                    let e = match accepted {
+                        Ok(Ok(conn)) => {
+                            if starved {
+                                starved = false;
+                                tracing::info!("accepting connections again");
+                            }
+                            if handles.len() >= self.shared.max_connections {
+                                if !full {
+                                    full = true;
+                                    tracing::warn!(
+                                        "{} connections, the most allowed (--max-connections): \
+                                         closing new ones until some end",
+                                        handles.len()
+                                    );
+                                }
+                                continue;
+                            }
+                            if full {
+                                full = false;
+                                tracing::info!("below the connection limit again");
+                            }
+                            if let Some(h) = self.spawn_connection(conn) {
+                                handles.push(h);
+                            }
+                            continue;
+                        }
+                        Ok(Err(e)) => e,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => e,
+                    };
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    ) {
+                        // The connection waits in the backlog (or was closed); poll would
+                        // report it again at once, so pause instead of spinning.
+                        if !starved {
+                            starved = true;
+                            tracing::warn!(
+                                "accepting a connection: {e}; new connections wait until \
+                                 some close (raise the limit with `ulimit -n`)"
+                            );
+                        }
+                        thread::sleep(ACCEPT_BACKOFF);
+                    } else {
+                        tracing::debug!("accepting a connection: {e}");
+                    }
+                    break;
+                }
+            }
+        }
+        tracing::info!("shutting down: finishing in-flight requests");
+        let deadline = Instant::now() + self.shared.grace;
+        while handles.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        let stuck = self.shared.conns.lock().expect("conns lock").len();
+        if stuck > 0 {
+            tracing::warn!("{stuck} connection(s) still busy after the grace period; closing them");
+            for c in self.shared.conns.lock().expect("conns lock").values() {
+                c.ctl.shutdown_both();
+            }
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while handles.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let mut failed = Vec::new();
+        let exports = self.shared.exports().clone();
+        for e in &exports {
+            if !e.export.read_only {
+                if let Err(err) = e.export.device.flush() {
+                    tracing::error!("flushing export {}: {err}", e.export.name);
+                    failed.push(format!("export {}: {err}", e.export.name));
+                }
+            }
+        }
+        drop(listeners);
+        if !failed.is_empty() {
+            // Data acknowledged to clients may not be durable: the caller must know.
+            return Err(io::Error::other(format!(
+                "final flush failed: {}",
+                failed.join("; ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Cuts connections whose handshake outlived its deadline: their threads, blocked in
+    /// a read, see the end of the stream.
+    fn cut_slow_handshakes(&self) {
+        let now = Instant::now();
+        let conns = self.shared.conns.lock().expect("conns lock");
+        for c in conns.values() {
+            if c.handshake_deadline.is_some_and(|d| now >= d) {
+                tracing::debug!(
+                    "{}: no handshake within the client timeout; closing",
+                    c.peer
+                );
+                c.ctl.shutdown_both();
+            }
+        }
+    }
+
+    fn spawn_connection(&self, conn: Conn) -> Option<thread::JoinHandle<()>> {
+        // A client that stops reading makes reply writes fail after this instead of
+        // blocking a worker, and the memory of its reply, for ever.
+        if let Err(e) = conn.ctl.set_write_timeout(self.shared.client_timeout) {
+            tracing::warn!("{}: setting a send timeout: {e}", conn.peer);
+            return None;
+        }
+        let shared = self.shared.clone();
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let builder = thread::Builder::new().name(format!("nbd-conn-{id}"));
+        let res = builder.spawn(move || {
+            shared.conns.lock().expect("conns lock").insert(
+                id,
+                ConnEntry {
+                    ctl: conn.ctl,
+                    peer: conn.peer.clone(),
+                    export: None,
+                    since: SystemTime::now(),
+                    handshake_deadline: Some(Instant::now() + shared.client_timeout),
+                },
+            );
+            // A shutdown that raced with the insert would miss this connection.
+            if shared.shutdown.load(Ordering::SeqCst) {
+                if let Some(c) = shared.conns.lock().expect("conns lock").get(&id) {
+                    c.ctl.shutdown_read();
+                }
+            }
+            tracing::debug!("{}: connected", conn.peer);
+            serve_connection(&shared, conn.reader, conn.writer, &conn.peer, id);
+            shared.conns.lock().expect("conns lock").remove(&id);
+        });
+        match res {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::error!("cannot start a connection thread: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// Stops a connection's reads from another thread.
+pub(super) trait SocketCtl: Send + fmt::Debug {
+    fn shutdown_read(&self);
+    /// Ends the connection both ways, unblocking a worker stuck writing to a client that
+    /// stopped reading.
+    fn shutdown_both(&self);
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()>;
+}
+
+impl SocketCtl for UnixStream {
+    fn shutdown_read(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Read);
+    }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, Some(t))
+    }
+}
+impl SocketCtl for TcpStream {
+    fn shutdown_read(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Read);
+    }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, Some(t))
+    }
+}
+
+/// Bound listening sockets, ready for [`Server::serve`].
+#[derive(Debug)]
+pub struct Listeners {
+    items: Vec<(Listen, BoundListener)>,
+}
+
+#[derive(Debug)]
+enum BoundListener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+impl Listeners {
+    /// The addresses actually bound (a `tcp:…:0` request shows its real port).
+    pub fn addresses(&self) -> Vec<Listen> {
+        self.items.iter().map(|(l, _)| l.clone()).collect()
+    }
+}
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        for (l, _) in &self.items {
+            if let Listen::Unix(p) = l {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+/// Binds a Unix socket that is owner-only (0700) from the moment it exists; the caller
+/// makes it 0600. The umask is process-wide: a file or directory another thread creates
+/// in this short window is owner-only too (0077 keeps a directory's owner bits, where
+/// 0177 would make a directory its owner cannot enter).
+fn bind_owner_only(path: &std::path::Path) -> io::Result<UnixListener> {
+    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
+    let old = unsafe { libc::umask(0o077) };
+    let res = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    res
+}
+
+/// An accepted socket split into independent read and write handles.
+struct Conn {
+    pub(super) reader: Box<dyn Read + Send>,
+    pub(super) writer: Box<dyn Write + Send>,
+    pub(super) ctl: Box<dyn SocketCtl>,
+    pub(super) peer: String,
+}
+
+impl Conn {
+    // One descriptor per connection, shared by the reader, the writer and the control
+    // handle: where descriptors are scarce, three per connection would run out three
+    // times sooner, and an accepted connection would be lost to a failed dup.
+    fn unix(s: UnixStream) -> io::Result<Conn> {
+        s.set_nonblocking(false)?;
+        let peer = format!("unix:fd{}", s.as_raw_fd());
+        let s = Arc::new(s);
+        Ok(Conn {
+            reader: Box::new(SharedSocket(s.clone())),
+            writer: Box::new(SharedSocket(s.clone())),
+            ctl: Box::new(SharedSocket(s)),
+            peer,
+        })
+    }
+    fn tcp(s: TcpStream, addr: SocketAddr) -> io::Result<Conn> {
+        s.set_nonblocking(false)?;
+        s.set_nodelay(true)?;
+        let s = Arc::new(s);
+        Ok(Conn {
+            reader: Box::new(SharedSocket(s.clone())),
+            writer: Box::new(SharedSocket(s.clone())),
+            ctl: Box::new(SharedSocket(s)),
+            peer: format!("tcp:{addr}"),
+        })
+    }
+}
+
+/// A socket used from several places at once (reads and writes are independent on a
+/// socket, as with `try_clone`, without another descriptor).
+#[derive(Debug)]
+struct SharedSocket<S>(Arc<S>);
+
+impl<S> Read for SharedSocket<S>
+where
+    for<'a> &'a S: Read,
+{
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self.0).read(buf)
+    }
+}
+
+impl<S> Write for SharedSocket<S>
+where
+    for<'a> &'a S: Write,
+{
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self.0).write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        (&*self.0).write_vectored(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        (&*self.0).flush()
+    }
+}
+
+impl<S: SocketCtl + Sync> SocketCtl for SharedSocket<S> {
+    fn shutdown_read(&self) {
+        self.0.shutdown_read();
+    }
+    fn shutdown_both(&self) {
+        self.0.shutdown_both();
+    }
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
+        self.0.set_write_timeout(t)
+    }
+}
