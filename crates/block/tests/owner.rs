@@ -12,6 +12,11 @@ use common::{scratch_dir, TempFile};
 
 const SIZE: u64 = 1 << 20;
 
+/// The two tests run one at a time: the other one forks a child, and until the child
+/// execs it holds a copy of every descriptor of this process, locks included, which a
+/// lock test running meanwhile would see as a second holder.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn rw() -> OpenOptions {
     OpenOptions {
         create_size: Some(SIZE),
@@ -28,6 +33,7 @@ fn ro() -> OpenOptions {
 
 #[test]
 fn second_writer_in_this_process_is_refused_and_readers_are_told() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let tmp = TempFile::new(&scratch_dir(), "owner");
     let first = FileDisk::open(&tmp.0, &rw()).unwrap();
     assert!(
@@ -60,18 +66,7 @@ fn second_writer_in_this_process_is_refused_and_readers_are_told() {
     // The reader holds nothing: dropping the writer frees the file for the next one,
     // even with the reader still open.
     drop(first);
-    // Another test in this binary forks a child now and then; until it execs, the child
-    // holds a copy of every descriptor, the lock's included, for a few microseconds.
-    // Only that window is waited out: a lock still held after 2 s is a failure.
-    let second = (0..200)
-        .find_map(|_| match FileDisk::open(&tmp.0, &rw()) {
-            Ok(d) => Some(d),
-            Err(_) => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                None
-            }
-        })
-        .expect("the first writer is gone");
+    let second = FileDisk::open(&tmp.0, &rw()).expect("the first writer is gone");
     drop(second);
     let calm = FileDisk::open(&tmp.0, &ro()).unwrap();
     assert!(calm.in_use().is_none(), "nobody writes it now");
@@ -90,6 +85,7 @@ impl Drop for Holder {
 
 #[test]
 fn a_writer_in_another_process_is_named() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let help = Command::new("flock").arg("--help").output();
     if !help.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--no-fork")) {
         eprintln!("SKIP: no flock(1) with --no-fork (util-linux 2.36 or later)");
