@@ -18,6 +18,7 @@ mod error;
 mod file;
 mod mem;
 mod owner;
+pub mod overlap;
 pub mod testkit;
 
 pub use error::{Error, ErrorKind, Result};
