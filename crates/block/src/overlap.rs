@@ -35,6 +35,9 @@ pub const MAX_WORKERS: usize = 256;
 /// workers even for small requests: about ten times a worker's wake-up.
 pub const OVERLAP_ABOVE_NS: u64 = 30_000;
 
+/// [`Latency::time`] measures one call in this many (per thread).
+pub const SAMPLE_EVERY: u32 = 4;
+
 type Task = Box<dyn FnOnce() + Send + 'static>;
 
 struct Worker {
@@ -202,7 +205,8 @@ pub fn overlap<J: Send, R: Send>(jobs: Vec<J>, f: impl Fn(J) -> R + Sync) -> Vec
 
 /// A running estimate of how long one member operation takes, to decide whether a small
 /// request's member operations are worth handing to workers ([`OVERLAP_ABOVE_NS`]).
-/// Starts at "slow" so that the first requests overlap; a few fast ones bring it down.
+/// [`Latency::default`] starts at "slow" so that the first requests overlap; a few fast
+/// ones bring it down.
 #[derive(Debug)]
 pub struct Latency {
     ns: AtomicU64,
@@ -210,21 +214,43 @@ pub struct Latency {
 
 impl Default for Latency {
     fn default() -> Latency {
-        Latency {
-            ns: AtomicU64::new(OVERLAP_ABOVE_NS * 4),
-        }
+        Latency::starting_at(OVERLAP_ABOVE_NS * 4)
     }
 }
 
 impl Latency {
-    /// Times `op` and folds it into the estimate (an exponential average over about 8
-    /// operations; concurrent updates may lose a sample, which does not matter).
+    /// An estimate that starts at `ns`.
+    pub fn starting_at(ns: u64) -> Latency {
+        Latency {
+            ns: AtomicU64::new(ns),
+        }
+    }
+
+    /// Times `op` and folds it into the estimate: one call in [`SAMPLE_EVERY`] per
+    /// thread (many threads storing to one estimate on every call would fight over its
+    /// cache line). Concurrent updates may lose a sample, which does not matter.
     pub fn time<T>(&self, op: impl FnOnce() -> T) -> T {
+        thread_local!(static CALLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
+        let n = CALLS.with(|c| {
+            let n = c.get().wrapping_add(1);
+            c.set(n);
+            n
+        });
+        if n % SAMPLE_EVERY != 0 {
+            return op();
+        }
         let t = Instant::now();
         let r = op();
         let sample = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let old = self.ns.load(Ordering::Relaxed);
-        let new = old - old / 8 + sample / 8;
+        // Down fast, up slowly: a thread preempted in the middle of an operation (more
+        // threads than cores) makes one sample long, but a member that really is slow
+        // makes all of them long.
+        let new = if sample < old {
+            old - (old - sample) / 4
+        } else {
+            old + (sample - old) / 16
+        };
         self.ns.store(new, Ordering::Relaxed);
         r
     }
