@@ -236,7 +236,7 @@ impl Latency {
             c.set(n);
             n
         });
-        if n % SAMPLE_EVERY != 0 {
+        if !n.is_multiple_of(SAMPLE_EVERY) {
             return op();
         }
         let t = Instant::now();

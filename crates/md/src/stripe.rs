@@ -54,6 +54,9 @@ enum Fail {
     Fatal(Error),
 }
 
+/// A member read into a buffer: member, buffer, member offset.
+type ReadJob<'b> = (usize, &'b mut [u8], u64);
+
 type Plan<'a> = std::result::Result<Vec<(usize, u64, Bytes<'a>)>, Fail>;
 
 /// The caller's bytes for `t`.
@@ -619,7 +622,7 @@ impl Array {
             .iter()
             .map(|t| vec![0u8; small(t.b - t.a)])
             .collect();
-        let mut jobs: Vec<(usize, (usize, &mut [u8], u64))> = Vec::new();
+        let mut jobs: Vec<(usize, ReadJob<'_>)> = Vec::new();
         for (pm, buf) in prows.iter_mut() {
             jobs.push((*pm, (*pm, buf.as_mut_slice(), base + lo)));
         }
@@ -673,7 +676,7 @@ impl Array {
                 _ => Some(vec![0u8; row]),
             })
             .collect();
-        let mut jobs: Vec<(usize, (usize, &mut [u8], u64))> = Vec::new();
+        let mut jobs: Vec<(usize, ReadJob<'_>)> = Vec::new();
         for (d, buf) in owned.iter_mut().enumerate() {
             let Some(buf) = buf else { continue };
             let m = map.data[d];
