@@ -203,6 +203,48 @@ pub fn overlap<J: Send, R: Send>(jobs: Vec<J>, f: impl Fn(J) -> R + Sync) -> Vec
         .collect()
 }
 
+/// How a layer issues a request's member operations ([`fan_out`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overlap {
+    /// One after another on the calling thread (members in memory: a hand-over to a
+    /// worker costs more than the operation).
+    No,
+    /// Different members at once, one member's operations in order (large requests on
+    /// fast members: the point is a second core for the copying).
+    ByMember,
+    /// Every operation at once (members with latency, which take concurrent calls).
+    Each,
+}
+
+/// Runs `f` on every job (tagged with its member: a role, a PV) as `how` says. Results
+/// come back in job order.
+pub fn fan_out<J: Send, R: Send>(
+    jobs: Vec<(usize, J)>,
+    how: Overlap,
+    f: impl Fn(J) -> R + Sync,
+) -> Vec<R> {
+    if how == Overlap::No || jobs.len() < 2 {
+        return jobs.into_iter().map(|(_, job)| f(job)).collect();
+    }
+    if how == Overlap::Each {
+        return overlap(jobs.into_iter().map(|(_, j)| j).collect(), f);
+    }
+    let mut groups: std::collections::BTreeMap<usize, Vec<(usize, J)>> = Default::default();
+    let n = jobs.len();
+    for (i, (member, job)) in jobs.into_iter().enumerate() {
+        groups.entry(member).or_default().push((i, job));
+    }
+    let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
+    let groups: Vec<Vec<(usize, J)>> = groups.into_values().collect();
+    let done = overlap(groups, |g| {
+        g.into_iter().map(|(i, j)| (i, f(j))).collect::<Vec<_>>()
+    });
+    for (i, r) in done.into_iter().flatten() {
+        out[i] = Some(r);
+    }
+    out.into_iter().map(|r| r.expect("every job ran")).collect()
+}
+
 /// A running estimate of how long one member operation takes, to decide whether a small
 /// request's member operations are worth handing to workers ([`OVERLAP_ABOVE_NS`]).
 /// [`Latency::default`] starts at "slow" so that the first requests overlap; a few fast
@@ -251,7 +293,10 @@ impl Latency {
         } else {
             old + (sample - old) / 16
         };
-        self.ns.store(new, Ordering::Relaxed);
+        // At a steady latency the estimate barely moves: leave the line shared.
+        if new.abs_diff(old) > old / 32 {
+            self.ns.store(new, Ordering::Relaxed);
+        }
         r
     }
 
@@ -263,6 +308,19 @@ impl Latency {
     /// Whether member operations take long enough that overlapping them pays.
     pub fn slow(&self) -> bool {
         self.nanos() >= OVERLAP_ABOVE_NS
+    }
+
+    /// How a request of `bytes` issues its member operations: every one at once when
+    /// members are slow, by member when the request is at least `large` bytes (a second
+    /// core for the copying), one after another otherwise.
+    pub fn choose(&self, bytes: usize, large: usize) -> Overlap {
+        if self.slow() {
+            Overlap::Each
+        } else if bytes >= large {
+            Overlap::ByMember
+        } else {
+            Overlap::No
+        }
     }
 }
 

@@ -191,7 +191,7 @@ fn main() {
                 let off = rng.offset(size, len, align);
                 plain
                     .array
-                    .read_at(&mut buf[..len as usize], off)
+                    .read_at(&mut buf[..usize::try_from(len).expect("small")], off)
                     .expect("read");
             });
             row(name, d);
@@ -205,7 +205,7 @@ fn main() {
             let d = time(n, budget, |_| {
                 let off = rng.offset(size, len, align);
                 arr.array
-                    .write_at(&data[..len as usize], off, WriteFlags::NONE)
+                    .write_at(&data[..usize::try_from(len).expect("small")], off, WriteFlags::NONE)
                     .expect("write");
             });
             row(name, d);

@@ -54,47 +54,7 @@ pub(crate) const FAN_OUT_MIN: usize = 1 << 20;
 /// measure bandwidth as much as latency.
 const TIMED_MAX: usize = 64 << 10;
 
-/// How a request's member operations are issued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Overlap {
-    /// One after another on the calling thread (members in memory: a hand-over to a
-    /// worker costs more than the operation).
-    No,
-    /// Different members at once, one member's operations in order (large requests on
-    /// fast members: the point is a second core for the copying).
-    ByMember,
-    /// Every operation at once (members with latency, which take concurrent calls).
-    Each,
-}
-
-/// Runs `f` on every job (tagged with its member) as `how` says. Results come back in
-/// job order.
-pub(crate) fn fan_out<J: Send, R: Send>(
-    jobs: Vec<(usize, J)>,
-    how: Overlap,
-    f: impl Fn(J) -> R + Sync,
-) -> Vec<R> {
-    if how == Overlap::No || jobs.len() < 2 {
-        return jobs.into_iter().map(|(_, job)| f(job)).collect();
-    }
-    if how == Overlap::Each {
-        return cairn_block::overlap::overlap(jobs.into_iter().map(|(_, j)| j).collect(), f);
-    }
-    let mut groups: std::collections::BTreeMap<usize, Vec<(usize, J)>> = Default::default();
-    let n = jobs.len();
-    for (i, (member, job)) in jobs.into_iter().enumerate() {
-        groups.entry(member).or_default().push((i, job));
-    }
-    let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
-    let groups: Vec<Vec<(usize, J)>> = groups.into_values().collect();
-    let done = cairn_block::overlap::overlap(groups, |g| {
-        g.into_iter().map(|(i, j)| (i, f(j))).collect::<Vec<_>>()
-    });
-    for (i, r) in done.into_iter().flatten() {
-        out[i] = Some(r);
-    }
-    out.into_iter().map(|r| r.expect("every job ran")).collect()
-}
+pub(crate) use cairn_block::overlap::{fan_out, Overlap};
 
 /// One member device, as the array uses it.
 pub(crate) struct Member {
@@ -604,13 +564,7 @@ impl Array {
     /// members are slow enough that a worker's wake-up is small beside them (on members
     /// in memory it is not), by member when the request is large.
     pub(crate) fn overlap_pays(&self, bytes: usize) -> Overlap {
-        if self.member_latency.slow() {
-            Overlap::Each
-        } else if bytes >= FAN_OUT_MIN {
-            Overlap::ByMember
-        } else {
-            Overlap::No
-        }
+        self.member_latency.choose(bytes, FAN_OUT_MIN)
     }
 
     /// Flushes one member's device, timed for [`Array::flush`]'s choice.
