@@ -35,6 +35,9 @@ pub const MAX_WORKERS: usize = 256;
 /// workers even for small requests: about ten times a worker's wake-up.
 pub const OVERLAP_ABOVE_NS: u64 = 30_000;
 
+/// [`Latency::time`] counts an operation larger than this as if it were this large.
+pub const LATENCY_UNIT: usize = 64 << 10;
+
 /// [`Latency::time`] measures one call in this many (per thread).
 pub const SAMPLE_EVERY: u32 = 4;
 
@@ -268,10 +271,14 @@ impl Latency {
         }
     }
 
-    /// Times `op` and folds it into the estimate: one call in [`SAMPLE_EVERY`] per
-    /// thread (many threads storing to one estimate on every call would fight over its
-    /// cache line). Concurrent updates may lose a sample, which does not matter.
-    pub fn time<T>(&self, op: impl FnOnce() -> T) -> T {
+    /// Times `op`, an operation moving `bytes`, and folds it into the estimate: one call
+    /// in [`SAMPLE_EVERY`] per thread (many threads storing to one estimate on every call
+    /// would fight over its cache line). An operation larger than [`LATENCY_UNIT`] counts
+    /// as its time scaled down to that size, so that a member in memory copying 1 MiB
+    /// does not look slow, while one that moves large requests slower than about
+    /// 2 GB/s does (overlapping then pays for its bandwidth). Concurrent updates may
+    /// lose a sample, which does not matter.
+    pub fn time<T>(&self, bytes: usize, op: impl FnOnce() -> T) -> T {
         thread_local!(static CALLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
         let n = CALLS.with(|c| {
             let n = c.get().wrapping_add(1);
@@ -283,7 +290,9 @@ impl Latency {
         }
         let t = Instant::now();
         let r = op();
-        let sample = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let ns = u128::from(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        let unit = LATENCY_UNIT as u128;
+        let sample = u64::try_from(ns * unit / (bytes as u128).max(unit)).unwrap_or(u64::MAX);
         let old = self.ns.load(Ordering::Relaxed);
         // Down fast, up slowly: a thread preempted in the middle of an operation (more
         // threads than cores) makes one sample long, but a member that really is slow

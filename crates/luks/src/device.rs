@@ -67,6 +67,8 @@ pub struct CryptDevice {
     seg: SegmentParams,
     geometry: Geometry,
     description: String,
+    /// Smallest request split over cores ([`PARALLEL_CRYPT_MIN`]).
+    split_min: usize,
 }
 
 impl fmt::Debug for CryptDevice {
@@ -145,7 +147,16 @@ impl CryptDevice {
             seg: SegmentParams { size, ..seg },
             geometry,
             description,
+            split_min: PARALLEL_CRYPT_MIN,
         })
+    }
+
+    /// Splits requests over cores only from `bytes` up (`usize::MAX`: never), for
+    /// benchmarks that compare the two.
+    #[doc(hidden)]
+    pub fn with_split_min(mut self, bytes: usize) -> CryptDevice {
+        self.split_min = bytes;
+        self
     }
 
     /// The device holding the ciphertext.
@@ -167,7 +178,7 @@ impl CryptDevice {
     fn crypt(&self, buf: &mut [u8], off: u64, enc: bool) {
         let unit = self.seg.sector_size as usize;
         let parts = cores().min(buf.len() / CRYPT_PIECE_MIN);
-        if buf.len() < PARALLEL_CRYPT_MIN || parts < 2 {
+        if buf.len() < self.split_min || parts < 2 {
             self.crypt_piece(buf, off, enc);
             return;
         }

@@ -73,8 +73,6 @@ pub struct LogicalVolume {
 
 /// Requests at least this large overlap their pieces by PV whatever the PVs' latency.
 const OVERLAP_LARGE: usize = 1 << 20;
-/// PV operations up to this size feed the latency estimate.
-const TIMED_MAX: u64 = 64 << 10;
 
 impl fmt::Debug for LogicalVolume {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -265,13 +263,9 @@ impl LogicalVolume {
         Ok(())
     }
 
-    /// Runs `op` on one PV piece, timed when small.
-    fn timed(&self, n: u64, op: impl FnOnce() -> Result<()>) -> Result<()> {
-        if n <= TIMED_MAX {
-            self.latency.time(op)
-        } else {
-            op()
-        }
+    /// Runs `op` on one PV piece of `n` bytes, timed.
+    fn timed(&self, n: usize, op: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.latency.time(n, op)
     }
 
     /// How a request of `len` bytes in `pieces` issues them.
@@ -334,7 +328,7 @@ impl BlockDevice for LogicalVolume {
             jobs.push((pv, (pv, pv_off, off, piece)));
         }
         fan_out(jobs, how, |(pv, pv_off, off, piece)| {
-            let n = piece.len() as u64;
+            let n = piece.len();
             self.timed(n, || self.pvs[pv].1.read_at(piece, pv_off))
                 .map_err(|e| e.context(format!("LV {} at {off}", self.name)))
         })
@@ -354,7 +348,7 @@ impl BlockDevice for LogicalVolume {
             })
             .collect();
         fan_out(jobs, how, |(pv, pv_off, off, piece)| {
-            let n = piece.len() as u64;
+            let n = piece.len();
             self.timed(n, || self.pvs[pv].1.write_at(piece, pv_off, flags))
                 .map_err(|e| e.context(format!("LV {} at {off}", self.name)))
         })

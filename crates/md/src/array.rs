@@ -50,9 +50,10 @@ const LOCKS: usize = 1024;
 /// Requests at least this large overlap their member operations whatever the members'
 /// latency: copying that many bytes is worth a second core.
 pub(crate) const FAN_OUT_MIN: usize = 1 << 20;
-/// Member operations up to this size feed the member latency estimate; larger ones
-/// measure bandwidth as much as latency.
-const TIMED_MAX: usize = 64 << 10;
+/// The same for reads: a read only copies (no parity maths to share), and on members in
+/// memory one core copying 1 MiB beat handing pieces to workers (examples/latency_bench.rs
+/// at 0 delay).
+pub(crate) const READ_FAN_OUT_MIN: usize = 4 << 20;
 
 pub(crate) use cairn_block::overlap::{fan_out, Overlap};
 
@@ -469,7 +470,9 @@ impl Array {
             manager: Mutex::new(crate::background::Manager::default()),
             stopping: AtomicBool::new(false),
             fg_ops: AtomicU64::new(0),
-            member_latency: Latency::default(),
+            // From "fast": the first slow operation (it counts 1/16 of its time) is
+            // enough to switch to overlapping.
+            member_latency: Latency::starting_at(0),
             // Flushes are rare: start from "fast" (memory, tmpfs); a slow one or slow
             // member operations switch flushes to overlap.
             flush_latency: Latency::starting_at(0),
@@ -567,9 +570,19 @@ impl Array {
         self.member_latency.choose(bytes, FAN_OUT_MIN)
     }
 
+    /// Whether member operations take long enough to overlap whatever their size.
+    pub(crate) fn members_slow(&self) -> bool {
+        self.member_latency.slow()
+    }
+
+    /// [`Array::overlap_pays`] for a read of `bytes`.
+    pub(crate) fn read_overlap_pays(&self, bytes: usize) -> Overlap {
+        self.member_latency.choose(bytes, READ_FAN_OUT_MIN)
+    }
+
     /// Flushes one member's device, timed for [`Array::flush`]'s choice.
     pub(crate) fn flush_dev(&self, dev: &dyn BlockDevice) -> Result<()> {
-        self.flush_latency.time(|| dev.flush())
+        self.flush_latency.time(0, || dev.flush())
     }
 
     /// How flushes and durable (FUA) metadata writes to every member are issued.
@@ -594,11 +607,10 @@ impl Array {
     /// Reads `buf` from `role` at byte `off` of its data area.
     pub(crate) fn read_member(&self, role: usize, buf: &mut [u8], off: u64) -> Result<()> {
         let m = self.up_member(role)?;
-        let r = if buf.len() <= TIMED_MAX {
-            self.member_latency.time(|| m.dev.read_at(buf, m.base + off))
-        } else {
-            m.dev.read_at(buf, m.base + off)
-        };
+        let len = buf.len();
+        let r = self
+            .member_latency
+            .time(len, || m.dev.read_at(buf, m.base + off));
         r.map_err(|e| {
             e.context(format!(
                 "{}: read of {} bytes at member offset {}",
@@ -618,12 +630,9 @@ impl Array {
         flags: WriteFlags,
     ) -> Result<()> {
         let m = self.up_member(role)?;
-        let r = if buf.len() <= TIMED_MAX {
-            self.member_latency
-                .time(|| m.dev.write_at(buf, m.base + off, flags))
-        } else {
-            m.dev.write_at(buf, m.base + off, flags)
-        };
+        let r = self
+            .member_latency
+            .time(buf.len(), || m.dev.write_at(buf, m.base + off, flags));
         r.map_err(|e| {
             e.context(format!(
                 "{}: write of {} bytes at member offset {}",
@@ -1045,7 +1054,7 @@ impl Array {
 
     fn simple_read(&self, buf: &mut [u8], off: u64) -> Result<()> {
         let rotate = matches!(self.layout, ArrayLayout::Raid1(_));
-        let parallel = self.overlap_pays(buf.len());
+        let parallel = self.read_overlap_pays(buf.len());
         // Every piece is read at once, each from its first copy that is up; a copy
         // that fails to read hands its piece to the next copy.
         let mut jobs = Vec::new();

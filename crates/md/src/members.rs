@@ -635,7 +635,7 @@ impl Array {
                 // Several stripes at once: their reads overlap, and their parity maths
                 // runs on more than one core.
                 let c = pl.chunk().0 * SECTOR_SIZE;
-                let window = (REBUILD_WINDOW / c).clamp(1, 16);
+                let window = self.rebuild_window(c);
                 n = (window * c).min(end - pos);
                 self.rebuild_stripes(pl, role, pos / c, n.div_ceil(c))?;
                 n
@@ -827,6 +827,18 @@ impl Array {
                 self.copy_dirty(role, from, len)
             }
             _ => Ok(0),
+        }
+    }
+
+    /// Stripes a parity rebuild takes at once: with members that have latency, up to
+    /// [`REBUILD_WINDOW`] bytes of them, so that their reads overlap; with members in
+    /// memory one, as before (the work is parity maths over memory, and on a busy 2-core
+    /// machine two stripes at once measured slower than one: examples/rebuild_bench.rs).
+    fn rebuild_window(&self, chunk: u64) -> u64 {
+        if self.members_slow() {
+            (REBUILD_WINDOW / chunk).clamp(1, 16)
+        } else {
+            1
         }
     }
 

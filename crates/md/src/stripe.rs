@@ -83,7 +83,7 @@ impl Array {
                 return Ok(());
             }
         }
-        let parallel = self.overlap_pays(buf.len());
+        let parallel = self.read_overlap_pays(buf.len());
         // Pieces to rebuild, grouped by stripe below: (stripe, touch, failed member).
         let mut rebuild: Vec<Rebuild> = Vec::new();
         let mut jobs = Vec::new();
@@ -202,7 +202,7 @@ impl Array {
             .filter(|(m, _)| !down[*m])
             .map(|(m, row)| (m, (m, row)))
             .collect();
-        let failed = fan_out(jobs, self.overlap_pays(len * n), |(m, row)| {
+        let failed = fan_out(jobs, self.read_overlap_pays(len * n), |(m, row)| {
             self.read_member(m, row, stripe * c + lo)
                 .err()
                 .map(|e| (m, e))
@@ -399,7 +399,7 @@ impl Array {
                 .zip(rows.iter_mut())
                 .map(|(&m, r)| (m, (m, r)))
                 .collect();
-            let failed = fan_out(jobs, self.overlap_pays(small(c) * map.data.len()), |(m, r)| {
+            let failed = fan_out(jobs, self.read_overlap_pays(small(c) * map.data.len()), |(m, r)| {
                 self.read_member(m, r, stripe * c).err()
             });
             if let Some(e) = failed.into_iter().flatten().next() {
