@@ -19,6 +19,7 @@ mod error;
 mod file;
 mod mem;
 mod owner;
+pub mod overlap;
 pub mod probe;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;

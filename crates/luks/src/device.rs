@@ -7,6 +7,10 @@
 //!   IV of the unit at off = off / 512 + iv_tweak  (plain64; 4096-byte units step by 8)
 //! ```
 //!
+//! A request of [`PARALLEL_CRYPT_MIN`] bytes or more is en/decrypted in unit-aligned
+//! pieces on as many cores as the machine has (`cairn_block::overlap`); smaller ones on
+//! the calling thread, where a hand-over would cost more than it saves.
+//!
 //! Flush, FUA and cache hints pass through with the payload offset added. Discard passes
 //! through only when the header allows it (`config.flags` has `allow-discards`, as
 //! dm-crypt requires), because it reveals which blocks are unused. `write_zeroes` is the
@@ -24,6 +28,16 @@ use crate::xts::SectorCipher;
 
 /// Largest piece a write is encrypted in: bounds the per-thread scratch buffer.
 const WRITE_CHUNK: usize = 1 << 20;
+/// Requests at least this large are en/decrypted on more than one core.
+pub const PARALLEL_CRYPT_MIN: usize = 256 << 10;
+/// The smallest piece one core takes when a request is split.
+const CRYPT_PIECE_MIN: usize = 128 << 10;
+
+/// Cores available to this process (1 when unknown).
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
 
 thread_local! {
     /// Ciphertext scratch for writes (taken, not borrowed, so a CryptDevice stacked on
@@ -53,6 +67,8 @@ pub struct CryptDevice {
     seg: SegmentParams,
     geometry: Geometry,
     description: String,
+    /// Smallest request split over cores ([`PARALLEL_CRYPT_MIN`]).
+    split_min: usize,
 }
 
 impl fmt::Debug for CryptDevice {
@@ -131,7 +147,16 @@ impl CryptDevice {
             seg: SegmentParams { size, ..seg },
             geometry,
             description,
+            split_min: PARALLEL_CRYPT_MIN,
         })
+    }
+
+    /// Splits requests over cores only from `bytes` up (`usize::MAX`: never), for
+    /// benchmarks that compare the two.
+    #[doc(hidden)]
+    pub fn with_split_min(mut self, bytes: usize) -> CryptDevice {
+        self.split_min = bytes;
+        self
     }
 
     /// The device holding the ciphertext.
@@ -146,6 +171,33 @@ impl CryptDevice {
     /// A one-line description, e.g. `LUKS2 aes-xts-plain64 512-bit, 4096-byte sectors`.
     pub fn description(&self) -> &str {
         &self.description
+    }
+
+    /// En- or decrypts `buf`, the units at payload offset `off`, in place: large buffers
+    /// in unit-aligned pieces on several cores at once.
+    fn crypt(&self, buf: &mut [u8], off: u64, enc: bool) {
+        let unit = self.seg.sector_size as usize;
+        let parts = cores().min(buf.len() / CRYPT_PIECE_MIN);
+        if buf.len() < self.split_min || parts < 2 {
+            self.crypt_piece(buf, off, enc);
+            return;
+        }
+        let per = buf.len().div_ceil(parts).next_multiple_of(unit);
+        let jobs: Vec<(u64, &mut [u8])> = buf
+            .chunks_mut(per)
+            .enumerate()
+            .map(|(i, piece)| (off + (i * per) as u64, piece))
+            .collect();
+        cairn_block::overlap::overlap(jobs, |(o, piece)| self.crypt_piece(piece, o, enc));
+    }
+
+    fn crypt_piece(&self, buf: &mut [u8], off: u64, enc: bool) {
+        let unit = self.seg.sector_size as usize;
+        if enc {
+            self.cipher.encrypt(buf, unit, self.iv(off));
+        } else {
+            self.cipher.decrypt(buf, unit, self.iv(off));
+        }
     }
 
     /// The IV (in 512-byte units) of the unit at payload offset `off`.
@@ -181,8 +233,7 @@ impl BlockDevice for CryptDevice {
             .len()
             .is_multiple_of(self.geometry.logical_block_size as usize));
         self.below.read_at(buf, self.seg.offset + offset)?;
-        self.cipher
-            .decrypt(buf, self.seg.sector_size as usize, self.iv(offset));
+        self.crypt(buf, offset, false);
         Ok(())
     }
 
@@ -197,8 +248,7 @@ impl BlockDevice for CryptDevice {
         for piece in buf.chunks(WRITE_CHUNK) {
             scratch.clear();
             scratch.extend_from_slice(piece);
-            self.cipher
-                .encrypt(&mut scratch, self.seg.sector_size as usize, self.iv(off));
+            self.crypt(&mut scratch, off, true);
             result = self.below.write_at(&scratch, self.seg.offset + off, flags);
             if result.is_err() {
                 break;

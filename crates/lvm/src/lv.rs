@@ -9,11 +9,14 @@
 //! ```
 //!
 //! Requests are split at segment and stripe-chunk boundaries; flush goes to every PV the
-//! LV uses, FUA, discard and write_zeroes pass down piece by piece.
+//! LV uses, FUA, discard and write_zeroes pass down piece by piece. A read or write that
+//! spans several PVs (a striped LV) issues its pieces at once when the PVs are slow
+//! (`cairn_block::overlap`), by PV when large, one after another on PVs in memory.
 
 use std::fmt;
 use std::sync::Arc;
 
+use cairn_block::overlap::{fan_out, Latency, Overlap};
 use cairn_block::{
     BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
 };
@@ -64,7 +67,12 @@ pub struct LogicalVolume {
     segments: Vec<MapSegment>,
     geometry: Geometry,
     read_only: bool,
+    /// How long a PV read or write takes: whether a request's pieces overlap.
+    latency: Latency,
 }
+
+/// Requests at least this large overlap their pieces by PV whatever the PVs' latency.
+const OVERLAP_LARGE: usize = 1 << 20;
 
 impl fmt::Debug for LogicalVolume {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -166,6 +174,7 @@ impl LogicalVolume {
             segments,
             geometry,
             read_only,
+            latency: Latency::default(),
         })
     }
 
@@ -212,6 +221,30 @@ impl LogicalVolume {
         len: u64,
         mut f: impl FnMut(&Arc<dyn BlockDevice>, u64, u64, u64) -> Result<()>,
     ) -> Result<()> {
+        self.for_pieces_idx(offset, len, |pv, pv_off, off, n| {
+            f(&self.pvs[pv].1, pv_off, off, n)
+                .map_err(|e| e.context(format!("LV {} at {off}", self.name)))
+        })
+    }
+
+    /// The contiguous pieces of `[offset, offset + len)`: (PV index, PV offset, LV
+    /// offset, length).
+    fn pieces(&self, offset: u64, len: u64) -> Result<Vec<(usize, u64, u64, u64)>> {
+        let mut out = Vec::new();
+        self.for_pieces_idx(offset, len, |pv, pv_off, off, n| {
+            out.push((pv, pv_off, off, n));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// [`LogicalVolume::for_pieces`] with the PV's index.
+    fn for_pieces_idx(
+        &self,
+        offset: u64,
+        len: u64,
+        mut f: impl FnMut(usize, u64, u64, u64) -> Result<()>,
+    ) -> Result<()> {
         let mut done = 0u64;
         while done < len {
             let off = offset + done;
@@ -224,11 +257,26 @@ impl LogicalVolume {
             let seg = &self.segments[si];
             let (a, pv_off, avail) = seg.map(off - seg.start);
             let n = avail.min(len - done).min(seg.start + seg.len - off);
-            f(&self.pvs[seg.areas[a].pv].1, pv_off, off, n)
-                .map_err(|e| e.context(format!("LV {} at {off}", self.name)))?;
+            f(seg.areas[a].pv, pv_off, off, n)?;
             done += n;
         }
         Ok(())
+    }
+
+    /// Runs `op` on one PV piece of `n` bytes, timed.
+    fn timed(&self, n: usize, op: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.latency.time(n, op)
+    }
+
+    /// How a request of `len` bytes in `pieces` issues them.
+    fn how(&self, pieces: &[(usize, u64, u64, u64)], len: usize) -> Overlap {
+        if pieces.iter().all(|p| p.0 == pieces[0].0) {
+            // One PV: its pieces are contiguous there only by chance, and a PV that
+            // takes one request at a time gains nothing.
+            Overlap::No
+        } else {
+            self.latency.choose(len, OVERLAP_LARGE)
+        }
     }
 
     fn check_writable(&self) -> Result<()> {
@@ -270,26 +318,57 @@ impl BlockDevice for LogicalVolume {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         debug_assert!(offset.is_multiple_of(u64::from(self.geometry.logical_block_size)));
-        self.for_pieces(offset, buf.len() as u64, |dev, pv_off, off, n| {
-            let b = to_usize(off - offset);
-            dev.read_at(&mut buf[b..b + to_usize(n)], pv_off)
+        let pieces = self.pieces(offset, buf.len() as u64)?;
+        let how = self.how(&pieces, buf.len());
+        let mut jobs = Vec::with_capacity(pieces.len());
+        let mut rest: &mut [u8] = buf;
+        for (pv, pv_off, off, n) in pieces {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(to_usize(n));
+            rest = tail;
+            jobs.push((pv, (pv, pv_off, off, piece)));
+        }
+        fan_out(jobs, how, |(pv, pv_off, off, piece)| {
+            let n = piece.len();
+            self.timed(n, || self.pvs[pv].1.read_at(piece, pv_off))
+                .map_err(|e| e.context(format!("LV {} at {off}", self.name)))
         })
+        .into_iter()
+        .collect()
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check_writable()?;
-        self.for_pieces(offset, buf.len() as u64, |dev, pv_off, off, n| {
-            let b = to_usize(off - offset);
-            dev.write_at(&buf[b..b + to_usize(n)], pv_off, flags)
+        let pieces = self.pieces(offset, buf.len() as u64)?;
+        let how = self.how(&pieces, buf.len());
+        let jobs = pieces
+            .into_iter()
+            .map(|(pv, pv_off, off, n)| {
+                let b = to_usize(off - offset);
+                (pv, (pv, pv_off, off, &buf[b..b + to_usize(n)]))
+            })
+            .collect();
+        fan_out(jobs, how, |(pv, pv_off, off, piece)| {
+            let n = piece.len();
+            self.timed(n, || self.pvs[pv].1.write_at(piece, pv_off, flags))
+                .map_err(|e| e.context(format!("LV {} at {off}", self.name)))
         })
+        .into_iter()
+        .collect()
     }
 
     fn flush(&self) -> Result<()> {
-        for (name, d) in &self.pvs {
+        let how = if self.latency.slow() && self.pvs.len() > 1 {
+            Overlap::Each
+        } else {
+            Overlap::No
+        };
+        let jobs = self.pvs.iter().enumerate().collect();
+        fan_out(jobs, how, |(name, d)| {
             d.flush()
-                .map_err(|e| e.context(format!("LV {}: flushing PV {name}", self.name)))?;
-        }
-        Ok(())
+                .map_err(|e| e.context(format!("LV {}: flushing PV {name}", self.name)))
+        })
+        .into_iter()
+        .collect()
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {

@@ -29,6 +29,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
+use cairn_block::overlap::Latency;
 use cairn_block::{
     BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
 };
@@ -46,55 +47,15 @@ const MAX_IO: u32 = 32 << 20;
 const MIRROR_REGION: u64 = 64 << 10;
 /// Entries in the striped lock table.
 const LOCKS: usize = 1024;
-/// Requests at least this large go to their members on parallel threads. Threads are
-/// started per request (`std::thread::scope`), which costs tens of microseconds: on
-/// members in memory that cost more than it saved for 1 MiB requests (examples/
-/// array_bench.rs, 2 cores), so only large requests fan out. A persistent per-member
-/// worker would make smaller requests worth it, and matters for members with latency
-/// (disks, NBD).
-pub(crate) const FAN_OUT_MIN: usize = 4 << 20;
+/// Requests at least this large overlap their member operations whatever the members'
+/// latency: copying that many bytes is worth a second core.
+pub(crate) const FAN_OUT_MIN: usize = 1 << 20;
+/// The same for reads: a read only copies (no parity maths to share), and on members in
+/// memory one core copying 1 MiB beat handing pieces to workers (examples/latency_bench.rs
+/// at 0 delay).
+pub(crate) const READ_FAN_OUT_MIN: usize = 4 << 20;
 
-/// Runs `f` on every job; the jobs of one member run in order on one thread, different
-/// members in parallel when `parallel`. Results come back in job order.
-pub(crate) fn fan_out<J: Send, R: Send>(
-    jobs: Vec<(usize, J)>,
-    parallel: bool,
-    f: impl Fn(J) -> R + Sync,
-) -> Vec<R> {
-    if !parallel {
-        return jobs.into_iter().map(|(_, job)| f(job)).collect();
-    }
-    let mut groups: std::collections::BTreeMap<usize, Vec<(usize, J)>> = Default::default();
-    let n = jobs.len();
-    for (i, (member, job)) in jobs.into_iter().enumerate() {
-        groups.entry(member).or_default().push((i, job));
-    }
-    let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
-    if groups.len() < 2 {
-        for (i, job) in groups.into_values().flatten() {
-            out[i] = Some(f(job));
-        }
-    } else {
-        std::thread::scope(|s| {
-            let f = &f;
-            let mut groups = groups.into_values();
-            let first = groups.next().expect("two groups or more");
-            let handles: Vec<_> = groups
-                .map(|g| s.spawn(move || g.into_iter().map(|(i, j)| (i, f(j))).collect::<Vec<_>>()))
-                .collect();
-            for (i, job) in first {
-                out[i] = Some(f(job));
-            }
-            for h in handles {
-                let done = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-                for (i, r) in done {
-                    out[i] = Some(r);
-                }
-            }
-        });
-    }
-    out.into_iter().map(|r| r.expect("every job ran")).collect()
-}
+pub(crate) use cairn_block::overlap::{fan_out, Overlap};
 
 /// One member device, as the array uses it.
 pub(crate) struct Member {
@@ -321,6 +282,10 @@ pub struct Array {
     /// The partial-parity log closing the RAID4/5/6 write hole (ppl.rs), when the
     /// members carry one.
     pub(crate) ppl: Option<crate::ppl::Ppl>,
+    /// How long a member read or write takes, and a member flush: whether a request's
+    /// member operations are worth handing to I/O workers.
+    member_latency: Latency,
+    flush_latency: Latency,
 }
 
 impl fmt::Debug for Array {
@@ -505,6 +470,12 @@ impl Array {
             manager: Mutex::new(crate::background::Manager::default()),
             stopping: AtomicBool::new(false),
             fg_ops: AtomicU64::new(0),
+            // From "fast": the first slow operation (it counts 1/16 of its time) is
+            // enough to switch to overlapping.
+            member_latency: Latency::starting_at(0),
+            // Flushes are rare: start from "fast" (memory, tmpfs); a slow one or slow
+            // member operations switch flushes to overlap.
+            flush_latency: Latency::starting_at(0),
             bitmap: None,
             resynced: AtomicU64::new(0),
             ppl: None,
@@ -592,6 +563,37 @@ impl Array {
 
     // ---- member I/O ------------------------------------------------------------------
 
+    /// How a request moving `bytes` issues its member operations: all at once when
+    /// members are slow enough that a worker's wake-up is small beside them (on members
+    /// in memory it is not), by member when the request is large.
+    pub(crate) fn overlap_pays(&self, bytes: usize) -> Overlap {
+        self.member_latency.choose(bytes, FAN_OUT_MIN)
+    }
+
+    /// Whether member operations take long enough to overlap whatever their size.
+    pub(crate) fn members_slow(&self) -> bool {
+        self.member_latency.slow()
+    }
+
+    /// [`Array::overlap_pays`] for a read of `bytes`.
+    pub(crate) fn read_overlap_pays(&self, bytes: usize) -> Overlap {
+        self.member_latency.choose(bytes, READ_FAN_OUT_MIN)
+    }
+
+    /// Flushes one member's device, timed for [`Array::flush`]'s choice.
+    pub(crate) fn flush_dev(&self, dev: &dyn BlockDevice) -> Result<()> {
+        self.flush_latency.time(0, || dev.flush())
+    }
+
+    /// How flushes and durable (FUA) metadata writes to every member are issued.
+    pub(crate) fn flush_overlap_pays(&self) -> Overlap {
+        if self.flush_latency.slow() || self.member_latency.slow() {
+            Overlap::Each
+        } else {
+            Overlap::No
+        }
+    }
+
     fn up_member(&self, role: usize) -> Result<Arc<Member>> {
         match self.slots[role].member() {
             Some(m) if !self.slots[role].failed.load(Ordering::Acquire) => Ok(m),
@@ -605,7 +607,11 @@ impl Array {
     /// Reads `buf` from `role` at byte `off` of its data area.
     pub(crate) fn read_member(&self, role: usize, buf: &mut [u8], off: u64) -> Result<()> {
         let m = self.up_member(role)?;
-        m.dev.read_at(buf, m.base + off).map_err(|e| {
+        let len = buf.len();
+        let r = self
+            .member_latency
+            .time(len, || m.dev.read_at(buf, m.base + off));
+        r.map_err(|e| {
             e.context(format!(
                 "{}: read of {} bytes at member offset {}",
                 self.describe_role(role),
@@ -624,7 +630,10 @@ impl Array {
         flags: WriteFlags,
     ) -> Result<()> {
         let m = self.up_member(role)?;
-        m.dev.write_at(buf, m.base + off, flags).map_err(|e| {
+        let r = self
+            .member_latency
+            .time(buf.len(), || m.dev.write_at(buf, m.base + off, flags));
+        r.map_err(|e| {
             e.context(format!(
                 "{}: write of {} bytes at member offset {}",
                 self.describe_role(role),
@@ -1045,12 +1054,25 @@ impl Array {
 
     fn simple_read(&self, buf: &mut [u8], off: u64) -> Result<()> {
         let rotate = matches!(self.layout, ArrayLayout::Raid1(_));
-        for (pos, n, mut locs) in self.pieces(off, wide(buf.len())) {
-            let piece = &mut buf[small(pos - off)..small(pos - off + n)];
+        let parallel = self.read_overlap_pays(buf.len());
+        // Every piece is read at once, each from its first copy that is up; a copy
+        // that fails to read hands its piece to the next copy.
+        let mut jobs = Vec::new();
+        let mut rest: &mut [u8] = &mut *buf;
+        for (pos, n, mut locs) in self.pieces(off, wide(rest.len())) {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(small(n));
+            rest = tail;
             if rotate && locs.len() > 1 {
                 let k = self.next_read.fetch_add(1, Ordering::Relaxed) % locs.len();
                 locs.rotate_left(k);
             }
+            let first = locs
+                .iter()
+                .find(|l| self.is_up(l.member))
+                .map_or(usize::MAX, |l| l.member);
+            jobs.push((first, (pos, n, locs, piece)));
+        }
+        let results = fan_out(jobs, parallel, |(pos, n, locs, piece)| {
             let mut bad: Vec<(usize, Error)> = Vec::new();
             let mut good = None;
             for loc in &locs {
@@ -1065,6 +1087,9 @@ impl Array {
                     Err(e) => bad.push((loc.member, e)),
                 }
             }
+            (pos, n, locs, good, bad)
+        });
+        for (pos, n, locs, good, bad) in results {
             match good {
                 Some(src) if !bad.is_empty() => self.repair_copies(pos, n, src, &locs, bad),
                 Some(_) => {}
@@ -1155,27 +1180,39 @@ impl Array {
         } else {
             Vec::new()
         };
-        for (pos, n, locs) in self.pieces(off, wide(buf.len())) {
+        // Every copy of every piece is written at once; then each piece counts its
+        // copies.
+        let pieces = self.pieces(off, wide(buf.len()));
+        let mut jobs = Vec::new();
+        for (i, (pos, n, locs)) in pieces.iter().enumerate() {
             let piece = &buf[small(pos - off)..small(pos - off + n)];
-            let mut written = 0;
-            let mut bad: Vec<(usize, Error)> = Vec::new();
-            for loc in &locs {
-                if !self.is_writable(loc.member) {
-                    continue;
-                }
-                match self.write_member(loc.member, piece, loc.sector.0 * SECTOR_SIZE, flags) {
-                    // A copy being rebuilt does not count: it cannot be read yet.
-                    Ok(()) if self.is_up(loc.member) => written += 1,
-                    Ok(()) => {}
-                    Err(e) => bad.push((loc.member, e)),
+            for loc in locs {
+                if self.is_writable(loc.member) {
+                    jobs.push((loc.member, (i, *loc, piece)));
                 }
             }
+        }
+        let results = fan_out(jobs, self.overlap_pays(buf.len()), |(i, loc, piece)| {
+            let r = self.write_member(loc.member, piece, loc.sector.0 * SECTOR_SIZE, flags);
+            (i, loc.member, r)
+        });
+        let mut written = vec![0usize; pieces.len()];
+        let mut bad: Vec<Vec<(usize, Error)>> = pieces.iter().map(|_| Vec::new()).collect();
+        for (i, member, r) in results {
+            match r {
+                // A copy being rebuilt does not count: it cannot be read yet.
+                Ok(()) if self.is_up(member) => written[i] += 1,
+                Ok(()) => {}
+                Err(e) => bad[i].push((member, e)),
+            }
+        }
+        for (i, ((pos, n, locs), mut bad)) in pieces.into_iter().zip(bad).enumerate() {
             if !mirrored {
                 if let Some((_, e)) = bad.pop() {
                     return Err(e);
                 }
             }
-            if written == 0 {
+            if written[i] == 0 {
                 return Err(self.no_copy_error(pos, n, &locs, bad));
             }
             for (member, e) in bad {
@@ -1299,20 +1336,26 @@ impl BlockDevice for Array {
     fn flush(&self) -> Result<()> {
         let gen = self.bitmap_flush_start();
         let generation = self.ppl.as_ref().map(crate::ppl::Ppl::begin_flush);
-        let mut last = None;
-        for role in 0..self.slots.len() {
-            if let Some(r) = self.slots[role].replacement() {
-                if let Err(e) = r.dev.flush() {
-                    self.drop_replacement(role, &e);
-                }
-            }
+        // Every member (and replacement) at once.
+        let jobs: Vec<(usize, usize)> = (0..self.slots.len()).map(|role| (role, role)).collect();
+        let results = fan_out(jobs, self.flush_overlap_pays(), |role| {
+            let repl = self.slots[role]
+                .replacement()
+                .and_then(|r| self.flush_dev(&*r.dev).err());
             if !self.is_writable(role) {
-                continue;
+                return (role, repl, None);
             }
             let Some(m) = self.slots[role].member() else {
-                continue;
+                return (role, repl, None);
             };
-            if let Err(e) = m.dev.flush() {
+            (role, repl, self.flush_dev(&*m.dev).err())
+        });
+        let mut last = None;
+        for (role, repl, member) in results {
+            if let Some(e) = repl {
+                self.drop_replacement(role, &e);
+            }
+            if let Some(e) = member {
                 let e = e.context(format!("{}: flush", self.describe_role(role)));
                 if self.layout_is_redundant() {
                     self.fail_member(role, &e);

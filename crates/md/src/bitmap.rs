@@ -322,20 +322,22 @@ impl Array {
         blocks: &BTreeSet<u64>,
         flags: WriteFlags,
     ) -> Result<Vec<(usize, Error)>> {
-        let mut failed = Vec::new();
-        let mut written = 0;
-        for role in 0..self.slots.len() {
+        // Every member's copy at once (the write that follows waits for all of them).
+        let jobs = (0..self.slots.len())
             // Members being rebuilt too: they must hold the bitmap once in sync.
-            if !self.is_writable(role) {
-                continue;
-            }
-            let Some(m) = self.slots[role].member() else {
-                continue;
-            };
+            .filter(|&role| self.is_writable(role))
+            .filter_map(|role| self.slots[role].member().map(|m| (role, (role, m))))
+            .collect();
+        let results = crate::array::fan_out(jobs, self.flush_overlap_pays(), |(role, m)| {
             let r = blocks.iter().try_for_each(|&b| {
                 let piece = &st.area[small(b * BLOCK)..small((b + 1) * BLOCK)];
                 m.dev.write_at(piece, bm.at + b * BLOCK, flags)
             });
+            (role, r)
+        });
+        let mut failed = Vec::new();
+        let mut written = 0;
+        for (role, r) in results {
             match r {
                 Ok(()) => written += 1,
                 Err(e) => failed.push((

@@ -406,17 +406,26 @@ impl Ppl {
                 .wait_timeout(st, std::time::Duration::from_millis(1));
         };
         ticket.seq = seq;
+        let mut jobs = Vec::with_capacity(entries.len());
         for ((pm, header, payload), pos) in entries.into_iter().zip(placed) {
             let mut buf = header.encode();
             let padded = small(header.len() - BLOCK);
             buf.extend_from_slice(&payload);
             buf.resize(small(BLOCK) + padded, 0);
             ticket.roles.push(pm);
-            if let Err(e) = self.write_abs(array, pm, &buf, self.ring_off + pos, WriteFlags::FUA) {
-                // The parity member is out; its planned write fails too, which is what
-                // a member failure means for the stripe anyway.
-                array.fail_member(pm, &e);
-            }
+            jobs.push((pm, (pm, buf, pos)));
+        }
+        // The entries go to their parity members at once; all are durable (FUA) before
+        // this returns, so before any data write of the batch is issued.
+        let failed = crate::array::fan_out(jobs, array.flush_overlap_pays(), |(pm, buf, pos)| {
+            self.write_abs(array, pm, &buf, self.ring_off + pos, WriteFlags::FUA)
+                .err()
+                .map(|e| (pm, e))
+        });
+        for (pm, e) in failed.into_iter().flatten() {
+            // The parity member is out; its planned write fails too, which is what a
+            // member failure means for the stripe anyway.
+            array.fail_member(pm, &e);
         }
         Ok(ticket)
     }

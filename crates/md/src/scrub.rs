@@ -454,7 +454,7 @@ impl Array {
                     span.map(|(a, b)| (m, base + wide(a), Cow::Borrowed(&rows[m][a..b])))
                 })
                 .collect();
-            self.execute_writes(pl, writes, WriteFlags::NONE, false)?;
+            self.execute_writes(pl, writes, WriteFlags::NONE, self.overlap_pays(0))?;
         }
         for mut m in found {
             m.repaired = repair && m.rewritten.iter().all(|&r| self.is_up(r));

@@ -26,7 +26,7 @@ use std::borrow::Cow;
 
 use cairn_block::{Error, ErrorKind, Result, WriteFlags};
 
-use crate::array::{fan_out, Array, Bytes, FAN_OUT_MIN};
+use crate::array::{fan_out, Array, Bytes};
 use crate::layout::{ParityLayout, StripeMap};
 use crate::parity::gf;
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
@@ -54,6 +54,9 @@ enum Fail {
     Fatal(Error),
 }
 
+/// A member read into a buffer: member, buffer, member offset.
+type ReadJob<'b> = (usize, &'b mut [u8], u64);
+
 type Plan<'a> = std::result::Result<Vec<(usize, u64, Bytes<'a>)>, Fail>;
 
 /// The caller's bytes for `t`.
@@ -80,7 +83,7 @@ impl Array {
                 return Ok(());
             }
         }
-        let parallel = buf.len() >= FAN_OUT_MIN;
+        let parallel = self.read_overlap_pays(buf.len());
         // Pieces to rebuild, grouped by stripe below: (stripe, touch, failed member).
         let mut rebuild: Vec<Rebuild> = Vec::new();
         let mut jobs = Vec::new();
@@ -193,15 +196,21 @@ impl Array {
         let len = small(hi - lo);
         let n = pl.raid_disks();
         let mut rows: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; len]).collect();
-        for m in 0..n {
-            if down[m] {
-                continue;
-            }
-            if let Err(e) = self.read_member(m, &mut rows[m], stripe * c + lo) {
-                tracing::warn!("{}: {e}", self.array_label());
-                down[m] = true;
-                read_errors.push(m);
-            }
+        let jobs = rows
+            .iter_mut()
+            .enumerate()
+            .filter(|(m, _)| !down[*m])
+            .map(|(m, row)| (m, (m, row)))
+            .collect();
+        let failed = fan_out(jobs, self.read_overlap_pays(len * n), |(m, row)| {
+            self.read_member(m, row, stripe * c + lo)
+                .err()
+                .map(|e| (m, e))
+        });
+        for (m, e) in failed.into_iter().flatten() {
+            tracing::warn!("{}: {e}", self.array_label());
+            down[m] = true;
+            read_errors.push(m);
         }
         let missing: Vec<usize> = (0..n).filter(|&m| down[m]).collect();
         if missing.len() > pl.level().parity_members() {
@@ -345,10 +354,14 @@ impl Array {
             } else {
                 self.lock_stripes(batch.iter().map(|b| b.0))
             };
-            let mut plans = Vec::with_capacity(batch.len());
-            for &(stripe, x, y, data) in &batch {
-                plans.push(self.plan_stripe(pl, stripe, x, y, data)?);
-            }
+            // The stripes' plans (and the reads they need) at once: only the first and
+            // the last stripe of a request can be partial.
+            let jobs = batch.iter().map(|&b| (small(b.0 % 1024), b)).collect();
+            let plans = fan_out(jobs, self.overlap_pays(small(bytes)), |(stripe, x, y, data)| {
+                self.plan_stripe(pl, stripe, x, y, data)
+            })
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
             // The write hole: partial parity on the log, durable before any write.
             let ticket = match &self.ppl {
                 Some(log) => {
@@ -361,7 +374,7 @@ impl Array {
                 None => None,
             };
             let writes = plans.into_iter().flatten().collect();
-            let done = self.execute_writes(pl, writes, flags, small(bytes) >= FAN_OUT_MIN);
+            let done = self.execute_writes(pl, writes, flags, self.overlap_pays(small(bytes)));
             if let (Some(log), Some(ticket)) = (&self.ppl, ticket) {
                 log.complete(ticket);
             }
@@ -376,17 +389,22 @@ impl Array {
         let _guard = self.lock_stripe(stripe);
         let map = pl.stripe_map(StripeNo(stripe));
         let mut down = self.down_mask_at(stripe * c);
-        let mut rows = Vec::with_capacity(map.data.len());
+        let mut rows = Vec::new();
         let mut direct = map.data.iter().all(|&m| !down[m]);
         if direct {
-            for &m in &map.data {
-                let mut r = vec![0u8; small(c)];
-                if let Err(e) = self.read_member(m, &mut r, stripe * c) {
-                    tracing::warn!("{}: {e}", self.array_label());
-                    direct = false;
-                    break;
-                }
-                rows.push(r);
+            rows = map.data.iter().map(|_| vec![0u8; small(c)]).collect();
+            let jobs = map
+                .data
+                .iter()
+                .zip(rows.iter_mut())
+                .map(|(&m, r)| (m, (m, r)))
+                .collect();
+            let failed = fan_out(jobs, self.read_overlap_pays(small(c) * map.data.len()), |(m, r)| {
+                self.read_member(m, r, stripe * c).err()
+            });
+            if let Some(e) = failed.into_iter().flatten().next() {
+                tracing::warn!("{}: {e}", self.array_label());
+                direct = false;
             }
         }
         let mut corrections = Vec::new();
@@ -410,7 +428,7 @@ impl Array {
         }
         writes.retain(|(m, off, _)| self.is_up_at(*m, *off));
         writes.extend(corrections);
-        self.execute_writes(pl, writes, WriteFlags::NONE, false)?;
+        self.execute_writes(pl, writes, WriteFlags::NONE, self.overlap_pays(small(c)))?;
         self.check_resync_possible()
             .map_err(|e| e.context(format!("resync of stripe {stripe}")))
     }
@@ -422,7 +440,7 @@ impl Array {
         pl: &ParityLayout,
         writes: Vec<(usize, u64, Bytes<'_>)>,
         flags: WriteFlags,
-        parallel: bool,
+        parallel: crate::array::Overlap,
     ) -> Result<()> {
         let jobs = writes
             .into_iter()
@@ -596,20 +614,33 @@ impl Array {
     fn plan_rmw<'a>(&self, r: &Rows<'_, 'a>, parity_up: &[usize]) -> Plan<'a> {
         let (map, base, lo) = (r.map, r.base, r.lo);
         let row = small(r.hi - lo);
-        let mut prows: Vec<(usize, Vec<u8>)> = Vec::with_capacity(parity_up.len());
-        for &pm in parity_up {
-            let mut buf = vec![0u8; row];
-            self.read_member(pm, &mut buf, base + lo)
-                .map_err(|e| Fail::Read(pm, e))?;
-            prows.push((pm, buf));
+        // The old parity rows and the old data under the touched ranges, read at once.
+        let mut prows: Vec<(usize, Vec<u8>)> =
+            parity_up.iter().map(|&pm| (pm, vec![0u8; row])).collect();
+        let mut deltas: Vec<Vec<u8>> = r
+            .touches
+            .iter()
+            .map(|t| vec![0u8; small(t.b - t.a)])
+            .collect();
+        let mut jobs: Vec<(usize, ReadJob<'_>)> = Vec::new();
+        for (pm, buf) in prows.iter_mut() {
+            jobs.push((*pm, (*pm, buf.as_mut_slice(), base + lo)));
+        }
+        for (t, buf) in r.touches.iter().zip(deltas.iter_mut()) {
+            let m = map.data[t.d];
+            jobs.push((m, (m, buf.as_mut_slice(), base + t.a)));
+        }
+        let bytes = jobs.iter().map(|(_, (_, b, _))| b.len()).sum::<usize>();
+        let failed = fan_out(jobs, self.overlap_pays(bytes), |(m, buf, off)| {
+            self.read_member(m, buf, off).err().map(|e| (m, e))
+        });
+        if let Some((m, e)) = failed.into_iter().flatten().next() {
+            return Err(Fail::Read(m, e));
         }
         let mut writes: Vec<(usize, u64, Bytes<'a>)> = Vec::with_capacity(r.touches.len() + 2);
-        for t in r.touches {
+        for (t, mut delta) in r.touches.iter().zip(deltas) {
             let m = map.data[t.d];
             let new = src(r.data, t);
-            let mut delta = vec![0u8; new.len()];
-            self.read_member(m, &mut delta, base + t.a)
-                .map_err(|e| Fail::Read(m, e))?;
             self.parity.xor_into(&mut delta, new);
             let at = small(t.a - lo)..small(t.b - lo);
             for (pm, prow) in prows.iter_mut() {
@@ -635,31 +666,57 @@ impl Array {
     fn plan_rcw<'a>(&self, r: &Rows<'_, 'a>, absent: &[bool]) -> Plan<'a> {
         let (map, base, lo, hi) = (r.map, r.base, r.lo, r.hi);
         let row = small(hi - lo);
-        let mut rows: Vec<Bytes<'a>> = Vec::with_capacity(map.data.len());
-        for (d, &m) in map.data.iter().enumerate() {
+        // The rest of the row on every data member, read at once.
+        let mut owned: Vec<Option<Vec<u8>>> = map
+            .data
+            .iter()
+            .enumerate()
+            .map(|(d, _)| match r.touches.iter().find(|t| t.d == d) {
+                Some(t) if t.a == lo && t.b == hi => None,
+                _ => Some(vec![0u8; row]),
+            })
+            .collect();
+        let mut jobs: Vec<(usize, ReadJob<'_>)> = Vec::new();
+        for (d, buf) in owned.iter_mut().enumerate() {
+            let Some(buf) = buf else { continue };
+            let m = map.data[d];
             match r.touches.iter().find(|t| t.d == d) {
-                Some(t) if t.a == lo && t.b == hi => rows.push(Cow::Borrowed(src(r.data, t))),
                 Some(t) => {
-                    let mut buf = vec![0u8; row];
-                    if t.a > lo {
-                        self.read_member(m, &mut buf[..small(t.a - lo)], base + lo)
-                            .map_err(|e| Fail::Read(m, e))?;
+                    let (head, rest) = buf.split_at_mut(small(t.a - lo));
+                    let (_, tail) = rest.split_at_mut(small(t.b - t.a));
+                    if !head.is_empty() {
+                        jobs.push((m, (m, head, base + lo)));
                     }
-                    if t.b < hi {
-                        self.read_member(m, &mut buf[small(t.b - lo)..], base + t.b)
-                            .map_err(|e| Fail::Read(m, e))?;
+                    if !tail.is_empty() {
+                        jobs.push((m, (m, tail, base + t.b)));
                     }
-                    buf[small(t.a - lo)..small(t.b - lo)].copy_from_slice(src(r.data, t));
-                    rows.push(Cow::Owned(buf));
                 }
-                None => {
-                    let mut buf = vec![0u8; row];
-                    self.read_member(m, &mut buf, base + lo)
-                        .map_err(|e| Fail::Read(m, e))?;
-                    rows.push(Cow::Owned(buf));
-                }
+                None => jobs.push((m, (m, buf.as_mut_slice(), base + lo))),
             }
         }
+        let bytes = jobs.iter().map(|(_, (_, b, _))| b.len()).sum::<usize>();
+        let failed = fan_out(jobs, self.overlap_pays(bytes), |(m, buf, off)| {
+            self.read_member(m, buf, off).err().map(|e| (m, e))
+        });
+        if let Some((m, e)) = failed.into_iter().flatten().next() {
+            return Err(Fail::Read(m, e));
+        }
+        let rows: Vec<Bytes<'a>> = owned
+            .into_iter()
+            .enumerate()
+            .map(|(d, buf)| {
+                let t = r.touches.iter().find(|t| t.d == d);
+                match (buf, t) {
+                    (None, Some(t)) => Cow::Borrowed(src(r.data, t)),
+                    (Some(mut buf), Some(t)) => {
+                        buf[small(t.a - lo)..small(t.b - lo)].copy_from_slice(src(r.data, t));
+                        Cow::Owned(buf)
+                    }
+                    (Some(buf), None) => Cow::Owned(buf),
+                    (None, None) => unreachable!("an untouched chunk is always read"),
+                }
+            })
+            .collect();
         let refs: Vec<&[u8]> = rows.iter().map(|b| &**b).collect();
         let (p, q) = self.gen_parity(map, &refs);
         Ok(row_writes(r, p, q, absent))

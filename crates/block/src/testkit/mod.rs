@@ -5,6 +5,7 @@
 //!     FaultyDisk      -- fails chosen ops at run time (after N, on ranges, torn writes)
 //!       LogWritesDisk -- records completed writes/flushes; rebuilds any crash state
 //!         MemDisk     -- the storage
+//!   DelayDisk         -- waits before every op (latency benchmarks)
 //! ```
 //!
 //! - [`faulty::FaultyDisk`] makes failure cheap to provoke: wrap a member, keep its
@@ -22,10 +23,12 @@
 //! can use it; nothing in it is meant for production paths.
 
 pub mod conformance;
+pub mod delay;
 pub mod faulty;
 pub mod logwrites;
 
 pub use conformance::run_all;
+pub use delay::DelayDisk;
 pub use faulty::{Fault, FaultHandle, FaultStats, FaultyDisk, Op, Ops, Torn};
 pub use logwrites::{
     CrashPoint, CrashViolation, DiscardModel, LogClock, LogEntry, LogOp, LogOptions, LogWritesDisk,

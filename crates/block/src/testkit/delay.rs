@@ -1,0 +1,85 @@
+//! A member with latency: every operation waits a set time before it is passed on.
+//!
+//! Benchmarks use it to see how many member latencies a request costs above it (a disk's
+//! seek, a network member's round trip). The wait is a sleep per call, so concurrent
+//! callers overlap, as they do on a device with a deep queue; it models latency, not
+//! bandwidth.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{BlockDevice, Capabilities, Geometry, Result, WriteFlags};
+
+/// Wraps a device and delays each read, write, flush, discard and write-zeroes by
+/// [`DelayDisk::set_delay`] (zero at first). Counts the operations it passed on.
+#[derive(Debug)]
+pub struct DelayDisk {
+    inner: Arc<dyn BlockDevice>,
+    delay_ns: AtomicU64,
+    ops: AtomicU64,
+}
+
+impl DelayDisk {
+    pub fn new(inner: Arc<dyn BlockDevice>) -> DelayDisk {
+        DelayDisk {
+            inner,
+            delay_ns: AtomicU64::new(0),
+            ops: AtomicU64::new(0),
+        }
+    }
+
+    /// From now on every operation waits `delay` first.
+    pub fn set_delay(&self, delay: Duration) {
+        let ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+        self.delay_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Operations passed on so far.
+    pub fn ops(&self) -> u64 {
+        self.ops.load(Ordering::Relaxed)
+    }
+
+    fn wait(&self) {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        let ns = self.delay_ns.load(Ordering::Relaxed);
+        if ns > 0 {
+            std::thread::sleep(Duration::from_nanos(ns));
+        }
+    }
+}
+
+impl BlockDevice for DelayDisk {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.wait();
+        self.inner.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.wait();
+        self.inner.write_at(buf, offset, flags)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.wait();
+        self.inner.flush()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.wait();
+        self.inner.discard(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.wait();
+        self.inner.write_zeroes(offset, len, flags)
+    }
+}

@@ -1,0 +1,94 @@
+//! Rebuild speed in process: RAID6 and RAID5 over four members in memory (512 KiB
+//! chunks), filled with data; role 1 failed and removed, a fresh member added, and the
+//! rebuild run to the end (`Array::run_pending`, no pacing). GB/s of member bytes rebuilt.
+//!
+//! ```text
+//! cargo run --release -p cairn-md --example rebuild_bench [-- MEMBER_MIB [ROUNDS [DELAY_US]]]
+//! ```
+//!
+//! With DELAY_US, every member operation of the rebuild (not of the fill) waits that long
+//! first (testkit's `DelayDisk`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cairn_block::testkit::DelayDisk;
+use cairn_block::{BlockDevice, MemDisk, WriteFlags};
+use std::time::Duration;
+use cairn_md::{Array, BitmapChoice, CreateOptions, Level, Sectors};
+
+/// Fill request size: below the array's by-member threshold, so the fill runs on the
+/// calling thread in every build compared (where member pages are allocated matters).
+const FILL: u64 = 512 << 10;
+
+fn arg(i: usize, default: u64) -> u64 {
+    std::env::args()
+        .nth(i)
+        .map_or(default, |s| s.parse().expect("a number"))
+}
+
+/// Seconds to rebuild role 1 of a filled array of `level`, and the member bytes rebuilt.
+fn rebuild(level: Level, member: u64, delay: Duration) -> (f64, u64) {
+    let n = 4;
+    let slow: Vec<Arc<DelayDisk>> = (0..=n)
+        .map(|_| Arc::new(DelayDisk::new(Arc::new(MemDisk::new(member)))))
+        .collect();
+    let devs: Vec<Arc<dyn BlockDevice>> = slow[..n]
+        .iter()
+        .map(|d| d.clone() as Arc<dyn BlockDevice>)
+        .collect();
+    let mut o = CreateOptions::new(level, "rebuild");
+    o.chunk = Some(Sectors(1024));
+    o.members_zeroed = true;
+    o.bitmap = BitmapChoice::None;
+    let names = (0..n).map(|i| format!("d{i}")).collect();
+    let a = Array::create(devs, names, &o).expect("create");
+    let size = a.geometry().size;
+    let mut data = vec![0u8; 1 << 20];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for b in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b.copy_from_slice(&x.to_le_bytes());
+    }
+    let mut off = 0;
+    while off < size {
+        let len = (size - off).min(FILL);
+        a.write_at(&data[..usize::try_from(len).expect("small")], off, WriteFlags::NONE)
+            .expect("fill");
+        data.rotate_left(4096);
+        off += len;
+    }
+    a.flush().expect("flush");
+    a.fail("d1").expect("fail");
+    a.remove("d1").expect("remove");
+    for d in &slow {
+        d.set_delay(delay);
+    }
+    let t = Instant::now();
+    a.add(slow[n].clone(), "spare".into(), false).expect("add");
+    a.run_pending().expect("rebuild");
+    let secs = t.elapsed().as_secs_f64();
+    a.close().expect("close");
+    (secs, size / (n as u64 - level.parity_members() as u64))
+}
+
+fn main() {
+    let member = arg(1, 256) << 20;
+    let rounds = arg(2, 3);
+    let delay = Duration::from_micros(arg(3, 0));
+    println!(
+        "rebuild of one member of 4, {} MiB members in memory, 512 KiB chunks, {delay:?} per \
+         member op; best of {rounds}",
+        member >> 20
+    );
+    for level in [Level::Raid6, Level::Raid5] {
+        let mut best = 0f64;
+        for _ in 0..rounds {
+            let (secs, bytes) = rebuild(level, member, delay);
+            best = best.max(bytes as f64 / secs / 1e9);
+        }
+        println!("{level}: {best:.2} GB/s of member bytes");
+    }
+}
