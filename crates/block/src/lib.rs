@@ -18,8 +18,8 @@ pub mod codec;
 mod error;
 mod file;
 mod mem;
-mod owner;
 pub mod overlap;
+mod owner;
 pub mod probe;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;

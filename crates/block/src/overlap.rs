@@ -65,7 +65,11 @@ impl Pool {
     /// Hands `task` to an idle worker (starting one if the pool may grow); gives it back
     /// when no worker can take it.
     fn submit(&'static self, task: Task) -> Option<Task> {
-        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
         let worker = match idle {
             Some(w) => w,
             None => {
@@ -157,23 +161,21 @@ pub fn overlap<J: Send, R: Send>(jobs: Vec<J>, f: impl Fn(J) -> R + Sync) -> Vec
         for (i, job) in jobs {
             done.state.lock().unwrap_or_else(PoisonError::into_inner).0 += 1;
             let d = done.clone();
-            let task: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
-                match catch_unwind(AssertUnwindSafe(|| f(job))) {
+            let task: Box<dyn FnOnce() + Send + '_> =
+                Box::new(move || match catch_unwind(AssertUnwindSafe(|| f(job))) {
                     Ok(r) => {
                         *results[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
                         d.finish(None);
                     }
                     Err(p) => d.finish(Some(p)),
-                }
-            });
+                });
             // SAFETY: the task borrows `f`, `results` and the job's data from this call.
             // This function does not return or unwind before `done` counts every task
             // finished (the wait below is reached on every path: the caller's own jobs
             // run under `catch_unwind`), and a task touches none of those borrows after
             // its `finish`. Only the lifetime changes, not the type.
-            let task: Task = unsafe {
-                std::mem::transmute::<Box<dyn FnOnce() + Send + '_>, Task>(task)
-            };
+            let task: Task =
+                unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + '_>, Task>(task) };
             if let Some(back) = pool().submit(task) {
                 unplaced.push(back);
             }
@@ -346,7 +348,11 @@ mod tests {
             i * 10
         });
         assert_eq!(out, (0..8).map(|i| i * 10).collect::<Vec<_>>());
-        assert!(t.elapsed() < Duration::from_millis(300), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     #[test]

@@ -37,7 +37,10 @@ fn lat(us: u64, t: Duration, unit: Duration) -> String {
     if us == 0 {
         String::new()
     } else {
-        format!(" ({:.2} PV latencies)", t.as_secs_f64() / unit.as_secs_f64())
+        format!(
+            " ({:.2} PV latencies)",
+            t.as_secs_f64() / unit.as_secs_f64()
+        )
     }
 }
 
@@ -74,7 +77,10 @@ fn main() {
     let size = lv.geometry().size;
     let data = vec![0xa5u8; 1 << 20];
     let mut buf = vec![0u8; 1 << 20];
-    println!("striped LV, {PVS} PVs, {} KiB stripes; QD1 medians", STRIPE >> 10);
+    println!(
+        "striped LV, {PVS} PVs, {} KiB stripes; QD1 medians",
+        STRIPE >> 10
+    );
     for us in delays {
         let d = Duration::from_micros(us);
         for p in &pvs {

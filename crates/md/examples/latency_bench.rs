@@ -140,7 +140,9 @@ fn main() {
     for b in [&plain, &logged] {
         let mut off = 0;
         while off < size {
-            b.array.write_at(&data, off, WriteFlags::NONE).expect("fill");
+            b.array
+                .write_at(&data, off, WriteFlags::NONE)
+                .expect("fill");
             off += 1 << 20;
         }
         b.array.flush().expect("flush");
@@ -166,7 +168,9 @@ fn main() {
         let n = if us == 0 { 20_000 } else { 200 };
         // One member op as the members deliver it (a sleep overshoots a little).
         let unit = time(n.min(200), budget, |_| {
-            plain.members[0].read_at(&mut buf[..4096], 0).expect("member read");
+            plain.members[0]
+                .read_at(&mut buf[..4096], 0)
+                .expect("member read");
         });
         println!(
             "\n-- member delay {us} µs (one member op measures {:.1} µs) --",
@@ -205,7 +209,11 @@ fn main() {
             let d = time(n, budget, |_| {
                 let off = rng.offset(size, len, align);
                 arr.array
-                    .write_at(&data[..usize::try_from(len).expect("small")], off, WriteFlags::NONE)
+                    .write_at(
+                        &data[..usize::try_from(len).expect("small")],
+                        off,
+                        WriteFlags::NONE,
+                    )
                     .expect("write");
             });
             row(name, d);

@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use cairn_block::testkit::DelayDisk;
 use cairn_block::{BlockDevice, MemDisk, WriteFlags};
-use std::time::Duration;
 use cairn_md::{Array, BitmapChoice, CreateOptions, Level, Sectors};
+use std::time::Duration;
 
 /// Fill request size: below the array's by-member threshold, so the fill runs on the
 /// calling thread in every build compared (where member pages are allocated matters).
@@ -55,8 +55,12 @@ fn rebuild(level: Level, member: u64, delay: Duration) -> (f64, u64) {
     let mut off = 0;
     while off < size {
         let len = (size - off).min(FILL);
-        a.write_at(&data[..usize::try_from(len).expect("small")], off, WriteFlags::NONE)
-            .expect("fill");
+        a.write_at(
+            &data[..usize::try_from(len).expect("small")],
+            off,
+            WriteFlags::NONE,
+        )
+        .expect("fill");
         data.rotate_left(4096);
         off += len;
     }

@@ -852,11 +852,23 @@ impl Array {
     /// Rebuilds stripes `[first, first + count)` onto `role` under all their locks, the
     /// stripes at once (each one's member reads at once too). The member counts as
     /// rebuilt past them only when every one is written.
-    fn rebuild_stripes(&self, pl: &ParityLayout, role: usize, first: u64, count: u64) -> Result<()> {
+    fn rebuild_stripes(
+        &self,
+        pl: &ParityLayout,
+        role: usize,
+        first: u64,
+        count: u64,
+    ) -> Result<()> {
         let c = pl.chunk().0 * SECTOR_SIZE;
         let _guards = self.lock_stripes(first..first + count);
-        let jobs = (first..first + count).map(|s| (small(s % 1024), s)).collect();
-        let how = if count > 1 { Overlap::Each } else { Overlap::No };
+        let jobs = (first..first + count)
+            .map(|s| (small(s % 1024), s))
+            .collect();
+        let how = if count > 1 {
+            Overlap::Each
+        } else {
+            Overlap::No
+        };
         let results = fan_out(jobs, how, |stripe| -> Result<()> {
             let map = pl.stripe_map(StripeNo(stripe));
             let mut down = self.down_mask_at(stripe * c);

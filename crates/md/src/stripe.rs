@@ -357,9 +357,11 @@ impl Array {
             // The stripes' plans (and the reads they need) at once: only the first and
             // the last stripe of a request can be partial.
             let jobs = batch.iter().map(|&b| (small(b.0 % 1024), b)).collect();
-            let plans = fan_out(jobs, self.overlap_pays(small(bytes)), |(stripe, x, y, data)| {
-                self.plan_stripe(pl, stripe, x, y, data)
-            })
+            let plans = fan_out(
+                jobs,
+                self.overlap_pays(small(bytes)),
+                |(stripe, x, y, data)| self.plan_stripe(pl, stripe, x, y, data),
+            )
             .into_iter()
             .collect::<Result<Vec<_>>>()?;
             // The write hole: partial parity on the log, durable before any write.
@@ -399,9 +401,11 @@ impl Array {
                 .zip(rows.iter_mut())
                 .map(|(&m, r)| (m, (m, r)))
                 .collect();
-            let failed = fan_out(jobs, self.read_overlap_pays(small(c) * map.data.len()), |(m, r)| {
-                self.read_member(m, r, stripe * c).err()
-            });
+            let failed = fan_out(
+                jobs,
+                self.read_overlap_pays(small(c) * map.data.len()),
+                |(m, r)| self.read_member(m, r, stripe * c).err(),
+            );
             if let Some(e) = failed.into_iter().flatten().next() {
                 tracing::warn!("{}: {e}", self.array_label());
                 direct = false;

@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use crate::global::Global;
 use crate::error::{CliError, Result};
+use crate::global::Global;
 use cairn_stack::size::parse_size;
 
 pub const BENCH_LONG: &str = "\

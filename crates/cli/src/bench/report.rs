@@ -100,7 +100,14 @@ pub fn cell_node(c: &CellResult) -> Node {
     };
     let level = cairn_md::Level::parse(&c.spec.level).unwrap_or(cairn_md::Level::Raid0);
     let data = super::cell::data_members(level, c.spec.members);
-    let mut md = Node::new(NodeKind::Md, "md:bench".into(), "bench".into(), "clean", 0, geo);
+    let mut md = Node::new(
+        NodeKind::Md,
+        "md:bench".into(),
+        "bench".into(),
+        "clean",
+        0,
+        geo,
+    );
     md.md = Some(MdDetails {
         uuid: String::new(),
         level: c.spec.level.clone(),
