@@ -135,17 +135,17 @@ start_server() {
   local s=$1 sock=$SCRATCH/$1.sock
   case $s in
     cairn)
-      "$CAIRN" serve --listen "unix:$sock" ${CAIRN_SERVE_ARGS:-} "$FILE:bench" >"$OUT/cairn.log" 2>&1 &
+      "$CAIRN" serve --no-control --listen "unix:$sock" ${CAIRN_SERVE_ARGS:-} "$FILE:bench" >"$OUT/cairn.log" 2>&1 &
       URI[$s]="nbd+unix:///bench?socket=$sock"
       ;;
     cairn-raid6)
       local list
       list=$(IFS=,; echo "${MEMBERS[*]}")
-      "$CAIRN" serve --listen "unix:$sock" ${CAIRN_SERVE_ARGS:-} --md "$list:bench" >"$OUT/$s.log" 2>&1 &
+      "$CAIRN" serve --no-control --listen "unix:$sock" ${CAIRN_SERVE_ARGS:-} --md "$list:bench" >"$OUT/$s.log" 2>&1 &
       URI[$s]="nbd+unix:///bench?socket=$sock"
       ;;
     cairn-luks)
-      "$CAIRN" serve --listen "unix:$sock" ${CAIRN_SERVE_ARGS:-} --luks "$SCRATCH/luks2.img:bench" --key-file "$KEY" \
+      "$CAIRN" serve --no-control --listen "unix:$sock" ${CAIRN_SERVE_ARGS:-} --luks "$SCRATCH/luks2.img:bench" --key-file "$KEY" \
         >"$OUT/$s.log" 2>&1 &
       URI[$s]="nbd+unix:///bench?socket=$sock"
       ;;

@@ -84,26 +84,8 @@ pub fn run(a: &AdviseArgs, global: &Global) -> Result<()> {
 /// The trees of the stacks given on the command line, assembled read-only; LUKS is
 /// described from its header, so no passphrase is needed.
 fn offline_trees(a: &AdviseArgs) -> Result<Vec<Node>> {
-    let luks_over_md = a.luks.iter().any(String::is_empty);
-    let mut defs: Vec<(Option<String>, Spec)> = Vec::new();
-    for m in &a.md {
-        let m = cairn_stack::md::parse_md_spec(m)?;
-        let md = Spec::Md(m.members);
-        let spec = if luks_over_md {
-            Spec::Luks {
-                on: Box::new(md),
-                key_file: None,
-            }
-        } else {
-            md
-        };
-        defs.push((m.name, spec));
-    }
-    for l in a.luks.iter().filter(|l| !l.is_empty()) {
-        let s = cairn_stack::export::parse_spec(l)?;
-        let on = Box::new(Spec::File(s.path));
-        defs.push((Some(s.name), Spec::Luks { on, key_file: None }));
-    }
+    let (mds, volumes) = cairn_stack::spec::md_and_luks_args(&a.md, &a.luks)?;
+    let defs: Vec<(Option<String>, Spec)> = mds.into_iter().chain(volumes).collect();
     let opts = Options {
         read_only: true,
         force: a.force,

@@ -123,46 +123,12 @@ pub fn stack_defs(args: &ServeArgs) -> Result<Vec<(Option<String>, Spec)>> {
         .iter()
         .map(|a| export::parse_spec(a))
         .collect::<Result<Vec<_>>>()?;
-    let mds = args
-        .md
-        .iter()
-        .map(|a| cairn_stack::md::parse_md_spec(a))
-        .collect::<Result<Vec<_>>>()?;
-    // `--luks` with no value: the --md arrays hold LUKS. With a value: a LUKS volume.
-    let luks_over_md = args.luks.iter().any(String::is_empty);
-    if luks_over_md && mds.is_empty() {
-        return Err(CliError::new(
-            "--luks without a DEVICE means \"the --md arrays are encrypted\", but no --md was \
-             given; name the volume: --luks DEVICE[:NAME]",
-        ));
-    }
-    let lukses = args
-        .luks
-        .iter()
-        .filter(|a| !a.is_empty())
-        .map(|a| export::parse_spec(a))
-        .collect::<Result<Vec<_>>>()?;
+    let (mds, volumes) = cairn_stack::spec::md_and_luks_args(&args.md, &args.luks)?;
     let mut defs: Vec<(Option<String>, Spec)> = files
         .into_iter()
         .map(|s| (Some(s.name), Spec::File(s.path)))
         .collect();
-    let mut layered: Vec<(Option<String>, Spec)> = Vec::new();
-    for s in lukses {
-        let on = Box::new(Spec::File(s.path));
-        layered.push((Some(s.name), Spec::Luks { on, key_file: None }));
-    }
-    for m in mds {
-        let md = Spec::Md(m.members);
-        let spec = if luks_over_md {
-            Spec::Luks {
-                on: Box::new(md),
-                key_file: None,
-            }
-        } else {
-            md
-        };
-        layered.push((m.name, spec));
-    }
+    let mut layered: Vec<(Option<String>, Spec)> = volumes.into_iter().chain(mds).collect();
     // --lvm: the stacks above (bare) or the files listed are PVs; each LV is an export.
     if !args.lvm.is_empty() {
         let mut pvs: Vec<Spec> = Vec::new();

@@ -119,6 +119,46 @@ fn paths(ps: &[PathBuf]) -> String {
         .join(", ")
 }
 
+/// The stacks `--md M1,M2,...[:NAME]` and `--luks [DEVICE[:NAME]]` arguments name (serve,
+/// advise): the md arrays (LUKS on each when a bare `--luks` is given), and the LUKS
+/// volumes on the devices given. Callers serve them in their own order.
+pub fn md_and_luks_args(
+    md: &[String],
+    luks: &[String],
+) -> Result<(Vec<(Option<String>, Spec)>, Vec<(Option<String>, Spec)>)> {
+    let arrays = md
+        .iter()
+        .map(|a| md::parse_md_spec(a))
+        .collect::<Result<Vec<_>>>()?;
+    let luks_over_md = luks.iter().any(String::is_empty);
+    if luks_over_md && arrays.is_empty() {
+        return Err(StackError::new(
+            "--luks without a DEVICE means \"the --md arrays are encrypted\", but no --md was \
+             given; name the volume: --luks DEVICE[:NAME]",
+        ));
+    }
+    let mut mds = Vec::new();
+    for m in arrays {
+        let spec = Spec::Md(m.members);
+        let spec = if luks_over_md {
+            Spec::Luks {
+                on: Box::new(spec),
+                key_file: None,
+            }
+        } else {
+            spec
+        };
+        mds.push((m.name, spec));
+    }
+    let mut volumes = Vec::new();
+    for a in luks.iter().filter(|a| !a.is_empty()) {
+        let s = export::parse_spec(a)?;
+        let on = Box::new(Spec::File(s.path));
+        volumes.push((Some(s.name), Spec::Luks { on, key_file: None }));
+    }
+    Ok((mds, volumes))
+}
+
 /// Where passphrases come from while opening stacks: a key directory (files named by
 /// LUKS UUID), a key file, then a person through [`Prompt`]. Key files are read once
 /// each (`-`, stdin, can be read only once).
@@ -295,4 +335,41 @@ pub fn open_all(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn md_and_luks_arguments_become_specs() {
+        let (mds, vols) = md_and_luks_args(
+            &strings(&["a.img,b.img:data"]),
+            &strings(&["", "v.img:vault"]),
+        )
+        .unwrap();
+        assert_eq!(mds.len(), 1);
+        assert_eq!(mds[0].0.as_deref(), Some("data"));
+        assert!(
+            matches!(&mds[0].1, Spec::Luks { on, key_file: None } if **on == Spec::Md(vec!["a.img".into(), "b.img".into()])),
+            "{:?}",
+            mds[0].1
+        );
+        assert_eq!(vols.len(), 1);
+        assert_eq!(vols[0].0.as_deref(), Some("vault"));
+        assert_eq!(vols[0].1.paths(), [PathBuf::from("v.img")]);
+        // A bare --luks says the arrays are encrypted: without arrays it is a mistake.
+        let err = md_and_luks_args(&[], &strings(&[""])).unwrap_err();
+        assert!(err.to_string().contains("no --md was given"), "{err}");
+        // Without a bare --luks the arrays are served as they are.
+        let (mds, _) = md_and_luks_args(&strings(&["a.img,b.img"]), &[]).unwrap();
+        assert_eq!(
+            mds[0],
+            (None, Spec::Md(vec!["a.img".into(), "b.img".into()]))
+        );
+    }
 }
