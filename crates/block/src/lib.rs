@@ -21,6 +21,7 @@ mod mem;
 pub mod overlap;
 mod owner;
 pub mod probe;
+pub mod sock;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 

@@ -935,11 +935,3 @@ mod tests {
         assert_eq!(pbkdf_options(&a).unwrap().memory_kib, Some(1024));
     }
 }
-
-/// The passphrase for `shown` when serving: the key file, or asked on the terminal.
-pub fn serve_passphrase(key_file: Option<&Path>, shown: &str) -> Result<SecretBytes> {
-    match key_file {
-        Some(p) => read_key_file(p),
-        None => tty::passphrase(&format!("Enter passphrase for {shown}: ")),
-    }
-}

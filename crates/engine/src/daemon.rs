@@ -763,44 +763,52 @@ impl Daemon {
         if !lvm {
             check_export_name(&name).map_err(|m| Response::error(422, m))?;
         }
-        let mut list = self.exports();
-        if let (false, Some(e)) = (lvm, list.iter().find(|e| e.name == name)) {
-            let plain = e.md.is_none() && e.luks.is_none() && e.lvm.is_none();
-            let same = match &spec {
-                Spec::File(p) => plain && same_file(&e.path, p),
-                _ => false,
-            };
-            if same && e.read_only == a.read_only {
-                return Ok(Outcome::unchanged(format!(
-                    "export {name:?} already present; nothing to do"
+        // Conflicts with what is served, looked at before opening and again after: the
+        // exports stay unlocked while the stack opens (a LUKS key derivation takes
+        // seconds, and status must not wait for it).
+        let conflict = |list: &[OpenedExport]| -> Option<std::result::Result<Outcome, Response>> {
+            if let (false, Some(e)) = (lvm, list.iter().find(|e| e.name == name)) {
+                let plain = e.md.is_none() && e.luks.is_none() && e.lvm.is_none();
+                let same = match &spec {
+                    Spec::File(p) => plain && same_file(&e.path, p),
+                    _ => false,
+                };
+                if same && e.read_only == a.read_only {
+                    return Some(Ok(Outcome::unchanged(format!(
+                        "export {name:?} already present; nothing to do"
+                    ))));
+                }
+                return Some(Err(Response::error(
+                    409,
+                    format!(
+                        "export {:?} is already served from {} ({}); remove it first with \
+                         DELETE /v1/exports/{} or choose another name",
+                        name,
+                        e.path.display(),
+                        if e.read_only {
+                            "read-only"
+                        } else {
+                            "read-write"
+                        },
+                        name
+                    ),
                 )));
             }
-            return Err(Response::error(
-                409,
-                format!(
-                    "export {:?} is already served from {} ({}); remove it first with \
-                     DELETE /v1/exports/{} or choose another name",
-                    name,
-                    e.path.display(),
-                    if e.read_only {
-                        "read-only"
-                    } else {
-                        "read-write"
-                    },
-                    name
-                ),
-            ));
-        }
-        if let Spec::File(p) = &spec {
-            if let Some(e) = list
-                .iter()
-                .find(|e| e.md.is_none() && same_file(&e.path, p))
-            {
-                return Err(Response::error(
-                    409,
-                    format!("{} is already served as export {:?}", p.display(), e.name),
-                ));
+            if let Spec::File(p) = &spec {
+                if let Some(e) = list
+                    .iter()
+                    .find(|e| e.md.is_none() && same_file(&e.path, p))
+                {
+                    return Some(Err(Response::error(
+                        409,
+                        format!("{} is already served as export {:?}", p.display(), e.name),
+                    )));
+                }
             }
+            None
+        };
+        if let Some(answer) = conflict(&self.exports()) {
+            return answer;
         }
         let opts = Options {
             read_only: a.read_only,
@@ -816,6 +824,11 @@ impl Daemon {
             let busy = e.exit_code() == cairn_stack::owner::EXIT_BUSY;
             Response::error(if busy { 409 } else { 422 }, e.to_string())
         })?;
+        let mut list = self.exports();
+        if let Some(answer) = conflict(&list) {
+            cairn_stack::spec::close_all(&opened);
+            return answer;
+        }
         if let Some(e) = opened
             .iter()
             .find(|e| list.iter().any(|o| o.name == e.name))
@@ -832,9 +845,10 @@ impl Daemon {
         for (i, e) in opened.iter().enumerate() {
             let g = e.device.geometry();
             let device = wrap_export(&e.name, e.device.clone());
+            let description = cairn_stack::describe::export_description(e);
             let added = self.nbd.add(Export {
                 name: e.name.clone(),
-                description: cairn_stack::describe::export_description(e),
+                description: description.clone(),
                 device,
                 read_only: e.read_only,
             });
@@ -851,9 +865,8 @@ impl Daemon {
                 "read-write"
             };
             messages.push(format!(
-                "export {:?} added: {}, {}, {mode}",
+                "export {:?} added: {description}, {}, {mode}",
                 e.name,
-                cairn_stack::describe::export_description(e),
                 format_size(g.size)
             ));
             let n = cairn_stack::describe::describe(e);
@@ -879,9 +892,11 @@ impl Daemon {
             status: 201,
             changed: !views.is_empty(),
             message,
-            export: match views.len() {
-                1 => views.pop(),
-                _ => Some(serde_json::Value::Array(views)),
+            // An LVM stack answers a list (one view per LV, however many); the others one.
+            export: if lvm {
+                Some(serde_json::Value::Array(views))
+            } else {
+                views.pop()
             },
         })
     }

@@ -27,7 +27,6 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -436,32 +435,7 @@ impl Listener {
 /// Binds a Unix socket at `path` with permissions `mode`. An existing socket that answers
 /// is another live server: refused with `AddrInUse`. A stale one is removed.
 pub fn bind_unix(path: &Path, mode: u32) -> io::Result<Listener> {
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ));
-        }
-        if UnixStream::connect(path).is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{}: another server is listening there", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    // The socket is created owner-only (umask 0077) and then given `mode`: a socket
-    // created with the usual umask and narrowed after would be open for a moment. The
-    // umask is process-wide: a file or directory another thread creates in this short
-    // window is owner-only too (0077 keeps a directory's owner bits, so it stays usable).
-    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
-    let old = unsafe { libc::umask(0o077) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above, restoring the previous mask.
-    unsafe { libc::umask(old) };
-    let l = bound?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    let l = cairn_block::sock::bind_unix(path, mode)?;
     Ok(Listener::Unix(l, path.to_path_buf()))
 }
 
@@ -701,6 +675,7 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use std::io::Cursor;
+    use std::os::unix::fs::PermissionsExt;
 
     fn parse(raw: &[u8]) -> Result<Request, Response> {
         read_request(&mut BufReader::new(Cursor::new(raw.to_vec())))

@@ -30,6 +30,9 @@ use crate::hooks::{Options, Prompt};
 use crate::luks::{self, KeyCache, KeySource};
 use crate::md::{self, MdSpec};
 
+/// A stack and the name its export is to get (`None`: the file's or array's own).
+pub type NamedSpec = (Option<String>, Spec);
+
 /// What to open.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
@@ -125,7 +128,7 @@ fn paths(ps: &[PathBuf]) -> String {
 pub fn md_and_luks_args(
     md: &[String],
     luks: &[String],
-) -> Result<(Vec<(Option<String>, Spec)>, Vec<(Option<String>, Spec)>)> {
+) -> Result<(Vec<NamedSpec>, Vec<NamedSpec>)> {
     let arrays = md
         .iter()
         .map(|a| md::parse_md_spec(a))
@@ -243,7 +246,7 @@ pub fn open(
         Spec::Lvm(pvs) => {
             let mut opened: Vec<OpenedExport> = Vec::new();
             for pv in pvs {
-                match open_one(pv, Some(""), opts, keys) {
+                match open_checked(pv, Some(""), opts, keys) {
                     Ok(e) => opened.push(e),
                     Err(err) => {
                         close_all(&opened);
@@ -258,7 +261,7 @@ pub fn open(
                 }
             })
         }
-        _ => open_one(spec, name, opts, keys).map(|e| vec![e]),
+        _ => open_checked(spec, name, opts, keys).map(|e| vec![e]),
     }
 }
 
@@ -270,6 +273,16 @@ pub fn open_one(
     keys: &mut Keys,
 ) -> Result<OpenedExport> {
     spec.check()?;
+    open_checked(spec, name, opts, keys)
+}
+
+/// [`open_one`] for a spec already checked.
+fn open_checked(
+    spec: &Spec,
+    name: Option<&str>,
+    opts: &Options,
+    keys: &mut Keys,
+) -> Result<OpenedExport> {
     match spec {
         Spec::File(path) => {
             let name = match name {
@@ -298,7 +311,7 @@ pub fn open_one(
             })
         }
         Spec::Luks { on, key_file } => {
-            let below = open_one(on, name, opts, keys)?;
+            let below = open_checked(on, name, opts, keys)?;
             let shown = on.shown();
             keys.unlock(&below, &shown, key_file.as_deref())
                 .inspect_err(|_| close_all(std::slice::from_ref(&below)))
@@ -320,7 +333,7 @@ pub fn close_all(opened: &[OpenedExport]) {
 /// Opens every `(name, spec)` in order; on a failure the ones opened before are closed
 /// and the error names the stack that failed.
 pub fn open_all(
-    defs: &[(Option<String>, Spec)],
+    defs: &[NamedSpec],
     opts: &Options,
     keys: &mut Keys,
 ) -> Result<Vec<OpenedExport>> {

@@ -41,7 +41,7 @@ fn seed() -> u64 {
     let s = std::env::var("CAIRN_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| rand::random::<u64>());
+        .unwrap_or_else(rand::random::<u64>);
     eprintln!("seed {s} (replay with CAIRN_SEED={s})");
     s
 }

@@ -11,27 +11,12 @@ impl Server {
         for l in listen {
             match l {
                 Listen::Unix(path) => {
-                    if let Ok(meta) = std::fs::symlink_metadata(path) {
-                        if !meta.file_type().is_socket() {
-                            return Err(io::Error::new(
-                                io::ErrorKind::AlreadyExists,
-                                format!("{} exists and is not a socket", path.display()),
-                            ));
-                        }
-                        if UnixStream::connect(path).is_ok() {
-                            return Err(io::Error::new(
-                                io::ErrorKind::AddrInUse,
-                                format!("{}: another server is listening there", path.display()),
-                            ));
-                        }
-                        std::fs::remove_file(path)?;
-                    }
-                    // Owner only: the socket gives raw access to the data. Created so under
-                    // the umask (0700), then 0600: no other user can connect at any moment.
-                    let lst = bind_owner_only(path).map_err(|e| {
-                        io::Error::new(e.kind(), format!("bind {}: {e}", path.display()))
-                    })?;
-                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                    // Owner only: the socket gives raw access to the data.
+                    let lst =
+                        cairn_block::sock::bind_unix(path, 0o600).map_err(|e| match e.kind() {
+                            io::ErrorKind::AddrInUse | io::ErrorKind::AlreadyExists => e,
+                            _ => io::Error::new(e.kind(), format!("bind {}: {e}", path.display())),
+                        })?;
                     lst.set_nonblocking(true)?;
                     items.push((l.clone(), BoundListener::Unix(lst)));
                 }
@@ -290,19 +275,6 @@ impl Drop for Listeners {
             }
         }
     }
-}
-
-/// Binds a Unix socket that is owner-only (0700) from the moment it exists; the caller
-/// makes it 0600. The umask is process-wide: a file or directory another thread creates
-/// in this short window is owner-only too (0077 keeps a directory's owner bits, where
-/// 0177 would make a directory its owner cannot enter).
-fn bind_owner_only(path: &std::path::Path) -> io::Result<UnixListener> {
-    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
-    let old = unsafe { libc::umask(0o077) };
-    let res = UnixListener::bind(path);
-    // SAFETY: as above, restoring the previous mask.
-    unsafe { libc::umask(old) };
-    res
 }
 
 /// An accepted socket split into independent read and write handles.
