@@ -314,6 +314,9 @@ mod tests {
 
     #[test]
     fn the_hook_gets_the_event_in_its_environment() {
+        let _one = crate::FORKING_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let dir = std::env::temp_dir().join(format!("cairn-events-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("out");

@@ -908,6 +908,9 @@ mod tests {
 
     #[test]
     fn a_stale_socket_is_replaced() {
+        let _one = crate::FORKING_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let dir = std::env::temp_dir().join(format!("cairn-http-stale-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("s.sock");

@@ -16,3 +16,9 @@ pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod stats;
+
+/// Tests that start a child process and tests that look at sockets run one at a time: a
+/// forked child holds a copy of every descriptor (a just-closed listening socket too)
+/// until it execs, which a socket test running meanwhile sees as a live server.
+#[cfg(test)]
+pub(crate) static FORKING_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -332,11 +332,7 @@ pub fn close_all(opened: &[OpenedExport]) {
 
 /// Opens every `(name, spec)` in order; on a failure the ones opened before are closed
 /// and the error names the stack that failed.
-pub fn open_all(
-    defs: &[NamedSpec],
-    opts: &Options,
-    keys: &mut Keys,
-) -> Result<Vec<OpenedExport>> {
+pub fn open_all(defs: &[NamedSpec], opts: &Options, keys: &mut Keys) -> Result<Vec<OpenedExport>> {
     let mut out: Vec<OpenedExport> = Vec::new();
     for (name, spec) in defs {
         match open(spec, name.as_deref(), opts, keys) {
