@@ -357,6 +357,18 @@ impl ClientOptions {
             connections: 4,
         }
     }
+
+    /// Options for the export a URI names. TLS URIs (`nbds://`) are refused until the
+    /// client speaks TLS.
+    pub fn from_uri(uri: &crate::uri::NbdUri) -> Result<ClientOptions> {
+        if uri.tls {
+            return Err(Error::Usage(format!(
+                "{uri}: TLS (nbds://) is not supported by this client yet"
+            )));
+        }
+        let addr = uri.listen().map_err(Error::Usage)?;
+        Ok(ClientOptions::new(addr, uri.export.clone()))
+    }
 }
 
 /// What the server said about an export.

@@ -6,6 +6,7 @@
 pub mod client;
 pub mod proto;
 pub mod server;
+pub mod uri;
 
 pub use server::{
     nbd_errno, Added, ConnectionInfo, Export, ExportsHandle, Listen, Listeners, Removed, Server,
