@@ -284,7 +284,12 @@ use clap::Subcommand;
 
 /// A member for `create` and `examine`: opened as serving would, without counters.
 fn open_member(p: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>> {
-    cairn_stack::md::open_member(p, read_only, &Hooks::default())
+    cairn_stack::md::open_member(
+        p,
+        read_only,
+        &Hooks::default(),
+        cairn_stack::leaf::DEFAULT_REMOTE_TIMEOUT,
+    )
 }
 
 pub fn run(cmd: MdCommand, global: &Global) -> Result<()> {
@@ -449,6 +454,9 @@ fn create(a: MdCreateArgs, global: &Global) -> Result<()> {
     // is written.
     let mut to_create = Vec::new();
     for p in &a.members {
+        if cairn_stack::leaf::is_remote(p) {
+            continue; // a remote export exists or does not answer; opened below
+        }
         match std::fs::metadata(p) {
             Ok(m) if m.is_dir() => {
                 return Err(CliError::new(format!(

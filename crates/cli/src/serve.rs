@@ -102,6 +102,7 @@ pub fn open_options(args: &ServeArgs) -> Options {
         direct: args.direct,
         force: args.force,
         stripe_cache: Some(args.server.stripe_cache()),
+        remote_timeout: Some(std::time::Duration::from_secs(args.member_timeout)),
         hooks: crate::hooks::hooks(true),
     }
 }
@@ -891,6 +892,14 @@ pub struct ServeArgs {
     /// options given on the command line win over it
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+
+    /// Seconds a remote member (nbd://HOST/EXPORT, nbd+unix:///EXPORT?socket=PATH) may
+    /// take to answer a request or a connection before it counts as failed: the array
+    /// goes on degraded and cairn reconnects in the background, re-adding the member
+    /// (rebuilt from the write-intent bitmap) when its server answers again
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub member_timeout: u64,
 }
 
 /// How to serve, shared by `serve` and `quickstart`.

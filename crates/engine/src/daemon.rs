@@ -732,7 +732,7 @@ impl Daemon {
         spec.check()
             .map_err(|e| Response::error(422, e.to_string()))?;
         for p in spec.paths() {
-            if !p.is_absolute() {
+            if !p.is_absolute() && !cairn_stack::leaf::is_remote(&p) {
                 return Err(Response::error(
                     422,
                     format!(
@@ -1179,6 +1179,16 @@ fn pv_label(e: &OpenedExport) -> String {
 fn open_new_member(
     path: &Path,
 ) -> std::result::Result<Arc<dyn cairn_block::BlockDevice>, Response> {
+    if cairn_stack::leaf::is_remote(path) {
+        let dev = cairn_stack::leaf::open(
+            path,
+            false,
+            false,
+            cairn_stack::leaf::DEFAULT_REMOTE_TIMEOUT,
+        )
+        .map_err(|e| Response::error(422, e.to_string()))?;
+        return Ok(wrap_member(&path.display().to_string(), dev));
+    }
     if !path.is_absolute() {
         return Err(Response::error(
             422,

@@ -899,6 +899,12 @@ impl Array {
         Ok(())
     }
 
+    /// Whether [`Array::close`] has run. Background
+    /// helpers outside the array (the remote-member supervisor) stop at this.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     /// Makes parity and mirrors agree with the data over the whole array (md's resync),
     /// then records the array clean. Needed after a crash, or after creating over old
     /// data, before the array can be trusted to rebuild a missing member. Runs stripe by

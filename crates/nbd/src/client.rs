@@ -219,11 +219,16 @@ enum Socket {
 }
 
 impl Socket {
-    fn connect(addr: &Listen) -> io::Result<Socket> {
+    /// `timeout` bounds the TCP connect too: a host that is gone does not answer at all,
+    /// and the kernel's own SYN retries take minutes.
+    fn connect(addr: &Listen, timeout: Option<Duration>) -> io::Result<Socket> {
         match addr {
             Listen::Unix(p) => UnixStream::connect(p).map(Socket::Unix),
             Listen::Tcp(a) => {
-                let s = TcpStream::connect(a)?;
+                let s = match timeout {
+                    Some(t) => TcpStream::connect_timeout(a, t)?,
+                    None => TcpStream::connect(a)?,
+                };
                 s.set_nodelay(true)?;
                 Ok(Socket::Tcp(s))
             }
@@ -435,7 +440,7 @@ pub struct Handshake {
 impl Handshake {
     /// Connects, reads the greeting and answers with fixed newstyle and no zeroes.
     pub fn connect(addr: &Listen, timeout: Option<Duration>) -> Result<Handshake> {
-        let socket = Socket::connect(addr)?;
+        let socket = Socket::connect(addr, timeout)?;
         socket.set_timeout(timeout)?;
         let (r, w) = socket.halves()?;
         Handshake::start(r, w, Some(socket), timeout)

@@ -24,7 +24,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cairn_block::{BlockDevice, Error, FileDisk, OpenOptions};
+use cairn_block::{BlockDevice, Error};
 use serde::Serialize;
 
 use crate::error::{Result, StackError};
@@ -66,6 +66,7 @@ impl ScanOptions {
             direct,
             force: self.force,
             stripe_cache: Some(self.stripe_cache),
+            remote_timeout: None,
             hooks: self.hooks.clone(),
         }
     }
@@ -239,6 +240,12 @@ fn candidates(
         }
     };
     for p in paths {
+        if crate::leaf::is_remote(p) {
+            // A remote export is probed like a named file; it is read when probed.
+            crate::leaf::parse_remote(p).map_err(|e| StackError::new(format!("scan: {e}")))?;
+            push(p.clone(), true, &mut out);
+            continue;
+        }
         let meta = std::fs::metadata(p)
             .map_err(|e| StackError::new(format!("scan: cannot look at {}: {e}", shown(p))))?;
         if !meta.is_dir() {
@@ -328,17 +335,7 @@ enum Found {
 }
 
 fn open_ro(p: &Path) -> Result<Arc<dyn BlockDevice>> {
-    let disk = FileDisk::open(
-        p,
-        &OpenOptions {
-            read_only: true,
-            direct: false,
-            create_size: None,
-        },
-    )
-    .map_err(|e| StackError::new(format!("cannot open {}: {e}", shown(p))))?;
-    crate::owner::note_reader(&shown(p), &disk);
-    Ok(Arc::new(disk))
+    crate::leaf::open(p, true, false, crate::leaf::DEFAULT_REMOTE_TIMEOUT)
 }
 
 /// Classifies one device. md comes first: an md 1.0 member's data starts at sector 0, so
@@ -812,6 +809,7 @@ fn stack_layers(e: &OpenedExport, layers: &mut Vec<String>) -> (Vec<String>, Str
 mod tests {
     use super::*;
     use crate::luks::KeySource;
+    use cairn_block::{FileDisk, OpenOptions};
 
     struct Dir(PathBuf);
     impl Drop for Dir {

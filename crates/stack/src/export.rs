@@ -78,13 +78,35 @@ pub fn parse_spec(arg: &str) -> Result<ExportSpec> {
     }
     let whole = Path::new(arg);
     if let (false, Some((path, name))) = (whole.exists(), arg.rsplit_once(':')) {
-        if !path.is_empty() && !name.contains('/') {
+        // nbd://HOST:PORT is a URI with a port, not HOST with a name.
+        let uri_port = crate::leaf::is_remote(whole)
+            && !path.split_once("://").is_some_and(|(_, r)| r.contains('/'));
+        if !path.is_empty() && !name.contains('/') && !uri_port {
             check_name(name, arg)?;
             return Ok(ExportSpec {
                 path: PathBuf::from(path),
                 name: name.to_string(),
             });
         }
+    }
+    if crate::leaf::is_remote(whole) {
+        // A remote export keeps its own name ("" becomes "remote").
+        let u = crate::leaf::parse_remote(whole)?;
+        let name = if u.export.is_empty() {
+            "remote".to_string()
+        } else {
+            u.export.replace('/', "_")
+        };
+        check_name(&name, arg).map_err(|_| {
+            StackError::new(format!(
+                "the export name taken from {arg:?} would be {name:?}, which does not fit in \
+                 an NBD URI; name it explicitly as {arg}:NAME"
+            ))
+        })?;
+        return Ok(ExportSpec {
+            path: whole.to_path_buf(),
+            name,
+        });
     }
     // Files lose their extension (disk.img -> disk); device names are kept whole
     // (/dev/disk/by-path/pci-0000:00:1f.2-ata-1).
@@ -160,6 +182,20 @@ pub fn check_unique(specs: &[ExportSpec]) -> Result<()> {
 /// Opens one file or block device, explaining failures in the user's terms.
 pub fn open(spec: &ExportSpec, o: &Options) -> Result<OpenedExport> {
     let (read_only, direct) = (o.read_only, o.direct);
+    if crate::leaf::is_remote(&spec.path) {
+        let dev = crate::leaf::open(&spec.path, read_only, direct, o.remote_timeout())?;
+        let device = o.hooks.wrap(&format!("file:{}", spec.path.display()), dev);
+        return Ok(OpenedExport {
+            name: spec.name.clone(),
+            path: spec.path.clone(),
+            device: device.clone(),
+            read_only,
+            md: None,
+            luks: None,
+            base: Some(device),
+            lvm: None,
+        });
+    }
     let shown = spec.path.display();
     let meta = std::fs::metadata(&spec.path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => StackError::new(format!(

@@ -54,5 +54,15 @@ pub struct Options {
     /// Put over RAID4/5/6 arrays opened writable; `None`: the array as it is (short
     /// metadata changes, dry runs).
     pub stripe_cache: Option<cairn_md::StripeCacheOptions>,
+    /// How long a remote member (an NBD URI) may take to answer before it counts as
+    /// failed; `None`: [`crate::leaf::DEFAULT_REMOTE_TIMEOUT`].
+    pub remote_timeout: Option<std::time::Duration>,
     pub hooks: Hooks,
+}
+
+impl Options {
+    pub fn remote_timeout(&self) -> std::time::Duration {
+        self.remote_timeout
+            .unwrap_or(crate::leaf::DEFAULT_REMOTE_TIMEOUT)
+    }
 }

@@ -25,11 +25,13 @@ pub mod discover;
 pub mod error;
 pub mod export;
 pub mod hooks;
+pub mod leaf;
 pub mod luks;
 pub mod lvm;
 pub mod md;
 pub mod node;
 pub mod owner;
+pub mod remote;
 pub mod size;
 pub mod spec;
 

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cairn_block::{BlockDevice, ErrorKind, FileDisk, OpenOptions};
+use cairn_block::{BlockDevice, ErrorKind};
 use cairn_md::{Array, ArrayReport, AssembleOptions, Level, MemberState};
 
 use crate::error::{Result, StackError};
@@ -44,23 +44,15 @@ pub fn export_name_for(array_name: &str) -> String {
 
 // ---- opening members ---------------------------------------------------------------
 
-pub fn open_member(p: &Path, read_only: bool, hooks: &Hooks) -> Result<Arc<dyn BlockDevice>> {
-    let opts = OpenOptions {
-        read_only,
-        direct: false,
-        create_size: None,
-    };
-    let disk = FileDisk::open(p, &opts).map_err(|e| match e.kind() {
-        ErrorKind::ReadOnly if !read_only => StackError::new(format!(
-            "cannot open {} for writing ({e}); fix its permissions",
-            shown(p)
-        )),
-        ErrorKind::Busy => crate::owner::busy(&shown(p), &e),
-        _ => StackError::new(format!("cannot open {}: {e}", shown(p))),
-    })?;
-    crate::owner::note_reader(&shown(p), &disk);
+pub fn open_member(
+    p: &Path,
+    read_only: bool,
+    hooks: &Hooks,
+    timeout: std::time::Duration,
+) -> Result<Arc<dyn BlockDevice>> {
+    let dev = crate::leaf::open(p, read_only, false, timeout)?;
     // Counted as the stack node "member:PATH" (cairn top, metrics).
-    Ok(hooks.wrap(&format!("member:{}", shown(p)), Arc::new(disk)))
+    Ok(hooks.wrap(&format!("member:{}", shown(p)), dev))
 }
 
 /// Members as given: the ones that exist, opened, and the paths that do not exist.
@@ -70,7 +62,8 @@ struct Members {
     missing: Vec<PathBuf>,
 }
 
-fn open_present(paths: &[PathBuf], read_only: bool, hooks: &Hooks) -> Result<Members> {
+fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
+    let (read_only, hooks) = (opts.read_only, &opts.hooks);
     let mut m = Members {
         devices: Vec::new(),
         names: Vec::new(),
@@ -80,11 +73,30 @@ fn open_present(paths: &[PathBuf], read_only: bool, hooks: &Hooks) -> Result<Mem
         if paths[..i].contains(p) {
             return Err(StackError::new(format!("{} is given twice", shown(p))));
         }
+        if crate::leaf::is_remote(p) {
+            // A member server that does not answer now leaves the array degraded, as a
+            // missing disk does; the supervisor brings it in when it answers.
+            match crate::leaf::open_remote(p, read_only, opts.remote_timeout()) {
+                Ok(c) => {
+                    let dev: Arc<dyn BlockDevice> = c;
+                    m.devices
+                        .push(hooks.wrap(&format!("member:{}", shown(p)), dev));
+                    m.names.push(shown(p));
+                }
+                Err(crate::leaf::RemoteError::Unreachable(e)) => {
+                    tracing::warn!("{e}");
+                    m.missing.push(p.clone());
+                }
+                Err(crate::leaf::RemoteError::Refused(e)) => return Err(e),
+            }
+            continue;
+        }
         if !p.exists() {
             m.missing.push(p.clone());
             continue;
         }
-        m.devices.push(open_member(p, read_only, hooks)?);
+        m.devices
+            .push(open_member(p, read_only, hooks, opts.remote_timeout())?);
         m.names.push(shown(p));
     }
     if m.devices.is_empty() {
@@ -102,8 +114,8 @@ fn open_present(paths: &[PathBuf], read_only: bool, hooks: &Hooks) -> Result<Mem
 
 /// Assembles the array on `paths`; missing files make it degraded (the caller warns).
 pub fn assemble(paths: &[PathBuf], opts: &Options) -> Result<(Array, Vec<PathBuf>)> {
-    let (read_only, force) = (opts.read_only, opts.force);
-    let m = open_present(paths, read_only, &opts.hooks)?;
+    let force = opts.force;
+    let m = open_present(paths, opts)?;
     let missing = m.missing;
     let array = Array::assemble(m.devices, m.names, AssembleOptions { force }).map_err(|e| {
         let mut msg = format!("cannot assemble the md array: {e}");
@@ -118,11 +130,24 @@ pub fn assemble(paths: &[PathBuf], opts: &Options) -> Result<(Array, Vec<PathBuf
     Ok((array, missing))
 }
 
-/// "member file(s) not found: a, b", for errors and warnings about missing members.
+/// "member file(s) not found: a, b" (and "member server(s) not answering: nbd://..."),
+/// for errors and warnings about missing members.
 fn files_not_found(missing: &[PathBuf]) -> String {
-    let names: Vec<String> = missing.iter().map(|p| shown(p)).collect();
-    let plural = if missing.len() == 1 { "" } else { "s" };
-    format!("member file{plural} not found: {}", names.join(", "))
+    let (remote, local): (Vec<&PathBuf>, Vec<&PathBuf>) =
+        missing.iter().partition(|p| crate::leaf::is_remote(p));
+    let list = |ps: &[&PathBuf], what: &str, verb: &str| {
+        let names: Vec<String> = ps.iter().map(|p| shown(p)).collect();
+        let plural = if ps.len() == 1 { "" } else { "s" };
+        format!("member {what}{plural} {verb}: {}", names.join(", "))
+    };
+    let mut parts = Vec::new();
+    if !local.is_empty() {
+        parts.push(list(&local, "file", "not found"));
+    }
+    if !remote.is_empty() {
+        parts.push(list(&remote, "server", "not answering"));
+    }
+    parts.join("; ")
 }
 
 /// The loud warning for a degraded start, naming what is missing.
@@ -245,6 +270,7 @@ pub fn open_export(spec: &MdSpec, opts: &Options) -> Result<OpenedExport> {
         .clone()
         .unwrap_or_else(|| export_name_for(&report.name));
     let array = Arc::new(array);
+    crate::remote::supervise(&array, &spec.members, opts);
     Ok(OpenedExport {
         name,
         path: spec.members[0].clone(),

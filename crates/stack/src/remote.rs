@@ -1,0 +1,162 @@
+//! Remote members that drop off the network and come back.
+//!
+//! A member named by an NBD URI fails as a disk does: a request it does not answer
+//! within the member timeout, a reset connection or a server that went away fails the
+//! request, and md fails the member (the array goes on degraded, the failure is
+//! recorded in the other members' superblocks). Nothing in md knows the member is
+//! remote. This module is the part that does: one supervisor thread per array with
+//! remote members, which
+//!
+//! - notices a remote member that is out of the array (failed while running, or not
+//!   answering when the array was assembled),
+//! - reconnects in the background with backoff (1 s doubling to 30 s),
+//! - and when the server answers again, removes the failed entry and adds the member
+//!   back (`mdadm --re-add`): its superblock says which role it held and how far it got,
+//!   so md rebuilds only what the write-intent bitmap marks dirty since.
+//!
+//! The supervisor stops when the array is closed or dropped.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cairn_block::BlockDevice;
+use cairn_md::report::MemberState;
+use cairn_md::Array;
+
+use crate::hooks::Options;
+use crate::leaf::{self, RemoteError};
+
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const LONGEST_RETRY: Duration = Duration::from_secs(30);
+const TICK: Duration = Duration::from_millis(250);
+
+/// Starts the supervisor of `array` when any of `members` is remote and the array is
+/// writable; returns whether one was started.
+pub fn supervise(array: &Arc<Array>, members: &[PathBuf], opts: &Options) -> bool {
+    let remote: Vec<String> = members
+        .iter()
+        .filter(|p| leaf::is_remote(p))
+        .map(|p| p.display().to_string())
+        .collect();
+    if remote.is_empty() || opts.read_only {
+        return false;
+    }
+    let weak = Arc::downgrade(array);
+    let opts = opts.clone();
+    let label = array.report().name;
+    thread::Builder::new()
+        .name(format!("remote-{label}"))
+        .spawn(move || run(&weak, &remote, &opts))
+        .is_ok()
+}
+
+/// Where a remote member stands, as the array reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    /// In the array (in sync, rebuilding, a spare or a replacement).
+    In,
+    /// Failed while running: its entry must be removed before it is added back.
+    Failed,
+    /// Not in the array at all (missing at assembly, left out, removed).
+    Out,
+}
+
+fn standing(array: &Array, name: &str) -> Standing {
+    let report = array.report();
+    let mut out = Standing::Out;
+    for m in report
+        .members
+        .iter()
+        .filter(|m| m.name.as_deref() == Some(name))
+    {
+        match m.state {
+            MemberState::ActiveSync
+            | MemberState::Rebuilding
+            | MemberState::Spare
+            | MemberState::Replacement => return Standing::In,
+            MemberState::Faulty => out = Standing::Failed,
+            MemberState::Missing | MemberState::LeftOut => {}
+        }
+    }
+    out
+}
+
+struct Retry {
+    next: Instant,
+    wait: Duration,
+    /// The last failure logged, so a long outage logs once per new reason.
+    said: Option<String>,
+}
+
+fn run(weak: &Weak<Array>, remote: &[String], opts: &Options) {
+    let mut retries: HashMap<&str, Retry> = HashMap::new();
+    loop {
+        thread::sleep(TICK);
+        let Some(array) = weak.upgrade() else { return };
+        if array.is_closed() {
+            return;
+        }
+        for name in remote {
+            let now = Instant::now();
+            match standing(&array, name) {
+                Standing::In => {
+                    retries.remove(name.as_str());
+                    continue;
+                }
+                Standing::Failed | Standing::Out => {}
+            }
+            let r = retries.entry(name.as_str()).or_insert(Retry {
+                next: now,
+                wait: FIRST_RETRY,
+                said: None,
+            });
+            if now < r.next {
+                continue;
+            }
+            r.next = now + r.wait;
+            r.wait = (r.wait * 2).min(LONGEST_RETRY);
+            let path = PathBuf::from(name);
+            let dev = match leaf::open_remote(&path, false, opts.remote_timeout()) {
+                Ok(c) => c as Arc<dyn BlockDevice>,
+                Err(RemoteError::Unreachable(e) | RemoteError::Refused(e)) => {
+                    let e = e.to_string();
+                    if r.said.as_deref() != Some(e.as_str()) {
+                        tracing::warn!("{}: still out of the array: {e}", name);
+                        r.said = Some(e);
+                    }
+                    continue;
+                }
+            };
+            if array.is_closed() {
+                return;
+            }
+            let dev = opts.hooks.wrap(&format!("member:{name}"), dev);
+            match bring_back(&array, name, dev) {
+                Ok(msg) => {
+                    tracing::warn!("{name} answers again: {msg}");
+                    retries.remove(name.as_str());
+                }
+                Err(e) => {
+                    if r.said.as_deref() != Some(e.as_str()) {
+                        tracing::warn!("{name} answers again but cannot rejoin: {e}");
+                        r.said = Some(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Removes the failed entry of `name` (if any) and adds `dev` back under that name.
+fn bring_back(array: &Array, name: &str, dev: Arc<dyn BlockDevice>) -> Result<String, String> {
+    if standing(array, name) == Standing::Failed {
+        array.remove(name).map_err(|e| e.to_string())?;
+    }
+    let change = array
+        .add(dev, name.to_string(), false)
+        .map_err(|e| e.to_string())?;
+    Ok(change.message)
+}
