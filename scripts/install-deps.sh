@@ -31,6 +31,7 @@ needed=(
   "tmux tmux"       # tests/interop/operator.sh: cairn status under a real terminal
   "xz xz-utils"
   "file file"       # tests/interop/cairn_bench.sh: the plots are real PNG and SVG
+  "ip iproute2"     # tests/interop/remote.sh: member servers in network namespaces
 )
 
 missing=()

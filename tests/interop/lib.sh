@@ -59,7 +59,7 @@ cd "$WORK" || exit 1
 
 # --- cleanup ---------------------------------------------------------------------------
 
-# register KIND VALUE: remember something to undo. KIND: pid, fuse, loop, mount.
+# register KIND VALUE: remember something to undo. KIND: pid, fuse, loop, mount, netns.
 register() { printf '%s %s\n' "$1" "$2" >>"$REGISTRY"; }
 
 # descendants PID: the PIDs of PID's children, grandchildren, ... (a registered PID may
@@ -102,6 +102,7 @@ cleanup_resources() {
       loop) losetup -d "$value" 2>/dev/null ;;
       fuse) mountpoint -q "$value" 2>/dev/null && { fusermount3 -u "$value" 2>/dev/null || fusermount3 -uz "$value" 2>/dev/null; } ;;
       pid) stop_tree "$value" ;;
+      netns) ip netns del "$value" 2>/dev/null ;;
     esac
   done < <(tac "$REGISTRY")
   : >"$REGISTRY"
@@ -183,7 +184,8 @@ start_cairn() {
   # Each test is a subshell, so CAIRN_N starts again at 1 in $WORK: a previous test's
   # announcement must not pass for this one's before the new server truncates it.
   rm -f "$CAIRN_JSON" "$CAIRN_LOG"
-  "$CAIRN" serve --json --listen "unix:$CAIRN_SOCK" --listen tcp:127.0.0.1:0 "$@" \
+  # CAIRN_WRAP (e.g. "ip netns exec NS") runs the server inside something; it must exec.
+  ${CAIRN_WRAP:-} "$CAIRN" serve --json --listen "unix:$CAIRN_SOCK" --listen tcp:127.0.0.1:0 "$@" \
     >"$CAIRN_JSON" 2>"$CAIRN_LOG" &
   CAIRN_PID=$!
   register pid "$CAIRN_PID"

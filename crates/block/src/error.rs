@@ -38,6 +38,10 @@ pub enum ErrorKind {
     /// Another writer has the device open (a second `cairn serve`, a mount, mdadm): one
     /// writer per device, as the kernel's O_EXCL and lvm's and cryptsetup's locks keep.
     Busy,
+    /// The device cannot be reached any more (a remote export whose connection broke or
+    /// timed out): not a bad sector but the whole device, and every later request fails
+    /// the same way. md fails such a member at once, as it fails a disk that vanished.
+    Gone,
 }
 
 impl ErrorKind {
@@ -58,6 +62,7 @@ impl ErrorKind {
             ErrorKind::Shutdown => "shutting down",
             ErrorKind::PreviousIo => "an earlier write or flush failed; refusing further I/O",
             ErrorKind::Busy => "busy",
+            ErrorKind::Gone => "device gone (not reachable)",
         }
     }
 

@@ -612,12 +612,18 @@ impl Array {
             .member_latency
             .time(len, || m.dev.read_at(buf, m.base + off));
         r.map_err(|e| {
-            e.context(format!(
+            let e = e.context(format!(
                 "{}: read of {} bytes at member offset {}",
                 self.describe_role(role),
                 buf.len(),
                 m.base + off
-            ))
+            ));
+            // A member that is gone (not a bad sector: its connection is lost) fails at
+            // once, as md fails a disk that vanished; a bad sector is repaired instead.
+            if e.kind() == ErrorKind::Gone {
+                self.fail_member(role, &e);
+            }
+            e
         })
     }
 

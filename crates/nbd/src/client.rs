@@ -152,7 +152,10 @@ impl From<Error> for cairn_block::Error {
         let kind = match &e {
             Error::Request { errno, .. } => kind_of_errno(*errno),
             Error::Usage(_) => ErrorKind::InvalidArgument,
-            _ => ErrorKind::Io,
+            // The connection is lost (reset, closed, timed out, or the server broke the
+            // protocol): the export is unreachable until someone reconnects.
+            Error::Io(_) | Error::Closed | Error::Protocol(_) => ErrorKind::Gone,
+            Error::Option { .. } => ErrorKind::Io,
         };
         cairn_block::Error::new(kind, "remote NBD export").with_source(e)
     }

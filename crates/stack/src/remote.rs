@@ -23,7 +23,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use cairn_block::BlockDevice;
-use cairn_md::report::MemberState;
+use cairn_md::report::{ArrayReport, MemberState};
 use cairn_md::Array;
 
 use crate::hooks::Options;
@@ -64,8 +64,7 @@ enum Standing {
     Out,
 }
 
-fn standing(array: &Array, name: &str) -> Standing {
-    let report = array.report();
+fn standing(report: &ArrayReport, name: &str) -> Standing {
     let mut out = Standing::Out;
     for m in report
         .members
@@ -93,15 +92,31 @@ struct Retry {
 
 fn run(weak: &Weak<Array>, remote: &[String], opts: &Options) {
     let mut retries: HashMap<&str, Retry> = HashMap::new();
+    let mut said_failed = false;
     loop {
         thread::sleep(TICK);
         let Some(array) = weak.upgrade() else { return };
         if array.is_closed() {
             return;
         }
+        let report = array.report();
+        if report.state.failed {
+            // Too many members are gone: rebuilding one from the others would invent
+            // data. The operator decides (bring them back, assemble again).
+            if !said_failed {
+                tracing::warn!(
+                    "md array {}: failed (too many members gone); remote members are not \
+                     re-added automatically: bring their servers back and assemble again",
+                    report.name
+                );
+                said_failed = true;
+            }
+            continue;
+        }
+        said_failed = false;
         for name in remote {
             let now = Instant::now();
-            match standing(&array, name) {
+            match standing(&report, name) {
                 Standing::In => {
                     retries.remove(name.as_str());
                     continue;
@@ -152,7 +167,7 @@ fn run(weak: &Weak<Array>, remote: &[String], opts: &Options) {
 
 /// Removes the failed entry of `name` (if any) and adds `dev` back under that name.
 fn bring_back(array: &Array, name: &str, dev: Arc<dyn BlockDevice>) -> Result<String, String> {
-    if standing(array, name) == Standing::Failed {
+    if standing(&array.report(), name) == Standing::Failed {
         array.remove(name).map_err(|e| e.to_string())?;
     }
     let change = array
