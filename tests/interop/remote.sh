@@ -234,5 +234,123 @@ t_raid6_members_on_other_hosts() {
   stop_cairn
 }
 
+# nbdkit_unix NAME FILE [FILTER-ARGS...]: nbdkit serving FILE as export NAME on a Unix
+# socket in $WORK; sets NBD_URI. (Not in $(...): nbdkit started in a command substitution
+# does not outlive it.)
+nbdkit_unix() {
+  local name=$1 file=$2 sock=$WORK/$1.sock
+  shift 2
+  # Options (--filter=...) go before the plugin, KEY=VALUE parameters after it.
+  local opts=() params=() a
+  for a in "$@"; do
+    case $a in --*) opts+=("$a") ;; *) params+=("$a") ;; esac
+  done
+  rm -f "$sock"
+  nbdkit -f -U "$sock" -e "$name" "${opts[@]}" file "$file" "${params[@]}" >>"$WORK/$name.log" 2>&1 &
+  register pid $!
+  local i
+  for i in $(seq 100); do
+    [ -S "$sock" ] && nbdinfo --size "nbd+unix:///$name?socket=$sock" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  NBD_URI="nbd+unix:///$name?socket=$sock"
+}
+
+# Every front end takes a URI where it takes a file: serve FILE, --luks (and the luks
+# verbs), the lvm verbs and --lvm, scan, the config file and the control API.
+t_uris_everywhere() {
+  need_tool nbdkit nbdinfo nbdcopy jq curl
+  local u i
+  # serve URI: a remote export served again, written through, landing in the file.
+  truncate -s 16M "$SHM/plain.img"
+  nbdkit_unix plain "$SHM/plain.img"; u=$NBD_URI
+  start_cairn "$u:again"
+  random_file "$WORK/data" 1M
+  nbdcopy "$WORK/data" "$(unix_uri again)"
+  stop_cairn
+  cmp -n 1048576 "$WORK/data" "$SHM/plain.img" || fail "serve URI: the data is not in the file"
+
+  # LUKS on a remote export: formatted through the URI, opened with --luks.
+  truncate -s 32M "$SHM/vol.img"
+  printf %s "remote key" >"$WORK/key"
+  nbdkit_unix vol "$SHM/vol.img"; u=$NBD_URI
+  "$CAIRN" luks format -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file "$WORK/key" "$u" >/dev/null ||
+    fail "luks format on a URI"
+  cryptsetup luksDump "$SHM/vol.img" | grep -q "^Version:.*2" || fail "cryptsetup does not read the header written through the URI"
+  start_cairn --key-file "$WORK/key" --luks "$u:sealed"
+  nbdcopy "$WORK/data" "$(unix_uri sealed)"
+  expect_eq "$(nbdcopy "$(unix_uri sealed)" - | head -c 1048576 | sha256sum)" "$(sha256sum <"$WORK/data")" "LUKS over a URI"
+  stop_cairn
+
+  # LVM on a remote PV: pvcreate, vgcreate, lvcreate through the URI; lvm reads the label.
+  truncate -s 64M "$SHM/pv.img"
+  nbdkit_unix pv "$SHM/pv.img"; u=$NBD_URI
+  "$CAIRN" lvm pvcreate "$u" >/dev/null || fail "pvcreate on a URI"
+  "$CAIRN" lvm vgcreate rvg "$u" >/dev/null || fail "vgcreate on a URI"
+  "$CAIRN" lvm lvcreate -n one -L 8M rvg "$u" >/dev/null || fail "lvcreate on a URI"
+  start_cairn --lvm "$u"
+  expect_eq "$(nbdinfo --size "$(unix_uri rvg/one)")" 8388608 "the LV over a remote PV"
+  stop_cairn
+
+  # scan names the remote export and what it holds.
+  "$CAIRN" scan --json "$u" >"$WORK/scan.json" || fail "scan of a URI: $(cat "$WORK/scan.json")"
+  jq -e '[.. | strings | select(test("LVM2|lvm"))] | length > 0' "$WORK/scan.json" >/dev/null ||
+    fail "scan does not see the PV behind the URI: $(cat "$WORK/scan.json")"
+
+  # The config file and the control API: an md array on remote members.
+  local M=()
+  for i in 0 1 2; do
+    truncate -s 32M "$SHM/c$i.img"
+    nbdkit_unix "c$i" "$SHM/c$i.img"; M+=("$NBD_URI")
+  done
+  "$CAIRN" md create -l 5 -n 3 -c 64K --name cfgmd "${M[@]}" >/dev/null || fail "md create on URIs"
+  {
+    echo '[[export]]'
+    echo 'name = "viaconfig"'
+    printf 'md = ["%s", "%s", "%s"]\n' "${M[@]}"
+  } >"$WORK/cairn.toml"
+  start_cairn --config "$WORK/cairn.toml"
+  nbdcopy "$WORK/data" "$(unix_uri viaconfig)"
+  stop_cairn
+  truncate -s 16M "$SHM/other.img"
+  CTL=$WORK/api.sock
+  start_cairn --control "$CTL" "$SHM/other.img"
+  local body code
+  body=$(printf '{"name": "viaapi", "stack": {"md": ["%s", "%s", "%s"]}}' "${M[@]}")
+  code=$(curl -s -o "$WORK/api.json" -w '%{http_code}' --unix-socket "$CTL" -X POST \
+    -H 'Content-Type: application/json' --data-binary "$body" http://cairn/v1/exports)
+  expect_eq "$code" 201 "POST an md stack on URIs: $(cat "$WORK/api.json")"
+  expect_eq "$(nbdcopy "$(unix_uri viaapi)" - | head -c 1048576 | sha256sum)" "$(sha256sum <"$WORK/data")" "the array added through the API"
+  stop_cairn
+}
+
+# A member server that fails some reads (nbdkit's error filter, EIO on 2 % of reads) is a
+# disk with bad sectors: each failed read is rebuilt from parity and rewritten, the member
+# stays in the array, and fio verifies every byte.
+t_bad_sectors_on_a_remote_member() {
+  need_tool nbdkit nbdinfo fio jq curl
+  local M=() i
+  for i in 0 1 2; do truncate -s 48M "$SHM/b$i.img"; done
+  nbdkit_unix b0 "$SHM/b0.img"; M+=("$NBD_URI")
+  nbdkit_unix b1 "$SHM/b1.img" --filter=error error-pread-rate=0.02 error=EIO; M+=("$NBD_URI")
+  nbdkit_unix b2 "$SHM/b2.img"; M+=("$NBD_URI")
+  "$CAIRN" md create -l 5 -n 3 -c 64K --name bad "${M[@]}" >/dev/null || fail "md create"
+  CTL=$WORK/bad.sock
+  ARR=bad
+  start_cairn --control "$CTL" --md "$(IFS=,; echo "${M[*]}"):bad"
+  URI=$(unix_uri bad)
+  fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --size=32M \
+    --verify=crc32c --do_verify=1 --output-format=json --output="$WORK/fio.json" >"$WORK/fio.stdout" 2>"$WORK/fio.err" ||
+    fail "fio: $(tail -5 "$WORK/fio.err")"
+  expect_eq "$(jq '[.jobs[].error] | add' "$WORK/fio.json")" 0 "fio errors"
+  grep -q "rebuilding from parity after a read error" "$CAIRN_LOG" ||
+    fail "no read error was met (the error filter did nothing?): $(tail -3 "$CAIRN_LOG")"
+  say "read errors repaired: $(grep -c 'rebuilding from parity after a read error' "$CAIRN_LOG")"
+  expect_eq "$(api bad | jq -r '[.detail.members[].state] | join(",")')" "active-sync,active-sync,active-sync" "members after repairs"
+  stop_cairn
+}
+
 run_test raid6_members_on_other_hosts t_raid6_members_on_other_hosts
+run_test uris_everywhere t_uris_everywhere
+run_test bad_sectors_on_a_remote_member t_bad_sectors_on_a_remote_member
 finish

@@ -109,7 +109,7 @@ pub fn parse(text: &str, shown: &str, base: &Path) -> Result<Config> {
         )));
     }
     let abs = |p: &mut PathBuf| {
-        if p.is_relative() && p.as_os_str() != "-" {
+        if p.is_relative() && p.as_os_str() != "-" && !cairn_stack::leaf::is_remote(p) {
             *p = base.join(&*p);
         }
     };

@@ -93,6 +93,20 @@ fn open_target(t: &LuksTarget, read_only: bool) -> Result<Target> {
     }
     let path = t.device.as_ref().expect("clap requires DEVICE or --md");
     let shown = path.display().to_string();
+    if cairn_stack::leaf::is_remote(path) {
+        let device = cairn_stack::leaf::open(
+            path,
+            read_only,
+            false,
+            cairn_stack::leaf::DEFAULT_REMOTE_TIMEOUT,
+        )?;
+        return Ok(Target {
+            device,
+            arg: shell_word(&shown),
+            shown,
+            md: None,
+        });
+    }
     let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => CliError::new(format!(
             "{shown} does not exist; for a new volume create it first, e.g. `truncate -s 1G \

@@ -158,6 +158,9 @@ pub struct MdScrubArgs {
 }
 
 fn absolute(p: &Path) -> Result<PathBuf> {
+    if cairn_stack::leaf::is_remote(p) {
+        return Ok(p.to_path_buf());
+    }
     std::path::absolute(p)
         .map_err(|e| CliError::new(format!("cannot make {} absolute: {e}", p.display())))
 }

@@ -273,7 +273,11 @@ impl Daemon {
     fn export_view(&self, e: &OpenedExport, stack: Node, conns: &[ConnectionView]) -> ExportView {
         ExportView {
             name: e.name.clone(),
-            path: std::path::absolute(&e.path).unwrap_or_else(|_| e.path.clone()),
+            path: if cairn_stack::leaf::is_remote(&e.path) {
+                e.path.clone()
+            } else {
+                std::path::absolute(&e.path).unwrap_or_else(|_| e.path.clone())
+            },
             read_only: e.read_only,
             size: stack.size,
             uris: self.listen.iter().map(|l| l.uri(&e.name)).collect(),
