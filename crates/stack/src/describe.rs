@@ -5,15 +5,13 @@
 use cairn_block::BlockDevice;
 
 use crate::export::OpenedExport;
-use crate::node::{JobSummary, LuksDetails, MdDetails, Node, NodeKind, Progress};
+use crate::node::{
+    JobSummary, LuksDetails, MdDetails, MemberFailure, Node, NodeKind, NodeState, Progress,
+};
 
-/// "active", or "read-only" for an export served read-only.
-fn mode(e: &OpenedExport) -> &'static str {
-    if e.read_only {
-        "read-only"
-    } else {
-        "active"
-    }
+/// Active, or read-only for an export served read-only.
+fn mode(e: &OpenedExport) -> NodeState {
+    NodeState::serving(e.read_only)
 }
 
 /// The tree for one export: the export node with the stack below as its child.
@@ -130,11 +128,12 @@ fn base_node(e: &OpenedExport) -> Node {
             };
             Node {
                 path: m.name.clone(),
+                failure: m.failure.as_ref().map(MemberFailure::from),
                 ..Node::new(
                     NodeKind::Member,
                     id,
                     name,
-                    m.state.text(),
+                    NodeState::Member(m.state),
                     mg.size,
                     mg.into(),
                 )
@@ -178,7 +177,7 @@ fn base_node(e: &OpenedExport) -> Node {
             NodeKind::Md,
             format!("md:{uuid}"),
             r.name.clone(),
-            &r.state_text,
+            NodeState::array(r.state),
             g.size,
             g.into(),
         )
