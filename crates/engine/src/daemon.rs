@@ -679,7 +679,7 @@ impl Daemon {
     fn lvm_view(&self, vg: &str) -> Response {
         let mut pvs: Vec<cairn_lvm::PvDevice> = Vec::new();
         for e in self.exports().iter() {
-            let Some(lv) = e.lvm.as_ref().filter(|lv| lv.details.vg == vg) else {
+            let Some(lv) = e.lvm().filter(|lv| lv.details.vg == vg) else {
                 continue;
             };
             for pv in &lv.pvs {
@@ -774,7 +774,7 @@ impl Daemon {
         // seconds, and status must not wait for it).
         let conflict = |list: &[OpenedExport]| -> Option<std::result::Result<Outcome, Response>> {
             if let (false, Some(e)) = (lvm, list.iter().find(|e| e.name == name)) {
-                let plain = e.md.is_none() && e.luks.is_none() && e.lvm.is_none();
+                let plain = matches!(e.layer, cairn_stack::export::Layer::File);
                 let same = match &spec {
                     Spec::File(p) => plain && same_file(&e.path, p),
                     _ => false,
@@ -803,7 +803,7 @@ impl Daemon {
             if let Spec::File(p) = &spec {
                 if let Some(e) = list
                     .iter()
-                    .find(|e| e.md.is_none() && same_file(&e.path, p))
+                    .find(|e| e.md().is_none() && same_file(&e.path, p))
                 {
                     return Some(Err(Response::error(
                         409,
@@ -952,7 +952,7 @@ impl Daemon {
 /// A PV's name in reports, as `cairn lvm` names the PVs it opens: `md:M1,M2,...` for an
 /// array, `luks:` before an encrypted one, else the path.
 fn pv_label(e: &OpenedExport) -> String {
-    let base = match &e.md {
+    let base = match e.md() {
         Some(a) => {
             let members: Vec<String> = a
                 .report()
@@ -965,7 +965,7 @@ fn pv_label(e: &OpenedExport) -> String {
         }
         None => e.path.display().to_string(),
     };
-    if e.luks.is_some() {
+    if e.luks().is_some() {
         format!("luks:{base}")
     } else {
         base
