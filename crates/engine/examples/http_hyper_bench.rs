@@ -69,10 +69,10 @@ fn spawn_hyper(path: &Path) {
     });
 }
 
-fn percentile(v: &mut [u128], p: f64) -> u128 {
+/// The `pct`-th percentile (0..=100) of `v`.
+fn percentile(v: &mut [u128], pct: usize) -> u128 {
     v.sort_unstable();
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i]
+    v[(v.len() - 1) * pct / 100]
 }
 
 fn trip(path: &Path) -> u128 {
@@ -160,10 +160,10 @@ fn main() {
         "round trip over a Unix socket, {trips} each, alternating (connect, GET, answer, close):\n  \
          hand-written: mean {ma} us, p50 {} us, p99 {} us\n  hyper 1:      mean {mb} us, p50 {} us, p99 {} us\n  \
          hyper / hand-written (mean): {:.2}",
-        percentile(&mut a, 0.5),
-        percentile(&mut a, 0.99),
-        percentile(&mut b, 0.5),
-        percentile(&mut b, 0.99),
+        percentile(&mut a, 50),
+        percentile(&mut a, 99),
+        percentile(&mut b, 50),
+        percentile(&mut b, 99),
         mb as f64 / ma.max(1) as f64
     );
     // Refusals: the API promises a 4xx with a JSON {"error"} naming the problem for
