@@ -289,6 +289,25 @@ t_degraded_status() {
   expect_eq "$(metric 'cairn_md_degraded{export="demo",device="demo",level="raid6"}')" 1 "degraded gauge"
   expect_eq "$(metric 'cairn_md_failed_devices{export="demo",device="demo",level="raid6"}')" 1 "failed gauge"
   expect_eq "$(metric 'cairn_events_total{event="DegradedArray"}')" 1 "event counter"
+  # A fail and an immediate remove: md pushes both as they happen, in order (a look
+  # once a second would see only the end); meanwhile status says why and since when.
+  "$CAIRN" md fail demo "$SHM/d3.img" --control "$CTL" >/dev/null
+  "$CAIRN" status --control "$CTL" --json >"$WORK/status.json"
+  jq -e --arg m "$SHM/d3.img" '.exports[0].children[0].children[] | select(.name == $m) |
+         .state == "faulty" and (.failure.reason | contains("marked faulty by the operator"))
+         and (.failure.since | test("^[0-9]{4}-[0-9]{2}-[0-9]{2}T"))' "$WORK/status.json" >/dev/null ||
+    fail "no failure reason and time in status --json: $(jq -c '.exports[0].children[0].children' "$WORK/status.json")"
+  text=$("$CAIRN" status --control "$CTL")
+  say "$text"
+  expect_contains "$text" "$SHM/d3.img  " "faulty member line"
+  grep -Eq "d3.img .*faulty \(since [0-9T:-]+Z: marked faulty by the operator" <<<"$text" ||
+    fail "the faulty member's line does not say why and since when: $text"
+  "$CAIRN" md remove demo "$SHM/d3.img" --control "$CTL" >/dev/null
+  wait_for_event "MemberRemoved|demo|demo|$SHM/d3.img|"
+  local order
+  order=$(grep -n -E "^(Fail|MemberRemoved)\|demo\|demo\|$SHM/d3.img\|" "$EVENTS" | cut -d'|' -f1 | tr '\n' ' ')
+  say "events: $order"
+  grep -Eq '^[0-9]+:Fail [0-9]+:MemberRemoved $' <<<"$order" || fail "Fail then MemberRemoved expected: $(cat "$EVENTS")"
   mv "$SHM/d2.hidden" "$SHM/d2.img"
 }
 
@@ -426,6 +445,16 @@ t_control_api_stacks() {
   "$CAIRN" lvm vgcreate apivg "$SHM/pv.img" >/dev/null
   "$CAIRN" lvm lvcreate -n a -L 8M apivg "$SHM/pv.img" >/dev/null
   "$CAIRN" lvm lvcreate -n b -L 12M apivg "$SHM/pv.img" >/dev/null
+  # A VG whose LV "c" holds LUKS2: formatted on a file of the LV's size, copied to where
+  # the LV lies (its first extent at the PV's 1 MiB pe_start).
+  truncate -s 32M "$SHM/pv2.img"
+  "$CAIRN" lvm pvcreate "$SHM/pv2.img" >/dev/null
+  "$CAIRN" lvm vgcreate encvg "$SHM/pv2.img" >/dev/null
+  "$CAIRN" lvm lvcreate -n c -L 20M encvg "$SHM/pv2.img" >/dev/null
+  truncate -s 20M "$WORK/lvc.img"
+  "$CAIRN" luks format -q "${KDF[@]}" --key-file "$WORK/key" "$WORK/lvc.img" >/dev/null
+  dd if="$WORK/lvc.img" of="$SHM/pv2.img" bs=1M seek=1 conv=notrunc status=none
+  rm -f "$WORK/lvc.img"
   random_file "$WORK/data" 1M
   start_op "$SHM/disk.img"
 
@@ -455,6 +484,18 @@ t_control_api_stacks() {
   expect_eq "$(jq -r '[.export[].name] | sort | join(" ")' "$WORK/api.json")" "apivg/a apivg/b" "LV exports in the answer"
   expect_eq "$(nbdinfo --size "$(unix_uri apivg/a)")" 8388608 "LV a's size over NBD"
   expect_eq "$(nbdinfo --size "$(unix_uri apivg/b)")" 12582912 "LV b's size over NBD"
+  # LUKS over one LV (the "lv" shape names it): opened, described layer by layer, written.
+  body=$(printf '{"name": "sec", "stack": {"luks": {"on": {"lv": {"on": [{"file": "%s"}], "name": "encvg/c"}}, "key_file": "%s"}}}' "$SHM/pv2.img" "$WORK/key")
+  expect_api 201 POST /v1/exports "$body"
+  expect_api 200 GET /v1/exports/sec
+  expect_eq "$(jq -r '[.. | objects | select(has("kind")) | .kind] | join(" ")' "$WORK/api.json" | sed 's/^export //')" \
+    "luks lv file" "LUKS over LV over file in the tree"
+  expect_eq "$(nbdinfo --size "$(unix_uri sec)")" 4194304 "the LUKS payload inside the LV"
+  nbdcopy "$WORK/data" "$(unix_uri sec)"
+  nbdcopy "$(unix_uri sec)" "$WORK/back"
+  cmp -n 1048576 "$WORK/data" "$WORK/back" || fail "LUKS over LV did not read back what was written"
+  rm -f "$WORK/back"
+  expect_api 200 DELETE /v1/exports/sec
   # Shapes that cannot be opened, and relative paths, are refused before anything opens.
   expect_api 422 POST /v1/exports "$(printf '{"name": "y", "stack": {"luks": {"on": {"lvm": [{"file": "%s"}]}}}}' "$SHM/pv.img")"
   expect_contains "$(jq -r .error "$WORK/api.json")" "not supported" "LUKS on LVM"

@@ -285,6 +285,20 @@ pub fn probe(dev: &dyn BlockDevice) -> Result<Found> {
     })
 }
 
+/// Where md's magic lies at byte 4096 or 0 (the 1.2 and 1.1 places), whatever major
+/// version follows it, when the device has at least 8 KiB. [`probe`] reports md 1.x only;
+/// LVM's pvcreate refuses the bare magic as well (an 0.90 or damaged superblock there
+/// still says "this was an md member"), and asks this.
+pub fn md_magic_at_start(dev: &dyn BlockDevice) -> Result<Option<u64>> {
+    if dev.geometry().size < 8192 {
+        return Ok(None);
+    }
+    let head = read(dev, 0, 8192)?.unwrap_or_default();
+    Ok([4096u64, 0]
+        .into_iter()
+        .find(|&off| le32(&head, usize::try_from(off).unwrap_or(0)) == Ok(MD_MAGIC)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,6 +323,26 @@ mod tests {
 
     fn kinds(f: &Found) -> Vec<(Kind, u64)> {
         f.signatures.iter().map(|s| (s.kind, s.offset)).collect()
+    }
+
+    #[test]
+    fn bare_md_magic_is_found_whatever_its_version() {
+        let magic = MD_MAGIC.to_le_bytes();
+        let v0 = [magic[0], magic[1], magic[2], magic[3], 0, 0, 0, 0];
+        assert_eq!(
+            md_magic_at_start(&disk_with(1 << 20, &[(4096, &v0)])).unwrap(),
+            Some(4096)
+        );
+        assert_eq!(
+            md_magic_at_start(&disk_with(1 << 20, &[(0, &magic)])).unwrap(),
+            Some(0)
+        );
+        // probe() reports md 1.x only; the bare magic is not one.
+        assert!(probe(&disk_with(1 << 20, &[(4096, &v0)]))
+            .unwrap()
+            .is_empty());
+        assert_eq!(md_magic_at_start(&MemDisk::new(1 << 20)).unwrap(), None);
+        assert_eq!(md_magic_at_start(&MemDisk::new(4096)).unwrap(), None);
     }
 
     #[test]

@@ -224,7 +224,7 @@ mod tests {
             NodeKind::File,
             "file:/d.img".into(),
             "/d.img".into(),
-            "active",
+            cairn_stack::node::NodeState::Active,
             1 << 30,
             g,
         );
@@ -234,7 +234,7 @@ mod tests {
                 NodeKind::Export,
                 "export:d".into(),
                 "d".into(),
-                "active",
+                cairn_stack::node::NodeState::Active,
                 1 << 30,
                 g,
             )

@@ -1,16 +1,15 @@
 //! Starting the daemon (`cairn serve`'s operator half): binds the control socket and the
-//! metrics listener, and starts their threads and the event monitor around the engine's
-//! [`Daemon`], which holds the state and answers.
+//! metrics listener, and starts their threads around the engine's [`Daemon`], which holds
+//! the state and answers (md arrays push their events to it as their state changes).
 //!
 //! ```text
 //!   daemon::start ── control socket (http, 0600) ─┐
 //!                 ├─ --metrics (http) ────────────┼──> cairn_engine::daemon::Daemon
-//!                 └─ monitor thread ──────────────┘    (exports, actions, events)
+//!                 └─ md arrays push changes ──────┘    (exports, actions, events)
 //! ```
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::thread;
 
 use cairn_engine::daemon::{Daemon, Endpoints};
 use cairn_engine::events::Events;
@@ -45,7 +44,7 @@ impl Drop for Running {
     }
 }
 
-/// Starts the control socket, the metrics listener and the event monitor.
+/// Starts the control socket and the metrics listener.
 pub fn start(
     opts: &OperatorOptions,
     opened: &[OpenedExport],
@@ -126,11 +125,6 @@ pub fn start(
         http::spawn(l, "metrics", h)
             .map_err(|e| CliError::new(format!("cannot start the metrics thread: {e}")))?;
     }
-    let d = daemon.clone();
-    thread::Builder::new()
-        .name("monitor".into())
-        .spawn(move || d.monitor())
-        .map_err(|e| CliError::new(format!("cannot start the monitor thread: {e}")))?;
     Ok(Running {
         control,
         metrics,

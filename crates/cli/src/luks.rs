@@ -85,10 +85,10 @@ fn open_target(t: &LuksTarget, read_only: bool) -> Result<Target> {
         };
         let opened = cairn_stack::open_one(&spec, None, &opts, &mut Keys::none())?;
         return Ok(Target {
-            device: opened.device,
+            device: opened.device.clone(),
             shown: spec.shown(),
             arg: format!("--md {}", members.join(",")),
-            md: opened.md,
+            md: opened.md().cloned(),
         });
     }
     let path = t.device.as_ref().expect("clap requires DEVICE or --md");

@@ -144,7 +144,7 @@ fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<Opened
         let e = cairn_stack::open_one(spec, Some(""), &opts, &mut keys).inspect_err(|_| {
             let _ = out.close();
         })?;
-        out.arrays.extend(e.md.iter().cloned());
+        out.arrays.extend(e.arrays());
         out.pvs.push(PvDevice::new(name.clone(), e.device));
     }
     Ok(out)

@@ -115,7 +115,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
     let mut keys = Keys::none();
     let opened =
         cairn_stack::open_one(&spec, Some(DEMO_NAME), &open_opts, &mut keys).map_err(damaged)?;
-    let array = opened.md.clone().expect("an md export");
+    let array = opened.md().cloned().expect("an md export");
     let report = array.report();
     if created {
         if let Err(e) = format_demo_luks(&opened.device, &key_path) {

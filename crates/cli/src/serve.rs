@@ -421,9 +421,9 @@ impl Announcement {
                     uris: bound.iter().map(|l| l.uri(&e.name)).collect(),
                     physical_block_size: g.physical_block_size,
                     optimal_io_size: g.optimal_io_size,
-                    md: e.md.as_ref().map(|a| a.report()),
-                    luks: e.luks.clone(),
-                    lvm: e.lvm.as_ref().map(|l| LvInfo {
+                    md: e.md().map(|a| a.report()),
+                    luks: e.luks().cloned(),
+                    lvm: e.lvm().map(|l| LvInfo {
                         details: l.details.clone(),
                         pvs: l
                             .pvs
@@ -431,8 +431,8 @@ impl Announcement {
                             .map(|p| PvInfo {
                                 file: std::path::absolute(&p.path)
                                     .unwrap_or_else(|_| p.path.clone()),
-                                md: p.md.as_ref().map(|a| a.report()),
-                                luks: p.luks.clone(),
+                                md: p.md().map(|a| a.report()),
+                                luks: p.luks().cloned(),
                             })
                             .collect(),
                     }),

@@ -201,9 +201,19 @@ pub fn node_line(n: &Node) -> String {
             };
             format!("md {}  {size}  {shape}  {}", n.name, n.state)
         }
-        // A member the array does not hold open has no size to show.
-        NodeKind::Member if n.size == 0 => format!("{}  {}", n.name, n.state),
-        NodeKind::Member => format!("{}  {size}  {}", n.name, n.state),
+        // A member the array does not hold open has no size to show; a failed one says
+        // why and since when.
+        NodeKind::Member => {
+            let why = match &n.failure {
+                Some(f) => format!(" (since {}: {})", f.since, f.reason),
+                None => String::new(),
+            };
+            if n.size == 0 {
+                format!("{}  {}{why}", n.name, n.state)
+            } else {
+                format!("{}  {size}  {}{why}", n.name, n.state)
+            }
+        }
         _ => format!("{} {}  {size}  {}", n.kind, n.name, n.state),
     }
 }
@@ -361,7 +371,7 @@ mod tests {
                 kind.parse().unwrap(),
                 format!("{kind}:{name}"),
                 name.into(),
-                state,
+                cairn_stack::node::NodeState::parse(state).unwrap(),
                 size,
                 geom(),
             )

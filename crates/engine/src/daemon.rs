@@ -8,8 +8,8 @@
 //!                                          └ POST/DELETE ─ Action ─ Daemon::apply
 //!                                              add-export (any Spec) ─ cairn_stack::open
 //!                                              md fail/add/remove/replace/check ─ md's Change
-//!   monitor thread (1 s) ─ Daemon::monitor ─ describe every export, diff the trees
-//!                                          ─ Fail / DegradedArray / RebuildStarted ... events
+//!   md arrays ── pushed changes ─ md_events::MdEvents (registered per array) ─ events
+//!                                          Fail / DegradedArray / RebuildStarted ...
 //!   --metrics (http) ──── Daemon::handle_metrics ─ metrics::render
 //! ```
 //!
@@ -17,10 +17,8 @@
 //! metrics labels and the events name the same nodes. Each action is idempotent and says
 //! whether it changed anything.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::{Duration, SystemTime};
 
 use cairn_block::BlockDevice;
@@ -34,13 +32,12 @@ use serde_json::json;
 
 use crate::events::{self, EventSpec, Events};
 use crate::http::{Request, Response};
+use crate::md_events::MdEvents;
 use crate::metrics;
 use crate::stats::{self, Registry};
 
 /// Events shown in `/v1/status`.
 const STATUS_EVENTS: usize = 20;
-/// How often the monitor looks for state changes.
-const MONITOR_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Counts an md member's I/O under its stack node id `member:NAME`.
 fn wrap_member(name: &str, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
@@ -85,6 +82,15 @@ impl Daemon {
         events: Arc<Events>,
         at: Endpoints,
     ) -> Daemon {
+        let mut seen: Vec<Arc<cairn_md::Array>> = Vec::new();
+        for e in &exports {
+            for a in e.arrays() {
+                if !seen.iter().any(|b| Arc::ptr_eq(&a, b)) {
+                    MdEvents::register(&a, &e.name, &events, true);
+                    seen.push(a);
+                }
+            }
+        }
         Daemon {
             exports: Mutex::new(exports),
             open,
@@ -376,11 +382,11 @@ impl Daemon {
                         export: e.name.clone(),
                         device: n.name.clone(),
                         level: md.level.clone(),
-                        state: n.state.clone(),
+                        state: n.state.to_string(),
                         raid_devices: md.raid_devices,
                         active_devices: md.active_devices,
                         failed_devices: md.raid_devices.saturating_sub(md.active_devices),
-                        degraded: n.state.contains("degraded"),
+                        degraded: n.state.degraded(),
                     });
                 }
                 if let Some(p) = &n.progress {
@@ -677,7 +683,7 @@ impl Daemon {
     fn lvm_view(&self, vg: &str) -> Response {
         let mut pvs: Vec<cairn_lvm::PvDevice> = Vec::new();
         for e in self.exports().iter() {
-            let Some(lv) = e.lvm.as_ref().filter(|lv| lv.details.vg == vg) else {
+            let Some(lv) = e.lvm().filter(|lv| lv.details.vg == vg) else {
                 continue;
             };
             for pv in &lv.pvs {
@@ -772,7 +778,7 @@ impl Daemon {
         // seconds, and status must not wait for it).
         let conflict = |list: &[OpenedExport]| -> Option<std::result::Result<Outcome, Response>> {
             if let (false, Some(e)) = (lvm, list.iter().find(|e| e.name == name)) {
-                let plain = e.md.is_none() && e.luks.is_none() && e.lvm.is_none();
+                let plain = matches!(e.layer, cairn_stack::export::Layer::File);
                 let same = match &spec {
                     Spec::File(p) => plain && same_file(&e.path, p),
                     _ => false,
@@ -801,7 +807,7 @@ impl Daemon {
             if let Spec::File(p) = &spec {
                 if let Some(e) = list
                     .iter()
-                    .find(|e| e.md.is_none() && same_file(&e.path, p))
+                    .find(|e| e.md().is_none() && same_file(&e.path, p))
                 {
                     return Some(Err(Response::error(
                         409,
@@ -876,6 +882,15 @@ impl Daemon {
             let n = cairn_stack::describe::describe(e);
             views.extend(serde_json::to_value(self.export_view(e, n, &[])).ok());
         }
+        let mut seen: Vec<Arc<cairn_md::Array>> = Vec::new();
+        for e in &opened {
+            for a in e.arrays() {
+                if !seen.iter().any(|b| Arc::ptr_eq(&a, b)) {
+                    MdEvents::register(&a, &e.name, &self.events, false);
+                    seen.push(a);
+                }
+            }
+        }
         for (e, message) in opened.iter().zip(&messages) {
             self.events.emit(EventSpec {
                 event: events::EXPORT_ADDED,
@@ -936,230 +951,12 @@ impl Daemon {
             export: None,
         })
     }
-
-    // ---- the monitor -------------------------------------------------------------------
-
-    /// Looks at every tree each second and turns changes into events; runs until the
-    /// process ends (the CLI gives it a thread).
-    pub fn monitor(&self) {
-        let mut prev: BTreeMap<String, Seen> = BTreeMap::new();
-        let mut first = true;
-        loop {
-            let now = seen_nodes(&self.trees());
-            for spec in diff(&prev, &now, first) {
-                self.events.emit(spec);
-            }
-            prev = now;
-            first = false;
-            thread::sleep(MONITOR_INTERVAL);
-        }
-    }
-}
-
-/// What the monitor remembers of a node.
-#[derive(Debug, Clone, PartialEq)]
-struct Seen {
-    export: String,
-    kind: NodeKind,
-    name: String,
-    state: String,
-    /// The md array a member belongs to.
-    parent: Option<String>,
-    progress: Option<(String, u64)>,
-    /// md arrays: mismatched sectors of the last finished scrub.
-    mismatch: Option<u64>,
-    /// md arrays: the background job (number, action, state, member), running or last
-    /// ended.
-    job: Option<(u64, String, String, Option<String>)>,
-}
-
-fn seen_nodes(trees: &[(OpenedExport, Node)]) -> BTreeMap<String, Seen> {
-    let mut out = BTreeMap::new();
-    fn visit(n: &Node, export: &str, parent: Option<&str>, out: &mut BTreeMap<String, Seen>) {
-        out.entry(n.id.clone()).or_insert_with(|| Seen {
-            export: export.to_string(),
-            kind: n.kind,
-            name: n.name.clone(),
-            state: n.state.clone(),
-            parent: parent.map(str::to_string),
-            progress: n.progress.as_ref().map(|p| {
-                let pct = u64::try_from(
-                    u128::from(p.done_bytes) * 100 / u128::from(p.total_bytes.max(1)),
-                )
-                .unwrap_or(100);
-                (p.action.clone(), pct)
-            }),
-            mismatch: n.md.as_ref().and_then(|m| m.mismatch_sectors),
-            job: n
-                .md
-                .as_ref()
-                .and_then(|m| m.job.as_ref())
-                .map(|j| (j.id, j.action.clone(), j.state.clone(), j.member.clone())),
-        });
-        let me = (n.kind == NodeKind::Md).then_some(n.name.as_str());
-        for c in &n.children {
-            visit(c, export, me.or(parent), out);
-        }
-    }
-    for (e, root) in trees {
-        visit(root, &e.name, None, &mut out);
-    }
-    out
-}
-
-/// The events between two looks at the trees. On the first look only problems are
-/// reported (a degraded array, a faulty member), as `mdadm --monitor` does at start.
-fn diff(
-    prev: &BTreeMap<String, Seen>,
-    now: &BTreeMap<String, Seen>,
-    first: bool,
-) -> Vec<EventSpec> {
-    let mut out = Vec::new();
-    for (id, n) in now {
-        let before = prev.get(id);
-        let spec = |event: &'static str, member: Option<String>, message: String| EventSpec {
-            event,
-            export: Some(n.export.clone()),
-            device: if n.kind == NodeKind::Member {
-                n.parent.clone()
-            } else {
-                Some(n.name.clone())
-            },
-            member,
-            message,
-        };
-        match n.kind {
-            NodeKind::Md => {
-                let degraded = n.state.contains("degraded");
-                let was = before.map(|b| b.state.contains("degraded"));
-                if degraded && (first || was == Some(false)) {
-                    out.push(spec(
-                        events::DEGRADED_ARRAY,
-                        None,
-                        format!("md array {:?} is degraded ({})", n.name, n.state),
-                    ));
-                }
-                if let Some(x) = n.mismatch.filter(|&x| x > 0) {
-                    if before.is_some_and(|b| b.mismatch != Some(x)) {
-                        out.push(spec(
-                            events::MISMATCHES_FOUND,
-                            None,
-                            format!(
-                                "md array {:?}: a scrub found {x} mismatched sectors",
-                                n.name
-                            ),
-                        ));
-                    }
-                }
-                let prog = &n.progress;
-                let was_prog = before.and_then(|b| b.progress.clone());
-                // Start and end come from the job's number and state, so a job that
-                // started and ended between two looks still gets both events.
-                let was_job = before.and_then(|b| b.job.clone());
-                if let Some((old, action, _, _)) = was_job.as_ref().filter(|j| j.2 == "running") {
-                    // A running job replaced by the next one before a look saw it end.
-                    if n.job.as_ref().is_some_and(|j| j.0 != *old) {
-                        out.push(spec(
-                            events::REBUILD_FINISHED,
-                            None,
-                            format!("md array {:?}: {action} ended", n.name),
-                        ));
-                    }
-                }
-                if let Some((id, action, state, member)) = &n.job {
-                    let seen_before = was_job.as_ref().filter(|j| j.0 == *id);
-                    if seen_before.is_none() && !(first && state != "running") {
-                        out.push(spec(
-                            events::REBUILD_STARTED,
-                            None,
-                            format!("md array {:?}: {action} started", n.name),
-                        ));
-                    }
-                    let ended_now = state != "running"
-                        && seen_before.is_none_or(|j| j.2 == "running")
-                        && !first;
-                    if ended_now {
-                        out.push(spec(
-                            events::REBUILD_FINISHED,
-                            None,
-                            format!("md array {:?}: {action} {state}", n.name),
-                        ));
-                        // A rebuilt spare (or a replacement) is in sync now.
-                        if state == "finished" && (action == "recovery" || action == "replace") {
-                            out.push(spec(
-                                events::SPARE_ACTIVE,
-                                member.clone(),
-                                format!(
-                                    "member {} of md array {} is in sync",
-                                    member.as_deref().unwrap_or("?"),
-                                    n.name
-                                ),
-                            ));
-                        }
-                    }
-                }
-                if let (Some((_, p0)), Some((action, p1))) = (&was_prog, prog) {
-                    // mdadm's RebuildNN: at 20, 40, 60 and 80 %.
-                    for nn in [20u64, 40, 60, 80] {
-                        if *p0 < nn && *p1 >= nn {
-                            out.push(EventSpec {
-                                event: rebuild_nn(nn),
-                                ..spec(
-                                    "",
-                                    None,
-                                    format!("md array {:?}: {action} {nn}% done", n.name),
-                                )
-                            });
-                        }
-                    }
-                }
-            }
-            NodeKind::Member => {
-                let st = n.state.as_str();
-                let was = before.map(|b| b.state.as_str());
-                let bad_now = st.contains("faulty");
-                let gone_now = st == "removed" || st == "missing";
-                if bad_now && (first || was.is_some_and(|w| !w.contains("faulty"))) {
-                    out.push(spec(
-                        events::FAIL,
-                        Some(n.name.clone()),
-                        format!(
-                            "member {} of md array {} is faulty",
-                            n.name,
-                            n.parent.as_deref().unwrap_or("?")
-                        ),
-                    ));
-                } else if gone_now && was.is_some_and(|w| w != st && !w.contains("faulty")) {
-                    out.push(spec(
-                        events::DEVICE_DISAPPEARED,
-                        Some(n.name.clone()),
-                        format!(
-                            "member {} of md array {} is gone",
-                            n.name,
-                            n.parent.as_deref().unwrap_or("?")
-                        ),
-                    ));
-                }
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
-fn rebuild_nn(nn: u64) -> &'static str {
-    match nn {
-        20 => "Rebuild20",
-        40 => "Rebuild40",
-        60 => "Rebuild60",
-        _ => "Rebuild80",
-    }
 }
 
 /// A PV's name in reports, as `cairn lvm` names the PVs it opens: `md:M1,M2,...` for an
 /// array, `luks:` before an encrypted one, else the path.
 fn pv_label(e: &OpenedExport) -> String {
-    let base = match &e.md {
+    let base = match e.md() {
         Some(a) => {
             let members: Vec<String> = a
                 .report()
@@ -1172,7 +969,7 @@ fn pv_label(e: &OpenedExport) -> String {
         }
         None => e.path.display().to_string(),
     };
-    if e.luks.is_some() {
+    if e.luks().is_some() {
         format!("luks:{base}")
     } else {
         base
@@ -1254,91 +1051,6 @@ fn same_file(a: &Path, b: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn seen(kind: &str, name: &str, state: &str, progress: Option<(&str, u64)>) -> Seen {
-        Seen {
-            export: "e".into(),
-            kind: kind.parse().unwrap(),
-            name: name.into(),
-            state: state.into(),
-            parent: (kind == "member").then(|| "demo".to_string()),
-            progress: progress.map(|(a, p)| (a.to_string(), p)),
-            mismatch: None,
-            job: progress.map(|(a, _)| (1, a.to_string(), "running".to_string(), None)),
-        }
-    }
-
-    fn names(v: &[EventSpec]) -> Vec<&str> {
-        v.iter().map(|e| e.event).collect()
-    }
-
-    #[test]
-    fn start_reports_only_problems() {
-        let mut now = BTreeMap::new();
-        now.insert("md:1".into(), seen("md", "demo", "clean, degraded", None));
-        now.insert("member:a".into(), seen("member", "a", "active sync", None));
-        now.insert("member:b".into(), seen("member", "b", "removed", None));
-        let ev = diff(&BTreeMap::new(), &now, true);
-        assert_eq!(names(&ev), ["DegradedArray"]);
-        assert_eq!(ev[0].device.as_deref(), Some("demo"));
-        assert!(diff(&now, &now, false).is_empty());
-    }
-
-    #[test]
-    fn changes_become_mdadm_events() {
-        let mut a = BTreeMap::new();
-        a.insert("md:1".into(), seen("md", "demo", "active", None));
-        a.insert("member:a".into(), seen("member", "a", "active sync", None));
-        a.insert("member:b".into(), seen("member", "b", "active sync", None));
-        let mut b = a.clone();
-        b.insert(
-            "md:1".into(),
-            seen("md", "demo", "active, degraded", Some(("recovery", 10))),
-        );
-        b.insert("member:a".into(), seen("member", "a", "faulty", None));
-        let ev = diff(&a, &b, false);
-        assert_eq!(names(&ev), ["DegradedArray", "RebuildStarted", "Fail"]);
-        assert_eq!(ev[2].member.as_deref(), Some("a"));
-        assert_eq!(ev[2].device.as_deref(), Some("demo"));
-        let mut c = b.clone();
-        c.insert(
-            "md:1".into(),
-            seen("md", "demo", "active, degraded", Some(("recovery", 45))),
-        );
-        assert_eq!(names(&diff(&b, &c, false)), ["Rebuild20", "Rebuild40"]);
-        let mut d = c.clone();
-        let mut done = seen("md", "demo", "active", None);
-        done.job = Some((1, "recovery".into(), "finished".into(), Some("a".into())));
-        d.insert("md:1".into(), done);
-        d.insert("member:a".into(), seen("member", "a", "active sync", None));
-        assert_eq!(
-            names(&diff(&c, &d, false)),
-            ["RebuildFinished", "SpareActive"]
-        );
-        // A job that started and ended between two looks still gets both events.
-        let mut e = d.clone();
-        let mut quick = seen("md", "demo", "active", None);
-        quick.job = Some((2, "check".into(), "finished".into(), None));
-        e.insert("md:1".into(), quick);
-        assert_eq!(
-            names(&diff(&d, &e, false)),
-            ["RebuildStarted", "RebuildFinished"]
-        );
-        assert_eq!(names(&diff(&e, &e, false)), Vec::<&str>::new());
-        // A running job followed by the next before a look saw it end: it ends too.
-        let mut f = e.clone();
-        let mut next = seen("md", "demo", "active", None);
-        next.job = Some((3, "check".into(), "running".into(), None));
-        f.insert("md:1".into(), next);
-        let mut g = f.clone();
-        let mut after = seen("md", "demo", "active", None);
-        after.job = Some((4, "repair".into(), "running".into(), None));
-        g.insert("md:1".into(), after);
-        assert_eq!(
-            names(&diff(&f, &g, false)),
-            ["RebuildFinished", "RebuildStarted"]
-        );
-    }
 
     #[test]
     fn export_names_follow_the_cli_rules() {

@@ -11,8 +11,9 @@
 //! `emit` never blocks: when the hook falls behind by more than the queue holds, events
 //! are still logged and kept in the ring but not passed to the hook (which is logged).
 //! Event names are mdadm's where mdadm has one (Fail, DegradedArray, RebuildStarted,
-//! RebuildNN, RebuildFinished, SpareActive, DeviceDisappeared, NewArray); cairn's own
-//! are ExportAdded and ExportRemoved.
+//! RebuildNN, RebuildFinished, SpareActive); cairn's own are MismatchesFound,
+//! MemberAdded, MemberRemoved, ExportAdded and ExportRemoved. They are emitted where the
+//! state changes: md arrays push theirs (`md_events`), the daemon's actions theirs.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::process::{Command, Stdio};
@@ -41,10 +42,26 @@ pub const REBUILD_FINISHED: &str = "RebuildFinished";
 /// A check or repair found parity or copies that do not match the data (cairn's
 /// name; mdadm reports this only in its RebuildFinished mail).
 pub const MISMATCHES_FOUND: &str = "MismatchesFound";
+/// A member was added to an md array (as a spare, or re-added into its role) (cairn's
+/// name).
+pub const MEMBER_ADDED: &str = "MemberAdded";
+/// A faulty member, a spare or a replacement was taken out of an md array (cairn's
+/// name).
+pub const MEMBER_REMOVED: &str = "MemberRemoved";
 /// An export was added at runtime.
 pub const EXPORT_ADDED: &str = "ExportAdded";
 /// An export was removed at runtime.
 pub const EXPORT_REMOVED: &str = "ExportRemoved";
+
+/// mdadm's RebuildNN event name for 20, 40, 60 or 80 %.
+pub fn rebuild_nn(nn: u64) -> &'static str {
+    match nn {
+        20 => "Rebuild20",
+        40 => "Rebuild40",
+        60 => "Rebuild60",
+        _ => "Rebuild80",
+    }
+}
 
 /// How long a hook may run before it is killed.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(60);

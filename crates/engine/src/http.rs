@@ -20,10 +20,16 @@
 //! reads a header line without a length cap, starts a thread for every connection without
 //! a bound, has no per-request deadline, and its accept thread ends for good on the first
 //! accept error (out of descriptors, which tests/interop/limits.sh provokes), so each of
-//! the limits above would have to be rebuilt around it; hyper needs an async runtime the
-//! rest of cairn does not use. The client stays a few lines over `UnixStream` for the same
-//! reason: ureq 3 reaches Unix sockets only through its semver-exempt (`unversioned`)
-//! transport API.
+//! the limits above would have to be rebuilt around it. hyper 1 was measured against this
+//! server (`examples/http_hyper_bench.rs`, docs/BENCHMARKS.md): it answers a round trip
+//! faster (p50 0.8x, the tail far shorter: this server starts a thread per connection)
+//! and, with our own accept loop, survives running out of descriptors as this one does;
+//! but a request head it cannot parse (garbage, a 20 KiB header, HTTP/2.0) it answers
+//! itself with a bare 400/431 and no body, where this API's rule is a JSON `{"error"}`
+//! naming the problem for every refusal; and it brings tokio (13 more crates, about
+//! +300 KB stripped). So the server stays; a pool of connection threads would take its
+//! tail latency. The client stays a few lines over `UnixStream`: ureq 3 reaches Unix
+//! sockets only through its semver-exempt (`unversioned`) transport API.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -14,6 +14,7 @@
 pub mod daemon;
 pub mod events;
 pub mod http;
+pub mod md_events;
 pub mod metrics;
 pub mod stats;
 

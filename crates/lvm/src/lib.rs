@@ -136,20 +136,22 @@ fn gcd(a: u64, b: u64) -> u64 {
     }
 }
 
-/// Signatures pvcreate refuses to overwrite without `force`. Not `cairn_block::probe`:
-/// pvcreate refuses md's magic at 0 or 4096 whatever the major version that follows it
-/// (a test holds it to that), where the probe reports md 1.x superblocks only.
+/// Signatures pvcreate refuses to overwrite without `force`, from the shared probe: a
+/// LUKS header at 0, and md's magic at 0 or 4096 whatever the major version that follows
+/// it (a test holds it to that), on devices of 8 KiB or more.
 fn other_signature(dev: &dyn BlockDevice) -> Result<Option<String>> {
-    let size = dev.geometry().size;
-    if size < 8192 {
+    if dev.geometry().size < 8192 {
         return Ok(None);
     }
-    let head = read_bytes(dev, 0, 8192, "the device start")?;
-    if &head[..6] == b"LUKS\xba\xbe" {
+    let found = cairn_block::probe::probe(dev)?;
+    let luks = found
+        .signatures
+        .iter()
+        .any(|s| s.offset == 0 && matches!(s.kind, cairn_block::probe::Kind::Luks { .. }));
+    if luks {
         return Ok(Some("a LUKS header".into()));
     }
-    let md = 0xa92b_4efcu32.to_le_bytes();
-    if head[4096..4100] == md || head[..4] == md {
+    if cairn_block::probe::md_magic_at_start(dev)?.is_some() {
         return Ok(Some("an md superblock".into()));
     }
     Ok(None)

@@ -286,6 +286,8 @@ pub struct Array {
     /// member operations are worth handing to I/O workers.
     member_latency: Latency,
     flush_latency: Latency,
+    /// Who hears of state changes, and why members failed (observe.rs).
+    pub(crate) observers: crate::observe::Observers,
 }
 
 impl fmt::Debug for Array {
@@ -468,6 +470,7 @@ impl Array {
             closed: AtomicBool::new(false),
             label,
             manager: Mutex::new(crate::background::Manager::default()),
+            observers: crate::observe::Observers::default(),
             stopping: AtomicBool::new(false),
             fg_ops: AtomicU64::new(0),
             // From "fast": the first slow operation (it counts 1/16 of its time) is
@@ -688,6 +691,7 @@ impl Array {
             }
         }
         drop(meta);
+        self.role_failed(role, err);
         // A spare, if there is one, takes the role over.
         self.kick();
     }
@@ -794,6 +798,9 @@ impl Array {
             }
             for (role, e) in failed {
                 self.slots[role].failed.store(true, Ordering::Release);
+                if let Some(m) = self.slots[role].member() {
+                    self.record_failure(&m.name, e.to_string());
+                }
                 tracing::warn!(
                     "{}: {} failed writing its superblock and is now out of the array: {e}",
                     self.array_label(),

@@ -111,7 +111,7 @@ impl Job {
         }
     }
 
-    fn status(&self) -> BackgroundStatus {
+    pub(crate) fn status(&self) -> BackgroundStatus {
         BackgroundStatus {
             id: self.id,
             action: self.action,
@@ -196,6 +196,7 @@ impl Pacer {
         if elapsed >= Duration::from_secs(2) {
             self.window = (Instant::now(), done);
         }
+        array.job_progress(job);
     }
 }
 
@@ -503,6 +504,7 @@ impl Array {
                 None => job.action.to_string(),
             };
             tracing::info!("{label}: {what} started");
+            let _told = crate::observe::JobWatch::new(self, &job);
             let r = self.run_work(work, limits, &job);
             match r {
                 Ok(true) => {

@@ -163,6 +163,8 @@ impl Array {
                 meta.faulty.push(s);
                 meta.events += 1;
                 self.write_superblocks(&mut meta)?;
+                drop(meta);
+                self.member_failed(&name, None, "marked faulty by the operator".into());
                 Ok(Change::done(format!("spare {name} marked faulty")))
             }
             Place::Faulty(_) => Ok(Change::unchanged(format!(
@@ -175,6 +177,10 @@ impl Array {
     /// member must be failed first.
     pub fn remove(&self, who: &str) -> Result<Change> {
         let place = self.find(who)?;
+        let role_member = match place {
+            Place::Role(r) => self.slots[r].member().map(|m| m.name.clone()),
+            _ => None,
+        };
         let mut meta = self.meta_lock();
         let name = match place {
             Place::Role(role) => {
@@ -213,6 +219,8 @@ impl Array {
             meta.events += 1;
             self.write_superblocks(&mut meta)?;
         }
+        drop(meta);
+        self.member_removed(role_member.as_deref().unwrap_or(&name));
         Ok(Change::done(format!("{name} removed")))
     }
 
@@ -248,6 +256,7 @@ impl Array {
             meta.events += 1;
             self.write_superblocks(&mut meta)?;
         }
+        self.member_added(&member.name, "added as a spare");
         self.kick();
         Ok(Change::done(format!("{} added as a spare", member.name)))
     }
@@ -371,8 +380,10 @@ impl Array {
             "{}: {name} re-added into role {role}; {how}",
             self.array_label()
         );
+        let msg = format!("{name} re-added into role {role}; {how}");
+        self.member_added(name, &msg);
         self.kick();
-        Ok(Some(format!("{name} re-added into role {role}; {how}")))
+        Ok(Some(msg))
     }
 
     /// A superblock for a new member, from a current one: a new device number and

@@ -102,6 +102,9 @@ pub struct MemberReport {
     /// left-out member).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
+    /// Why and since when a faulty member failed, when this process saw it fail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<crate::observe::Failure>,
 }
 
 /// `mdadm --detail`'s data for a running array.
@@ -156,6 +159,10 @@ impl Array {
                 MemberReport {
                     role: u32::try_from(role).ok(),
                     size_bytes: member.as_ref().map(|m| m.dev.geometry().size),
+                    failure: member
+                        .as_ref()
+                        .filter(|_| state == MemberState::Faulty)
+                        .and_then(|m| self.failure_of(&m.name)),
                     name: member.map(|m| m.name.clone()),
                     state,
                     reason: None,
@@ -172,6 +179,7 @@ impl Array {
                     reason: None,
                     events: None,
                     size_bytes: Some(r.dev.geometry().size),
+                    failure: None,
                 });
             }
         }
@@ -182,6 +190,7 @@ impl Array {
             reason: None,
             events: None,
             size_bytes: Some(s.member.dev.geometry().size),
+            failure: None,
         }));
         members.extend(meta.faulty.iter().map(|f| MemberReport {
             role: f.role.and_then(|r| u32::try_from(r).ok()),
@@ -190,6 +199,7 @@ impl Array {
             reason: None,
             events: None,
             size_bytes: Some(f.member.dev.geometry().size),
+            failure: self.failure_of(&f.member.name),
         }));
         members.extend(self.left_out.iter().map(|l| MemberReport {
             role: l.role,
@@ -198,6 +208,7 @@ impl Array {
             reason: Some(l.reason.clone()),
             events: Some(l.events),
             size_bytes: None,
+            failure: None,
         }));
         let degraded = down.iter().any(|&d| d);
         let state = ArrayState {

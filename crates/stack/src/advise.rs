@@ -388,7 +388,7 @@ mod tests {
                 kind,
                 format!("{kind}:{name}"),
                 name.into(),
-                "active",
+                crate::node::NodeState::Active,
                 1 << 30,
                 geom(),
             )

@@ -4,21 +4,19 @@
 
 use cairn_block::BlockDevice;
 
-use crate::export::OpenedExport;
-use crate::node::{JobSummary, LuksDetails, MdDetails, Node, NodeKind, Progress};
+use crate::export::{Layer, OpenedExport};
+use crate::node::{
+    JobSummary, LuksDetails, MdDetails, MemberFailure, Node, NodeKind, NodeState, Progress,
+};
 
-/// "active", or "read-only" for an export served read-only.
-fn mode(e: &OpenedExport) -> &'static str {
-    if e.read_only {
-        "read-only"
-    } else {
-        "active"
-    }
+/// Active, or read-only for an export served read-only.
+fn mode(e: &OpenedExport) -> NodeState {
+    NodeState::serving(e.read_only)
 }
 
 /// The tree for one export: the export node with the stack below as its child.
 pub fn describe(e: &OpenedExport) -> Node {
-    let g = e.device.geometry();
+    let g = e.geometry();
     Node {
         children: vec![below(e)],
         ..Node::new(
@@ -32,30 +30,33 @@ pub fn describe(e: &OpenedExport) -> Node {
     }
 }
 
-/// The stack under an export (or under a PV of an LV): LV, LUKS, md or file.
+/// The stack under an export (or under a PV of an LV), each layer describing itself and
+/// the layers it owns: LV, LUKS, md or file.
 fn below(e: &OpenedExport) -> Node {
-    let g = e.device.geometry();
-    if let Some(lv) = &e.lvm {
-        let d = &lv.details;
-        let name = format!("{}/{}", d.vg, d.lv);
-        return Node {
-            data_offset: lv.first_byte,
-            lv: Some(d.clone()),
-            children: lv.pvs.iter().map(below).collect(),
-            ..Node::new(
-                NodeKind::Lv,
-                format!("lv:{name}"),
-                name,
-                mode(e),
-                g.size,
-                g.into(),
-            )
-        };
-    }
-    let base = base_node(e);
-    match &e.luks {
-        None => base,
-        Some(l) => Node {
+    let g = e.geometry();
+    match &e.layer {
+        Layer::Lv(lv) => {
+            let d = &lv.details;
+            let name = format!("{}/{}", d.vg, d.lv);
+            Node {
+                data_offset: lv.first_byte,
+                lv: Some(d.clone()),
+                children: lv.pvs.iter().map(below).collect(),
+                ..Node::new(
+                    NodeKind::Lv,
+                    format!("lv:{name}"),
+                    name,
+                    mode(e),
+                    g.size,
+                    g.into(),
+                )
+            }
+        }
+        Layer::Luks {
+            info: l,
+            below: under,
+            ..
+        } => Node {
             data_offset: l.data_offset,
             luks: Some(LuksDetails {
                 version: l.version,
@@ -64,7 +65,7 @@ fn below(e: &OpenedExport) -> Node {
                 sector_size: l.sector_size,
                 payload_offset: l.data_offset,
             }),
-            children: vec![base],
+            children: vec![below(under)],
             ..Node::new(
                 NodeKind::Luks,
                 format!("luks:{}", l.uuid),
@@ -74,29 +75,26 @@ fn below(e: &OpenedExport) -> Node {
                 g.into(),
             )
         },
+        Layer::Md(array) => md_node(array),
+        Layer::File => {
+            let path = e.path.display().to_string();
+            Node {
+                path: Some(path.clone()),
+                ..Node::new(
+                    NodeKind::File,
+                    format!("file:{path}"),
+                    path,
+                    mode(e),
+                    g.size,
+                    g.into(),
+                )
+            }
+        }
     }
 }
 
-/// The bottom of a stack: an md array with its members, or a file.
-fn base_node(e: &OpenedExport) -> Node {
-    let path = e.path.display().to_string();
-    let Some(array) = &e.md else {
-        let g = e
-            .base
-            .as_ref()
-            .map_or_else(|| e.device.geometry(), |d| d.geometry());
-        return Node {
-            path: Some(path.clone()),
-            ..Node::new(
-                NodeKind::File,
-                format!("file:{path}"),
-                path,
-                mode(e),
-                g.size,
-                g.into(),
-            )
-        };
-    };
+/// An md array with its members.
+fn md_node(array: &cairn_md::Array) -> Node {
     let r = array.report();
     let g = array.geometry();
     let chunk_bytes = r.chunk_kib.unwrap_or(0) * 1024;
@@ -130,11 +128,12 @@ fn base_node(e: &OpenedExport) -> Node {
             };
             Node {
                 path: m.name.clone(),
+                failure: m.failure.as_ref().map(MemberFailure::from),
                 ..Node::new(
                     NodeKind::Member,
                     id,
                     name,
-                    m.state.text(),
+                    NodeState::Member(m.state),
                     mg.size,
                     mg.into(),
                 )
@@ -178,7 +177,7 @@ fn base_node(e: &OpenedExport) -> Node {
             NodeKind::Md,
             format!("md:{uuid}"),
             r.name.clone(),
-            &r.state_text,
+            NodeState::array(r.state),
             g.size,
             g.into(),
         )
@@ -188,22 +187,21 @@ fn base_node(e: &OpenedExport) -> Node {
 /// The NBD description of an export: its stack from the top, e.g. "LV vg0/home over
 /// LUKS2 aes-xts-plain64 ... over raid6 over d0.img, d1.img, d2.img, d3.img (clean)".
 pub fn export_description(e: &OpenedExport) -> String {
-    if let Some(lv) = &e.lvm {
-        let pvs: Vec<String> = lv.pvs.iter().map(export_description).collect();
-        return format!(
-            "LV {}/{} over {}",
-            lv.details.vg,
-            lv.details.lv,
-            pvs.join(" + ")
-        );
-    }
-    let below = match &e.md {
-        Some(a) => md_description(a),
-        None => e.path.display().to_string(),
-    };
-    match &e.luks {
-        Some(l) => format!("{} over {below}", l.description),
-        None => below,
+    match &e.layer {
+        Layer::Lv(lv) => {
+            let pvs: Vec<String> = lv.pvs.iter().map(export_description).collect();
+            format!(
+                "LV {}/{} over {}",
+                lv.details.vg,
+                lv.details.lv,
+                pvs.join(" + ")
+            )
+        }
+        Layer::Luks { info, below, .. } => {
+            format!("{} over {}", info.description, export_description(below))
+        }
+        Layer::Md(a) => md_description(a),
+        Layer::File => e.path.display().to_string(),
     }
 }
 

@@ -28,6 +28,7 @@ use cairn_block::{BlockDevice, Error};
 use serde::Serialize;
 
 use crate::error::{Result, StackError};
+use crate::export::Layer;
 use crate::export::{self as exports, ExportSpec, OpenedExport};
 use crate::hooks::{Hooks, Options};
 use crate::luks::{describe_locked, key_sources, luks_uuid, unlock_with, KeyCache};
@@ -674,8 +675,7 @@ pub fn scan(paths: &[PathBuf], opts: &ScanOptions) -> Result<(Vec<OpenedExport>,
     ));
     for e in &out {
         let key = e
-            .luks
-            .as_ref()
+            .luks()
             .and_then(|l| key_texts.iter().find(|(u, _)| *u == l.uuid))
             .map(|(_, k)| k.clone());
         report.exports.push(summary(e, key));
@@ -697,7 +697,7 @@ fn stack_on(
     key_texts: &mut Vec<(String, String)>,
 ) -> Result<Option<(OpenedExport, bool)>> {
     let close = |e: &OpenedExport| {
-        if let Some(a) = &e.md {
+        if let Some(a) = e.md() {
             let _ = a.close();
         }
     };
@@ -754,7 +754,7 @@ fn summary(e: &OpenedExport, key: Option<String>) -> StackSummary {
     let (paths, state) = stack_layers(e, &mut layers);
     StackSummary {
         name: e.name.clone(),
-        size: e.device.geometry().size,
+        size: e.geometry().size,
         layers,
         paths,
         key,
@@ -765,7 +765,7 @@ fn summary(e: &OpenedExport, key: Option<String>) -> StackSummary {
 /// The layers of `e` from the top ("LV vg/lv", "LUKS2 ...", "md ...", "file ..."), an LV's
 /// PVs one after another: the member paths and the state of the bottom layers.
 fn stack_layers(e: &OpenedExport, layers: &mut Vec<String>) -> (Vec<String>, String) {
-    if let Some(lv) = &e.lvm {
+    if let Layer::Lv(lv) = &e.layer {
         layers.push(format!("LV {}/{}", lv.details.vg, lv.details.lv));
         let mut paths = Vec::new();
         let mut states: Vec<String> = Vec::new();
@@ -778,10 +778,11 @@ fn stack_layers(e: &OpenedExport, layers: &mut Vec<String>) -> (Vec<String>, Str
         }
         return (paths, states.join("; "));
     }
-    if let Some(l) = &e.luks {
+    if let Layer::Luks { info: l, below, .. } = &e.layer {
         layers.push(format!("LUKS{} {}", l.version, l.uuid));
+        return stack_layers(below, layers);
     }
-    let (paths, state) = match &e.md {
+    let (paths, state) = match e.md() {
         Some(a) => {
             let r = a.report();
             let chunk = r
@@ -882,9 +883,9 @@ mod tests {
         names.sort();
         assert_eq!(names, ["alpha", "beta"], "{report:?}");
         let beta = exports.iter().find(|e| e.name == "beta").unwrap();
-        assert!(beta.md.as_ref().unwrap().report().state.degraded);
+        assert!(beta.md().unwrap().report().state.degraded);
         let alpha = exports.iter().find(|e| e.name == "alpha").unwrap();
-        assert_eq!(alpha.md.as_ref().unwrap().report().active_devices, 3);
+        assert_eq!(alpha.md().unwrap().report().active_devices, 3);
         let skipped: Vec<&str> = report.skipped.iter().map(|s| s.what.as_str()).collect();
         for want in ["stray.txt", "notes.txt", ".hidden", "empty.img", "vol.img"] {
             assert!(

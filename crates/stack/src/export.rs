@@ -19,39 +19,127 @@ pub struct ExportSpec {
     pub name: String,
 }
 
-/// A device opened for serving.
+/// An opened stack: the device to serve and the layers below it, each owning the one
+/// below ([`Layer`]). Any shape a [`crate::Spec`] allows: LUKS over a file, an md array,
+/// an LV or another LUKS volume; LVs over PV stacks of any of those.
 #[derive(Debug, Clone)]
 pub struct OpenedExport {
     pub name: String,
+    /// The bottom file or device (for an md array its first member, for an LV its first
+    /// PV's): how messages and the announcement name the stack.
     pub path: PathBuf,
+    /// What to serve: the top layer's device. For a LUKS volume described but left
+    /// locked it is the encrypted bytes below, never served (the export is read-only and
+    /// only described; its size is the payload's, [`OpenedExport::geometry`]).
     pub device: Arc<dyn BlockDevice>,
     pub read_only: bool,
-    /// The md array behind `device`, for `serve --md` exports: reported in the
-    /// announcement and closed (marked clean) when the server stops.
-    pub md: Option<Arc<cairn_md::Array>>,
-    /// For `serve --luks` exports: the volume `device` decrypts (`device` is then the
-    /// LUKS layer over the file or the md array).
-    pub luks: Option<LuksInfo>,
-    /// The bottom device (the file or block device), when `device` is a layer over it.
-    pub base: Option<Arc<dyn BlockDevice>>,
-    /// For LV exports: the VG's PV stacks and the LV's mapping.
-    pub lvm: Option<LvLayer>,
+    /// The top layer, which owns the rest of the stack.
+    pub layer: Layer,
+}
+
+/// One layer of an opened stack.
+#[derive(Debug, Clone)]
+pub enum Layer {
+    /// A file or block device: the export's `device` itself.
+    File,
+    /// An md array; the export's `device` is the array or a stripe cache over it. It is
+    /// closed (marked clean) when the stack closes.
+    Md(Arc<cairn_md::Array>),
+    /// A LUKS volume over the stack `below`: the export's `device` decrypts it.
+    Luks {
+        info: LuksInfo,
+        /// Described from its header and left locked (dry runs): the payload's geometry.
+        locked: Option<cairn_block::Geometry>,
+        below: Box<OpenedExport>,
+    },
+    /// An LVM2 logical volume over the PV stacks holding its extents.
+    Lv(LvLayer),
 }
 
 impl OpenedExport {
-    /// Every md array in this export's stack (under LUKS, under each PV of an LV).
+    /// Every md array in this export's stack, each once (LVs of one VG share their PVs).
     pub fn arrays(&self) -> Vec<Arc<cairn_md::Array>> {
-        let mut out: Vec<Arc<cairn_md::Array>> = self.md.iter().cloned().collect();
-        if let Some(lv) = &self.lvm {
-            for pv in &lv.pvs {
-                for a in pv.arrays() {
-                    if !out.iter().any(|b| Arc::ptr_eq(&a, b)) {
-                        out.push(a);
-                    }
-                }
+        let mut out: Vec<Arc<cairn_md::Array>> = Vec::new();
+        let mut push = |a: Arc<cairn_md::Array>| {
+            if !out.iter().any(|b| Arc::ptr_eq(&a, b)) {
+                out.push(a);
             }
+        };
+        match &self.layer {
+            Layer::File => {}
+            Layer::Md(a) => push(a.clone()),
+            Layer::Luks { below, .. } => below.arrays().into_iter().for_each(&mut push),
+            Layer::Lv(lv) => lv
+                .pvs
+                .iter()
+                .flat_map(OpenedExport::arrays)
+                .for_each(&mut push),
         }
         out
+    }
+
+    /// The md array this stack is, or the one right under its LUKS layers (not through
+    /// an LV: an LV's arrays are its PVs').
+    pub fn md(&self) -> Option<&Arc<cairn_md::Array>> {
+        match &self.layer {
+            Layer::Md(a) => Some(a),
+            Layer::Luks { below, .. } => below.md(),
+            _ => None,
+        }
+    }
+
+    /// The LUKS volume at the top of this stack.
+    pub fn luks(&self) -> Option<&LuksInfo> {
+        match &self.layer {
+            Layer::Luks { info, .. } => Some(info),
+            _ => None,
+        }
+    }
+
+    /// The LV this stack is, or the one under its LUKS layers.
+    pub fn lvm(&self) -> Option<&LvLayer> {
+        match &self.layer {
+            Layer::Lv(lv) => Some(lv),
+            Layer::Luks { below, .. } => below.lvm(),
+            _ => None,
+        }
+    }
+
+    /// The stack under the top layer (a LUKS volume's), if the top layer has one below.
+    pub fn below(&self) -> Option<&OpenedExport> {
+        match &self.layer {
+            Layer::Luks { below, .. } => Some(below),
+            _ => None,
+        }
+    }
+
+    /// Whether the top is a LUKS volume described but not unlocked.
+    pub fn locked(&self) -> bool {
+        matches!(
+            &self.layer,
+            Layer::Luks {
+                locked: Some(_),
+                ..
+            }
+        )
+    }
+
+    /// The size and geometry this stack offers (a locked LUKS volume: its payload's).
+    pub fn geometry(&self) -> cairn_block::Geometry {
+        match &self.layer {
+            Layer::Luks {
+                locked: Some(g), ..
+            } => *g,
+            _ => self.device.geometry(),
+        }
+    }
+
+    /// Closes the stack from the top down: md arrays are marked clean. Dropping the
+    /// last clone closes the files.
+    pub fn close(&self) {
+        for a in self.arrays() {
+            let _ = a.close();
+        }
     }
 }
 
@@ -239,12 +327,9 @@ pub fn open(spec: &ExportSpec, o: &Options) -> Result<OpenedExport> {
     Ok(OpenedExport {
         name: spec.name.clone(),
         path: spec.path.clone(),
-        device: device.clone(),
+        device,
         read_only,
-        md: None,
-        luks: None,
-        base: Some(device),
-        lvm: None,
+        layer: Layer::File,
     })
 }
 

@@ -3,8 +3,9 @@
 //! benchmarks are front ends over it.
 //!
 //! ```text
-//!   spec      Spec (file | md | LUKS | LVM, any sub-stack) ─ open ─> OpenedExport(s)
-//!   export    OpenedExport: the device to serve and the layers below it; files opened
+//!   spec      Spec (file | md | LUKS | LVM | one LV, any sub-stack) ─ open ─> OpenedExport(s)
+//!   export    OpenedExport: the device to serve over a tree of Layers (file | md | LUKS
+//!             over a stack | LV over PV stacks), each owning the one below; files opened
 //!   md        md arrays assembled from members, degraded starts warned about, stripe cache
 //!   luks      LUKS unlocked from key sources (key dir, key file, Prompt), or described locked
 //!   lvm       volume groups opened from PV stacks, one export per LV
@@ -36,7 +37,7 @@ pub mod size;
 pub mod spec;
 
 pub use error::{Result, StackError};
-pub use export::OpenedExport;
+pub use export::{Layer, OpenedExport};
 pub use hooks::{Hooks, Options, Prompt, StatsHook};
 pub use node::Node;
 pub use spec::{open, open_all, open_one, Keys, Spec};

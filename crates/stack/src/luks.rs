@@ -9,11 +9,11 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cairn_block::{BlockDevice, Capabilities, Error, ErrorKind, Geometry};
+use cairn_block::{BlockDevice, ErrorKind, Geometry};
 use cairn_luks::{Luks, SecretBytes};
 
 use crate::error::{Result, StackError};
-use crate::export::{LuksInfo, OpenedExport};
+use crate::export::{Layer, LuksInfo, OpenedExport};
 use crate::hooks::Prompt;
 
 fn shown(p: &Path) -> String {
@@ -83,10 +83,10 @@ pub fn read_key_file(path: &Path) -> Result<SecretBytes> {
 
 // ---- serve --luks ------------------------------------------------------------------
 
-/// Unlocks the LUKS volume on `opened` and puts its decrypted payload in its place.
-/// The passphrase is used once and dropped by the caller.
-pub fn open_export(mut opened: OpenedExport, pass: &[u8], shown: &str) -> Result<OpenedExport> {
-    let l = Luks::load(opened.device.clone()).map_err(|e| luks_error(&e, shown))?;
+/// Unlocks the LUKS volume on `below` and puts its decrypted payload over it: the new
+/// top layer owns `below`. The passphrase is used once and dropped by the caller.
+pub fn open_export(below: OpenedExport, pass: &[u8], shown: &str) -> Result<OpenedExport> {
+    let l = Luks::load(below.device.clone()).map_err(|e| luks_error(&e, shown))?;
     if let Luks::V2(v2) = &l {
         v2.check_activatable()
             .map_err(|e| StackError::new(format!("cannot serve {shown}: {e}")))?;
@@ -100,16 +100,25 @@ pub fn open_export(mut opened: OpenedExport, pass: &[u8], shown: &str) -> Result
         Luks::V2(v) => v.uuid().to_string(),
     };
     let seg = crypt.segment();
-    opened.luks = Some(LuksInfo {
+    let info = LuksInfo {
         version: l.version(),
         uuid,
         keyslot: u.keyslot,
         data_offset: seg.offset,
         sector_size: seg.sector_size,
         description: crypt.description().to_string(),
-    });
-    opened.device = Arc::new(crypt);
-    Ok(opened)
+    };
+    Ok(OpenedExport {
+        name: below.name.clone(),
+        path: below.path.clone(),
+        device: Arc::new(crypt),
+        read_only: below.read_only,
+        layer: Layer::Luks {
+            info,
+            locked: None,
+            below: Box::new(below),
+        },
+    })
 }
 
 // ---- keys --------------------------------------------------------------------------
@@ -255,47 +264,15 @@ pub fn luks_uuid(dev: Arc<dyn BlockDevice>, shown: &str) -> Result<String> {
 
 // ---- dry runs: LUKS described from its header -----------------------------------------
 
-/// A LUKS payload that was not unlocked: its size and geometry, no data. Dry runs use it
-/// so the stack can be described (`cairn advise`, `cairn scan`) without a passphrase.
-#[derive(Debug)]
-struct Locked {
-    geometry: Geometry,
-}
-
-impl BlockDevice for Locked {
-    fn geometry(&self) -> Geometry {
-        self.geometry
+/// The LUKS volume on `e` described from its header and left locked (keyslot reported
+/// as 0): a read-only stack with the payload's geometry and no decrypting device.
+pub fn describe_locked(e: OpenedExport, shown: &str) -> Result<OpenedExport> {
+    if e.locked() {
+        return Err(StackError::new(format!(
+            "{shown} lies inside a LUKS volume left locked; it cannot be described without \
+             unlocking that one"
+        )));
     }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            read_only: true,
-            ..Capabilities::default()
-        }
-    }
-    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> cairn_block::Result<()> {
-        Err(Error::new(
-            ErrorKind::Unsupported,
-            "the LUKS volume is not unlocked",
-        ))
-    }
-    fn write_at(
-        &self,
-        _buf: &[u8],
-        _offset: u64,
-        _flags: cairn_block::WriteFlags,
-    ) -> cairn_block::Result<()> {
-        Err(Error::new(
-            ErrorKind::ReadOnly,
-            "the LUKS volume is not unlocked",
-        ))
-    }
-    fn flush(&self) -> cairn_block::Result<()> {
-        Ok(())
-    }
-}
-
-/// `e` with its LUKS header described but not unlocked (keyslot reported as 0).
-pub fn describe_locked(mut e: OpenedExport, shown: &str) -> Result<OpenedExport> {
     let below = e.device.geometry();
     let l = Luks::load(e.device.clone()).map_err(|err| luks_error(&err, shown))?;
     let (uuid, offset, sector, cipher, key_bits, seg_size) = match &l {
@@ -327,7 +304,7 @@ pub fn describe_locked(mut e: OpenedExport, shown: &str) -> Result<OpenedExport>
     };
     let size = seg_size.unwrap_or_else(|| below.size.saturating_sub(offset));
     let size = size - size % u64::from(sector.max(512));
-    e.luks = Some(LuksInfo {
+    let info = LuksInfo {
         version: l.version(),
         uuid,
         keyslot: 0,
@@ -337,17 +314,24 @@ pub fn describe_locked(mut e: OpenedExport, shown: &str) -> Result<OpenedExport>
             "LUKS{} {cipher} {key_bits}-bit, {sector}-byte sectors, data at {offset}",
             l.version()
         ),
-    });
+    };
     let lbs = below.logical_block_size.max(sector);
-    e.device = Arc::new(Locked {
-        geometry: Geometry {
-            size,
-            logical_block_size: lbs,
-            physical_block_size: below.physical_block_size.max(lbs),
-            optimal_io_size: below.optimal_io_size.max(lbs),
-            max_io_size: below.max_io_size,
+    let geometry = Geometry {
+        size,
+        logical_block_size: lbs,
+        physical_block_size: below.physical_block_size.max(lbs),
+        optimal_io_size: below.optimal_io_size.max(lbs),
+        max_io_size: below.max_io_size,
+    };
+    Ok(OpenedExport {
+        name: e.name.clone(),
+        path: e.path.clone(),
+        device: e.device.clone(),
+        read_only: true,
+        layer: Layer::Luks {
+            info,
+            locked: Some(geometry),
+            below: Box::new(e),
         },
-    });
-    e.read_only = true;
-    Ok(e)
+    })
 }

@@ -14,13 +14,13 @@ use cairn_block::{BlockDevice, ErrorKind};
 use cairn_lvm::{OpenOptions, PvDevice, Vg};
 
 use crate::error::{Result, StackError};
-use crate::export::LvLayer;
 use crate::export::OpenedExport;
+use crate::export::{Layer, LvLayer};
 use crate::node::LvDetails;
 
 /// How a PV stack is named in messages and in the metadata's device hint.
 fn pv_name(e: &OpenedExport) -> String {
-    match (&e.md, &e.luks) {
+    match (e.md(), e.luks()) {
         (Some(a), Some(_)) => format!("LUKS on md array {}", a.report().name),
         (Some(a), None) => format!("md array {}", a.report().name),
         _ => e.path.display().to_string(),
@@ -150,10 +150,7 @@ pub fn open_vg_exports(
             path: stacks[used.first().copied().unwrap_or(0)].path.clone(),
             device,
             read_only: read_only || !lv_report.writable,
-            md: None,
-            luks: None,
-            base: None,
-            lvm: Some(LvLayer {
+            layer: Layer::Lv(LvLayer {
                 details,
                 pvs: used.iter().map(|&i| stacks[i].clone()).collect(),
                 first_byte: first,

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   MdSpec (members, name) ─ open_present (missing files noted) ─ Array::assemble
-//!     ─ degraded / resync-pending warnings ─ OpenedExport { device: array, md: array }
+//!     ─ degraded / resync-pending warnings ─ OpenedExport { device: array, layer: Md(array) }
 //!     ─ with_stripe_cache (RAID4/5/6 writable): device = StripeCache over the array
 //! ```
 
@@ -276,20 +276,17 @@ pub fn open_export(spec: &MdSpec, opts: &Options) -> Result<OpenedExport> {
         path: spec.members[0].clone(),
         device: array.clone(),
         read_only,
-        md: Some(array),
-        luks: None,
-        base: None,
-        lvm: None,
+        layer: crate::export::Layer::Md(array),
     })
 }
 
 /// Puts a served RAID4/5/6 array's data path behind a stripe cache
-/// ([`cairn_md::StripeCache`]); `e.md` stays the array itself, for status and closing.
+/// ([`cairn_md::StripeCache`]); `e.layer` keeps the array itself, for status and closing.
 /// Other levels, read-only exports and `opts.size` 0 are returned as they are.
 pub fn with_stripe_cache(mut e: OpenedExport, opts: cairn_md::StripeCacheOptions) -> OpenedExport {
-    let parity =
-        e.md.as_ref()
-            .is_some_and(|a| matches!(a.layout(), cairn_md::layout::ArrayLayout::Parity(_)));
+    let parity = e
+        .md()
+        .is_some_and(|a| matches!(a.layout(), cairn_md::layout::ArrayLayout::Parity(_)));
     if parity && !e.read_only && opts.size > 0 {
         let cache = cairn_md::StripeCache::new(e.device.clone(), opts);
         tracing::info!(

@@ -30,9 +30,13 @@ pub struct Node {
     /// The file or block device, for files and members.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// "active", "read-only", "clean", "degraded", "failed", "missing", "faulty", ...
-    /// (md's own words for arrays and members).
-    pub state: String,
+    /// The layer's own state: serving or read-only, md's array flags, md's member
+    /// state. In JSON the words status has always shown ("active", "read-only",
+    /// "clean, degraded", "active sync", "faulty", ...).
+    pub state: NodeState,
+    /// A faulty member: why and since when it failed (when this process saw it fail).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<MemberFailure>,
     /// Bytes this node offers to the layer above.
     pub size: u64,
     pub geometry: NodeGeometry,
@@ -58,7 +62,7 @@ impl Node {
         kind: NodeKind,
         id: String,
         name: String,
-        state: &str,
+        state: NodeState,
         size: u64,
         geometry: NodeGeometry,
     ) -> Node {
@@ -67,7 +71,8 @@ impl Node {
             kind,
             name,
             path: None,
-            state: state.into(),
+            state,
+            failure: None,
             size,
             geometry,
             data_offset: 0,
@@ -76,6 +81,160 @@ impl Node {
             lv: None,
             progress: None,
             children: Vec::new(),
+        }
+    }
+}
+
+/// A node's state, taken from its layer's own types. In JSON it is the words status
+/// has always shown, so `status --json` readers see no change; reading the words back
+/// gives the same variant (md's bare "active" array state reads back as
+/// [`NodeState::Active`], which is why [`NodeState::array`] makes it that).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    /// Serving read-write (an export, LV, LUKS volume or file; an md array with no flag
+    /// set): "active".
+    Active,
+    /// Served read-only, or a LUKS volume described from its header and left locked:
+    /// "read-only".
+    ReadOnly,
+    /// An md array: md's state flags ("clean", "clean, degraded", "active, degraded,
+    /// recovering", ...).
+    Array(cairn_md::ArrayState),
+    /// An md member: md's member state ("active sync", "faulty", "removed", "spare", ...).
+    Member(cairn_md::MemberState),
+}
+
+/// md's member states, by their words.
+const MEMBER_STATES: [cairn_md::MemberState; 7] = [
+    cairn_md::MemberState::ActiveSync,
+    cairn_md::MemberState::Missing,
+    cairn_md::MemberState::Faulty,
+    cairn_md::MemberState::LeftOut,
+    cairn_md::MemberState::Rebuilding,
+    cairn_md::MemberState::Spare,
+    cairn_md::MemberState::Replacement,
+];
+
+impl NodeState {
+    /// "active" or "read-only".
+    pub fn serving(read_only: bool) -> NodeState {
+        if read_only {
+            NodeState::ReadOnly
+        } else {
+            NodeState::Active
+        }
+    }
+
+    /// An md array's state (md's "active" with no flag is [`NodeState::Active`]).
+    pub fn array(s: cairn_md::ArrayState) -> NodeState {
+        if s.text() == "active" {
+            NodeState::Active
+        } else {
+            NodeState::Array(s)
+        }
+    }
+
+    /// The words status shows.
+    pub fn text(&self) -> String {
+        match self {
+            NodeState::Active => "active".into(),
+            NodeState::ReadOnly => "read-only".into(),
+            NodeState::Array(s) => s.text(),
+            NodeState::Member(m) => m.text().into(),
+        }
+    }
+
+    /// An md array without full redundancy.
+    pub fn degraded(&self) -> bool {
+        matches!(self, NodeState::Array(s) if s.degraded)
+    }
+
+    /// An md member that failed.
+    pub fn faulty(&self) -> bool {
+        matches!(self, NodeState::Member(cairn_md::MemberState::Faulty))
+    }
+
+    /// Reads the words back: md's member words, md's array flags, "active", "read-only".
+    pub fn parse(words: &str) -> Option<NodeState> {
+        match words {
+            "active" => return Some(NodeState::Active),
+            "read-only" => return Some(NodeState::ReadOnly),
+            _ => {}
+        }
+        if let Some(m) = MEMBER_STATES.into_iter().find(|m| m.text() == words) {
+            return Some(NodeState::Member(m));
+        }
+        let mut parts = words.split(", ");
+        let clean = match parts.next()? {
+            "clean" => true,
+            "active" => false,
+            _ => return None,
+        };
+        let mut s = cairn_md::ArrayState {
+            clean,
+            degraded: false,
+            resync_pending: false,
+            forced: false,
+            failed: false,
+            recovering: false,
+        };
+        for p in parts {
+            let flag = match p {
+                "degraded" => &mut s.degraded,
+                "FAILED" => &mut s.failed,
+                "recovering" => &mut s.recovering,
+                "resync pending" => &mut s.resync_pending,
+                "forced" => &mut s.forced,
+                _ => return None,
+            };
+            *flag = true;
+        }
+        Some(NodeState::array(s))
+    }
+}
+
+impl std::fmt::Display for NodeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text())
+    }
+}
+
+impl Serialize for NodeState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text())
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeState {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<NodeState, D::Error> {
+        let words = String::deserialize(d)?;
+        NodeState::parse(&words)
+            .ok_or_else(|| serde::de::Error::custom(format!("no node state {words:?}")))
+    }
+}
+
+/// Why and since when an md member failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberFailure {
+    /// The I/O error, or the operator's action ("marked faulty by the operator").
+    pub reason: String,
+    /// RFC 3339, UTC.
+    pub since: String,
+}
+
+impl From<&cairn_md::Failure> for MemberFailure {
+    fn from(f: &cairn_md::Failure) -> MemberFailure {
+        let since = i64::try_from(f.since_unix)
+            .ok()
+            .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+            .and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_default();
+        MemberFailure {
+            reason: f.reason.clone(),
+            since,
         }
     }
 }
@@ -241,4 +400,51 @@ pub fn walk(root: &Node) -> Vec<&Node> {
         out.extend(n.children.iter());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_keep_their_words_and_read_back_as_the_same_variant() {
+        let words = [
+            "active",
+            "read-only",
+            "clean",
+            "clean, degraded",
+            "active, degraded, recovering",
+            "active, degraded, FAILED",
+            "clean, resync pending, forced",
+            "active sync",
+            "removed",
+            "faulty",
+            "left out",
+            "spare rebuilding",
+            "spare",
+            "replacement",
+        ];
+        for w in words {
+            let s = NodeState::parse(w).unwrap_or_else(|| panic!("{w}"));
+            assert_eq!(s.text(), w);
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(json, format!("{w:?}"));
+            assert_eq!(serde_json::from_str::<NodeState>(&json).unwrap(), s);
+        }
+        assert!(NodeState::parse("clean, degraded").unwrap().degraded());
+        assert!(!NodeState::parse("clean").unwrap().degraded());
+        assert!(NodeState::parse("faulty").unwrap().faulty());
+        assert_eq!(NodeState::parse("sideways"), None);
+        assert_eq!(NodeState::parse("clean, sideways"), None);
+        // md's bare "active" is the serving state, whichever way it is built.
+        let bare = cairn_md::ArrayState {
+            clean: false,
+            degraded: false,
+            resync_pending: false,
+            forced: false,
+            failed: false,
+            recovering: false,
+        };
+        assert_eq!(NodeState::array(bare), NodeState::Active);
+    }
 }

@@ -7,17 +7,19 @@
 //! ```text
 //!   Spec::File(path)                 a file or block device
 //!   Spec::Md([member, ...])          the md array on these members (files or devices)
-//!   Spec::Luks { on: Spec, key_file } the LUKS volume on a file or an md array
+//!   Spec::Luks { on: Spec, key_file } the LUKS volume on any stack that makes one export
 //!   Spec::Lvm([Spec, ...])           the volume groups on these PV stacks: one export per LV
+//!   Spec::Lv { on: [Spec, ...], name } one LV ("VG/LV") of the volume groups on these PVs
 //! ```
 //!
 //! In JSON (the control API) a spec is `{"file": "/srv/d.img"}`, `{"md": ["a", "b"]}`,
-//! `{"luks": {"on": {"md": [...]}, "key_file": "/etc/cairn/key"}}` or
-//! `{"lvm": [{"file": "pv.img"}]}`.
+//! `{"luks": {"on": {"md": [...]}, "key_file": "/etc/cairn/key"}}`,
+//! `{"lvm": [{"file": "pv.img"}]}` or `{"lv": {"on": [{"file": "pv.img"}], "name": "vg0/home"}}`.
 //!
-//! The opened stack keeps the shape [`OpenedExport`] can describe: LUKS over a file or an
-//! md array, PVs that are files, arrays or LUKS volumes. A spec outside it (LUKS over an
-//! LV, LVM over LVs) is refused with a sentence, not opened halfway.
+//! The opened stack is a tree of layers ([`crate::export::Layer`]), each owning the one
+//! below, so any shape that makes one export opens: LUKS over an LV, over LUKS, over an
+//! array. What cannot be (LUKS over a whole LVM spec, which makes several exports; LVM
+//! over LVs) is refused with a sentence, not opened halfway.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -51,6 +53,9 @@ pub enum Spec {
     },
     /// The volume groups on these PV stacks; every LV becomes an export `VG/LV`.
     Lvm(Vec<Spec>),
+    /// One LV of the volume groups on the PV stacks `on`, named `VG/LV`: one export, so
+    /// LUKS can be opened over it.
+    Lv { on: Vec<Spec>, name: String },
 }
 
 impl Spec {
@@ -64,6 +69,10 @@ impl Spec {
                 "the volume groups on {}",
                 pvs.iter().map(Spec::shown).collect::<Vec<_>>().join(", ")
             ),
+            Spec::Lv { on, name } => format!(
+                "LV {name} on {}",
+                on.iter().map(Spec::shown).collect::<Vec<_>>().join(", ")
+            ),
         }
     }
 
@@ -73,7 +82,7 @@ impl Spec {
             Spec::File(p) => vec![p.clone()],
             Spec::Md(m) => m.clone(),
             Spec::Luks { on, .. } => on.paths(),
-            Spec::Lvm(pvs) => pvs.iter().flat_map(Spec::paths).collect(),
+            Spec::Lvm(pvs) | Spec::Lv { on: pvs, .. } => pvs.iter().flat_map(Spec::paths).collect(),
         }
     }
 
@@ -89,19 +98,22 @@ impl Spec {
             }
             Spec::File(_) | Spec::Md(_) => Ok(()),
             Spec::Luks { on, .. } => match &**on {
-                Spec::File(_) | Spec::Md(_) => on.check(),
-                _ => Err(StackError::new(format!(
-                    "LUKS on {} is not supported: a LUKS volume is opened on a file, a \
-                     block device or an md array",
+                Spec::Lvm(_) => Err(StackError::new(format!(
+                    "LUKS on {} is not supported: that makes one export per LV; name the LV \
+                     ({{\"lv\": {{\"on\": [...], \"name\": \"VG/LV\"}}}}) to open LUKS on it",
                     on.shown()
                 ))),
+                _ => on.check(),
             },
-            Spec::Lvm(pvs) if pvs.is_empty() => {
+            Spec::Lv { name, .. } if !name.contains('/') => {
+                Err(StackError::new(format!("LV {name:?}: name it as VG/LV")))
+            }
+            Spec::Lvm(pvs) | Spec::Lv { on: pvs, .. } if pvs.is_empty() => {
                 Err(StackError::new("LVM needs at least one PV stack"))
             }
-            Spec::Lvm(pvs) => {
+            Spec::Lvm(pvs) | Spec::Lv { on: pvs, .. } => {
                 for pv in pvs {
-                    if matches!(pv, Spec::Lvm(_)) {
+                    if matches!(pv, Spec::Lvm(_) | Spec::Lv { .. }) {
                         return Err(StackError::new(
                             "LVM over LVs is not supported: a PV is a file, a block \
                              device, an md array or a LUKS volume",
@@ -243,26 +255,30 @@ pub fn open(
 ) -> Result<Vec<OpenedExport>> {
     spec.check()?;
     match spec {
-        Spec::Lvm(pvs) => {
-            let mut opened: Vec<OpenedExport> = Vec::new();
-            for pv in pvs {
-                match open_checked(pv, Some(""), opts, keys) {
-                    Ok(e) => opened.push(e),
-                    Err(err) => {
-                        close_all(&opened);
-                        return Err(err);
-                    }
-                }
-            }
-            let arrays = export::all_arrays(&opened);
-            crate::lvm::open_lv_exports(opened, opts.read_only).inspect_err(|_| {
-                for a in arrays {
-                    let _ = a.close();
-                }
-            })
-        }
+        Spec::Lvm(pvs) => open_lvs(pvs, opts, keys),
         _ => open_checked(spec, name, opts, keys).map(|e| vec![e]),
     }
+}
+
+/// Every LV of the volume groups on the PV stacks `pvs`; on failure the PV stacks are
+/// closed again.
+fn open_lvs(pvs: &[Spec], opts: &Options, keys: &mut Keys) -> Result<Vec<OpenedExport>> {
+    let mut opened: Vec<OpenedExport> = Vec::new();
+    for pv in pvs {
+        match open_checked(pv, Some(""), opts, keys) {
+            Ok(e) => opened.push(e),
+            Err(err) => {
+                close_all(&opened);
+                return Err(err);
+            }
+        }
+    }
+    let arrays = export::all_arrays(&opened);
+    crate::lvm::open_lv_exports(opened, opts.read_only).inspect_err(|_| {
+        for a in arrays {
+            let _ = a.close();
+        }
+    })
 }
 
 /// Opens a spec that makes one export (anything but LVM).
@@ -314,7 +330,28 @@ fn open_checked(
             let below = open_checked(on, name, opts, keys)?;
             let shown = on.shown();
             keys.unlock(&below, &shown, key_file.as_deref())
-                .inspect_err(|_| close_all(std::slice::from_ref(&below)))
+                .inspect_err(|_| below.close())
+        }
+        Spec::Lv { on, name: lv } => {
+            let all = open_lvs(on, opts, keys)?;
+            let Some(i) = all.iter().position(|e| e.name == *lv) else {
+                let names: Vec<&str> = all.iter().map(|e| e.name.as_str()).collect();
+                close_all(&all);
+                return Err(StackError::new(format!(
+                    "no LV {lv} to open on {}; the LVs there are: {}",
+                    spec.shown(),
+                    if names.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                )));
+            };
+            let mut e = all.into_iter().nth(i).expect("found");
+            if let Some(n) = name.filter(|n| !n.is_empty()) {
+                e.name = n.to_string();
+            }
+            Ok(e)
         }
         Spec::Lvm(_) => Err(StackError::new(format!(
             "{} makes one export per LV, not one export",

@@ -231,3 +231,93 @@ fn a_wrong_key_or_a_bad_shape_opens_nothing() {
     let back: Spec = serde_json::from_str(&text).unwrap();
     assert_eq!(back, spec(&members, &key));
 }
+
+/// A VG "lvg" on one PV file with one LV "enc" holding LUKS2.
+fn build_luks_on_lv(dir: &Path) -> (PathBuf, PathBuf) {
+    let pv_path = dir.join("pv.img");
+    let pv = PvDevice::new("pv", open_file(&pv_path));
+    cairn_lvm::pvcreate(&pv, &PvCreateOptions::default()).unwrap();
+    let mut vg = Vg::create("lvg", vec![pv], 1 << 20).unwrap();
+    vg.lv_create(&LvCreate {
+        name: "enc".into(),
+        extents: 20,
+        stripes: 1,
+        stripe_size: None,
+    })
+    .unwrap();
+    let lv: Arc<dyn BlockDevice> = vg.lv("enc").unwrap();
+    let fo = FormatOptions {
+        pbkdf: PbkdfOptions::pbkdf2(1000),
+        ..FormatOptions::default()
+    };
+    Luks2::format(lv, &fo, PASS).unwrap();
+    drop(vg);
+    let key = dir.join("key");
+    std::fs::write(&key, PASS).unwrap();
+    (pv_path, key)
+}
+
+#[test]
+fn luks_over_an_lv_opens_describes_itself_and_keeps_its_data() {
+    let d = tempdir("luks-lv");
+    let (pv, key) = build_luks_on_lv(&d.0);
+    let spec = Spec::Luks {
+        on: Box::new(Spec::Lv {
+            on: vec![Spec::File(pv.clone())],
+            name: "lvg/enc".into(),
+        }),
+        key_file: Some(key.clone()),
+    };
+    let text = serde_json::to_string(&spec).unwrap();
+    assert!(
+        text.starts_with("{\"luks\":{\"on\":{\"lv\":{\"on\":[{\"file\":"),
+        "{text}"
+    );
+    assert_eq!(serde_json::from_str::<Spec>(&text).unwrap(), spec);
+    let opts = Options::default();
+    let e = cairn_stack::open_one(&spec, Some("secret"), &opts, &mut Keys::none()).unwrap();
+    assert_eq!(e.name, "secret");
+    let tree = cairn_stack::describe::describe(&e);
+    let kinds: Vec<&str> = cairn_stack::node::walk(&tree)
+        .iter()
+        .map(|n| n.kind.as_str())
+        .collect();
+    assert_eq!(kinds, ["export", "luks", "lv", "file"]);
+    assert!(
+        cairn_stack::describe::export_description(&e).contains(" over LV lvg/enc over "),
+        "{}",
+        cairn_stack::describe::export_description(&e)
+    );
+    let size = e.device.geometry().size;
+    assert_eq!(size, 4 << 20, "20 MiB LV less LUKS2's 16 MiB header area");
+    let mut rng = SmallRng::seed_from_u64(seed());
+    let mut data = vec![0u8; usize::try_from(size).unwrap()];
+    rng.fill(&mut data[..]);
+    e.device.write_at(&data, 0, WriteFlags::FUA).unwrap();
+    e.close();
+    drop(e);
+    // Opened again from the spec: the same bytes come back through LV and LUKS.
+    let again = cairn_stack::open_one(&spec, None, &opts, &mut Keys::none()).unwrap();
+    assert_eq!(
+        again.name, "lvg/enc",
+        "an LV stack is named VG/LV by default"
+    );
+    assert!(read_all(&*again.device) == data, "LUKS over LV lost data");
+    drop(again);
+    // Described without a key: the LUKS layer is locked, its size the payload's, and no
+    // device stands in for it.
+    let locked = cairn_stack::open_one(&spec, None, &opts, &mut Keys::locked()).unwrap();
+    assert!(locked.locked() && locked.read_only);
+    assert_eq!(locked.geometry().size, size);
+    let tree = cairn_stack::describe::describe(&locked);
+    assert_eq!(tree.size, size);
+    assert_eq!(tree.children[0].state.to_string(), "read-only");
+    drop(locked);
+    // A missing LV names the ones there are.
+    let wrong = Spec::Lv {
+        on: vec![Spec::File(pv)],
+        name: "lvg/nope".into(),
+    };
+    let err = cairn_stack::open_one(&wrong, None, &opts, &mut Keys::none()).unwrap_err();
+    assert!(err.to_string().contains("lvg/enc"), "{err}");
+}

@@ -104,7 +104,14 @@ pub fn cell_node(c: &CellResult) -> Node {
         NodeKind::Md,
         "md:bench".into(),
         "bench".into(),
-        "clean",
+        cairn_stack::node::NodeState::Array(cairn_md::ArrayState {
+            clean: true,
+            degraded: false,
+            resync_pending: false,
+            forced: false,
+            failed: false,
+            recovering: false,
+        }),
         0,
         geo,
     );
@@ -139,7 +146,7 @@ pub fn cell_node(c: &CellResult) -> Node {
             NodeKind::Luks,
             "luks:bench".into(),
             "bench".into(),
-            "active",
+            cairn_stack::node::NodeState::Active,
             0,
             geo,
         );
@@ -158,7 +165,7 @@ pub fn cell_node(c: &CellResult) -> Node {
         NodeKind::Export,
         "export:bench".into(),
         "bench".into(),
-        "active",
+        cairn_stack::node::NodeState::Active,
         0,
         geo,
     );
