@@ -276,12 +276,9 @@ pub fn open(spec: &ExportSpec, o: &Options) -> Result<OpenedExport> {
         return Ok(OpenedExport {
             name: spec.name.clone(),
             path: spec.path.clone(),
-            device: device.clone(),
+            device,
             read_only,
-            md: None,
-            luks: None,
-            base: Some(device),
-            lvm: None,
+            layer: Layer::File,
         });
     }
     let shown = spec.path.display();
