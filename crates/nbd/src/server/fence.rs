@@ -77,6 +77,12 @@ impl Gate {
             message,
         };
         let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
+        // While nobody owns the export, plain clients may have written its first bytes
+        // (nothing in flight now: this lock waited for them), so read them again.
+        if s.current.is_none() {
+            s.loaded = false;
+            s.foreign = false;
+        }
         Gate::load(&mut s, store, dev).map_err(policy)?;
         if s.foreign {
             return Err(policy(
