@@ -31,6 +31,7 @@ needed=(
   "tmux tmux"       # tests/interop/operator.sh: cairn status under a real terminal
   "xz xz-utils"
   "file file"       # tests/interop/cairn_bench.sh: the plots are real PNG and SVG
+  "etcd etcd-server" # crates/cluster tests and tests/interop/fence.sh start their own etcd
 )
 
 missing=()
