@@ -152,12 +152,8 @@ fn open(member: &str) -> std::result::Result<Arc<dyn BlockDevice>, String> {
         let c = cairn_nbd::client::Client::connect(&o).map_err(|e| e.to_string())?;
         return Ok(Arc::new(c));
     }
-    cairn_stack::md::open_member(
-        &PathBuf::from(member),
-        true,
-        &cairn_stack::Hooks::default(),
-    )
-    .map_err(|e| e.to_string())
+    cairn_stack::md::open_member(&PathBuf::from(member), true, &cairn_stack::Hooks::default())
+        .map_err(|e| e.to_string())
 }
 
 fn uuid_text(b: &[u8; 16]) -> String {
@@ -222,7 +218,9 @@ pub fn owner(a: &OwnerArgs, global: &Global) -> Result<()> {
         }
     }
     if lines.iter().any(|l| matches!(l.state, "error" | "damaged")) {
-        return Err(CliError::new("some members' owner records could not be read"));
+        return Err(CliError::new(
+            "some members' owner records could not be read",
+        ));
     }
     Ok(())
 }

@@ -95,7 +95,9 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
         args.server.listen.clone()
     };
     // Owner records and etcd leases (fence.rs); held until serving ends.
-    let plain = opened.iter().all(|e| e.md.is_none() && e.luks.is_none() && e.lvm.is_none());
+    let plain = opened
+        .iter()
+        .all(|e| e.md.is_none() && e.luks.is_none() && e.lvm.is_none());
     let fencing = match crate::fence::setup(&args.fencing, plain, &mut opened) {
         Ok(f) => f,
         Err(e) => {

@@ -94,7 +94,9 @@ fn int(v: &Value) -> Result<i64> {
         Value::Number(n) => n
             .as_i64()
             .ok_or_else(|| EtcdError::Server(format!("bad integer {n}"))),
-        other => Err(EtcdError::Server(format!("expected an integer, got {other}"))),
+        other => Err(EtcdError::Server(format!(
+            "expected an integer, got {other}"
+        ))),
     }
 }
 
@@ -102,11 +104,15 @@ impl Etcd {
     /// `http://HOST:PORT` (a trailing `/` is allowed). TLS endpoints are not supported.
     pub fn new(url: &str) -> Result<Etcd> {
         let rest = url.strip_prefix("http://").ok_or_else(|| {
-            EtcdError::Url(format!("{url:?}: expected http://HOST:PORT (https is not supported)"))
+            EtcdError::Url(format!(
+                "{url:?}: expected http://HOST:PORT (https is not supported)"
+            ))
         })?;
         let authority = rest.trim_end_matches('/');
         if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
-            return Err(EtcdError::Url(format!("{url:?}: expected http://HOST:PORT")));
+            return Err(EtcdError::Url(format!(
+                "{url:?}: expected http://HOST:PORT"
+            )));
         }
         Ok(Etcd {
             authority: authority.to_string(),
@@ -126,16 +132,20 @@ impl Etcd {
     }
 
     fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        let io = |what: &str, e: std::io::Error| EtcdError::Io(format!("{} {what}: {e}", self.url()));
+        let io =
+            |what: &str, e: std::io::Error| EtcdError::Io(format!("{} {what}: {e}", self.url()));
         let addr = self
             .authority
             .to_socket_addrs()
             .map_err(|e| io("resolve", e))?
             .next()
             .ok_or_else(|| EtcdError::Io(format!("{}: no address", self.authority)))?;
-        let mut s = TcpStream::connect_timeout(&addr, self.timeout).map_err(|e| io("connect", e))?;
-        s.set_read_timeout(Some(self.timeout)).map_err(|e| io("socket", e))?;
-        s.set_write_timeout(Some(self.timeout)).map_err(|e| io("socket", e))?;
+        let mut s =
+            TcpStream::connect_timeout(&addr, self.timeout).map_err(|e| io("connect", e))?;
+        s.set_read_timeout(Some(self.timeout))
+            .map_err(|e| io("socket", e))?;
+        s.set_write_timeout(Some(self.timeout))
+            .map_err(|e| io("socket", e))?;
         let _ = s.set_nodelay(true);
         let body = body.to_string();
         let req = format!(
@@ -150,9 +160,16 @@ impl Etcd {
             .read_to_end(&mut resp)
             .map_err(|e| io("read", e))?;
         let (status, chunked, body) = split_response(&resp)?;
-        let body = if chunked { dechunk(body)? } else { body.to_vec() };
+        let body = if chunked {
+            dechunk(body)?
+        } else {
+            body.to_vec()
+        };
         let v: Value = serde_json::from_slice(&body).map_err(|e| {
-            EtcdError::Server(format!("HTTP {status}: not JSON ({e}): {}", String::from_utf8_lossy(&body)))
+            EtcdError::Server(format!(
+                "HTTP {status}: not JSON ({e}): {}",
+                String::from_utf8_lossy(&body)
+            ))
         })?;
         if status != 200 {
             let msg = v
@@ -174,7 +191,9 @@ impl Etcd {
         let id = int(&v["ID"])?;
         let granted = u64::try_from(int(&v["TTL"])?).unwrap_or(0);
         if id == 0 || granted == 0 {
-            return Err(EtcdError::Server(format!("lease grant gave id {id}, TTL {granted}")));
+            return Err(EtcdError::Server(format!(
+                "lease grant gave id {id}, TTL {granted}"
+            )));
         }
         Ok((id, granted))
     }

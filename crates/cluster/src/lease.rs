@@ -116,7 +116,11 @@ impl Inner {
             let sent = Instant::now();
             match self.etcd.keepalive(self.id) {
                 Ok(0) => {
-                    tracing::error!("etcd lease {:x} for {} expired: I/O is frozen", self.id, self.key);
+                    tracing::error!(
+                        "etcd lease {:x} for {} expired: I/O is frozen",
+                        self.id,
+                        self.key
+                    );
                     self.state().lost = true;
                     return;
                 }
@@ -144,7 +148,12 @@ pub struct Lease {
 impl Lease {
     /// Takes `key` with `value` under a new lease of `ttl` (whole seconds, at least 1),
     /// only through a successful create-if-absent transaction.
-    pub fn acquire(etcd: &Etcd, key: &str, value: &[u8], ttl: Duration) -> std::result::Result<Lease, LeaseError> {
+    pub fn acquire(
+        etcd: &Etcd,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> std::result::Result<Lease, LeaseError> {
         let secs = ttl.as_secs().max(1);
         // Keepalives wait at most a third of the TTL for an answer.
         let etcd = etcd.clone().with_timeout(Duration::from_secs(secs) / 3);

@@ -152,7 +152,9 @@ impl OwnerRecord {
     }
 
     /// Reads the record of a member.
-    pub fn read(dev: &dyn BlockDevice) -> Result<std::result::Result<Option<OwnerRecord>, DecodeError>> {
+    pub fn read(
+        dev: &dyn BlockDevice,
+    ) -> Result<std::result::Result<Option<OwnerRecord>, DecodeError>> {
         let mut b = vec![0u8; usize::try_from(RECORD_AREA).expect("4096")];
         if dev.geometry().size < RECORD_AREA {
             return Ok(Err(DecodeError::NotARecord(
@@ -272,23 +274,41 @@ mod tests {
         };
         let mut c = b.clone();
         c[OFF_VERSION] = 2;
-        assert!(OwnerRecord::decode(&fix(c)).unwrap_err().to_string().contains("version"));
+        assert!(OwnerRecord::decode(&fix(c))
+            .unwrap_err()
+            .to_string()
+            .contains("version"));
         let mut c = b.clone();
         c[OFF_GENERATION..OFF_INSTANCE].fill(0);
-        assert!(OwnerRecord::decode(&fix(c)).unwrap_err().to_string().contains("generation"));
+        assert!(OwnerRecord::decode(&fix(c))
+            .unwrap_err()
+            .to_string()
+            .contains("generation"));
         let mut c = b.clone();
         c[OFF_NODE..OFF_SINCE].fill(0xff);
-        assert!(matches!(OwnerRecord::decode(&fix(c)), Err(DecodeError::Corrupt(_))));
+        assert!(matches!(
+            OwnerRecord::decode(&fix(c)),
+            Err(DecodeError::Corrupt(_))
+        ));
         let mut c = b.clone();
         c[OFF_RESERVED] = 1;
-        assert!(OwnerRecord::decode(&fix(c)).unwrap_err().to_string().contains("reserved"));
+        assert!(OwnerRecord::decode(&fix(c))
+            .unwrap_err()
+            .to_string()
+            .contains("reserved"));
         // Foreign formats are named, not called corrupt.
         let mut luks = vec![0u8; 4096];
         luks[..6].copy_from_slice(b"LUKS\xba\xbe");
-        assert!(OwnerRecord::decode(&luks).unwrap_err().to_string().contains("LUKS"));
+        assert!(OwnerRecord::decode(&luks)
+            .unwrap_err()
+            .to_string()
+            .contains("LUKS"));
         let mut lvm = vec![0u8; 4096];
         lvm[512..520].copy_from_slice(b"LABELONE");
-        assert!(OwnerRecord::decode(&lvm).unwrap_err().to_string().contains("LVM"));
+        assert!(OwnerRecord::decode(&lvm)
+            .unwrap_err()
+            .to_string()
+            .contains("LVM"));
     }
 
     #[test]
@@ -302,7 +322,11 @@ mod tests {
         };
         let good = record().encode();
         for round in 0..2000 {
-            let mut b = if round % 2 == 0 { good.clone() } else { vec![0u8; 4096] };
+            let mut b = if round % 2 == 0 {
+                good.clone()
+            } else {
+                vec![0u8; 4096]
+            };
             let flips = 1 + next() % 16;
             for _ in 0..flips {
                 let i = usize::try_from(next() % 160).unwrap();
@@ -320,10 +344,16 @@ mod tests {
         RecordStore.store(&dev, &t).unwrap();
         assert_eq!(RecordStore.load(&dev).unwrap(), Stored::Owner(t));
         dev.write_at(&[0xab; 4096], 0, WriteFlags::NONE).unwrap();
-        assert!(matches!(RecordStore.load(&dev).unwrap(), Stored::Foreign(_)));
+        assert!(matches!(
+            RecordStore.load(&dev).unwrap(),
+            Stored::Foreign(_)
+        ));
         let mut bad = record().encode();
         bad[OFF_SINCE] ^= 1;
         dev.write_at(&bad, 0, WriteFlags::NONE).unwrap();
-        assert_eq!(RecordStore.load(&dev).unwrap_err().kind(), ErrorKind::Corrupt);
+        assert_eq!(
+            RecordStore.load(&dev).unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
     }
 }

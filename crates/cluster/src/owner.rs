@@ -22,7 +22,11 @@ use crate::ondisk::{now_unix, DecodeError, OwnerRecord};
 /// A new owner identity for this process: `node` (the host name when empty) and a random
 /// instance, so a restarted owner is a different owner.
 pub fn new_owner(node: &str) -> Result<OwnerId, String> {
-    let node = if node.is_empty() { host_name() } else { node.to_string() };
+    let node = if node.is_empty() {
+        host_name()
+    } else {
+        node.to_string()
+    };
     OwnerId::new(node, rand::random::<u64>())
 }
 
@@ -62,7 +66,11 @@ pub enum TakeoverError {
     /// A member holds a newer (or equal, other) owner: someone else took over.
     Fenced { member: String, message: String },
     /// Too few members reachable to take over safely.
-    NoQuorum { reached: usize, total: usize, needed: usize },
+    NoQuorum {
+        reached: usize,
+        total: usize,
+        needed: usize,
+    },
     /// A member's record is damaged, or holds another format.
     Record { member: String, error: DecodeError },
     /// Generation space exhausted (u64::MAX): cannot happen by counting.
@@ -77,7 +85,11 @@ impl fmt::Display for TakeoverError {
             TakeoverError::Fenced { member, message } => {
                 write!(f, "{member}: another owner holds this member: {message}")
             }
-            TakeoverError::NoQuorum { reached, total, needed } => write!(
+            TakeoverError::NoQuorum {
+                reached,
+                total,
+                needed,
+            } => write!(
                 f,
                 "only {reached} of {total} members answered; the {} others could run the array \
                  on another host (it runs on {needed}), so ownership is not taken",
@@ -160,8 +172,8 @@ pub fn take_over(
         });
     }
     // 2. One above everything seen.
-    let generation =
-        next_generation(seen.iter().filter_map(|(_, _, r)| r.as_ref())).ok_or(TakeoverError::Exhausted)?;
+    let generation = next_generation(seen.iter().filter_map(|(_, _, r)| r.as_ref()))
+        .ok_or(TakeoverError::Exhausted)?;
     let token = FenceToken {
         array,
         generation,
@@ -236,7 +248,10 @@ pub enum ClaimError {
 pub fn claim_device(dev: &dyn BlockDevice, record: &OwnerRecord) -> Result<(), ClaimError> {
     let io = |e: cairn_block::Error| ClaimError::Io(e.to_string());
     match OwnerRecord::read(dev).map_err(io)? {
-        Ok(Some(r)) if r.token.generation >= record.token.generation && !r.token.same_owner(&record.token) => {
+        Ok(Some(r))
+            if r.token.generation >= record.token.generation
+                && !r.token.same_owner(&record.token) =>
+        {
             return Err(ClaimError::Taken(format!(
                 "generation {} of owner {} is already recorded",
                 r.token.generation, r.token.owner
@@ -292,12 +307,22 @@ mod tests {
     fn claim_refuses_newer_and_damaged_records() {
         let dev = cairn_block::MemDisk::new(1 << 20);
         claim_device(&dev, &rec(5)).unwrap();
-        assert!(matches!(claim_device(&dev, &rec(4)), Err(ClaimError::Taken(_))));
-        assert!(matches!(claim_device(&dev, &rec(5).clone_with_owner("other")), Err(ClaimError::Taken(_))));
+        assert!(matches!(
+            claim_device(&dev, &rec(4)),
+            Err(ClaimError::Taken(_))
+        ));
+        assert!(matches!(
+            claim_device(&dev, &rec(5).clone_with_owner("other")),
+            Err(ClaimError::Taken(_))
+        ));
         claim_device(&dev, &rec(6)).unwrap();
         claim_device(&dev, &rec(6)).unwrap();
-        dev.write_at(&[9u8; 4096], 0, cairn_block::WriteFlags::NONE).unwrap();
-        assert!(matches!(claim_device(&dev, &rec(7)), Err(ClaimError::Taken(_))));
+        dev.write_at(&[9u8; 4096], 0, cairn_block::WriteFlags::NONE)
+            .unwrap();
+        assert!(matches!(
+            claim_device(&dev, &rec(7)),
+            Err(ClaimError::Taken(_))
+        ));
     }
 
     impl OwnerRecord {

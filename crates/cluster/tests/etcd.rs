@@ -18,7 +18,9 @@ const ARRAY: [u8; 16] = *b"array-uuid-etcd1";
 
 #[test]
 fn ownership_is_decided_by_compare_and_swap() {
-    let Some(etcd) = TestEtcd::start() else { return };
+    let Some(etcd) = TestEtcd::start() else {
+        return;
+    };
     let e = Etcd::new(&etcd.url).unwrap();
     let key = owner_key("0001");
     let a = Lease::acquire(&e, &key, b"host-a", TTL).unwrap();
@@ -47,7 +49,9 @@ fn ownership_is_decided_by_compare_and_swap() {
 
 #[test]
 fn a_lease_that_stops_refreshing_freezes_io_and_passes_on() {
-    let Some(etcd) = TestEtcd::start() else { return };
+    let Some(etcd) = TestEtcd::start() else {
+        return;
+    };
     let e = Etcd::new(&etcd.url).unwrap();
     let key = owner_key("0002");
     let mut a = Lease::acquire(&e, &key, b"host-a", TTL).unwrap();
@@ -91,10 +95,14 @@ fn etcd_down_is_a_clear_error() {
 /// test binary again, running `child_owner`); the member server runs here.
 #[test]
 fn an_owner_paused_past_its_lease_cannot_write_a_block() {
-    let Some(etcd) = TestEtcd::start() else { return };
+    let Some(etcd) = TestEtcd::start() else {
+        return;
+    };
     let dev = mem(4 << 20);
     let member = Member::start(dev.clone(), true);
-    let cairn_nbd::Listen::Unix(sock) = &member.listen else { unreachable!() };
+    let cairn_nbd::Listen::Unix(sock) = &member.listen else {
+        unreachable!()
+    };
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_owner", "--nocapture", "--test-threads=1"])
         .env("CAIRN_CHILD_ETCD", &etcd.url)
@@ -105,7 +113,11 @@ fn an_owner_paused_past_its_lease_cannot_write_a_block() {
         .unwrap();
     let pid = child.id().to_string();
     let signal = |sig: &str| {
-        assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+        assert!(Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
     };
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // Wait until the old owner is writing.
@@ -152,7 +164,8 @@ fn an_owner_paused_past_its_lease_cannot_write_a_block() {
     let b = take_over(ARRAY, &owner("host-b", 2), &members, 1, false).unwrap();
     assert_eq!(b.token.generation, 2);
     let bdev = FencedDevice::new(b.members[0].device.clone(), lease.guard());
-    bdev.write_at(&[0xbb; 4096], 1 << 20, WriteFlags::FUA).unwrap();
+    bdev.write_at(&[0xbb; 4096], 1 << 20, WriteFlags::FUA)
+        .unwrap();
     let mut before = vec![0u8; 2 << 20];
     dev.read_at(&mut before, 0).unwrap();
     // Resume the old owner and let it try for a while.
@@ -163,7 +176,10 @@ fn an_owner_paused_past_its_lease_cannot_write_a_block() {
     let refused = drain.join().expect("no late write");
     let mut after = vec![0u8; 2 << 20];
     dev.read_at(&mut after, 0).unwrap();
-    assert!(before == after, "the old owner changed the member after it was fenced");
+    assert!(
+        before == after,
+        "the old owner changed the member after it was fenced"
+    );
     assert!(refused > 0, "the old owner never tried after resuming");
     let rec = OwnerRecord::read(&*dev).unwrap().unwrap().unwrap();
     assert_eq!(rec.token, b.token);
@@ -185,10 +201,8 @@ fn child_owner() {
     let e = Etcd::new(url.to_str().unwrap()).unwrap();
     let lease = Lease::acquire(&e, &owner_key("sigstop"), b"host-a", TTL)
         .unwrap_or_else(|e| fail(e.to_string()));
-    let mut opts = cairn_nbd::client::ClientOptions::new(
-        cairn_nbd::Listen::Unix(sock.into()),
-        "disk",
-    );
+    let mut opts =
+        cairn_nbd::client::ClientOptions::new(cairn_nbd::Listen::Unix(sock.into()), "disk");
     opts.timeout = Some(Duration::from_secs(10));
     let a = take_over(ARRAY, &owner("host-a", 1), &[("m0".into(), opts)], 1, false)
         .unwrap_or_else(|e| fail(e.to_string()));

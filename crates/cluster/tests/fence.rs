@@ -51,7 +51,9 @@ fn a_newer_owner_fences_the_older_at_once() {
     assert!(errno(&e).contains("owned by a/"), "{e}");
     // B raises the generation: A is refused at once, reads included.
     let b = connect(&m, Some(token("b", 2))).unwrap();
-    let e = a.write_at(&[0xab; 4096], 8192, WriteFlags::NONE).unwrap_err();
+    let e = a
+        .write_at(&[0xab; 4096], 8192, WriteFlags::NONE)
+        .unwrap_err();
     assert!(errno(&e).contains("fenced"), "{e}");
     assert!(a.read_at(&mut buf, 8192).is_err());
     assert!(a.flush().is_err());
@@ -102,7 +104,10 @@ fn a_blank_member_without_owner_behaves_as_before() {
     // Now the first 4 KiB hold something that is not a record: the export cannot be
     // fenced, and says so instead of overwriting it.
     let e = connect(&m, Some(token("a", 1))).unwrap_err();
-    assert!(e.is_fenced() && e.to_string().contains("another format"), "{e}");
+    assert!(
+        e.is_fenced() && e.to_string().contains("another format"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -160,10 +165,17 @@ fn no_old_write_lands_after_the_new_owners_first() {
     for t in threads {
         t.join().unwrap();
     }
-    assert_eq!(late.load(Ordering::SeqCst), 0, "old owner writes succeeded after the fence");
+    assert_eq!(
+        late.load(Ordering::SeqCst),
+        0,
+        "old owner writes succeeded after the fence"
+    );
     let mut data = vec![0u8; zone.len()];
     dev.read_at(&mut data, 65536).unwrap();
-    assert!(data == zone, "an old owner's write landed after the new owner's");
+    assert!(
+        data == zone,
+        "an old owner's write landed after the new owner's"
+    );
 }
 
 #[test]
@@ -187,7 +199,9 @@ fn take_over_raises_the_generation_on_every_member() {
         [true, true, false]
     );
     for m in &a.members {
-        m.device.write_at(&[0xaa; 4096], 8192, WriteFlags::NONE).unwrap();
+        m.device
+            .write_at(&[0xaa; 4096], 8192, WriteFlags::NONE)
+            .unwrap();
     }
     let b = take_over(ARRAY, &owner("host-b", 2), &members, 2, false).unwrap();
     assert_eq!(b.token.generation, 2);
@@ -203,13 +217,19 @@ fn take_over_raises_the_generation_on_every_member() {
     // A, knowing it was replaced, takes over again explicitly: generation 3 fences B.
     let a2 = take_over(ARRAY, &owner("host-a", 3), &members, 2, false).unwrap();
     assert_eq!(a2.token.generation, 3);
-    assert!(b.members[0].device.write_at(&[1; 4096], 8192, WriteFlags::NONE).is_err());
+    assert!(b.members[0]
+        .device
+        .write_at(&[1; 4096], 8192, WriteFlags::NONE)
+        .is_err());
 }
 
 #[test]
 fn take_over_needs_a_quorum_of_members() {
     let devs: Vec<_> = (0..3).map(|_| mem(1 << 20)).collect();
-    let mut ms: Vec<_> = devs.iter().map(|d| Member::start(d.clone(), true)).collect();
+    let mut ms: Vec<_> = devs
+        .iter()
+        .map(|d| Member::start(d.clone(), true))
+        .collect();
     let members: Vec<_> = ms
         .iter()
         .enumerate()
@@ -220,7 +240,17 @@ fn take_over_needs_a_quorum_of_members() {
     // RAID5 over 3 runs on 2: with 2 members missing, they could run elsewhere? No, but
     // one reached member is not enough to be sure no one else runs the array.
     let e = take_over(ARRAY, &owner("a", 1), &members, 2, false).unwrap_err();
-    assert!(matches!(e, TakeoverError::NoQuorum { reached: 1, total: 3, needed: 2 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            TakeoverError::NoQuorum {
+                reached: 1,
+                total: 3,
+                needed: 2
+            }
+        ),
+        "{e}"
+    );
     // An operator who knows better forces it.
     let o = take_over(ARRAY, &owner("a", 1), &members, 2, true).unwrap();
     assert_eq!((o.members.len(), o.missing.len()), (1, 2));

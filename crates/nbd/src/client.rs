@@ -1734,8 +1734,7 @@ impl Client {
                 let (more, again) = Client::connect_one(opts)?;
                 if again != fence {
                     return Err(Error::Protocol(
-                        "a second connection to the export answered the fence differently"
-                            .into(),
+                        "a second connection to the export answered the fence differently".into(),
                     ));
                 }
                 if more.info().size != client.info.size || more.info().flags != client.info.flags {

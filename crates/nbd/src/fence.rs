@@ -72,8 +72,7 @@ impl OwnerId {
         if end == 0 {
             return Err("owner node name is empty".into());
         }
-        String::from_utf8(b[..end].to_vec())
-            .map_err(|_| "owner node name is not UTF-8".to_string())
+        String::from_utf8(b[..end].to_vec()).map_err(|_| "owner node name is not UTF-8".to_string())
     }
 }
 
@@ -131,7 +130,9 @@ impl FenceToken {
         };
         let version = be16(0);
         if version != FENCE_VERSION {
-            return Err(format!("fence option version {version} is not {FENCE_VERSION}"));
+            return Err(format!(
+                "fence option version {version} is not {FENCE_VERSION}"
+            ));
         }
         if be16(2) != 0 {
             return Err(format!("fence option flags {:#x} are unknown", be16(2)));
@@ -244,31 +245,43 @@ mod tests {
         let t = token();
         let data = t.encode_option("disk0");
         assert_eq!(data.len(), FENCE_HEADER_LEN + 5);
-        assert_eq!(FenceToken::decode_option(&data).unwrap(), ("disk0".into(), t));
+        assert_eq!(
+            FenceToken::decode_option(&data).unwrap(),
+            ("disk0".into(), t)
+        );
     }
 
     #[test]
     fn malformed_options_are_errors() {
         let good = token().encode_option("d");
         for n in 0..good.len() {
-            assert!(FenceToken::decode_option(&good[..n]).is_err(), "truncated at {n}");
+            assert!(
+                FenceToken::decode_option(&good[..n]).is_err(),
+                "truncated at {n}"
+            );
         }
         let mut bad = good.clone();
         bad[0] = 9;
-        assert!(FenceToken::decode_option(&bad).unwrap_err().contains("version"));
+        assert!(FenceToken::decode_option(&bad)
+            .unwrap_err()
+            .contains("version"));
         let mut bad = good.clone();
         bad[68..72].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(FenceToken::decode_option(&bad).is_err());
         let mut bad = good.clone();
         bad[20..28].fill(0);
-        assert!(FenceToken::decode_option(&bad).unwrap_err().contains("generation 0"));
+        assert!(FenceToken::decode_option(&bad)
+            .unwrap_err()
+            .contains("generation 0"));
         let mut bad = good.clone();
         bad[36..68].fill(0);
         assert!(FenceToken::decode_option(&bad).is_err());
         let mut bad = good;
         bad[40] = 0;
         bad[41] = b'x';
-        assert!(FenceToken::decode_option(&bad).unwrap_err().contains("padding"));
+        assert!(FenceToken::decode_option(&bad)
+            .unwrap_err()
+            .contains("padding"));
         // Random bytes: never a panic.
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for len in 0..300 {

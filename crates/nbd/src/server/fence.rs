@@ -47,11 +47,18 @@ impl Gate {
         self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn load(state: &mut GateState, store: &dyn FenceStore, dev: &dyn BlockDevice) -> Result<(), String> {
+    fn load(
+        state: &mut GateState,
+        store: &dyn FenceStore,
+        dev: &dyn BlockDevice,
+    ) -> Result<(), String> {
         if state.loaded {
             return Ok(());
         }
-        match store.load(dev).map_err(|e| format!("reading the owner record: {e}"))? {
+        match store
+            .load(dev)
+            .map_err(|e| format!("reading the owner record: {e}"))?
+        {
             Stored::Blank => {}
             Stored::Owner(t) => state.current = Some(t),
             Stored::Foreign(what) => {
@@ -120,7 +127,11 @@ impl Gate {
                         c.generation
                     );
                 } else {
-                    tracing::info!("owner {} takes generation {}", token.owner, token.generation);
+                    tracing::info!(
+                        "owner {} takes generation {}",
+                        token.owner,
+                        token.generation
+                    );
                 }
                 s.current = Some(token.clone());
                 Ok(())
