@@ -140,6 +140,9 @@ struct OwnerLine {
     array: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     since: Option<u64>,
+    /// The owner gave the member up cleanly.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    released: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     message: Option<String>,
 }
@@ -170,6 +173,7 @@ fn owner_line(member: &str) -> OwnerLine {
         owner: None,
         array: None,
         since: None,
+        released: false,
         message: None,
     };
     let rec = open(member).and_then(|d| OwnerRecord::read(&*d).map_err(|e| e.to_string()));
@@ -182,6 +186,7 @@ fn owner_line(member: &str) -> OwnerLine {
             l.owner = Some(r.token.owner.to_string());
             l.array = Some(uuid_text(&r.token.array));
             l.since = Some(r.since);
+            l.released = r.released;
         }
         Ok(Err(e)) => {
             l.state = match e {
@@ -204,13 +209,14 @@ pub fn owner(a: &OwnerArgs, global: &Global) -> Result<()> {
         for l in &lines {
             match l.state {
                 "owned" => println!(
-                    "{}: generation {}, owner {}, array {}, since {} ({} s ago)",
+                    "{}: generation {}, owner {}, array {}, since {} ({} s ago){}",
                     l.member,
                     l.generation.unwrap_or(0),
                     l.owner.as_deref().unwrap_or(""),
                     l.array.as_deref().unwrap_or(""),
                     l.since.unwrap_or(0),
                     now.saturating_sub(l.since.unwrap_or(0)),
+                    if l.released { ", released" } else { "" },
                 ),
                 "none" => println!("{}: no owner record (never owned)", l.member),
                 _ => println!("{}: {}", l.member, l.message.as_deref().unwrap_or("")),

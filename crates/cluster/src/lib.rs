@@ -22,4 +22,4 @@ pub use cairn_nbd::fence::{FenceAnswer, FenceToken, OwnerId};
 pub use etcd::Etcd;
 pub use lease::{owner_key, FencedDevice, Lease, LeaseError, LeaseGuard};
 pub use ondisk::{OwnerRecord, RecordStore, RECORD_AREA};
-pub use owner::{take_over, Owned, TakeoverError};
+pub use owner::{release, take_over, Owned, Rules, TakeoverError};

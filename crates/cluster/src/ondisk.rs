@@ -15,7 +15,8 @@
 //!    40   8  instance    random, drawn when the owning process started
 //!    48  32  node        owner's node name, UTF-8, NUL padded
 //!    80   8  since       Unix seconds when this generation was taken
-//!    88  36  reserved    zero
+//!    88   4  flags       bit 0: released (the owner stopped cleanly); others zero
+//!    92  32  reserved    zero
 //!   124   4  checksum    CRC32C of bytes 0..124
 //!   128 ...  zero up to 4096
 //! ```
@@ -38,8 +39,12 @@ const OFF_GENERATION: usize = OFF_ARRAY + 16;
 const OFF_INSTANCE: usize = OFF_GENERATION + 8;
 const OFF_NODE: usize = OFF_INSTANCE + 8;
 const OFF_SINCE: usize = OFF_NODE + NODE_LEN;
-const OFF_RESERVED: usize = OFF_SINCE + 8;
-const OFF_CHECKSUM: usize = OFF_RESERVED + 36;
+const OFF_FLAGS: usize = OFF_SINCE + 8;
+const OFF_RESERVED: usize = OFF_FLAGS + 4;
+const OFF_CHECKSUM: usize = OFF_RESERVED + 32;
+
+/// `flags` bit: the owner gave the member up cleanly; the next owner needs no force.
+pub const FLAG_RELEASED: u32 = 1;
 const _: () = assert!(OFF_CHECKSUM + 4 == RECORD_LEN);
 const _: () = assert!(RECORD_LEN as u64 <= RECORD_AREA);
 
@@ -49,6 +54,8 @@ pub struct OwnerRecord {
     pub token: FenceToken,
     /// Unix seconds when the generation was taken.
     pub since: u64,
+    /// The owner stopped cleanly and gave the member up.
+    pub released: bool,
 }
 
 /// Why bytes are not an owner record.
@@ -91,7 +98,9 @@ impl OwnerRecord {
         b[OFF_GENERATION..OFF_INSTANCE].copy_from_slice(&self.token.generation.to_le_bytes());
         b[OFF_INSTANCE..OFF_NODE].copy_from_slice(&self.token.owner.instance.to_le_bytes());
         b[OFF_NODE..OFF_SINCE].copy_from_slice(&self.token.owner.node_bytes());
-        b[OFF_SINCE..OFF_RESERVED].copy_from_slice(&self.since.to_le_bytes());
+        b[OFF_SINCE..OFF_FLAGS].copy_from_slice(&self.since.to_le_bytes());
+        let flags = if self.released { FLAG_RELEASED } else { 0 };
+        b[OFF_FLAGS..OFF_RESERVED].copy_from_slice(&flags.to_le_bytes());
         let crc = crc32c::crc32c(&b[..OFF_CHECKSUM]);
         b[OFF_CHECKSUM..RECORD_LEN].copy_from_slice(&crc.to_le_bytes());
         b
@@ -126,6 +135,10 @@ impl OwnerRecord {
         if u64::from(len) != RECORD_LEN as u64 {
             return corrupt(format!("length {len} is not {RECORD_LEN}"));
         }
+        let flags = le32(b, OFF_FLAGS);
+        if flags & !FLAG_RELEASED != 0 {
+            return corrupt(format!("unknown flags {flags:#x}"));
+        }
         if b[OFF_RESERVED..OFF_CHECKSUM].iter().any(|&x| x != 0) {
             return corrupt("reserved bytes are not zero".into());
         }
@@ -148,6 +161,7 @@ impl OwnerRecord {
                 },
             },
             since: le64(b, OFF_SINCE),
+            released: flags & FLAG_RELEASED != 0,
         }))
     }
 
@@ -212,10 +226,16 @@ impl FenceStore for RecordStore {
         }
     }
 
-    fn store(&self, dev: &dyn BlockDevice, token: &FenceToken) -> Result<()> {
+    fn store(&self, dev: &dyn BlockDevice, token: &FenceToken, released: bool) -> Result<()> {
+        // A release keeps the time the generation was taken.
+        let since = match OwnerRecord::read(dev)? {
+            Ok(Some(r)) if released && r.token.same_owner(token) => r.since,
+            _ => now_unix(),
+        };
         OwnerRecord {
             token: token.clone(),
-            since: now_unix(),
+            since,
+            released,
         }
         .write(dev)
     }
@@ -233,6 +253,7 @@ mod tests {
                 owner: OwnerId::new("node-a", 0xfeed_beef).unwrap(),
             },
             since: 1_700_000_000,
+            released: false,
         }
     }
 
@@ -246,7 +267,14 @@ mod tests {
         assert_eq!(le64(&b, 32), 7);
         assert_eq!(&b[48..54], b"node-a");
         assert!(b[128..].iter().all(|&x| x == 0));
-        assert_eq!(OwnerRecord::decode(&b).unwrap(), Some(r));
+        assert_eq!(OwnerRecord::decode(&b).unwrap(), Some(r.clone()));
+        let rel = OwnerRecord {
+            released: true,
+            ..r
+        };
+        let b = rel.encode();
+        assert_eq!(le32(&b, 88), 1);
+        assert_eq!(OwnerRecord::decode(&b).unwrap(), Some(rel));
         assert_eq!(OwnerRecord::decode(&[0u8; 4096]).unwrap(), None);
     }
 
@@ -290,6 +318,12 @@ mod tests {
             OwnerRecord::decode(&fix(c)),
             Err(DecodeError::Corrupt(_))
         ));
+        let mut c = b.clone();
+        c[OFF_FLAGS] = 2;
+        assert!(OwnerRecord::decode(&fix(c))
+            .unwrap_err()
+            .to_string()
+            .contains("flags"));
         let mut c = b.clone();
         c[OFF_RESERVED] = 1;
         assert!(OwnerRecord::decode(&fix(c))
@@ -341,7 +375,7 @@ mod tests {
         let dev = cairn_block::MemDisk::new(1 << 20);
         assert_eq!(RecordStore.load(&dev).unwrap(), Stored::Blank);
         let t = record().token;
-        RecordStore.store(&dev, &t).unwrap();
+        RecordStore.store(&dev, &t, false).unwrap();
         assert_eq!(RecordStore.load(&dev).unwrap(), Stored::Owner(t));
         dev.write_at(&[0xab; 4096], 0, WriteFlags::NONE).unwrap();
         assert!(matches!(

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //!   read every member's record (unfenced connection) ─> generation = max + 1
+//!   ─> a record of another owner that did not release it: refused, unless the caller
+//!      says that owner is gone (it holds the etcd lease, or the operator forces it)
 //!   ─> quorum: the members not reached are too few to run the array elsewhere
 //!   ─> connect every member with the token (OPT_CAIRN_FENCE):
 //!        cairn member server: it persists the record and fences older owners (Enforced)
@@ -65,6 +67,13 @@ pub fn quorum(total: usize, reached: usize, needed: usize) -> bool {
 pub enum TakeoverError {
     /// A member holds a newer (or equal, other) owner: someone else took over.
     Fenced { member: String, message: String },
+    /// Another owner holds the members and did not release them (it may still run).
+    Owned {
+        member: String,
+        owner: String,
+        generation: u64,
+        since: u64,
+    },
     /// Too few members reachable to take over safely.
     NoQuorum {
         reached: usize,
@@ -95,6 +104,16 @@ impl fmt::Display for TakeoverError {
                  on another host (it runs on {needed}), so ownership is not taken",
                 total - reached
             ),
+            TakeoverError::Owned {
+                member,
+                owner,
+                generation,
+                since,
+            } => write!(
+                f,
+                "{member}: owned by {owner} (generation {generation}, since {since}), which has \
+                 not released it; if that host is down for good, take over explicitly"
+            ),
             TakeoverError::Record { member, error } => write!(f, "{member}: {error}"),
             TakeoverError::Exhausted => f.write_str("owner generation would overflow"),
             TakeoverError::Member { member, message } => write!(f, "{member}: {message}"),
@@ -123,16 +142,26 @@ pub struct Owned {
     pub missing: Vec<String>,
 }
 
-/// Takes ownership of `array` on remote members for `owner`. `needed` is the fewest
-/// members the array runs on (RAID1: 1, RAID5: n-1, RAID6: n-2); `force` skips the quorum
-/// rule (an operator who knows the missing members are gone).
+/// How a takeover may proceed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rules {
+    /// The fewest members the array runs on (RAID1: 1, RAID5: n-1, RAID6: n-2).
+    pub needed: usize,
+    /// Go on although members are missing (the operator knows they are gone for good).
+    pub force_quorum: bool,
+    /// Fence an owner that did not release the members: the caller knows it is gone
+    /// (it holds the array's etcd lease, or the operator said so).
+    pub replace_owner: bool,
+}
+
+/// Takes ownership of `array` on remote members for `owner`.
 pub fn take_over(
     array: [u8; 16],
     owner: &OwnerId,
     members: &[(String, ClientOptions)],
-    needed: usize,
-    force: bool,
+    rules: Rules,
 ) -> Result<Owned, TakeoverError> {
+    let needed = rules.needed;
     // 1. Read every reachable member's record over an unfenced connection (reads are
     //    never refused to those).
     let mut seen = Vec::new();
@@ -164,7 +193,21 @@ pub fn take_over(
             }
         }
     }
-    if !force && !quorum(members.len(), seen.len(), needed) {
+    if !rules.replace_owner {
+        for (name, _, r) in &seen {
+            if let Some(r) = r {
+                if !r.released && &r.token.owner != owner {
+                    return Err(TakeoverError::Owned {
+                        member: name.clone(),
+                        owner: r.token.owner.to_string(),
+                        generation: r.token.generation,
+                        since: r.since,
+                    });
+                }
+            }
+        }
+    }
+    if !rules.force_quorum && !quorum(members.len(), seen.len(), needed) {
         return Err(TakeoverError::NoQuorum {
             reached: seen.len(),
             total: members.len(),
@@ -182,6 +225,7 @@ pub fn take_over(
     let record = OwnerRecord {
         token: token.clone(),
         since: now_unix(),
+        released: false,
     };
     // 3. Declare it everywhere; any refusal aborts (dropping the clients closes them).
     let mut owned = Vec::new();
@@ -231,6 +275,53 @@ pub fn take_over(
         members: owned,
         missing,
     })
+}
+
+/// Gives the members up at a clean stop: each record stays, marked released, so the next
+/// owner takes over without forcing. Members that cannot be reached keep an unreleased
+/// record (the next owner then has to be told the old one is gone). Returns the members
+/// that could not be released, with why.
+pub fn release(owned: &Owned, members: &[(String, ClientOptions)]) -> Vec<(String, String)> {
+    let mut failed = Vec::new();
+    for m in &owned.members {
+        let r = if m.enforced {
+            match members.iter().find(|(n, _)| n == &m.name) {
+                Some((_, opts)) => release_enforced(opts, &owned.token),
+                None => Err("not among the members given".to_string()),
+            }
+        } else {
+            OwnerRecord {
+                token: owned.token.clone(),
+                since: now_unix(),
+                released: true,
+            }
+            .write(&*m.device)
+            .map_err(|e| e.to_string())
+        };
+        if let Err(e) = r {
+            tracing::warn!(
+                "{}: releasing generation {}: {e}",
+                m.name,
+                owned.token.generation
+            );
+            failed.push((m.name.clone(), e));
+        }
+    }
+    failed
+}
+
+fn release_enforced(opts: &ClientOptions, token: &FenceToken) -> Result<(), String> {
+    let mut hs = cairn_nbd::client::Handshake::connect(&opts.addr, opts.timeout)
+        .map_err(|e| e.to_string())?;
+    cairn_nbd::fence::declare_flags(
+        &mut hs,
+        &opts.export,
+        token,
+        cairn_nbd::fence::FENCE_FLAG_RELEASE,
+    )
+    .map_err(|e| e.to_string())?;
+    let _ = hs.abort();
+    Ok(())
 }
 
 /// Why a record could not be claimed.
@@ -283,6 +374,7 @@ mod tests {
                 owner: OwnerId::new("n", g).unwrap(),
             },
             since: 0,
+            released: false,
         }
     }
 

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_block::{BlockDevice, ErrorKind, WriteFlags};
-use cairn_cluster::{owner_key, take_over, Etcd, FencedDevice, Lease, LeaseError, OwnerRecord};
+use cairn_cluster::{
+    owner_key, take_over, Etcd, FencedDevice, Lease, LeaseError, OwnerRecord, Rules,
+};
 use common::*;
 
 const TTL: Duration = Duration::from_secs(2);
@@ -161,7 +163,13 @@ fn an_owner_paused_past_its_lease_cannot_write_a_block() {
         }
     };
     let members = vec![("m0".to_string(), member.options())];
-    let b = take_over(ARRAY, &owner("host-b", 2), &members, 1, false).unwrap();
+    // B holds the lease, so A is gone as far as B may know: it replaces A's generation.
+    let rules = Rules {
+        needed: 1,
+        replace_owner: true,
+        ..Rules::default()
+    };
+    let b = take_over(ARRAY, &owner("host-b", 2), &members, rules).unwrap();
     assert_eq!(b.token.generation, 2);
     let bdev = FencedDevice::new(b.members[0].device.clone(), lease.guard());
     bdev.write_at(&[0xbb; 4096], 1 << 20, WriteFlags::FUA)
@@ -204,8 +212,17 @@ fn child_owner() {
     let mut opts =
         cairn_nbd::client::ClientOptions::new(cairn_nbd::Listen::Unix(sock.into()), "disk");
     opts.timeout = Some(Duration::from_secs(10));
-    let a = take_over(ARRAY, &owner("host-a", 1), &[("m0".into(), opts)], 1, false)
-        .unwrap_or_else(|e| fail(e.to_string()));
+    let a = take_over(
+        ARRAY,
+        &owner("host-a", 1),
+        &[("m0".into(), opts)],
+        Rules {
+            needed: 1,
+            replace_owner: true,
+            ..Rules::default()
+        },
+    )
+    .unwrap_or_else(|e| fail(e.to_string()));
     let raw: Arc<dyn BlockDevice> = a.members[0].device.clone();
     let dev = FencedDevice::new(raw.clone(), lease.guard());
     let t0 = Instant::now();

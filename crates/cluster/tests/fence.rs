@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_block::{BlockDevice, WriteFlags};
-use cairn_cluster::{take_over, FenceAnswer, FenceToken, OwnerRecord, TakeoverError};
+use cairn_cluster::{
+    release, take_over, FenceAnswer, FenceToken, OwnerRecord, Rules, TakeoverError,
+};
 use cairn_nbd::client::Client;
 use cairn_nbd::proto::EPERM;
 use common::*;
@@ -192,7 +194,11 @@ fn take_over_raises_the_generation_on_every_member() {
         .enumerate()
         .map(|(i, m)| (format!("m{i}"), m.options()))
         .collect();
-    let a = take_over(ARRAY, &owner("host-a", 1), &members, 2, false).unwrap();
+    let rules = Rules {
+        needed: 2,
+        ..Rules::default()
+    };
+    let a = take_over(ARRAY, &owner("host-a", 1), &members, rules).unwrap();
     assert_eq!(a.token.generation, 1);
     assert_eq!(
         a.members.iter().map(|m| m.enforced).collect::<Vec<_>>(),
@@ -203,7 +209,29 @@ fn take_over_raises_the_generation_on_every_member() {
             .write_at(&[0xaa; 4096], 8192, WriteFlags::NONE)
             .unwrap();
     }
-    let b = take_over(ARRAY, &owner("host-b", 2), &members, 2, false).unwrap();
+    // A second host that tries to assemble the same members writable is refused, and A
+    // goes on undisturbed.
+    let e = take_over(ARRAY, &owner("host-b", 2), &members, rules).unwrap_err();
+    assert!(
+        matches!(&e, TakeoverError::Owned { generation: 1, owner, .. } if owner.starts_with("host-a/")),
+        "{e}"
+    );
+    for m in &a.members {
+        m.device
+            .write_at(&[0xac; 4096], 8192, WriteFlags::NONE)
+            .unwrap();
+    }
+    for d in &devs {
+        let r = OwnerRecord::read(&**d).unwrap().unwrap().unwrap();
+        assert_eq!((r.token.generation, r.released), (1, false));
+    }
+    // A stops cleanly and releases; now B takes over without being told to.
+    assert!(release(&a, &members).is_empty());
+    for d in &devs {
+        let r = OwnerRecord::read(&**d).unwrap().unwrap().unwrap();
+        assert_eq!((r.token.generation, r.released), (1, true));
+    }
+    let b = take_over(ARRAY, &owner("host-b", 2), &members, rules).unwrap();
     assert_eq!(b.token.generation, 2);
     // Enforcing members refuse A now; the plain one cannot (that is what etcd is for).
     for m in &a.members {
@@ -214,8 +242,13 @@ fn take_over_raises_the_generation_on_every_member() {
         let r = OwnerRecord::read(&**d).unwrap().unwrap().unwrap();
         assert_eq!(r.token, b.token);
     }
-    // A, knowing it was replaced, takes over again explicitly: generation 3 fences B.
-    let a2 = take_over(ARRAY, &owner("host-a", 3), &members, 2, false).unwrap();
+    // B does not release; A, told B is gone, takes over: generation 3 fences B.
+    assert!(take_over(ARRAY, &owner("host-a", 3), &members, rules).is_err());
+    let replace = Rules {
+        replace_owner: true,
+        ..rules
+    };
+    let a2 = take_over(ARRAY, &owner("host-a", 3), &members, replace).unwrap();
     assert_eq!(a2.token.generation, 3);
     assert!(b.members[0]
         .device
@@ -239,7 +272,11 @@ fn take_over_needs_a_quorum_of_members() {
     ms[1].stop();
     // RAID5 over 3 runs on 2: with 2 members missing, they could run elsewhere? No, but
     // one reached member is not enough to be sure no one else runs the array.
-    let e = take_over(ARRAY, &owner("a", 1), &members, 2, false).unwrap_err();
+    let rules = Rules {
+        needed: 2,
+        ..Rules::default()
+    };
+    let e = take_over(ARRAY, &owner("a", 1), &members, rules).unwrap_err();
     assert!(
         matches!(
             e,
@@ -252,7 +289,11 @@ fn take_over_needs_a_quorum_of_members() {
         "{e}"
     );
     // An operator who knows better forces it.
-    let o = take_over(ARRAY, &owner("a", 1), &members, 2, true).unwrap();
+    let force = Rules {
+        force_quorum: true,
+        ..rules
+    };
+    let o = take_over(ARRAY, &owner("a", 1), &members, force).unwrap();
     assert_eq!((o.members.len(), o.missing.len()), (1, 2));
     let _ = EPERM;
 }

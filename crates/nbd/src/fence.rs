@@ -34,6 +34,10 @@ pub const NODE_LEN: usize = 32;
 /// Bytes of the option payload before the export name.
 pub const FENCE_HEADER_LEN: usize = 72;
 
+/// Option flag: the owner gives the export up (a clean stop). The record stays, marked
+/// released, so the next owner may take over without being told to force it.
+pub const FENCE_FLAG_RELEASE: u16 = 1;
+
 /// Who owns an array: a node (host) name and a random number drawn when the owning
 /// process started, so a restarted owner on the same host is a new owner.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -99,9 +103,14 @@ impl FenceToken {
 
     /// The option payload for export `name` (big-endian, as all of NBD).
     pub fn encode_option(&self, name: &str) -> Vec<u8> {
+        self.encode_option_flags(name, 0)
+    }
+
+    /// The option payload with `flags` ([`FENCE_FLAG_RELEASE`]).
+    pub fn encode_option_flags(&self, name: &str, flags: u16) -> Vec<u8> {
         let mut v = Vec::with_capacity(FENCE_HEADER_LEN + name.len());
         v.extend_from_slice(&FENCE_VERSION.to_be_bytes());
-        v.extend_from_slice(&0u16.to_be_bytes());
+        v.extend_from_slice(&flags.to_be_bytes());
         v.extend_from_slice(&self.array);
         v.extend_from_slice(&self.generation.to_be_bytes());
         v.extend_from_slice(&self.owner.instance.to_be_bytes());
@@ -113,9 +122,9 @@ impl FenceToken {
         v
     }
 
-    /// Parses an option payload into (export name, token). Every malformed input is an
-    /// error message, never a panic.
-    pub fn decode_option(data: &[u8]) -> Result<(String, FenceToken), String> {
+    /// Parses an option payload into (export name, token, flags). Every malformed input is
+    /// an error message, never a panic.
+    pub fn decode_option(data: &[u8]) -> Result<(String, FenceToken, u16), String> {
         if data.len() < FENCE_HEADER_LEN {
             return Err(format!(
                 "fence option is {} bytes, shorter than its {FENCE_HEADER_LEN}-byte header",
@@ -134,8 +143,9 @@ impl FenceToken {
                 "fence option version {version} is not {FENCE_VERSION}"
             ));
         }
-        if be16(2) != 0 {
-            return Err(format!("fence option flags {:#x} are unknown", be16(2)));
+        let flags = be16(2);
+        if flags & !FENCE_FLAG_RELEASE != 0 {
+            return Err(format!("fence option flags {flags:#x} are unknown"));
         }
         let mut array = [0u8; 16];
         array.copy_from_slice(&data[4..20]);
@@ -165,6 +175,7 @@ impl FenceToken {
                 generation,
                 owner: OwnerId { node, instance },
             },
+            flags,
         ))
     }
 }
@@ -189,8 +200,14 @@ pub trait FenceStore: Send + Sync + fmt::Debug {
     fn reserved(&self) -> u64;
     /// Reads the owner area of `dev`.
     fn load(&self, dev: &dyn BlockDevice) -> cairn_block::Result<Stored>;
-    /// Persists `token` as the owner of `dev`, durable before it returns.
-    fn store(&self, dev: &dyn BlockDevice, token: &FenceToken) -> cairn_block::Result<()>;
+    /// Persists `token` as the owner of `dev` (`released`: the owner gave it up), durable
+    /// before it returns.
+    fn store(
+        &self,
+        dev: &dyn BlockDevice,
+        token: &FenceToken,
+        released: bool,
+    ) -> cairn_block::Result<()>;
 }
 
 /// What a server said to a declared token.
@@ -211,8 +228,18 @@ pub fn declare(
     export: &str,
     token: &FenceToken,
 ) -> crate::client::Result<FenceAnswer> {
+    declare_flags(hs, export, token, 0)
+}
+
+/// [`declare`] with option flags: [`FENCE_FLAG_RELEASE`] gives the export up.
+pub fn declare_flags(
+    hs: &mut crate::client::Handshake,
+    export: &str,
+    token: &FenceToken,
+    flags: u16,
+) -> crate::client::Result<FenceAnswer> {
     use crate::proto::{REP_ACK, REP_ERR_UNSUP};
-    let data = token.encode_option(export);
+    let data = token.encode_option_flags(export, flags);
     let mut replies = hs.option(OPT_CAIRN_FENCE, &data)?;
     let last = replies
         .pop()

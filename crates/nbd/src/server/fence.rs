@@ -78,6 +78,7 @@ impl Gate {
         dev: &dyn BlockDevice,
         read_only: bool,
         token: &FenceToken,
+        release: bool,
     ) -> Result<(), Refusal> {
         let policy = |message: String| Refusal {
             reply: REP_ERR_POLICY,
@@ -109,12 +110,30 @@ impl Gate {
                     c.generation, c.owner
                 )))
             }
-            Some(c) if token.same_owner(c) => Ok(()),
+            Some(c) if token.same_owner(c) && !release => Ok(()),
+            Some(c) if token.same_owner(c) => {
+                store.store(dev, token, true).map_err(|e| Refusal {
+                    reply: REP_ERR_POLICY,
+                    message: format!(
+                        "recording the release of generation {}: {e}",
+                        token.generation
+                    ),
+                })?;
+                tracing::info!(
+                    "owner {} releases generation {}",
+                    token.owner,
+                    token.generation
+                );
+                Ok(())
+            }
+            _ if release => Err(policy(
+                "only the current owner can release an export".into(),
+            )),
             _ if read_only => Err(policy(
                 "the export is read-only: a new owner generation cannot be recorded".into(),
             )),
             _ => {
-                store.store(dev, token).map_err(|e| Refusal {
+                store.store(dev, token, false).map_err(|e| Refusal {
                     reply: REP_ERR_POLICY,
                     message: format!("recording generation {}: {e}", token.generation),
                 })?;
@@ -201,7 +220,7 @@ impl super::handshake::Handshake<'_> {
     /// `OPT_CAIRN_FENCE`: admits the declared owner on the named export, or refuses it.
     pub(super) fn fence_option(&mut self, data: &[u8]) -> std::io::Result<()> {
         const OPT: u32 = crate::fence::OPT_CAIRN_FENCE;
-        let (name, token) = match FenceToken::decode_option(data) {
+        let (name, token, flags) = match FenceToken::decode_option(data) {
             Ok(v) => v,
             Err(m) => return self.error(OPT, REP_ERR_INVALID, &m),
         };
@@ -211,10 +230,13 @@ impl super::handshake::Handshake<'_> {
         let Some(e) = self.shared.find(&name) else {
             return self.error(OPT, REP_ERR_UNKNOWN, &format!("no export named {name:?}"));
         };
-        match e
-            .gate
-            .admit(&*store, &*e.export.device, e.export.read_only, &token)
-        {
+        match e.gate.admit(
+            &*store,
+            &*e.export.device,
+            e.export.read_only,
+            &token,
+            flags & crate::fence::FENCE_FLAG_RELEASE != 0,
+        ) {
             Ok(()) => {
                 tracing::info!(
                     "{}: owner {} generation {} on export {:?}",
