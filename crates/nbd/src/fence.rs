@@ -274,8 +274,17 @@ mod tests {
         assert_eq!(data.len(), FENCE_HEADER_LEN + 5);
         assert_eq!(
             FenceToken::decode_option(&data).unwrap(),
-            ("disk0".into(), t)
+            ("disk0".into(), t.clone(), 0)
         );
+        let data = t.encode_option_flags("d", FENCE_FLAG_RELEASE);
+        assert_eq!(
+            FenceToken::decode_option(&data).unwrap().2,
+            FENCE_FLAG_RELEASE
+        );
+        let data = t.encode_option_flags("d", 2);
+        assert!(FenceToken::decode_option(&data)
+            .unwrap_err()
+            .contains("flags"));
     }
 
     #[test]
