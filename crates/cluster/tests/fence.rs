@@ -297,3 +297,104 @@ fn take_over_needs_a_quorum_of_members() {
     assert_eq!((o.members.len(), o.missing.len()), (1, 2));
     let _ = EPERM;
 }
+
+/// A member server that is not cairn's: it stores the record like any bytes and cannot
+/// refuse an old owner (docs/fencing.md: there, the etcd lease is the protection).
+struct External {
+    child: std::process::Child,
+    sock: std::path::PathBuf,
+    _dir: TempDir,
+}
+
+impl External {
+    fn start(tool: &str) -> Option<External> {
+        if !std::path::Path::new(&format!("/usr/bin/{tool}")).exists() {
+            eprintln!("\n*** SKIPPED: {tool} is not installed (scripts/install-deps.sh installs it) ***\n");
+            return None;
+        }
+        let dir = TempDir::new(tool);
+        let file = dir.path().join("disk.img");
+        std::fs::File::create(&file)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let sock = dir.path().join("nbd.sock");
+        let mut cmd = std::process::Command::new(tool);
+        match tool {
+            "nbdkit" => cmd.arg("-f").arg("-U").arg(&sock).arg("file").arg(&file),
+            _ => cmd
+                .arg("-k")
+                .arg(&sock)
+                .args(["-f", "raw", "-x", "disk", "-t", "-e", "8"])
+                .arg(&file),
+        };
+        let child = cmd
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while !sock.exists() && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(sock.exists(), "{tool} did not start");
+        Some(External {
+            child,
+            sock,
+            _dir: dir,
+        })
+    }
+
+    fn options(&self) -> cairn_nbd::client::ClientOptions {
+        cairn_nbd::client::ClientOptions::new(cairn_nbd::Listen::Unix(self.sock.clone()), "disk")
+    }
+}
+
+impl Drop for External {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn nbdkit_and_qemu_nbd_members_carry_the_record_but_cannot_enforce() {
+    for tool in ["nbdkit", "qemu-nbd"] {
+        let Some(ext) = External::start(tool) else {
+            continue;
+        };
+        let members = vec![(tool.to_string(), ext.options())];
+        let rules = Rules {
+            needed: 1,
+            ..Rules::default()
+        };
+        let a = take_over(ARRAY, &owner("host-a", 1), &members, rules).unwrap();
+        assert!(!a.members[0].enforced, "{tool}");
+        let r = OwnerRecord::read(&*a.members[0].device)
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.token, a.token, "{tool}");
+        // The record still turns a second host away.
+        let e = take_over(ARRAY, &owner("host-b", 2), &members, rules).unwrap_err();
+        assert!(matches!(e, TakeoverError::Owned { .. }), "{tool}: {e}");
+        // Replaced: the record moves on, but the server lets the old owner write.
+        let replace = Rules {
+            replace_owner: true,
+            ..rules
+        };
+        let b = take_over(ARRAY, &owner("host-b", 2), &members, replace).unwrap();
+        assert_eq!(b.token.generation, 2);
+        a.members[0]
+            .device
+            .write_at(&[0xaa; 4096], 8192, WriteFlags::NONE)
+            .unwrap();
+        // Clean stop: released on the member itself.
+        assert!(release(&b, &members).is_empty());
+        let r = OwnerRecord::read(&*b.members[0].device)
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(r.released && r.token == b.token, "{tool}");
+    }
+}
