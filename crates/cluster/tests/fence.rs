@@ -398,3 +398,29 @@ fn nbdkit_and_qemu_nbd_members_carry_the_record_but_cannot_enforce() {
         assert!(r.released && r.token == b.token, "{tool}");
     }
 }
+
+#[test]
+fn a_damaged_record_stops_writers_but_not_readers() {
+    let dev = mem(1 << 20);
+    let mut rec = OwnerRecord {
+        token: token("a", 3),
+        since: 1,
+        released: false,
+    }
+    .encode();
+    rec[40] ^= 1; // the instance: checksum no longer matches
+    dev.write_at(&rec, 0, WriteFlags::NONE).unwrap();
+    let m = Member::start(dev.clone(), true);
+    let c = connect(&m, None).unwrap();
+    let mut buf = vec![0u8; 4096];
+    c.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, rec);
+    let e = c.write_at(&[1; 4096], 65536, WriteFlags::NONE).unwrap_err();
+    assert!(e.to_string().contains("damaged"), "{e}");
+    let e = connect(&m, Some(token("b", 9))).unwrap_err();
+    assert!(e.is_fenced() && e.to_string().contains("damaged"), "{e}");
+    // The record is left as it was, for the operator.
+    let mut now = vec![0u8; 4096];
+    dev.read_at(&mut now, 0).unwrap();
+    assert_eq!(now, rec);
+}

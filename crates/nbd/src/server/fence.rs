@@ -31,6 +31,9 @@ pub(super) struct GateState {
     foreign: bool,
     /// The newest owner admitted or persisted.
     current: Option<FenceToken>,
+    /// The record is damaged (what is wrong): nobody may write until an operator looks,
+    /// but plain clients may still read (to inspect it, among others).
+    damaged: Option<String>,
 }
 
 /// Why an admission was refused: the option error reply and its message.
@@ -55,10 +58,18 @@ impl Gate {
         if state.loaded {
             return Ok(());
         }
-        match store
-            .load(dev)
-            .map_err(|e| format!("reading the owner record: {e}"))?
-        {
+        let stored = match store.load(dev) {
+            Ok(s) => s,
+            Err(e) if e.kind() == cairn_block::ErrorKind::Corrupt => {
+                tracing::error!("export's owner record is damaged: {e}; writes are refused");
+                state.damaged = Some(e.to_string());
+                state.loaded = true;
+                return Ok(());
+            }
+            // Transient (an I/O error): tried again by the next request.
+            Err(e) => return Err(format!("reading the owner record: {e}")),
+        };
+        match stored {
             Stored::Blank => {}
             Stored::Owner(t) => state.current = Some(t),
             Stored::Foreign(what) => {
@@ -90,8 +101,14 @@ impl Gate {
         if s.current.is_none() {
             s.loaded = false;
             s.foreign = false;
+            s.damaged = None;
         }
         Gate::load(&mut s, store, dev).map_err(policy)?;
+        if let Some(d) = &s.damaged {
+            return Err(policy(format!(
+                "the owner record is damaged ({d}); `cairn md owner` shows it"
+            )));
+        }
         if s.foreign {
             return Err(policy(
                 "this export's first bytes hold another format, so it cannot carry an owner \
@@ -182,6 +199,12 @@ impl Gate {
             return Ok(Some(s));
         }
         let writes = matches!(kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+        if let Some(d) = &s.damaged {
+            if writes || token.is_some() {
+                return Err((EPERM, format!("the owner record is damaged: {d}")));
+            }
+            return Ok(Some(s));
+        }
         match (token, &s.current) {
             (Some(t), Some(c)) if t.same_owner(c) => {}
             (Some(t), c) => {
