@@ -32,6 +32,7 @@ needed=(
   "xz xz-utils"
   "file file"       # tests/interop/cairn_bench.sh: the plots are real PNG and SVG
   "ip iproute2"     # tests/interop/remote.sh: member servers in network namespaces
+  "etcd etcd-server" # crates/cluster tests and tests/interop/fence.sh start their own etcd
 )
 
 missing=()

@@ -48,6 +48,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod fence;
 pub mod global;
 pub mod hooks;
 pub mod listen;

@@ -73,6 +73,9 @@ pub enum MdCommand {
     /// Scrub a served array and rewrite what does not match (md's repair)
     #[command(long_about = crate::md_manage::REPAIR_LONG)]
     Repair(crate::md_manage::MdScrubArgs),
+
+    /// Show each member's owner record: generation, owner, since when (docs/fencing.md)
+    Owner(crate::fence::OwnerArgs),
 }
 
 pub(crate) const MD_CREATE_LONG: &str = "\
@@ -303,6 +306,7 @@ pub fn run(cmd: MdCommand, global: &Global) -> Result<()> {
         MdCommand::Replace(a) => crate::md_manage::replace(&a, global),
         MdCommand::Check(a) => crate::md_manage::scrub(&a, false, global),
         MdCommand::Repair(a) => crate::md_manage::scrub(&a, true, global),
+        MdCommand::Owner(a) => crate::fence::owner(&a, global),
     }
 }
 

@@ -279,6 +279,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
                 "lvs": exports.iter().map(|e| e.name.clone()).collect::<Vec<_>>(),
             })),
         })),
+        fence: None,
     };
     let opts = ServerOptions {
         listen: listens.clone(),

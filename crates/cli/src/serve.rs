@@ -15,6 +15,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::thread;
 
 use cairn_block::BlockDevice;
@@ -41,6 +42,8 @@ pub struct Extras {
     pub preamble: Vec<String>,
     /// Printed after the example commands.
     pub epilogue: Vec<String>,
+    /// Owner records this server keeps and enforces (fence.rs).
+    pub fence: Option<Arc<dyn cairn_nbd::fence::FenceStore>>,
     /// Added to the JSON object as "quickstart".
     pub json: Option<serde_json::Value>,
 }
@@ -91,7 +94,25 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
     } else {
         args.server.listen.clone()
     };
-    serve(opened, listens, &args.server, global, Extras::default())
+    // Owner records and etcd leases (fence.rs); held until serving ends.
+    let plain = opened.iter().all(|e| {
+        e.md().is_none()
+            && e.luks().is_none()
+            && e.lvm().is_none()
+            && !cairn_stack::leaf::is_remote(&e.path)
+    });
+    let fencing = match crate::fence::setup(&args.fencing, plain, &mut opened) {
+        Ok(f) => f,
+        Err(e) => {
+            cairn_stack::spec::close_all(&opened);
+            return Err(e);
+        }
+    };
+    let extras = Extras {
+        fence: fencing.store.clone(),
+        ..Extras::default()
+    };
+    serve(opened, listens, &args.server, global, extras)
 }
 
 /// How `serve` opens its stacks: its flags, the daemon's counters, the terminal for
@@ -198,6 +219,7 @@ pub fn serve(
     config.threads_per_connection = usize::from(opts.threads);
     config.max_connections = usize::try_from(opts.max_connections).unwrap_or(usize::MAX);
     config.client_timeout = std::time::Duration::from_secs(opts.client_timeout);
+    config.fence = extras.fence.clone();
     let server = Server::new(config).map_err(|e| CliError::new(e.to_string()))?;
     let listeners = server
         .bind(&listens)
@@ -900,6 +922,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub member_timeout: u64,
+
+    #[command(flatten)]
+    pub fencing: crate::fence::FenceOptions,
 }
 
 /// How to serve, shared by `serve` and `quickstart`.

@@ -80,6 +80,14 @@ impl Error {
             _ => None,
         }
     }
+    /// A member server refused the declared owner token: a newer owner holds the export.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Error::Option { option, reply, .. }
+            if *option == crate::fence::OPT_CAIRN_FENCE && *reply == REP_ERR_POLICY)
+            || matches!(self, Error::Request { errno, message, .. }
+            if *errno == EPERM && message.starts_with("fenced"))
+    }
+
     /// The reply type of a refused option.
     pub fn option_reply(&self) -> Option<u32> {
         match self {
@@ -351,6 +359,10 @@ pub struct ClientOptions {
     /// one). Each keeps many requests in flight; more spread them over the server's
     /// connection threads.
     pub connections: usize,
+    /// The array owner this client writes for: declared on every connection before
+    /// `NBD_OPT_GO` (crate::fence). A cairn member server that holds a newer owner refuses
+    /// the connection; one that does not enforce is reported by [`Client::fence`].
+    pub fence: Option<crate::fence::FenceToken>,
 }
 
 impl ClientOptions {
@@ -363,6 +375,7 @@ impl ClientOptions {
             meta_base_allocation: true,
             timeout: Some(Duration::from_secs(30)),
             connections: 4,
+            fence: None,
         }
     }
 
@@ -1713,17 +1726,25 @@ pub struct Client {
     info: ExportInfo,
     /// The context id the server gave `base:allocation`, if negotiated.
     base_allocation: Option<u32>,
+    /// What the server said to the declared owner token.
+    fence: Option<crate::fence::FenceAnswer>,
 }
 
 impl Client {
     /// Handshakes and enters transmission as `opts` asks, on one connection or, when the
     /// server offers multi-conn, on `opts.connections`.
     pub fn connect(opts: &ClientOptions) -> Result<Client> {
-        let first = Client::connect_one(opts)?;
+        let (first, fence) = Client::connect_one(opts)?;
         let mut client = Client::from_connection(first)?;
+        client.fence = fence;
         if client.info.has(FLAG_CAN_MULTI_CONN) {
             for _ in 1..opts.connections.max(1) {
-                let more = Client::connect_one(opts)?;
+                let (more, again) = Client::connect_one(opts)?;
+                if again != fence {
+                    return Err(Error::Protocol(
+                        "a second connection to the export answered the fence differently".into(),
+                    ));
+                }
                 if more.info().size != client.info.size || more.info().flags != client.info.flags {
                     return Err(Error::Protocol(
                         "a second connection to the export saw a different export".into(),
@@ -1735,15 +1756,21 @@ impl Client {
         Ok(client)
     }
 
-    fn connect_one(opts: &ClientOptions) -> Result<Connection> {
+    fn connect_one(
+        opts: &ClientOptions,
+    ) -> Result<(Connection, Option<crate::fence::FenceAnswer>)> {
         let mut hs = Handshake::connect(&opts.addr, opts.timeout)?;
+        let fence = match &opts.fence {
+            Some(t) => Some(crate::fence::declare(&mut hs, &opts.export, t)?),
+            None => None,
+        };
         if opts.structured || opts.meta_base_allocation {
             hs.structured_replies()?;
         }
         if opts.meta_base_allocation {
             hs.meta_context(true, &opts.export, &[BASE_ALLOCATION])?;
         }
-        hs.go(&opts.export)
+        Ok((hs.go(&opts.export)?, fence))
     }
 
     /// A client over one connection already in transmission.
@@ -1755,7 +1782,14 @@ impl Client {
             next: AtomicUsize::new(0),
             info,
             base_allocation,
+            fence: None,
         })
+    }
+
+    /// Whether the server enforces the owner token of [`ClientOptions::fence`] (`None`:
+    /// no token was declared).
+    pub fn fence(&self) -> Option<crate::fence::FenceAnswer> {
+        self.fence
     }
 
     /// (name, description) of every export at `addr`, via `NBD_OPT_LIST`.

@@ -14,6 +14,8 @@ pub(super) struct ExportEntry {
     pub(super) flags: u16,
     /// What requests are checked against: the size and the advertised minimum block.
     pub(super) geometry: cairn_block::Geometry,
+    /// The newest owner generation (fence.rs), when the server enforces them.
+    pub(super) gate: super::fence::Gate,
 }
 
 impl ExportEntry {
@@ -62,6 +64,7 @@ impl ExportEntry {
             max_block,
             flags,
             export,
+            gate: super::fence::Gate::default(),
         }
     }
 }

@@ -2,11 +2,15 @@
 
 use super::*;
 
+use crate::fence::{FenceToken, OPT_CAIRN_FENCE};
+
 /// What the handshake settled on.
 pub(super) struct Session {
     pub(super) export: Arc<ExportEntry>,
     pub(super) structured: bool,
     pub(super) base_allocation: bool,
+    /// The owner token the client declared for this export (fence.rs), if admitted.
+    pub(super) fence: Option<FenceToken>,
 }
 
 enum Next {
@@ -25,6 +29,8 @@ pub(super) struct Handshake<'a> {
     pub(super) structured: bool,
     /// Export name the meta contexts were set for, and whether base:allocation is on.
     pub(super) meta: Option<(String, bool)>,
+    /// The export and owner token an `OPT_CAIRN_FENCE` admitted.
+    pub(super) fence: Option<(String, FenceToken)>,
 }
 
 pub(super) fn read_exact_or_eof(r: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
@@ -53,13 +59,13 @@ fn drain(r: &mut impl Read, mut n: u64) -> io::Result<()> {
 }
 
 impl Handshake<'_> {
-    fn reply(&mut self, option: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+    pub(super) fn reply(&mut self, option: u32, kind: u32, data: &[u8]) -> io::Result<()> {
         let len = u32::try_from(data.len()).map_err(|_| io::ErrorKind::InvalidData)?;
         let h = encode_option_reply_header(option, kind, len);
         write_all_vectored(self.writer, &mut [IoSlice::new(&h), IoSlice::new(data)])
     }
 
-    fn error(&mut self, option: u32, kind: u32, msg: &str) -> io::Result<()> {
+    pub(super) fn error(&mut self, option: u32, kind: u32, msg: &str) -> io::Result<()> {
         tracing::debug!("{}: option {option}: {msg}", self.peer);
         let msg = &msg.as_bytes()[..msg.len().min(MAX_STRING)];
         self.reply(option, kind, msg)
@@ -140,10 +146,17 @@ impl Handshake<'_> {
             }
             None => false,
         };
+        let fence = self.fence.as_ref().and_then(|(name, token)| {
+            self.shared
+                .find(name)
+                .is_some_and(|e| Arc::ptr_eq(&e, &export))
+                .then(|| token.clone())
+        });
         Session {
             export,
             structured: self.structured,
             base_allocation,
+            fence,
         }
     }
 
@@ -260,6 +273,10 @@ impl Handshake<'_> {
                     self.structured = true;
                     self.reply(option, REP_ACK, &[])?;
                 }
+                Ok(Next::Continue)
+            }
+            OPT_CAIRN_FENCE if self.shared.fence.is_some() => {
+                self.fence_option(data)?;
                 Ok(Next::Continue)
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {

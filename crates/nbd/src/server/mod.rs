@@ -28,6 +28,7 @@
 mod accept;
 mod budget;
 mod exports;
+mod fence;
 mod handshake;
 mod pool;
 mod transmission;
@@ -135,6 +136,9 @@ pub struct ServerConfig {
     pub max_in_flight: usize,
     /// How long a shutdown waits for connections to finish in-flight requests.
     pub shutdown_grace: Duration,
+    /// Enforce owner generations (the member-server role, crate::fence): `None` answers
+    /// the fence option as unknown and checks nothing.
+    pub fence: Option<Arc<dyn crate::fence::FenceStore>>,
 }
 
 impl ServerConfig {
@@ -148,6 +152,7 @@ impl ServerConfig {
             client_timeout: Duration::from_secs(30),
             max_in_flight: MAX_IN_FLIGHT,
             shutdown_grace: Duration::from_secs(10),
+            fence: None,
         }
     }
 }
@@ -198,6 +203,8 @@ struct Shared {
     /// Server-wide budget of request and reply buffers.
     in_flight: Arc<Budget>,
     grace: Duration,
+    /// Where owner generations are persisted, when this server enforces them.
+    fence: Option<Arc<dyn crate::fence::FenceStore>>,
     shutdown: AtomicBool,
     next_id: AtomicU64,
     /// Live connections, for shutdown and removal: a handle that can stop their reads,
@@ -307,6 +314,7 @@ impl Server {
                 client_timeout: config.client_timeout.max(Duration::from_millis(1)),
                 in_flight: Budget::new(config.max_in_flight),
                 grace: config.shutdown_grace,
+                fence: config.fence,
                 shutdown: AtomicBool::new(false),
                 next_id: AtomicU64::new(1),
                 conns: Mutex::new(HashMap::new()),

@@ -76,6 +76,8 @@ struct Transmission {
     flags: u16,
     structured: bool,
     base_allocation: bool,
+    /// The owner token this connection declared (fence.rs).
+    fence: Option<crate::fence::FenceToken>,
     closing: AtomicBool,
     peer: String,
     wrote: AtomicBool,
@@ -131,6 +133,7 @@ pub(super) fn serve_connection(
         no_zeroes: false,
         structured: false,
         meta: None,
+        fence: None,
     };
     let session = match hs.run() {
         Ok(Some(s)) => s,
@@ -178,6 +181,7 @@ pub(super) fn serve_connection(
         flags,
         structured: session.structured,
         base_allocation: session.base_allocation,
+        fence: session.fence,
         closing: AtomicBool::new(false),
         peer: peer.to_string(),
         wrote: AtomicBool::new(false),
@@ -229,6 +233,8 @@ impl Transmission {
     /// Runs one request on a pool worker and sends its reply.
     fn answer(&self, req: &Request, verdict: Result<(), Failure>, mut buf: Vec<u8>, holds: Holds) {
         let result = verdict.and_then(|()| {
+            // Held while the request runs: a new owner's admission waits for it.
+            let _pass = self.fence_check(req)?;
             catch_unwind(AssertUnwindSafe(|| self.execute(req, &mut buf))).unwrap_or_else(|_| {
                 Err(Failure::new(
                     EIO,
@@ -249,6 +255,24 @@ impl Transmission {
         }
         self.give_back(buf);
         drop(holds);
+    }
+
+    /// Lets the request through the export's owner gate when the server fences.
+    fn fence_check(&self, req: &Request) -> Result<super::fence::Pass<'_>, Failure> {
+        let Some(store) = &self.shared.fence else {
+            return Ok(None);
+        };
+        self.export
+            .gate
+            .check(
+                &**store,
+                &*self.export.export.device,
+                self.fence.as_ref(),
+                req.kind,
+                req.offset,
+                u64::from(req.length),
+            )
+            .map_err(|(errno, message)| Failure::new(errno, message))
     }
 
     fn spare_buffer(&self) -> Vec<u8> {

@@ -1,0 +1,311 @@
+//! Ownership of an array as an etcd lease, and the device wrapper that stops I/O the
+//! moment the lease may have run out.
+//!
+//! ```text
+//!   Lease::acquire: grant(TTL) ─> txn: create /cairn/arrays/<uuid>/owner if absent
+//!       ├─ succeeded: ours; a thread refreshes the lease every TTL/3
+//!       └─ failed: held by someone else (their value is returned; our lease is revoked)
+//!   deadline = (when the last successful grant/keepalive was *sent*) + TTL - margin
+//!   FencedDevice: every read, write and flush checks the deadline first
+//! ```
+//!
+//! The deadline counts from before the request left, so however long etcd or the network
+//! took, etcd's own countdown started later than ours. After a pause (SIGSTOP, a VM
+//! freeze, a long GC-like stall) the first thing the process does is compare the clock
+//! with the deadline, before any write: a resumed old owner sends nothing. Its members,
+//! where a cairn server serves them, would refuse it anyway (the new owner raised the
+//! generation): a lease alone is not a lock, the generation is what the data path checks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use cairn_block::{
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, Geometry, Result, WriteFlags,
+};
+
+use crate::etcd::{Created, Etcd, EtcdError, KeyValue};
+
+/// The etcd key that says who owns array `uuid` (its text form).
+pub fn owner_key(uuid: &str) -> String {
+    format!("/cairn/arrays/{uuid}/owner")
+}
+
+/// Why a lease was not acquired.
+#[derive(Debug)]
+pub enum LeaseError {
+    /// Another owner holds the key (its value, e.g. its owner id).
+    Held(KeyValue),
+    Etcd(EtcdError),
+}
+
+impl std::fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeaseError::Held(kv) => write!(
+                f,
+                "the array is owned by {} (etcd lease {:x})",
+                String::from_utf8_lossy(&kv.value),
+                kv.lease
+            ),
+            LeaseError::Etcd(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+impl From<EtcdError> for LeaseError {
+    fn from(e: EtcdError) -> LeaseError {
+        LeaseError::Etcd(e)
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    /// After this instant the lease may have expired in etcd.
+    deadline: Instant,
+    /// etcd said the lease is gone, or the holder gave it up.
+    lost: bool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    etcd: Etcd,
+    key: String,
+    id: i64,
+    ttl: Duration,
+    state: Mutex<State>,
+    stop: AtomicBool,
+    wake: Condvar,
+}
+
+/// The margin kept below the TTL for clock-rate differences between hosts.
+fn margin(ttl: Duration) -> Duration {
+    (ttl / 10).max(Duration::from_millis(100)).min(ttl / 2)
+}
+
+impl Inner {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn valid_until(&self) -> Option<Instant> {
+        let s = self.state();
+        (!s.lost).then_some(s.deadline)
+    }
+
+    fn is_valid(&self) -> bool {
+        self.valid_until().is_some_and(|d| Instant::now() < d)
+    }
+
+    fn keepalive_loop(self: Arc<Inner>) {
+        let period = self.ttl / 3;
+        loop {
+            {
+                let s = self.state();
+                let (s, _) = self
+                    .wake
+                    .wait_timeout_while(s, period, |_| !self.stop.load(Ordering::Acquire))
+                    .unwrap_or_else(|p| p.into_inner());
+                if self.stop.load(Ordering::Acquire) || s.lost {
+                    return;
+                }
+            }
+            let sent = Instant::now();
+            match self.etcd.keepalive(self.id) {
+                Ok(0) => {
+                    tracing::error!(
+                        "etcd lease {:x} for {} expired: I/O is frozen",
+                        self.id,
+                        self.key
+                    );
+                    self.state().lost = true;
+                    return;
+                }
+                Ok(ttl) => {
+                    let ttl = Duration::from_secs(ttl);
+                    let mut s = self.state();
+                    s.deadline = s.deadline.max(sent + ttl - margin(ttl));
+                }
+                Err(e) => {
+                    // Keep trying until the deadline; I/O stops by itself when it passes.
+                    tracing::warn!("etcd lease {:x} keepalive: {e}", self.id);
+                }
+            }
+        }
+    }
+}
+
+/// Ownership held in etcd. Dropping it revokes the lease (the key goes with it).
+#[derive(Debug)]
+pub struct Lease {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Lease {
+    /// Takes `key` with `value` under a new lease of `ttl` (whole seconds, at least 1),
+    /// only through a successful create-if-absent transaction.
+    pub fn acquire(
+        etcd: &Etcd,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> std::result::Result<Lease, LeaseError> {
+        let secs = ttl.as_secs().max(1);
+        // Keepalives wait at most a third of the TTL for an answer.
+        let etcd = etcd.clone().with_timeout(Duration::from_secs(secs) / 3);
+        let sent = Instant::now();
+        let (id, granted) = etcd.grant(secs)?;
+        let created = match etcd.create_if_absent(key.as_bytes(), value, id) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = etcd.revoke(id);
+                return Err(e.into());
+            }
+        };
+        if let Created::Exists(kv) = created {
+            let _ = etcd.revoke(id);
+            return Err(LeaseError::Held(kv));
+        }
+        let ttl = Duration::from_secs(granted);
+        let inner = Arc::new(Inner {
+            etcd,
+            key: key.to_string(),
+            id,
+            ttl,
+            state: Mutex::new(State {
+                deadline: sent + ttl - margin(ttl),
+                lost: false,
+            }),
+            stop: AtomicBool::new(false),
+            wake: Condvar::new(),
+        });
+        let i = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("etcd-lease".into())
+            .spawn(move || i.keepalive_loop())
+            .map_err(|e| LeaseError::Etcd(EtcdError::Io(format!("keepalive thread: {e}"))))?;
+        tracing::info!("took {key} with etcd lease {id:x} (TTL {granted} s)");
+        Ok(Lease {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn id(&self) -> i64 {
+        self.inner.id
+    }
+
+    pub fn key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// Until when I/O may go on; `None` once the lease is known lost.
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.inner.valid_until()
+    }
+
+    pub fn is_valid(&self) -> bool {
+        self.inner.is_valid()
+    }
+
+    /// A check the data path calls before each I/O.
+    pub fn guard(&self) -> LeaseGuard {
+        LeaseGuard(self.inner.clone())
+    }
+
+    /// Stops refreshing without revoking, as a paused or partitioned owner would: the
+    /// lease runs out in etcd. For tests of expiry.
+    #[doc(hidden)]
+    pub fn stop_keepalive(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.stop_keepalive();
+        let lost = std::mem::replace(&mut self.inner.state().lost, true);
+        if !lost {
+            if let Err(e) = self.inner.etcd.revoke(self.inner.id) {
+                tracing::warn!("revoking etcd lease {:x}: {e}", self.inner.id);
+            }
+        }
+    }
+}
+
+/// A cheap, cloneable view of a lease's validity.
+#[derive(Debug, Clone)]
+pub struct LeaseGuard(Arc<Inner>);
+
+impl LeaseGuard {
+    /// Ok while the lease is certainly still ours.
+    pub fn check(&self, what: &str) -> Result<()> {
+        if self.0.is_valid() {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::ReadOnly,
+            format!(
+                "{what}: ownership lease {} ({:x}) lost or expired; I/O is frozen",
+                self.0.key, self.0.id
+            ),
+        ))
+    }
+}
+
+/// A device whose every I/O first checks that the ownership lease is still valid. Put it
+/// under the array, on each member, so no member I/O leaves once the deadline passed.
+#[derive(Debug)]
+pub struct FencedDevice {
+    inner: Arc<dyn BlockDevice>,
+    lease: LeaseGuard,
+}
+
+impl FencedDevice {
+    pub fn new(inner: Arc<dyn BlockDevice>, lease: LeaseGuard) -> FencedDevice {
+        FencedDevice { inner, lease }
+    }
+}
+
+impl BlockDevice for FencedDevice {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.lease.check("read")?;
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.lease.check("write")?;
+        self.inner.write_at(buf, offset, flags)
+    }
+    fn flush(&self) -> Result<()> {
+        self.lease.check("flush")?;
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.lease.check("discard")?;
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.lease.check("write zeroes")?;
+        self.inner.write_zeroes(offset, len, flags)
+    }
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.inner.extents(offset, len)
+    }
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.cache(offset, len)
+    }
+}

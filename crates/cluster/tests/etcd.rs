@@ -1,0 +1,250 @@
+//! The ownership lease against a real etcd started by the test (skipped loudly when the
+//! etcd binary is missing; scripts/install-deps.sh installs it, and CAIRN_REQUIRE_ETCD=1
+//! turns the skip into a failure).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_block::{BlockDevice, ErrorKind, WriteFlags};
+use cairn_cluster::{
+    owner_key, take_over, Etcd, FencedDevice, Lease, LeaseError, OwnerRecord, Rules,
+};
+use common::*;
+
+const TTL: Duration = Duration::from_secs(2);
+const ARRAY: [u8; 16] = *b"array-uuid-etcd1";
+
+#[test]
+fn ownership_is_decided_by_compare_and_swap() {
+    let Some(etcd) = TestEtcd::start() else {
+        return;
+    };
+    let e = Etcd::new(&etcd.url).unwrap();
+    let key = owner_key("0001");
+    let a = Lease::acquire(&e, &key, b"host-a", TTL).unwrap();
+    assert!(a.is_valid());
+    match Lease::acquire(&e, &key, b"host-b", TTL) {
+        Err(LeaseError::Held(kv)) => {
+            assert_eq!(kv.value, b"host-a");
+            assert_eq!(kv.lease, a.id());
+        }
+        other => panic!("second owner got {other:?}"),
+    }
+    // A lease refreshed at TTL/3 outlives its TTL.
+    std::thread::sleep(TTL + Duration::from_millis(1500));
+    assert!(a.is_valid());
+    assert!(matches!(
+        Lease::acquire(&e, &key, b"host-b", TTL),
+        Err(LeaseError::Held(_))
+    ));
+    // Giving it up revokes the lease: the next owner gets it at once.
+    drop(a);
+    let b = Lease::acquire(&e, &key, b"host-b", TTL).unwrap();
+    assert_eq!(e.get(key.as_bytes()).unwrap().unwrap().value, b"host-b");
+    drop(b);
+    assert_eq!(e.get(key.as_bytes()).unwrap(), None);
+}
+
+#[test]
+fn a_lease_that_stops_refreshing_freezes_io_and_passes_on() {
+    let Some(etcd) = TestEtcd::start() else {
+        return;
+    };
+    let e = Etcd::new(&etcd.url).unwrap();
+    let key = owner_key("0002");
+    let mut a = Lease::acquire(&e, &key, b"host-a", TTL).unwrap();
+    let dev = FencedDevice::new(mem(1 << 20), a.guard());
+    dev.write_at(&[1; 4096], 0, WriteFlags::NONE).unwrap();
+    let until = a.valid_until().unwrap();
+    assert!(until <= Instant::now() + TTL);
+    a.stop_keepalive();
+    while a.is_valid() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let err = dev.write_at(&[2; 4096], 0, WriteFlags::NONE).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ReadOnly);
+    assert!(err.to_string().contains("I/O is frozen"), "{err}");
+    assert!(dev.flush().is_err());
+    // etcd expires the key; only then can B take it.
+    let t0 = Instant::now();
+    let b = loop {
+        match Lease::acquire(&e, &key, b"host-b", TTL) {
+            Ok(b) => break b,
+            Err(LeaseError::Held(_)) if t0.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(other) => panic!("{other}"),
+        }
+    };
+    // Not before A's own deadline had passed.
+    assert!(Instant::now() >= until);
+    assert!(b.is_valid());
+}
+
+#[test]
+fn etcd_down_is_a_clear_error() {
+    let e = Etcd::new("http://127.0.0.1:1").unwrap();
+    let err = Lease::acquire(&e, "/k", b"v", TTL).unwrap_err();
+    assert!(err.to_string().contains("connect"), "{err}");
+}
+
+/// The case: an old owner paused past its lease (SIGSTOP) and resumed cannot write
+/// a single block, checked on the member's data. The old owner is a child process (this
+/// test binary again, running `child_owner`); the member server runs here.
+#[test]
+fn an_owner_paused_past_its_lease_cannot_write_a_block() {
+    let Some(etcd) = TestEtcd::start() else {
+        return;
+    };
+    let dev = mem(4 << 20);
+    let member = Member::start(dev.clone(), true);
+    let cairn_nbd::Listen::Unix(sock) = &member.listen else {
+        unreachable!()
+    };
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_owner", "--nocapture", "--test-threads=1"])
+        .env("CAIRN_CHILD_ETCD", &etcd.url)
+        .env("CAIRN_CHILD_SOCK", sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let signal = |sig: &str| {
+        assert!(Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Wait until the old owner is writing.
+    let mut written = 0;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(n) = line.strip_prefix("wrote ") {
+            written = n.parse::<u64>().unwrap();
+            if written >= 20 {
+                break;
+            }
+        }
+        assert!(!line.starts_with("child failed"), "{line}");
+    }
+    assert!(written >= 20, "the old owner never wrote");
+    let drain = std::thread::spawn(move || {
+        let mut refused_after_resume = 0;
+        for line in lines.map_while(Result::ok) {
+            if line.starts_with("refused") {
+                refused_after_resume += 1;
+            }
+            if line.starts_with("LATE WRITE") {
+                panic!("{line}");
+            }
+        }
+        refused_after_resume
+    });
+    signal("-STOP");
+    // The new owner: the lease first (only once etcd expired the old one), then the
+    // generation on the member.
+    let e = Etcd::new(&etcd.url).unwrap();
+    let key = owner_key("sigstop");
+    let t0 = Instant::now();
+    let lease = loop {
+        match Lease::acquire(&e, &key, b"host-b", TTL) {
+            Ok(l) => break l,
+            Err(LeaseError::Held(_)) if t0.elapsed() < Duration::from_secs(15) => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(other) => panic!("{other}"),
+        }
+    };
+    let members = vec![("m0".to_string(), member.options())];
+    // B holds the lease, so A is gone as far as B may know: it replaces A's generation.
+    let rules = Rules {
+        needed: 1,
+        replace_owner: true,
+        ..Rules::default()
+    };
+    let b = take_over(ARRAY, &owner("host-b", 2), &members, rules).unwrap();
+    assert_eq!(b.token.generation, 2);
+    let bdev = FencedDevice::new(b.members[0].device.clone(), lease.guard());
+    bdev.write_at(&[0xbb; 4096], 1 << 20, WriteFlags::FUA)
+        .unwrap();
+    let mut before = vec![0u8; 2 << 20];
+    dev.read_at(&mut before, 0).unwrap();
+    // Resume the old owner and let it try for a while.
+    signal("-CONT");
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = child.kill();
+    let _ = child.wait();
+    let refused = drain.join().expect("no late write");
+    let mut after = vec![0u8; 2 << 20];
+    dev.read_at(&mut after, 0).unwrap();
+    assert!(
+        before == after,
+        "the old owner changed the member after it was fenced"
+    );
+    assert!(refused > 0, "the old owner never tried after resuming");
+    let rec = OwnerRecord::read(&*dev).unwrap().unwrap().unwrap();
+    assert_eq!(rec.token, b.token);
+}
+
+/// The old owner of the test above (does nothing unless started by it).
+#[test]
+fn child_owner() {
+    let (Some(url), Some(sock)) = (
+        std::env::var_os("CAIRN_CHILD_ETCD"),
+        std::env::var_os("CAIRN_CHILD_SOCK"),
+    ) else {
+        return;
+    };
+    let fail = |m: String| -> ! {
+        println!("child failed: {m}");
+        std::process::exit(1)
+    };
+    let e = Etcd::new(url.to_str().unwrap()).unwrap();
+    let lease = Lease::acquire(&e, &owner_key("sigstop"), b"host-a", TTL)
+        .unwrap_or_else(|e| fail(e.to_string()));
+    let mut opts =
+        cairn_nbd::client::ClientOptions::new(cairn_nbd::Listen::Unix(sock.into()), "disk");
+    opts.timeout = Some(Duration::from_secs(10));
+    let a = take_over(
+        ARRAY,
+        &owner("host-a", 1),
+        &[("m0".into(), opts)],
+        Rules {
+            needed: 1,
+            replace_owner: true,
+            ..Rules::default()
+        },
+    )
+    .unwrap_or_else(|e| fail(e.to_string()));
+    let raw: Arc<dyn BlockDevice> = a.members[0].device.clone();
+    let dev = FencedDevice::new(raw.clone(), lease.guard());
+    let t0 = Instant::now();
+    let mut i = 0u64;
+    let mut frozen = false;
+    while t0.elapsed() < Duration::from_secs(30) {
+        let off = 65536 + (i % 256) * 4096;
+        let block = [0xa0 | u8::try_from(i % 16).unwrap(); 4096];
+        // Through the lease check, as the stack would; once that refuses, straight to
+        // the member server too, to show it refuses as well.
+        match dev.write_at(&block, off, WriteFlags::NONE) {
+            Ok(()) if frozen => println!("LATE WRITE {i} through the lease check"),
+            Ok(()) => println!("wrote {i}"),
+            Err(_) => {
+                frozen = true;
+                match raw.write_at(&block, off, WriteFlags::NONE) {
+                    Ok(()) => println!("LATE WRITE {i} straight to the member"),
+                    Err(e) => println!("refused {i}: {e}"),
+                }
+            }
+        }
+        i += 1;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
