@@ -225,12 +225,20 @@ t_raid6_members_on_other_hosts() {
   api "$ARR" | jq -e '.detail.state.failed == true' >/dev/null ||
     fail "the array is not reported failed: $(api "$ARR" | jq -c '.detail.state, [.detail.members[] | .state]')"
   stop_cairn
-  # Nothing the survivors hold was corrupted: bring the members back and the array
-  # assembles (forced, as mdadm --assemble --force would) with the data written before.
+  # The failed owner did not release the members: a plain start is refused.
   for i in 1 2 4; do member_start "$i"; done
-  CAIRN_WRAP="ip netns exec $H" start_cairn --no-control --read-only --force \
+  if ip netns exec "$H" "$CAIRN" serve --no-control --listen "unix:$WORK/refused.sock" \
+    --md "$(IFS=,; echo "${URIS[*]}"):again" >/dev/null 2>"$WORK/refused.err"; then
+    fail "a start over unreleased members was not refused"
+  fi
+  expect_contains "$(cat "$WORK/refused.err")" "has not released it" "the refusal names the owner"
+  # Nothing the survivors hold was corrupted: taken over with --force (the operator says
+  # the old owner is gone), the array assembles as mdadm --assemble --force would, with
+  # the data written before.
+  CAIRN_WRAP="ip netns exec $H" start_cairn --no-control --force \
     --md "$(IFS=,; echo "${URIS[*]}"):again"
-  expect_eq "$(nbdcopy "$(unix_uri again)" - | sha256sum | cut -d' ' -f1)" "$want" "data after the total loss"
+  expect_eq "$(nbdcopy "$(unix_uri again)" - | sha256sum | cut -d' ' -f1)" "$want" \
+    "data after the total loss ($(tail -8 "$CAIRN_LOG"))"
   stop_cairn
 }
 
@@ -332,16 +340,21 @@ t_bad_sectors_on_a_remote_member() {
   local M=() i
   for i in 0 1 2; do truncate -s 48M "$SHM/b$i.img"; done
   nbdkit_unix b0 "$SHM/b0.img"; M+=("$NBD_URI")
-  nbdkit_unix b1 "$SHM/b1.img" --filter=error error-pread-rate=0.02 error=EIO; M+=("$NBD_URI")
+  # Errors only while $WORK/inject exists: from the start of the load to its end.
+  nbdkit_unix b1 "$SHM/b1.img" --filter=error error-pread-rate=0.02 error=EIO \
+    "error-pread-file=$WORK/inject"
+  M+=("$NBD_URI")
   nbdkit_unix b2 "$SHM/b2.img"; M+=("$NBD_URI")
   "$CAIRN" md create -l 5 -n 3 -c 64K --name bad "${M[@]}" >/dev/null || fail "md create"
   CTL=$WORK/bad.sock
   ARR=bad
   start_cairn --control "$CTL" --md "$(IFS=,; echo "${M[*]}"):bad"
   URI=$(unix_uri bad)
+  touch "$WORK/inject"
   fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --size=32M \
     --verify=crc32c --do_verify=1 --output-format=json --output="$WORK/fio.json" >"$WORK/fio.stdout" 2>"$WORK/fio.err" ||
     fail "fio: $(tail -5 "$WORK/fio.err")"
+  rm -f "$WORK/inject"
   expect_eq "$(jq '[.jobs[].error] | add' "$WORK/fio.json")" 0 "fio errors"
   grep -q "rebuilding from parity after a read error" "$CAIRN_LOG" ||
     fail "no read error was met (the error filter did nothing?): $(tail -3 "$CAIRN_LOG")"
@@ -350,7 +363,72 @@ t_bad_sectors_on_a_remote_member() {
   stop_cairn
 }
 
+# One owner per array across hosts: while host A serves the array, a second start on the
+# same members is refused; A is paused (SIGSTOP, a frozen VM), B takes the members over
+# (--force: the operator says A is gone) and writes; when A wakes up, not one block it
+# tries to write reaches the members (checked on the member files), and its client sees
+# errors.
+t_fencing_over_the_network() {
+  need_tool nbdinfo nbdcopy jq
+  netns_up 4
+  KIND=([1]=cairn [2]=cairn [3]=cairn [4]=cairn)
+  local i
+  URIS=()
+  for i in 1 2 3 4; do
+    truncate -s 32M "$SHM/m$i.img"
+    member_start "$i"
+    URIS+=("$(member_uri "$i")")
+  done
+  ip netns exec "$H" "$CAIRN" md create --level 5 --chunk 64K --raid-devices 4 --name fa \
+    "${URIS[@]}" >/dev/null || fail "md create"
+  ARR=fa
+  CTL=$WORK/ctl.sock
+  CAIRN_WRAP="ip netns exec $H" start_cairn --control "$CTL" --member-timeout 2 \
+    --md "$(IFS=,; echo "${URIS[*]}"):fa"
+  local A_PID=$CAIRN_PID A_URI
+  A_URI=$(unix_uri fa)
+  random_file "$WORK/a1" 1M
+  nbdcopy "$WORK/a1" "$A_URI"
+  # A second host is refused while A holds the members.
+  if ip netns exec "$H" "$CAIRN" serve --no-control --listen "unix:$WORK/b0.sock" \
+    --md "$(IFS=,; echo "${URIS[*]}"):fa" >/dev/null 2>"$WORK/b0.err"; then
+    fail "a second owner was let in while the first serves"
+  fi
+  expect_contains "$(cat "$WORK/b0.err")" "has not released it" "the second start names the owner"
+  say "second start refused: $(tail -1 "$WORK/b0.err" | cut -c1-160)"
+  # A freezes; B takes over and writes.
+  kill -STOP "$A_PID"
+  CAIRN_WRAP="ip netns exec $H" start_cairn --no-control --force --md "$(IFS=,; echo "${URIS[*]}"):fb"
+  local B_PID=$CAIRN_PID
+  random_file "$WORK/b1" 2M
+  nbdcopy "$WORK/b1" "$(unix_uri fb)"
+  expect_eq "$(nbdcopy "$(unix_uri fb)" - | head -c 2097152 | sha256sum)" "$(sha256sum <"$WORK/b1")" "B's data"
+  # B stops cleanly (releasing the members at its own generation); what the members
+  # hold now must not change when A wakes.
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "B stops cleanly"
+  local before
+  before=$(sha256sum "$SHM"/m{1,2,3,4}.img)
+  # A wakes up and tries to write.
+  kill -CONT "$A_PID"
+  random_file "$WORK/a2" 1M
+  if nbdcopy "$WORK/a2" "$A_URI" 2>"$WORK/a2.err"; then
+    nbdsh -u "$A_URI" -c 'h.flush()' 2>>"$WORK/a2.err" &&
+      fail "the paused owner's writes and flush succeeded after it was fenced"
+  fi
+  say "the old owner's write: $(grep -m1 -i error "$WORK/a2.err" | cut -c1-160)"
+  sleep 1
+  expect_eq "$(sha256sum "$SHM"/m{1,2,3,4}.img)" "$before" "member bytes after the old owner woke up"
+  grep -q "fenced" "$WORK/cairn1.log" || fail "A's log does not say it was fenced: $(tail -3 "$WORK/cairn1.log")"
+  # B's data is on the members: a new owner reads it.
+  CAIRN_WRAP="ip netns exec $H" start_cairn --no-control --md "$(IFS=,; echo "${URIS[*]}"):fc"
+  expect_eq "$(nbdcopy "$(unix_uri fc)" - | head -c 2097152 | sha256sum)" "$(sha256sum <"$WORK/b1")" "B's data, read by the next owner"
+  stop_cairn
+  kill -TERM "$A_PID" 2>/dev/null || true
+}
+
 run_test raid6_members_on_other_hosts t_raid6_members_on_other_hosts
 run_test uris_everywhere t_uris_everywhere
 run_test bad_sectors_on_a_remote_member t_bad_sectors_on_a_remote_member
+run_test fencing_over_the_network t_fencing_over_the_network
 finish

@@ -315,7 +315,7 @@ pub fn serve(
     // failure here means the next start sees them dirty, which is the truth.
     let mut closed = Ok(());
     for a in &arrays {
-        if let Err(err) = a.close() {
+        if let Err(err) = cairn_stack::fence::close_array(a) {
             closed = Err(CliError::new(format!(
                 "{}: closing the md array failed, so it will need --force or a resync: {err}",
                 a.report().name

@@ -175,7 +175,17 @@ impl OwnerRecord {
                 "the member is smaller than the record area".into(),
             )));
         }
-        dev.read_at(&mut b, 0)?;
+        // A member with bad sectors (a server that fails some reads) may fail one read
+        // and answer the next: three tries before the record counts as unreadable. A
+        // member that is gone fails all three at once.
+        let mut tries = 0;
+        loop {
+            match dev.read_at(&mut b, 0) {
+                Ok(()) => break,
+                Err(e) if tries < 2 && e.kind() == cairn_block::ErrorKind::Io => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
         Ok(OwnerRecord::decode(&b))
     }
 

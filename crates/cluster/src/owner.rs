@@ -290,13 +290,25 @@ pub fn release(owned: &Owned, members: &[(String, ClientOptions)]) -> Vec<(Strin
                 None => Err("not among the members given".to_string()),
             }
         } else {
-            OwnerRecord {
+            let record = OwnerRecord {
                 token: owned.token.clone(),
                 since: now_unix(),
                 released: true,
-            }
-            .write(&*m.device)
-            .map_err(|e| e.to_string())
+            };
+            // The takeover's connection may have broken since (a member server that
+            // restarted was reconnected by the caller): write over a fresh one then.
+            record.write(&*m.device).or_else(|first| {
+                let Some((_, opts)) = members.iter().find(|(n, _)| n == &m.name) else {
+                    return Err(first.to_string());
+                };
+                let mut o = opts.clone();
+                o.fence = Some(owned.token.clone());
+                o.connections = 1;
+                let c = Client::connect(&o).map_err(|e| format!("{first}; reconnecting: {e}"))?;
+                let r = record.write(&c).map_err(|e| e.to_string());
+                let _ = c.disconnect();
+                r
+            })
         };
         if let Err(e) = r {
             tracing::warn!(

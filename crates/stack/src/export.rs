@@ -138,7 +138,7 @@ impl OpenedExport {
     /// last clone closes the files.
     pub fn close(&self) {
         for a in self.arrays() {
-            let _ = a.close();
+            let _ = crate::fence::close_array(&a);
         }
     }
 }

@@ -58,12 +58,24 @@ pub fn open_remote(
     read_only: bool,
     timeout: Duration,
 ) -> std::result::Result<Arc<Client>, RemoteError> {
+    open_remote_fenced(p, read_only, timeout, None)
+}
+
+/// [`open_remote`], declaring an owner generation to the member server (a member of an
+/// array this host owns, see [`crate::fence`]).
+pub fn open_remote_fenced(
+    p: &Path,
+    read_only: bool,
+    timeout: Duration,
+    fence: Option<cairn_nbd::fence::FenceToken>,
+) -> std::result::Result<Arc<Client>, RemoteError> {
     let u = parse_remote(p).map_err(RemoteError::Refused)?;
     let mut opts = ClientOptions::from_uri(&u).map_err(|e| {
         let e = StackError::new(format!("{u}: {e}"));
         match_unreachable(e)
     })?;
     opts.timeout = Some(timeout);
+    opts.fence = fence;
     let client = Client::connect(&opts).map_err(|e| {
         let msg = StackError::new(format!("cannot reach {u}: {e}"));
         match e {

@@ -25,6 +25,7 @@ pub mod describe;
 pub mod discover;
 pub mod error;
 pub mod export;
+pub mod fence;
 pub mod hooks;
 pub mod leaf;
 pub mod luks;

@@ -60,6 +60,8 @@ struct Members {
     devices: Vec<Arc<dyn BlockDevice>>,
     names: Vec<String>,
     missing: Vec<PathBuf>,
+    /// This host's ownership of the remote members (writable arrays on remote members).
+    claim: Option<Arc<crate::fence::Claim>>,
 }
 
 fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
@@ -68,10 +70,30 @@ fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
         devices: Vec::new(),
         names: Vec::new(),
         missing: Vec::new(),
+        claim: None,
     };
     for (i, p) in paths.iter().enumerate() {
         if paths[..i].contains(p) {
             return Err(StackError::new(format!("{} is given twice", shown(p))));
+        }
+    }
+    // Writable on remote members: take them over first (raise the owner generation);
+    // the connections that declared it are the ones the array runs on.
+    let mut claimed = crate::fence::claim(paths, opts)?;
+    for p in paths {
+        if let Some(c) = &mut claimed {
+            if crate::leaf::is_remote(p) {
+                match c.devices.remove(&shown(p)) {
+                    Some(dev) => {
+                        let dev: Arc<dyn BlockDevice> = dev;
+                        m.devices
+                            .push(hooks.wrap(&format!("member:{}", shown(p)), dev));
+                        m.names.push(shown(p));
+                    }
+                    None => m.missing.push(p.clone()),
+                }
+                continue;
+            }
         }
         if crate::leaf::is_remote(p) {
             // A member server that does not answer now leaves the array degraded, as a
@@ -99,6 +121,7 @@ fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
             .push(open_member(p, read_only, hooks, opts.remote_timeout())?);
         m.names.push(shown(p));
     }
+    m.claim = claimed.map(|c| c.claim);
     if m.devices.is_empty() {
         return Err(StackError::new(format!(
             "none of the members exist ({})",
@@ -114,10 +137,23 @@ fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
 
 /// Assembles the array on `paths`; missing files make it degraded (the caller warns).
 pub fn assemble(paths: &[PathBuf], opts: &Options) -> Result<(Array, Vec<PathBuf>)> {
+    assemble_claimed(paths, opts).map(|(a, m, _)| (a, m))
+}
+
+/// [`assemble`], with this host's claim on the remote members when it took one.
+pub fn assemble_claimed(
+    paths: &[PathBuf],
+    opts: &Options,
+) -> Result<(Array, Vec<PathBuf>, Option<Arc<crate::fence::Claim>>)> {
     let force = opts.force;
     let m = open_present(paths, opts)?;
     let missing = m.missing;
+    let claim = m.claim;
     let array = Array::assemble(m.devices, m.names, AssembleOptions { force }).map_err(|e| {
+        // Nothing was written: give the members back at once.
+        if let Some(c) = &claim {
+            c.release();
+        }
         let mut msg = format!("cannot assemble the md array: {e}");
         if !missing.is_empty() {
             msg.push_str(&format!(" ({})", files_not_found(&missing)));
@@ -127,7 +163,7 @@ pub fn assemble(paths: &[PathBuf], opts: &Options) -> Result<(Array, Vec<PathBuf
         }
         StackError::new(msg)
     })?;
-    Ok((array, missing))
+    Ok((array, missing, claim))
 }
 
 /// "member file(s) not found: a, b" (and "member server(s) not answering: nbd://..."),
@@ -251,7 +287,7 @@ pub fn parse_md_spec(arg: &str) -> Result<MdSpec> {
 /// Assembles `spec` for serving, warning loudly when degraded.
 pub fn open_export(spec: &MdSpec, opts: &Options) -> Result<OpenedExport> {
     let read_only = opts.read_only;
-    let (array, missing) = assemble(&spec.members, opts)?;
+    let (array, missing, claim) = assemble_claimed(&spec.members, opts)?;
     let report = array.report();
     // Once, through the log: a log file gets it too.
     if let Some(w) = degraded_warning(&report, &missing) {
@@ -270,7 +306,7 @@ pub fn open_export(spec: &MdSpec, opts: &Options) -> Result<OpenedExport> {
         .clone()
         .unwrap_or_else(|| export_name_for(&report.name));
     let array = Arc::new(array);
-    crate::remote::supervise(&array, &spec.members, opts);
+    crate::remote::supervise(&array, &spec.members, opts, claim);
     Ok(OpenedExport {
         name,
         path: spec.members[0].clone(),

@@ -35,7 +35,12 @@ const TICK: Duration = Duration::from_millis(250);
 
 /// Starts the supervisor of `array` when any of `members` is remote and the array is
 /// writable; returns whether one was started.
-pub fn supervise(array: &Arc<Array>, members: &[PathBuf], opts: &Options) -> bool {
+pub fn supervise(
+    array: &Arc<Array>,
+    members: &[PathBuf],
+    opts: &Options,
+    claim: Option<Arc<crate::fence::Claim>>,
+) -> bool {
     let remote: Vec<String> = members
         .iter()
         .filter(|p| leaf::is_remote(p))
@@ -49,7 +54,7 @@ pub fn supervise(array: &Arc<Array>, members: &[PathBuf], opts: &Options) -> boo
     let label = array.report().name;
     thread::Builder::new()
         .name(format!("remote-{label}"))
-        .spawn(move || run(&weak, &remote, &opts))
+        .spawn(move || run(&weak, &remote, &opts, claim.as_deref()))
         .is_ok()
 }
 
@@ -90,7 +95,7 @@ struct Retry {
     said: Option<String>,
 }
 
-fn run(weak: &Weak<Array>, remote: &[String], opts: &Options) {
+fn run(weak: &Weak<Array>, remote: &[String], opts: &Options, claim: Option<&crate::fence::Claim>) {
     let mut retries: HashMap<&str, Retry> = HashMap::new();
     let mut said_failed = false;
     loop {
@@ -134,7 +139,9 @@ fn run(weak: &Weak<Array>, remote: &[String], opts: &Options) {
             r.next = now + r.wait;
             r.wait = (r.wait * 2).min(LONGEST_RETRY);
             let path = PathBuf::from(name);
-            let dev = match leaf::open_remote(&path, false, opts.remote_timeout()) {
+            // A claimed array's members are reconnected under the same owner generation.
+            let token = claim.map(|c| c.token().clone());
+            let dev = match leaf::open_remote_fenced(&path, false, opts.remote_timeout(), token) {
                 Ok(c) => c as Arc<dyn BlockDevice>,
                 Err(RemoteError::Unreachable(e) | RemoteError::Refused(e)) => {
                     let e = e.to_string();

@@ -276,7 +276,7 @@ fn open_lvs(pvs: &[Spec], opts: &Options, keys: &mut Keys) -> Result<Vec<OpenedE
     let arrays = export::all_arrays(&opened);
     crate::lvm::open_lv_exports(opened, opts.read_only).inspect_err(|_| {
         for a in arrays {
-            let _ = a.close();
+            let _ = crate::fence::close_array(&a);
         }
     })
 }
@@ -363,7 +363,7 @@ fn open_checked(
 /// Closes (marks clean) every md array behind `opened`.
 pub fn close_all(opened: &[OpenedExport]) {
     for a in export::all_arrays(opened) {
-        let _ = a.close();
+        let _ = crate::fence::close_array(&a);
     }
 }
 
