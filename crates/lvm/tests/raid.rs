@@ -1,0 +1,244 @@
+//! RAID LVs over MemDisks: lvm's allocation (an image and its metadata LV per PV), the
+//! data where md's layout puts it, the dm-raid superblock in each metadata LV, reads
+//! with a PV missing, refusals, and the metadata text lvm reads back.
+
+mod common;
+
+use std::sync::Arc;
+
+use cairn_block::{BlockDevice, ErrorKind, MemDisk, WriteFlags};
+use cairn_lvm::meta::SegKind;
+use cairn_lvm::raid::DmRaidSuper;
+use cairn_lvm::{OpenOptions, PvDevice, RaidCreate, Vg, VolumeGroup};
+use common::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+fn rc(
+    name: &str,
+    segtype: &str,
+    extents: u64,
+    mirrors: Option<u32>,
+    stripes: Option<u32>,
+) -> RaidCreate {
+    RaidCreate {
+        name: name.into(),
+        extents,
+        segtype: segtype.into(),
+        mirrors,
+        stripes,
+        ..Default::default()
+    }
+}
+
+fn fill(lv: &dyn BlockDevice, seed: u64) -> Vec<u8> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let size = usize::try_from(lv.geometry().size).unwrap();
+    let mut data = vec![0u8; size];
+    rng.fill(&mut data[..]);
+    // Several request sizes, not all stripe-aligned.
+    let mut off = 0usize;
+    while off < size {
+        let n = [4096usize, 65536, 12288, 1 << 20][off / 4096 % 4].min(size - off);
+        lv.write_at(&data[off..off + n], off as u64, WriteFlags::NONE)
+            .unwrap();
+        off += n;
+    }
+    lv.flush().unwrap();
+    data
+}
+
+fn check(lv: &dyn BlockDevice, data: &[u8]) {
+    let mut got = vec![0u8; data.len()];
+    for (i, chunk) in got.chunks_mut(1 << 20).enumerate() {
+        lv.read_at(chunk, (i << 20) as u64).unwrap();
+    }
+    assert!(got == data, "data differs");
+}
+
+/// One test body over the RAID types cairn creates: write, reopen, read; drop each PV
+/// in turn that the level tolerates and read again.
+#[test]
+fn raid_lvs_read_back_whole_and_degraded() {
+    let shapes: &[(&str, Option<u32>, Option<u32>, usize, usize)] = &[
+        // segtype, -m, -i, PVs, PVs that may go missing at once
+        ("raid1", Some(1), None, 2, 1),
+        ("raid1", Some(2), None, 3, 2),
+        ("raid10", Some(1), Some(2), 4, 1),
+        ("raid5", None, Some(2), 3, 1),
+        ("raid6", None, Some(3), 5, 2),
+        ("raid0", None, Some(3), 3, 0),
+    ];
+    for (i, &(t, m, s, npv, tolerate)) in shapes.iter().enumerate() {
+        let (disks, pvs) = mem_pvs(npv, 64 * MIB);
+        let mut vg = Vg::create("vgr", pvs.clone(), 4 * MIB).unwrap();
+        let c = vg.lv_create_raid(&rc("r", t, 5, m, s)).unwrap();
+        let lv = vg.lv("r").unwrap();
+        assert_eq!(lv.geometry().size, c.extents * 4 * MIB, "{t}");
+        let data = fill(&*lv, i as u64);
+        check(&*lv, &data);
+        drop(lv);
+        drop(vg);
+        let vg = Vg::open(pvs.clone()).unwrap();
+        check(&*vg.lv("r").unwrap(), &data);
+        let meta = vg.metadata();
+        let SegKind::Raid(r) = &meta.lv("r").unwrap().segments[0].kind else {
+            panic!("{t}: not a RAID segment")
+        };
+        assert!(r.segtype.starts_with(t), "{t}: {}", r.segtype);
+        // Each metadata LV holds dm-raid's superblock at its start, with its position.
+        for (pos, m) in r.metas.iter().enumerate() {
+            let Some(m) = m else { continue };
+            let seg = &meta.lv(m).unwrap().segments[0];
+            let a = &seg.areas()[0];
+            let pv = meta.pvs.iter().position(|p| p.key == a.pv).unwrap();
+            let mut b = vec![0u8; 512];
+            let at = meta.pvs[pv].pe_start * 512 + a.pe * 4 * MIB;
+            disks[pv].read_at(&mut b, at).unwrap();
+            let sb = DmRaidSuper::parse(&b).unwrap_or_else(|| panic!("{t}: no superblock in {m}"));
+            assert_eq!(sb.array_position as usize, pos);
+            assert_eq!(sb.num_devices as usize, r.images.len());
+            assert_eq!(
+                sb.array_resync_offset,
+                u64::MAX,
+                "{t}: in sync after create"
+            );
+            assert_eq!(&b[4096.min(511)..4096.min(511)], &[] as &[u8]);
+        }
+        // With PVs missing (as many as the level tolerates), the data is intact.
+        for gone in 0..npv {
+            if tolerate == 0 {
+                break;
+            }
+            let left: Vec<PvDevice> = pvs
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| (*j + npv - gone) % npv >= tolerate)
+                .map(|(_, p)| p.clone())
+                .collect();
+            let vg = Vg::open_with(
+                left,
+                OpenOptions {
+                    partial: true,
+                    read_only: false,
+                },
+            )
+            .unwrap();
+            check(&*vg.lv("r").unwrap(), &data);
+        }
+        if tolerate > 0 {
+            // One more missing than tolerated: a clear refusal.
+            let left: Vec<PvDevice> = pvs[tolerate + 1..].to_vec();
+            if !left.is_empty() {
+                let vg = Vg::open_with(
+                    left,
+                    OpenOptions {
+                        partial: true,
+                        read_only: false,
+                    },
+                )
+                .unwrap();
+                let e = vg.lv("r").unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::Degraded, "{t}: {e}");
+            }
+        }
+    }
+}
+
+/// raid1 images are whole copies; raid10 near copies pair up image 0/1 and 2/3.
+#[test]
+fn data_lands_where_md_puts_it() {
+    let (disks, pvs) = mem_pvs(4, 64 * MIB);
+    let mut vg = Vg::create("vgr", pvs, 4 * MIB).unwrap();
+    vg.lv_create_raid(&rc("m", "raid1", 2, Some(1), None))
+        .unwrap();
+    vg.lv_create_raid(&RaidCreate {
+        stripe_size: Some(64 << 10),
+        ..rc("t", "raid10", 4, Some(1), Some(2))
+    })
+    .unwrap();
+    let es = 4 * MIB;
+    let meta = vg.metadata().clone();
+    let at = |lv: &str| {
+        let a = &meta.lv(lv).unwrap().segments[0].areas()[0];
+        let pv = meta.pvs.iter().position(|p| p.key == a.pv).unwrap();
+        (pv, meta.pvs[pv].pe_start * 512 + a.pe * es)
+    };
+    let m = vg.lv("m").unwrap();
+    let block: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    m.write_at(&block, 8192, WriteFlags::NONE).unwrap();
+    for img in ["m_rimage_0", "m_rimage_1"] {
+        let (pv, off) = at(img);
+        let mut b = vec![0u8; 4096];
+        disks[pv].read_at(&mut b, off + 8192).unwrap();
+        assert_eq!(b, block, "{img}");
+    }
+    // raid10 near 2 over 4 images: array chunk c lives on images 2c%4 and 2c%4+1, row
+    // 2c/4. Chunk 3 (bytes 192 KiB..256 KiB) is on images 2 and 3, row 1.
+    let t = vg.lv("t").unwrap();
+    assert_eq!(t.geometry().optimal_io_size, 128 << 10);
+    t.write_at(&block, 3 * (64 << 10), WriteFlags::NONE)
+        .unwrap();
+    for img in ["t_rimage_2", "t_rimage_3"] {
+        let (pv, off) = at(img);
+        let mut b = vec![0u8; 4096];
+        disks[pv].read_at(&mut b, off + (64 << 10)).unwrap();
+        assert_eq!(b, block, "{img}");
+    }
+    // The text carries lvm's keys and the sub-LVs, and parses back the same.
+    let text = meta.to_text();
+    for want in [
+        "type = \"raid10\"",
+        "device_count = 4",
+        "data_copies = 2",
+        "region_size = 4096",
+        "stripe_size = 128",
+        "\"t_rmeta_0\", \"t_rimage_0\"",
+    ] {
+        assert!(text.contains(want), "{want} missing:\n{text}");
+    }
+    let again = VolumeGroup::from_text(text.as_bytes()).unwrap();
+    assert_eq!(again.lvs.len(), meta.lvs.len());
+    assert!(again.lvs.iter().all(|l| l.unsupported.is_none()));
+    assert_eq!(vg.exportable_lvs(), vec!["m".to_string(), "t".to_string()]);
+}
+
+#[test]
+fn refusals_are_clear_and_change_nothing() {
+    let (_d, pvs) = mem_pvs(3, 64 * MIB);
+    let mut vg = Vg::create("vgr", pvs, 4 * MIB).unwrap();
+    let seq = vg.metadata().seqno;
+    // Four images need four PVs.
+    let e = vg
+        .lv_create_raid(&rc("x", "raid10", 4, Some(1), Some(2)))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NoSpace);
+    assert!(e.to_string().contains("4 different PVs"), "{e}");
+    // Too big for any PV.
+    let e = vg
+        .lv_create_raid(&rc("x", "raid1", 100, Some(1), None))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NoSpace);
+    assert!(vg
+        .lv_create_raid(&rc("x", "mirror", 1, None, None))
+        .is_err());
+    assert_eq!(vg.metadata().seqno, seq);
+    vg.lv_create_raid(&rc("r", "raid1", 2, Some(1), None))
+        .unwrap();
+    // Sub-LVs are not served or changed alone; RAID LVs are not resized yet.
+    assert!(vg.lv("r_rimage_0").is_err());
+    assert_eq!(
+        vg.lv_remove("r_rmeta_1").unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+    assert_eq!(
+        vg.lv_extend("r", 1).unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+    // Removing the LV frees its sub-LVs.
+    let free = vg.report().free_count;
+    vg.lv_remove("r").unwrap();
+    assert!(vg.metadata().lvs.is_empty());
+    assert_eq!(vg.report().free_count, free + 6);
+    let _ = Arc::new(MemDisk::new(1));
+}
