@@ -513,7 +513,7 @@ fn parse_raid(ty: &str, sec: &Section) -> std::result::Result<RaidSeg, String> {
     if striped && (r.stripe_size < 8 || !r.stripe_size.is_power_of_two()) {
         return Err(format!("invalid stripe_size {}", r.stripe_size));
     }
-    if ty == "raid10" && r.images.len() as u64 % r.data_copies != 0 {
+    if ty == "raid10" && !(r.images.len() as u64).is_multiple_of(r.data_copies) {
         return Err(format!(
             "{} images do not divide into {} copies (cairn maps raid10 \"near\" only)",
             r.images.len(),

@@ -137,6 +137,11 @@ pub struct LvReport {
     /// `None` if cairn can serve it; otherwise why not.
     pub unavailable: Option<String>,
     pub segments: Vec<SegReport>,
+    /// RAID LVs: how much is in sync, in percent (lvm's `sync_percent`), from the
+    /// metadata LVs' superblocks, printed as lvm prints it ("100.00"); `None` for other
+    /// LVs or when no superblock can be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_percent: Option<String>,
 }
 
 /// One valid metadata copy found on a PV.
@@ -201,6 +206,10 @@ pub struct Vg {
     /// Parallel to `meta.pvs`.
     slots: Vec<Slot>,
     opts: OpenOptions,
+    /// Read-only as the caller asked (`opts.read_only` also counts missing PVs): a RAID
+    /// LV that tolerates its missing images is written degraded, as lvm's default
+    /// `activation_mode = "degraded"` allows.
+    user_read_only: bool,
     failed: bool,
     description: String,
     notes: Vec<String>,
@@ -336,6 +345,7 @@ impl Vg {
             meta: meta.clone(),
             slots,
             opts: OpenOptions::default(),
+            user_read_only: false,
             failed: false,
             description: format!("cairn lvm vgcreate {name}"),
             notes: vec![],
@@ -488,6 +498,7 @@ impl Vg {
                 read_only: opts.read_only || !missing.is_empty(),
                 ..opts
             },
+            user_read_only: opts.read_only,
             failed: false,
             notes,
         })
@@ -996,6 +1007,84 @@ impl Vg {
         Ok(())
     }
 
+    /// Writes `failed` (by image) into the superblock of every present metadata LV of
+    /// `r`, events one past the freshest, the rest of each superblock kept.
+    fn record_failed(
+        &self,
+        r: &crate::meta::RaidSeg,
+        failed: &[bool],
+        freshest: Option<&crate::raid::DmRaidSuper>,
+    ) -> Result<()> {
+        let mut devs = Vec::new();
+        let mut index = BTreeMap::new();
+        let events = freshest.map_or(1, |f| f.events) + 1;
+        for (i, m) in r.metas.iter().enumerate() {
+            let Some(m) = m else { continue };
+            if failed.get(i).copied().unwrap_or(true) {
+                continue;
+            }
+            let Some(dev) = self.open_sub(m, &mut devs, &mut index, false)? else {
+                continue;
+            };
+            let Some(mut sb) = crate::raid::read_rmeta(&dev)?.or_else(|| freshest.cloned()) else {
+                continue;
+            };
+            let before = sb.failed_devices;
+            for (j, f) in failed.iter().enumerate() {
+                if *f && j < 256 {
+                    sb.failed_devices[j / 64] |= 1 << (j % 64);
+                }
+            }
+            if before == sb.failed_devices && freshest.is_some_and(|f| f.events == sb.events) {
+                continue;
+            }
+            sb.array_position = u32::try_from(i).unwrap_or(u32::MAX);
+            sb.events = events;
+            dev.write_at(&sb.encode(), 0, WriteFlags::FUA)?;
+        }
+        Ok(())
+    }
+
+    /// lvm's `sync_percent` of a RAID LV: 100 when `NOTSYNCED` (as lvm shows a
+    /// `--nosync` LV), else the least synchronised of the array resync and every
+    /// image's recovery, as the freshest superblocks record them.
+    pub fn sync_percent(&self, lv: &LvMeta) -> Option<f64> {
+        let SegKind::Raid(r) = &lv.segments.first()?.kind else {
+            return None;
+        };
+        if lv.status.iter().any(|s| s == "NOTSYNCED") {
+            return Some(100.0);
+        }
+        let seg = &lv.segments[0];
+        let image =
+            (crate::meta::image_extents(r, seg.extent_count) * self.meta.extent_size) as f64;
+        let array = (seg.extent_count * self.meta.extent_size) as f64;
+        let mut devs = Vec::new();
+        let mut index = BTreeMap::new();
+        let mut pct: Option<f64> = None;
+        for m in r.metas.iter().flatten() {
+            let Ok(Some(dev)) = self.open_sub(m, &mut devs, &mut index, true) else {
+                continue;
+            };
+            let Ok(Some(sb)) = crate::raid::read_rmeta(&dev) else {
+                continue;
+            };
+            let frac = |off: u64, of: f64| {
+                if off == crate::raid::MAX_SECTOR {
+                    100.0
+                } else {
+                    (off as f64 * 100.0 / of.max(1.0)).min(100.0)
+                }
+            };
+            let mut p = frac(sb.disk_recovery_offset, image);
+            // raid10's resync counts array sectors, the others' an image's.
+            let resync_of = if r.segtype == "raid10" { array } else { image };
+            p = p.min(frac(sb.array_resync_offset, resync_of));
+            pct = Some(pct.map_or(p, |q: f64| q.min(p)));
+        }
+        pct
+    }
+
     /// A stripe size in sectors from bytes, checked like lvm.
     fn stripe_size(&self, bytes: Option<u64>) -> Result<u64> {
         let b = bytes.unwrap_or(DEFAULT_STRIPE_SIZE);
@@ -1221,6 +1310,7 @@ impl Vg {
         let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
         let mut index: BTreeMap<String, usize> = BTreeMap::new();
         if let Some(SegKind::Raid(r)) = lv.segments.first().map(|s| &s.kind) {
+            let ro = self.user_read_only || !lv.writable();
             return self.open_raid(lv, r, full, ro).map(Arc::new);
         }
         let map = self.map_segments(lv, &full, &mut devs, &mut index)?;
@@ -1391,6 +1481,13 @@ impl Vg {
                 format!("LV {full}: its images hold less than its {lv_bytes} bytes"),
             ));
         }
+        if !ro && down.iter().any(|d| *d) {
+            // As dm-raid's super_sync: the images left record the missing ones as
+            // failed, so that when a missing PV returns its stale image is not read
+            // until a repair rebuilds it.
+            self.record_failed(r, &down, freshest.as_ref())
+                .map_err(|e| e.context(format!("LV {full}: recording failed images")))?;
+        }
         let n = images.len();
         let members: Vec<Option<Arc<dyn BlockDevice>>> = images
             .into_iter()
@@ -1460,6 +1557,7 @@ impl Vg {
                 visible: l.visible(),
                 writable: l.writable(),
                 unavailable: l.unsupported.clone(),
+                sync_percent: self.sync_percent(l).map(|p| format!("{p:.2}")),
                 segments: l
                     .segments
                     .iter()
