@@ -222,6 +222,10 @@ impl LogicalVolume {
     /// The PV devices the LV uses, by their open names, in the order its extents first
     /// reach them.
     pub fn pv_names(&self) -> Vec<&str> {
+        if self.raid.is_some() {
+            // Every image's PVs, in image order.
+            return self.pvs.iter().map(|p| p.0.as_str()).collect();
+        }
         let mut out: Vec<&str> = Vec::new();
         for seg in &self.segments {
             for a in &seg.areas {
