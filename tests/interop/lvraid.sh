@@ -242,7 +242,41 @@ t_raid10_fio_degraded() {
   stop_cairn
 }
 
+# lvconvert --repair after a PV is lost for good (written degraded first): the image moves
+# to the spare PV, is rebuilt with progress, and the LV serves whole without the lost PV;
+# --replace with no PV left to take an image is refused and changes nothing.
+t_lvconvert_repair() {
+  need_tool nbdcopy
+  local p=() i devs less out before rc=0 err
+  for i in 0 1 2 3 4; do p[$i]=$SHM/r$i.img; done
+  truncate -s 64M "${p[@]}"
+  devs=$(IFS=,; echo "${p[*]}")
+  "$CAIRN" lvm vgcreate vgx "${p[@]}" >/dev/null
+  "$CAIRN" lvm lvcreate --type raid10 -m 1 -i 2 -n r10 -L 32M --devices "$devs" vgx >/dev/null
+  less="${p[0]},${p[2]},${p[3]},${p[4]}"
+  random_file "$WORK/d.data" 32M
+  start_cairn --lvm "$less"
+  nbdcopy "$WORK/d.data" "$(unix_uri vgx/r10)"
+  stop_cairn
+  out=$("$CAIRN" lvm lvconvert --repair vgx/r10 --devices "$less" 2>&1) || fail "lvconvert --repair: $out"
+  say "$out"
+  expect_contains "$out" "rebuilt 100%" "rebuild progress"
+  expect_contains "$out" "r10_rimage_1 moved from missing to pv4" "the move"
+  start_cairn --read-only --lvm "$less"
+  case $(cat "$CAIRN_LOG") in *DEGRADED*) fail "still degraded after the repair: $(cat "$CAIRN_LOG")" ;; esac
+  nbdcopy "$(unix_uri vgx/r10)" "$WORK/d.back"
+  stop_cairn
+  cmp "$WORK/d.data" "$WORK/d.back" || fail "data differs after the repair"
+  # Nothing left to move an image to (the lost PV is flagged MISSING): refused.
+  before=$(sha256sum "${p[0]}" "${p[2]}" "${p[3]}" "${p[4]}")
+  rc=0; err=$("$CAIRN" lvm lvconvert --replace "${p[0]}" vgx/r10 --devices "$less" 2>&1) || rc=$?
+  [ "$rc" = 1 ] || fail "lvconvert --replace without room exited $rc: $err"
+  expect_contains "$err" "needs another PV" "refusal"
+  expect_eq "$(sha256sum "${p[0]}" "${p[2]}" "${p[3]}" "${p[4]}")" "$before" "PVs after the refusal"
+}
+
 run_test lvm-reads-cairn-raid t_lvm_reads_cairn_raid
+run_test lvconvert-repair t_lvconvert_repair
 run_test cairn-reads-lvm-raid t_cairn_reads_lvm_raid
 run_test raid10-fio-degraded t_raid10_fio_degraded
 finish

@@ -43,6 +43,7 @@ pub fn run(cmd: LvmCommand, global: &Global) -> Result<()> {
         LvmCommand::Lvreduce(a) => resize(&a, false, global),
         LvmCommand::Lvrename(a) => lvrename(&a, global),
         LvmCommand::Lvremove(a) => lvremove(&a, global),
+        LvmCommand::Lvconvert(a) => lvconvert(&a, global),
         LvmCommand::VgcfgParse(a) => vgcfg_parse(&a, global),
     }
 }
@@ -566,6 +567,72 @@ fn resize(a: &LvmResizeArgs, grow: bool, global: &Global) -> Result<()> {
     Ok(())
 }
 
+fn lvconvert(a: &LvmLvconvertArgs, global: &Global) -> Result<()> {
+    let (vgn, lvn) = vg_lv(&a.lv)?;
+    let opened = open_pvs(&a.pvs, &a.devices, false)?;
+    // PVs may be missing: that is what a repair is for.
+    let mut vg = match Vg::open_with(
+        opened.pvs.clone(),
+        cairn_lvm::OpenOptions {
+            partial: true,
+            read_only: false,
+        },
+    ) {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = opened.close();
+            return Err(lvm_error(&e));
+        }
+    };
+    if vg.name() != vgn {
+        let _ = opened.close();
+        return Err(CliError::new(format!(
+            "Volume group \"{vgn}\" not found: the devices given hold VG \"{}\"",
+            vg.name()
+        )));
+    }
+    vg.set_description(format!(
+        "cairn lvm lvconvert {} {}",
+        a.replace
+            .as_ref()
+            .map_or("--repair".to_string(), |p| format!("--replace {p}")),
+        a.lv
+    ));
+    let mut last = 0u64;
+    let json = global.json;
+    let r = vg.lv_repair(lvn, a.replace.as_deref(), &mut |done, total| {
+        let pct = done * 100 / total.max(1);
+        if !json && (pct >= last + 10 || done == total) {
+            eprintln!(
+                "  {vgn}/{lvn}: rebuilt {pct}% ({} of {})",
+                lvm_size(done),
+                lvm_size(total)
+            );
+            last = pct;
+        }
+    });
+    opened.close()?;
+    let r = r.map_err(|e| lvm_error(&e))?;
+    if global.json {
+        print_json(&json!({ "vg": vgn, "lv": lvn, "moved": r.moved, "rebuilt": r.rebuilt }));
+    } else {
+        for (img, from, to) in &r.moved {
+            out(&format!("  {vgn}/{img} moved from {from} to {to}."));
+        }
+        if r.rebuilt.is_empty() {
+            out(&format!(
+                "  {vgn}/{lvn} is whole and in sync; nothing to repair."
+            ));
+        } else {
+            out(&format!(
+                "  Faulty devices in {vgn}/{lvn} successfully replaced; rebuilt {}.",
+                r.rebuilt.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn lvrename(a: &LvmLvrenameArgs, global: &Global) -> Result<()> {
     let (vgn, old, new) = match a.names.as_slice() {
         [v, o, n] => (v.clone(), o.clone(), n.clone()),
@@ -1033,6 +1100,10 @@ pub enum LvmCommand {
     Lvrename(LvmLvrenameArgs),
     /// Remove a logical volume
     Lvremove(LvmLvArgs),
+    /// Repair a RAID LV (--repair), or move its image off a PV (--replace PV), rebuilding
+    /// from the other images with progress
+    #[command(after_help = LVM_LVCONVERT_EXAMPLES)]
+    Lvconvert(LvmLvconvertArgs),
     /// Parse a metadata text (vgcfgbackup output, or `pvck --dump metadata`) and print
     /// it as cairn reads it
     #[command(hide = true)]
@@ -1257,6 +1328,35 @@ pub struct LvmLvArgs {
     #[command(flatten)]
     pub devices: LvmDevices,
 }
+
+/// `cairn lvm lvconvert`.
+#[derive(Debug, Args)]
+pub struct LvmLvconvertArgs {
+    /// The RAID LV as VG/LV
+    #[arg(value_name = "VG/LV")]
+    pub lv: String,
+
+    /// Rebuild images that missed writes, and move images off missing PVs to PVs with
+    /// room
+    #[arg(long, conflicts_with = "replace", required_unless_present = "replace")]
+    pub repair: bool,
+
+    /// Move the image(s) on this PV (a device name or PV key) to another PV and rebuild
+    #[arg(long, value_name = "PV")]
+    pub replace: Option<String>,
+
+    /// The VG's PVs (files or block devices); PVs that are gone may be left out
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+pub(crate) const LVM_LVCONVERT_EXAMPLES: &str = "\
+Examples:
+  cairn lvm lvconvert --repair vg0/r10 --devices p0,p2,p3,p4   # p1 is gone: its image moves
+  cairn lvm lvconvert --replace p1 vg0/r10 --devices p0,p1,p2,p3,p4";
 
 /// `cairn lvm vgcfg-parse`.
 #[derive(Debug, Args)]

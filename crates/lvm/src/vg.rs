@@ -66,6 +66,16 @@ pub struct RaidCreate {
     pub nosync: bool,
 }
 
+/// What `lv_repair` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RaidRepair {
+    pub name: String,
+    /// Images moved to another PV: (image, old PV key or "missing", new PV key).
+    pub moved: Vec<(String, String, String)>,
+    /// Images rewritten from the others.
+    pub rebuilt: Vec<String>,
+}
+
 /// The outcome of a change to an LV.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LvChange {
@@ -1007,6 +1017,257 @@ impl Vg {
         Ok(())
     }
 
+    /// `lvconvert --repair` (`replace` = `None`) or `lvconvert --replace PV`: images on
+    /// missing PVs, or on PV `replace` (a device name or PV key), move to other PVs of
+    /// the VG (one image per PV, as lvcreate places them; refused clearly when no PV has
+    /// room); then those images and any the superblocks record as failed are rebuilt
+    /// from the others, `progress(done, total)` bytes as it goes; then every metadata
+    /// LV says in sync again. Works with PVs missing (their PVs get lvm's `MISSING`
+    /// flag; the other PVs get the new metadata).
+    pub fn lv_repair(
+        &mut self,
+        name: &str,
+        replace: Option<&str>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<RaidRepair> {
+        if self.failed {
+            return Err(Error::new(
+                ErrorKind::PreviousIo,
+                format!(
+                    "VG {}: an earlier metadata write failed; reopen the VG",
+                    self.meta.name
+                ),
+            ));
+        }
+        if self.user_read_only {
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                format!("VG {} is open read-only", self.meta.name),
+            ));
+        }
+        self.meta
+            .writable()
+            .map_err(|m| Error::new(ErrorKind::Unsupported, m))?;
+        let lv = self.changeable(name)?.clone();
+        let full = format!("{}/{name}", self.meta.name);
+        let Some(SegKind::Raid(r)) = lv.segments.first().map(|s| s.kind.clone()) else {
+            return Err(invalid(format!("LV {full} is not a RAID LV")));
+        };
+        if r.segtype.starts_with("raid0") || r.segtype == "mirror" {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "LV {full}: cairn repairs raid1/raid10/raid4/5/6 LVs, not {}",
+                    r.segtype
+                ),
+            ));
+        }
+        let replace_key = match replace {
+            None => None,
+            Some(pv) => Some(
+                self.meta
+                    .pvs
+                    .iter()
+                    .zip(&self.slots)
+                    .find(|(p, s)| {
+                        p.key == pv
+                            || p.device.as_deref() == Some(pv)
+                            || s.dev.as_ref().is_some_and(|d| d.name == pv)
+                    })
+                    .map(|(p, _)| p.key.clone())
+                    .ok_or_else(|| invalid(format!("{pv} is not a PV of VG {}", self.meta.name)))?,
+            ),
+        };
+        let missing_key = |k: &str| {
+            self.meta
+                .pvs
+                .iter()
+                .position(|p| p.key == k)
+                .is_some_and(|i| self.slots[i].dev.is_none())
+        };
+        let pvs_of = |lv_name: &str| -> Vec<String> {
+            self.meta
+                .lv(lv_name)
+                .map(|l| {
+                    l.segments
+                        .iter()
+                        .flat_map(|s| s.areas().iter().map(|a| a.pv.clone()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        // Which images move, and which are rebuilt.
+        let n = r.images.len();
+        let mut moving = vec![false; n];
+        for (i, img) in r.images.iter().enumerate() {
+            let used: Vec<String> = pvs_of(img)
+                .into_iter()
+                .chain(r.metas[i].iter().flat_map(|m| pvs_of(m)))
+                .collect();
+            moving[i] = used
+                .iter()
+                .any(|k| missing_key(k) || replace_key.as_deref() == Some(k.as_str()));
+        }
+        let freshest = self.raid_superblock(&r);
+        let mut rebuild: Vec<bool> = (0..n)
+            .map(|i| moving[i] || freshest.as_ref().is_some_and(|sb| sb.failed(i)))
+            .collect();
+        if replace_key.is_some() && !moving.iter().any(|m| *m) {
+            return Err(invalid(format!(
+                "LV {full} has no image on {}",
+                replace.unwrap_or("")
+            )));
+        }
+        if !rebuild.iter().any(|b| *b) {
+            return Ok(RaidRepair {
+                name: name.to_string(),
+                moved: vec![],
+                rebuilt: vec![],
+            });
+        }
+        let seg = &lv.segments[0];
+        let per_image = crate::meta::image_extents(&r, seg.extent_count);
+        let mut moved = Vec::new();
+        if moving.iter().any(|m| *m) {
+            let mut free = FreeMap::of(&self.meta)?;
+            // PVs holding the images that stay, and the ones being left.
+            let mut taken: Vec<String> = Vec::new();
+            for (i, img) in r.images.iter().enumerate() {
+                if !moving[i] {
+                    taken.extend(pvs_of(img));
+                }
+            }
+            let mut new = self.meta.clone();
+            for i in (0..n).filter(|&i| moving[i]) {
+                let need = per_image + u64::from(r.metas[i].is_some());
+                let target = free
+                    .pv_keys()
+                    .into_iter()
+                    .find(|k| !taken.contains(k) && !missing_key(k) && replace_key.as_deref() != Some(k.as_str()) && free.free_on(k) >= need)
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::NoSpace,
+                            format!(
+                                "LV {full}: image {} needs another PV with {need} free extents that holds no other image of the LV; the VG has none (add one with vgextend)",
+                                r.images[i]
+                            ),
+                        )
+                    })?;
+                let mut runs = free.on_pv(&target, need).expect("checked free space");
+                let old_pv = pvs_of(&r.images[i]).first().cloned().unwrap_or_default();
+                if let Some(m) = &r.metas[i] {
+                    let first = runs.first_mut().expect("a run");
+                    let meta_run = Run {
+                        pv: first.pv.clone(),
+                        pe: first.pe,
+                        count: 1,
+                    };
+                    first.pe += 1;
+                    first.count -= 1;
+                    runs.retain(|x| x.count > 0);
+                    if let Some(l) = new.lvs.iter_mut().find(|l| &l.name == m) {
+                        l.segments = runs_to_linear(0, vec![meta_run]);
+                    }
+                }
+                if let Some(l) = new.lvs.iter_mut().find(|l| l.name == r.images[i]) {
+                    l.segments = runs_to_linear(0, runs);
+                }
+                taken.push(target.clone());
+                moved.push((
+                    r.images[i].clone(),
+                    if missing_key(&old_pv) {
+                        "missing".into()
+                    } else {
+                        old_pv
+                    },
+                    target,
+                ));
+            }
+            for (p, s) in new.pvs.iter_mut().zip(&self.slots) {
+                if s.dev.is_none() && !p.flags.iter().any(|f| f == "MISSING") {
+                    p.flags.push("MISSING".into());
+                }
+            }
+            self.commit(new)?;
+        }
+        // Rebuild: read through the array without the images being rebuilt, write
+        // through the array with all of them (full stripes, so parity is computed from
+        // the data, never from a stale image).
+        let lv = self.lv_meta(name)?.clone();
+        let degraded = self.open_raid_with(&lv, &r, full.clone(), true, &rebuild, false)?;
+        let whole = self.open_raid_with(&lv, &r, full.clone(), false, &[], true)?;
+        if whole.array().is_some_and(|a| !a.down_roles().is_empty()) {
+            return Err(Error::new(
+                ErrorKind::Degraded,
+                format!("LV {full}: an image is still missing after the move"),
+            ));
+        }
+        let size = degraded.geometry().size;
+        let stripe = u64::from(whole.geometry().optimal_io_size.max(4096));
+        let step = (4u64 << 20).div_ceil(stripe) * stripe;
+        let mut buf = vec![0u8; usize::try_from(step).unwrap_or(4 << 20)];
+        let mut off = 0u64;
+        while off < size {
+            let len = step.min(size - off);
+            let b = &mut buf[..usize::try_from(len).unwrap_or(0)];
+            degraded
+                .read_at(b, off)
+                .map_err(|e| e.context(format!("LV {full}: rebuild read")))?;
+            whole
+                .write_at(b, off, WriteFlags::NONE)
+                .map_err(|e| e.context(format!("LV {full}: rebuild write")))?;
+            off += len;
+            progress(off, size);
+        }
+        whole.flush()?;
+        // Every metadata LV: in sync, nothing failed, events past the old ones.
+        let es = self.meta.extent_size;
+        let mut devs = Vec::new();
+        let mut index = BTreeMap::new();
+        let events = freshest.as_ref().map_or(1, |f| f.events) + 1;
+        for (i, m) in r.metas.iter().enumerate() {
+            let Some(m) = m else { continue };
+            let Some(dev) = self.open_sub(m, &mut devs, &mut index, false)? else {
+                continue;
+            };
+            let mut sb =
+                crate::raid::new_super(&r, i, per_image * es, seg.extent_count * es, true)?;
+            sb.events = events;
+            let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+            crate::raid::write_rmeta(&dev, &sb, &r, seg.extent_count * es, per_image * es)?;
+        }
+        rebuild.truncate(n);
+        Ok(RaidRepair {
+            name: name.to_string(),
+            moved,
+            rebuilt: r
+                .images
+                .iter()
+                .zip(&rebuild)
+                .filter(|(_, b)| **b)
+                .map(|(i, _)| i.clone())
+                .collect(),
+        })
+    }
+
+    /// The freshest dm-raid superblock among a RAID segment's present metadata LVs.
+    fn raid_superblock(&self, r: &crate::meta::RaidSeg) -> Option<crate::raid::DmRaidSuper> {
+        let mut devs = Vec::new();
+        let mut index = BTreeMap::new();
+        let mut best: Option<crate::raid::DmRaidSuper> = None;
+        for m in r.metas.iter().flatten() {
+            let Ok(Some(dev)) = self.open_sub(m, &mut devs, &mut index, true) else {
+                continue;
+            };
+            if let Ok(Some(sb)) = crate::raid::read_rmeta(&dev) {
+                if best.as_ref().is_none_or(|b| sb.events > b.events) {
+                    best = Some(sb);
+                }
+            }
+        }
+        best
+    }
+
     /// Writes `failed` (by image) into the superblock of every present metadata LV of
     /// `r`, events one past the freshest, the rest of each superblock kept.
     fn record_failed(
@@ -1404,6 +1665,20 @@ impl Vg {
         full: String,
         ro: bool,
     ) -> Result<LogicalVolume> {
+        self.open_raid_with(lv, r, full, ro, &[], false)
+    }
+
+    /// [`Vg::open_raid`] with images `force_down` left out as well, or (`ignore_failed`)
+    /// with the images the superblocks record as failed put back (a rebuild's target).
+    fn open_raid_with(
+        &self,
+        lv: &LvMeta,
+        r: &crate::meta::RaidSeg,
+        full: String,
+        ro: bool,
+        force_down: &[bool],
+        ignore_failed: bool,
+    ) -> Result<LogicalVolume> {
         let es = self.meta.extent_size * 512;
         let seg = &lv.segments[0];
         let lv_bytes = seg.extent_count * es;
@@ -1442,7 +1717,12 @@ impl Vg {
             }
         }
         let mut notes = Vec::new();
-        if let Some(sb) = &freshest {
+        for (i, img) in images.iter_mut().enumerate() {
+            if force_down.get(i).copied().unwrap_or(false) {
+                *img = None;
+            }
+        }
+        if let Some(sb) = freshest.as_ref().filter(|_| !ignore_failed) {
             for (i, img) in images.iter_mut().enumerate() {
                 if img.is_some() && sb.failed(i) {
                     notes.push(format!("image {} is recorded as failed", r.images[i]));
@@ -1481,7 +1761,7 @@ impl Vg {
                 format!("LV {full}: its images hold less than its {lv_bytes} bytes"),
             ));
         }
-        if !ro && down.iter().any(|d| *d) {
+        if !ro && !ignore_failed && down.iter().any(|d| *d) {
             // As dm-raid's super_sync: the images left record the missing ones as
             // failed, so that when a missing PV returns its stale image is not read
             // until a repair rebuilds it.

@@ -277,3 +277,102 @@ fn refusals_are_clear_and_change_nothing() {
     assert_eq!(vg.report().free_count, free + 6);
     let _ = Arc::new(MemDisk::new(1));
 }
+
+fn partial(pvs: Vec<PvDevice>, read_only: bool) -> Vg {
+    Vg::open_with(
+        pvs,
+        OpenOptions {
+            partial: true,
+            read_only,
+        },
+    )
+    .unwrap()
+}
+
+/// `lvconvert --repair` in place: an image that missed writes (its PV was away) is
+/// rebuilt from the others and then serves alone.
+#[test]
+fn repair_rebuilds_a_stale_image_in_place() {
+    for (t, s) in [("raid1", None), ("raid5", Some(2)), ("raid10", Some(2))] {
+        let npv = if t == "raid1" {
+            2
+        } else if t == "raid5" {
+            3
+        } else {
+            4
+        };
+        let (_d, pvs) = mem_pvs(npv, 64 * MIB);
+        let mut vg = Vg::create("vgr", pvs.clone(), 4 * MIB).unwrap();
+        vg.lv_create_raid(&rc("r", t, 4, if t == "raid5" { None } else { Some(1) }, s))
+            .unwrap();
+        fill(&*vg.lv("r").unwrap(), 1);
+        drop(vg);
+        // pv0 away while the data changes: its image is stale and recorded failed.
+        let vg = partial(pvs[1..].to_vec(), false);
+        let data = fill(&*vg.lv("r").unwrap(), 2);
+        drop(vg);
+        let mut vg = Vg::open(pvs.clone()).unwrap();
+        let p = vg.report().lvs[0].sync_percent.clone();
+        assert_eq!(p.as_deref(), Some("100.00"), "{t}");
+        let mut seen = 0;
+        let rep = vg.lv_repair("r", None, &mut |d, _| seen = d).unwrap();
+        assert_eq!(rep.rebuilt, vec!["r_rimage_0".to_string()], "{t}");
+        assert!(rep.moved.is_empty());
+        assert_eq!(seen, data.len() as u64);
+        let lv = vg.lv("r").unwrap();
+        assert!(
+            lv.array().unwrap().down_roles().is_empty(),
+            "{t}: still degraded"
+        );
+        check(&*lv, &data);
+        drop(lv);
+        drop(vg);
+        // Now pv1 goes away: the rebuilt image 0 serves its share.
+        let vg = partial([&pvs[..1], &pvs[2..]].concat(), true);
+        check(&*vg.lv("r").unwrap(), &data);
+    }
+}
+
+/// `lvconvert --repair` with a PV gone for good, and `--replace PV`: the image moves to
+/// a free PV and is rebuilt there; refused clearly when no PV can take it.
+#[test]
+fn repair_and_replace_move_images() {
+    let (_d, pvs) = mem_pvs(3, 64 * MIB);
+    let mut vg = Vg::create("vgr", pvs.clone(), 4 * MIB).unwrap();
+    vg.lv_create_raid(&rc("r", "raid1", 4, Some(1), None))
+        .unwrap();
+    let data = fill(&*vg.lv("r").unwrap(), 3);
+    let rep = vg.lv_repair("r", Some("pv0.img"), &mut |_, _| {}).unwrap();
+    assert_eq!(
+        rep.moved,
+        vec![("r_rimage_0".into(), "pv0".into(), "pv2".into())]
+    );
+    assert_eq!(rep.rebuilt, vec!["r_rimage_0".to_string()]);
+    check(&*vg.lv("r").unwrap(), &data);
+    drop(vg);
+    // pv0 holds nothing now: the LV reads whole without it.
+    let vg = partial(pvs[1..].to_vec(), true);
+    assert!(vg.lv("r").unwrap().array().unwrap().down_roles().is_empty());
+    check(&*vg.lv("r").unwrap(), &data);
+    drop(vg);
+    // pv1 lost for good: --repair moves its image to the PV with room (pv0).
+    let mut vg = partial(vec![pvs[0].clone(), pvs[2].clone()], false);
+    let rep = vg.lv_repair("r", None, &mut |_, _| {}).unwrap();
+    assert_eq!(
+        rep.moved,
+        vec![("r_rimage_1".into(), "missing".into(), "pv0".into())]
+    );
+    check(&*vg.lv("r").unwrap(), &data);
+    assert!(vg.metadata().pvs[1].flags.contains(&"MISSING".to_string()));
+    // No third PV for another move: a clear refusal.
+    let e = vg
+        .lv_repair("r", Some("pv2.img"), &mut |_, _| {})
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
+    assert!(e.to_string().contains("needs another PV"), "{e}");
+    drop(vg);
+    let vg = partial(vec![pvs[0].clone(), pvs[2].clone()], true);
+    let lv = vg.lv("r").unwrap();
+    assert!(lv.array().unwrap().down_roles().is_empty());
+    check(&*lv, &data);
+}
