@@ -96,7 +96,7 @@ PY
 
 # make_vg_text IN OUT: adds to lvm's backup text a raid1 LV "m" (2 images, pv0 and pv1)
 # and a raid10 LV "t" (4 images, 64K stripes, pv0..pv3), each image 2 extents after its
-# 1-extent metadata LV, after the extents lvm's own LVs use.
+# 1-extent metadata LV, after the extents lvm's own LVs use; and a legacy mirror "o".
 make_vg_text() {
   py - "$1" "$2" <<'PY'
 import sys
@@ -124,6 +124,12 @@ def raid(name, segtype, pvs, extents, per, extra):
 raid("m", "raid1", [("pv0", 4), ("pv1", 4)], 2, 2, "")
 raid("t", "raid10", [("pv0", 7), ("pv1", 7), ("pv2", 0), ("pv3", 0)], 4, 2,
      "data_copies = 2\nstripe_size = 128\n")
+# A legacy mirror (core log) "o" over pv2/pv3 extents 3-4.
+lvs += lv("o", ["READ", "WRITE", "VISIBLE"],
+          'extent_count = 2\n\ntype = "mirror"\nmirror_count = 2\nregion_size = 1024\n\n'
+          'mirrors = [\n"o_mimage_0", 0,\n"o_mimage_1", 0\n]\n')
+lvs += lv("o_mimage_0", ["READ", "WRITE"], lin("pv2", 3, 2))
+lvs += lv("o_mimage_1", ["READ", "WRITE"], lin("pv3", 3, 2))
 i = t.index("\n\tlogical_volumes {")
 j = t.index("\n\t}\n", i)
 t = t[:j] + lvs + t[j:]
@@ -144,9 +150,9 @@ def where(img):
     return files[dev], (1 << 20) + int(pe) * (4 << 20)
 data = open(data_path, "rb").read()
 pieces = []
-if lv == "m":
+if lv in ("m", "o"):
     for i in range(2):
-        f, off = where(f"m_rimage_{i}")
+        f, off = where(f"m_rimage_{i}" if lv == "m" else f"o_mimage_{i}")
         pieces.append((f, off, data))
 else:
     z = 64 << 10
@@ -186,17 +192,22 @@ t_cairn_reads_lvm_raid() {
   lvs "${NOACT[@]}" --devices "$loops" --reportformat json -a -o lv_name,segtype,devices vgl \
     >"$WORK/lvs.json"
   expect_contains "$(cat "$WORK/lvs.json")" '"segtype":"raid10"' "lvm took the raid10 LV"
+  expect_contains "$(cat "$WORK/lvs.json")" '"segtype":"mirror"' "lvm took the mirror LV"
   for i in 0 1 2 3; do losetup -d "${l[$i]}"; done
   random_file "$WORK/m.data" 8M
+  random_file "$WORK/o.data" 8M
   random_file "$WORK/t.data" 16M
   py "$WORK/place.py" "$WORK" m "$WORK/m.data" put "$map"
+  py "$WORK/place.py" "$WORK" o "$WORK/o.data" put "$map"
   py "$WORK/place.py" "$WORK" t "$WORK/t.data" put "$map"
   devs=$(IFS=,; echo "${p[*]}")
   "$CAIRN" lvm lvs --devices "$devs"
   start_cairn --read-only --lvm "$devs"
   nbdcopy "$(unix_uri vgl/m)" "$WORK/m.back"
   nbdcopy "$(unix_uri vgl/t)" "$WORK/t.back"
+  nbdcopy "$(unix_uri vgl/o)" "$WORK/o.back"
   stop_cairn
+  cmp "$WORK/o.data" "$WORK/o.back" || fail "mirror LV read differs"
   cmp "$WORK/m.data" "$WORK/m.back" || fail "raid1 LV read differs"
   cmp "$WORK/t.data" "$WORK/t.back" || fail "raid10 LV read differs"
   # pv1 missing: raid1 reads image 0, raid10 reads the copies on images 0, 2, 3.

@@ -186,7 +186,19 @@ pub fn open_vg_exports(
                 .first()
                 .and_then(|&i| report.pvs.iter().find(|p| p.name == names[i]))
                 .map_or(0, |p| p.pe_start),
-            stripes: seg0.map_or(1, |s| u32::try_from(s.stripes).unwrap_or(u32::MAX)),
+            // A RAID LV's full stripe spans its data stripes, not its images.
+            stripes: match vg
+                .metadata()
+                .lv(&lv_report.name)
+                .and_then(|l| l.segments.first())
+                .map(|s| &s.kind)
+            {
+                Some(cairn_lvm::meta::SegKind::Raid(r)) => {
+                    u32::try_from(r.data_stripes()).unwrap_or(u32::MAX)
+                }
+                _ => seg0.map_or(1, |s| u32::try_from(s.stripes).unwrap_or(u32::MAX)),
+            },
+            segtype: seg0.map_or(String::new(), |s| s.segtype.clone()),
             stripe_size: seg0.map_or(0, |s| s.stripe_size),
             seg_pe_ranges: lv_report
                 .segments
