@@ -54,8 +54,8 @@ for _ in $(seq 100); do [ -S "$D/sock" ] && break; sleep 0.1; done
 run() { # LV RW -> "iops mib/s"
   fio --output-format=json --ioengine=nbd --uri="nbd+unix:///$1?socket=$D/sock" \
     --name=b --rw="$2" --bs=4k --iodepth=32 --time_based --runtime="$RUNTIME" --ramp_time=1 \
-    --size="${lv_mib}M" >"$D/fio.json"
-  python3 - "$D/fio.json" "$2" <<'PY'
+    --size="${lv_mib}M" --output="$D/fio.json" 2>"$D/fio.err" || { cat "$D/fio.err" "$D/serve.err" >&2; exit 1; }
+  /usr/bin/python3 - "$D/fio.json" "$2" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]
 k = "read" if "read" in sys.argv[2] else "write"
@@ -73,5 +73,5 @@ done
 for rw in randread randwrite; do
   a=${res[vgr/r10 $rw]%% *}
   b=${res[vgs/str $rw]%% *}
-  python3 -c "import sys; print(f'ratio raid10/striped {sys.argv[1]}: {int(sys.argv[2])/max(1,int(sys.argv[3])):.2f}x')" "$rw" "$a" "$b"
+  /usr/bin/python3 -c "import sys; print(f'ratio raid10/striped {sys.argv[1]}: {int(sys.argv[2])/max(1,int(sys.argv[3])):.2f}x')" "$rw" "$a" "$b"
 done
