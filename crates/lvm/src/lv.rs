@@ -72,6 +72,8 @@ pub struct LogicalVolume {
     /// A RAID LV: md's array over the image sub-LVs does the I/O; `segments` are then
     /// the first image's (for `locate`).
     raid: Option<Arc<cairn_md::Array>>,
+    /// A RAID LV open for writing: marks its bitmaps clean when dropped.
+    write_guard: Option<crate::raid::OpenForWrite>,
 }
 
 /// Requests at least this large overlap their pieces by PV whatever the PVs' latency.
@@ -179,6 +181,7 @@ impl LogicalVolume {
             read_only,
             latency: Latency::default(),
             raid: None,
+            write_guard: None,
         })
     }
 
@@ -203,7 +206,14 @@ impl LogicalVolume {
             read_only: read_only || array.capabilities().read_only,
             latency: Latency::default(),
             raid: Some(array),
+            write_guard: None,
         }
+    }
+
+    /// Keeps `guard` (the bitmaps marked dirty) for as long as the LV is open.
+    pub(crate) fn with_write_guard(mut self, guard: crate::raid::OpenForWrite) -> LogicalVolume {
+        self.write_guard = Some(guard);
+        self
     }
 
     /// The md array doing a RAID LV's I/O (status, fail, rebuild), if it is one.

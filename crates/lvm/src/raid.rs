@@ -287,6 +287,110 @@ pub fn write_rmeta(
     dev.flush()
 }
 
+/// md's bitmap header for a RAID segment's metadata LVs, at `events`.
+fn bitmap_header(
+    r: &RaidSeg,
+    lv_sectors: u64,
+    image_sectors: u64,
+    events: u64,
+) -> cairn_md::bitmap::BitmapSuper {
+    // md's resync_max_sectors: the array for raid10, an image otherwise.
+    let sync = if r.segtype == "raid10" {
+        lv_sectors
+    } else {
+        image_sectors
+    };
+    let chunk = u32::try_from(r.region_size * 512).unwrap_or(u32::MAX);
+    cairn_md::bitmap::BitmapSuper::new(cairn_md::Uuid::default(), Sectors(sync), chunk, events)
+}
+
+/// Whether any region bit is set in the bitmap of a metadata LV (a writer did not
+/// finish cleanly: the kernel, and cairn, resync those regions).
+pub fn bitmap_dirty(
+    dev: &dyn BlockDevice,
+    r: &RaidSeg,
+    lv_sectors: u64,
+    image_sectors: u64,
+) -> Result<bool> {
+    if r.region_size == 0 {
+        return Ok(false);
+    }
+    let h = bitmap_header(r, lv_sectors, image_sectors, 0);
+    let bits = h.chunks().unwrap_or(0);
+    let bytes = bits.div_ceil(8);
+    let head = cairn_md::bitmap::HEADER_SIZE as u64;
+    let len = (head + bytes).div_ceil(512) * 512;
+    if BITMAP_OFFSET + len > dev.geometry().size {
+        return Ok(false);
+    }
+    let mut b = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    dev.read_at(&mut b, BITMAP_OFFSET)?;
+    if &b[..4] != b"bitm" {
+        return Ok(false);
+    }
+    let end = usize::try_from(head + bytes)
+        .unwrap_or(b.len())
+        .min(b.len());
+    Ok(b[usize::try_from(head).unwrap_or(0)..end]
+        .iter()
+        .any(|&x| x != 0))
+}
+
+/// Rewrites the bitmap of a metadata LV with every region `dirty` or clean.
+pub fn write_bitmap(
+    dev: &dyn BlockDevice,
+    r: &RaidSeg,
+    lv_sectors: u64,
+    image_sectors: u64,
+    events: u64,
+    dirty: bool,
+) -> Result<()> {
+    if r.region_size == 0 {
+        return Ok(());
+    }
+    let area = bitmap_header(r, lv_sectors, image_sectors, events).initial_area(dirty);
+    if BITMAP_OFFSET + area.len() as u64 > dev.geometry().size {
+        return Ok(());
+    }
+    dev.write_at(&area, BITMAP_OFFSET, WriteFlags::FUA)
+}
+
+/// While a RAID LV is open for writing, every region of its bitmaps is marked dirty (a
+/// coarse write-intent: after a crash of cairn the kernel, or cairn's next open, resyncs
+/// the whole LV); dropping the LV flushes it and marks them clean again.
+#[derive(Debug)]
+pub struct OpenForWrite {
+    pub(crate) array: Arc<cairn_md::Array>,
+    pub(crate) rmetas: Vec<Arc<dyn BlockDevice>>,
+    pub(crate) seg: RaidSeg,
+    pub(crate) lv_sectors: u64,
+    pub(crate) image_sectors: u64,
+    pub(crate) events: u64,
+}
+
+impl Drop for OpenForWrite {
+    fn drop(&mut self) {
+        if let Err(e) = self.array.flush() {
+            tracing::warn!("RAID LV: flush at close failed ({e}); its bitmap stays dirty");
+            return;
+        }
+        for d in &self.rmetas {
+            if let Err(e) = write_bitmap(
+                &**d,
+                &self.seg,
+                self.lv_sectors,
+                self.image_sectors,
+                self.events,
+                false,
+            )
+            .and_then(|()| d.flush())
+            {
+                tracing::warn!("RAID LV: marking the bitmap clean failed: {e}");
+            }
+        }
+    }
+}
+
 /// Reads the superblock of a metadata LV; `Ok(None)` when it carries none.
 pub fn read_rmeta(dev: &dyn BlockDevice) -> Result<Option<DmRaidSuper>> {
     let lbs = usize::try_from(dev.geometry().logical_block_size.max(512)).unwrap_or(512);

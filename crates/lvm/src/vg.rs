@@ -1776,16 +1776,66 @@ impl Vg {
         for n in &notes {
             tracing::warn!("LV {full}: {n}");
         }
-        let array =
+        let array = Arc::new(
             cairn_md::Array::from_layout(layout, members, &vec![cairn_md::Sectors::ZERO; n])
-                .map_err(|e| e.context(format!("LV {full}")))?;
-        Ok(LogicalVolume::raid(
-            full,
-            Arc::new(array),
+                .map_err(|e| e.context(format!("LV {full}")))?,
+        );
+        let lv = LogicalVolume::raid(
+            full.clone(),
+            array.clone(),
             lv_bytes,
             &first_segments_lv,
             ro,
-        ))
+        );
+        if ro || ignore_failed || r.region_size == 0 || lv.capabilities().read_only {
+            return Ok(lv);
+        }
+        // Open for writing: a dirty bitmap means the last writer stopped mid-way; make
+        // the copies (or parity) agree before serving, then mark every region dirty
+        // until the LV is closed.
+        let (lv_s, img_s) = (lv_bytes / 512, image_bytes / 512);
+        let mut rmetas: Vec<Arc<dyn BlockDevice>> = Vec::new();
+        let mut mdevs = Vec::new();
+        let mut mindex = BTreeMap::new();
+        for (i, m) in r.metas.iter().enumerate() {
+            let Some(m) = m else { continue };
+            if down.get(i).copied().unwrap_or(true) {
+                continue;
+            }
+            if let Some(d) = self.open_sub(m, &mut mdevs, &mut mindex, false)? {
+                rmetas.push(Arc::new(d));
+            }
+        }
+        let mut dirty = false;
+        for d in &rmetas {
+            dirty |= crate::raid::bitmap_dirty(&**d, r, lv_s, img_s)?;
+        }
+        if dirty {
+            if array.down_roles().is_empty() {
+                tracing::warn!("LV {full} was not closed cleanly: resyncing it");
+                array
+                    .resync()
+                    .map_err(|e| e.context(format!("LV {full}: resync")))?;
+            } else {
+                tracing::warn!(
+                    "LV {full} was not closed cleanly and is degraded: it cannot be resynced; \
+                     copies may differ where writes were in flight"
+                );
+            }
+        }
+        let events = freshest.as_ref().map_or(1, |f| f.events);
+        for d in &rmetas {
+            crate::raid::write_bitmap(&**d, r, lv_s, img_s, events, true)?;
+            d.flush()?;
+        }
+        Ok(lv.with_write_guard(crate::raid::OpenForWrite {
+            array,
+            rmetas,
+            seg: r.clone(),
+            lv_sectors: lv_s,
+            image_sectors: img_s,
+            events,
+        }))
     }
 
     /// `vgs` + `pvs` + `lvs` in one.

@@ -376,3 +376,52 @@ fn repair_and_replace_move_images() {
     assert!(lv.array().unwrap().down_roles().is_empty());
     check(&*lv, &data);
 }
+
+/// While open for writing the bitmaps are dirty; closed, clean. A writer that stopped
+/// without closing (a crash) leaves them dirty, and the next writable open resyncs: the
+/// copies agree again.
+#[test]
+fn an_unclean_close_is_resynced() {
+    let (disks, pvs) = mem_pvs(2, 64 * MIB);
+    let mut vg = Vg::create("vgr", pvs.clone(), 4 * MIB).unwrap();
+    vg.lv_create_raid(&rc("r", "raid1", 2, Some(1), None))
+        .unwrap();
+    let meta = vg.metadata().clone();
+    let at = |lv: &str| {
+        let a = &meta.lv(lv).unwrap().segments[0].areas()[0];
+        let pv = meta.pvs.iter().position(|p| p.key == a.pv).unwrap();
+        (pv, meta.pvs[pv].pe_start * 512 + a.pe * 4 * MIB)
+    };
+    let bitmap_byte = |m: &str| {
+        let (pv, off) = at(m);
+        let mut h = vec![0u8; 512];
+        disks[pv].read_at(&mut h, off + 4096).unwrap();
+        // The first byte of bits, after the 256-byte bitmap header.
+        h[256]
+    };
+    let lv = vg.lv("r").unwrap();
+    assert_eq!(
+        bitmap_byte("r_rmeta_0"),
+        0xff,
+        "dirty while open for writing"
+    );
+    let data = fill(&*lv, 7);
+    drop(lv);
+    assert_eq!(bitmap_byte("r_rmeta_0"), 0, "clean after close");
+    // A "crash": open, then the copies diverge behind the LV's back, never closed.
+    let lv = vg.lv("r").unwrap();
+    std::mem::forget(lv);
+    let (pv1, img1) = at("r_rimage_1");
+    disks[pv1]
+        .write_at(&[0x5a; 4096], img1 + 8192, WriteFlags::NONE)
+        .unwrap();
+    assert_eq!(bitmap_byte("r_rmeta_1"), 0xff);
+    drop(vg);
+    let vg = Vg::open(pvs.clone()).unwrap();
+    let lv = vg.lv("r").unwrap();
+    drop(lv);
+    // Resynced from the first copy: image 1 holds the data again.
+    let mut b = vec![0u8; 4096];
+    disks[pv1].read_at(&mut b, img1 + 8192).unwrap();
+    assert_eq!(&b[..], &data[8192..8192 + 4096]);
+}
