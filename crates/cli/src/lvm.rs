@@ -908,7 +908,16 @@ fn lvs(a: &LvmReportArgs, global: &Global) -> Result<()> {
         } else {
             format!("[{}]", l.name)
         };
-        let attr = format!("-{}i-------", if l.writable { 'w' } else { 'r' });
+        // lvm's volume type letter: r RAID, m mirror, i image, e RAID metadata, l log.
+        let kind = match l.segments.first().map(|s| s.segtype.as_str()) {
+            Some(t) if t.starts_with("raid") => 'r',
+            Some("mirror") => 'm',
+            _ if l.name.contains("_rimage_") || l.name.contains("_mimage_") => 'i',
+            _ if l.name.contains("_rmeta_") => 'e',
+            _ if l.name.ends_with("_mlog") => 'l',
+            _ => '-',
+        };
+        let attr = format!("{kind}{}i-------", if l.writable { 'w' } else { 'r' });
         for s in &l.segments {
             rows.push(vec![
                 name.clone(),
