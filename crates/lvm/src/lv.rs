@@ -394,6 +394,11 @@ impl BlockDevice for LogicalVolume {
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check_writable()?;
         if let Some(a) = &self.raid {
+            let _dirty = self
+                .write_guard
+                .as_ref()
+                .map(|g| g.begin_write())
+                .transpose()?;
             return a.write_at(buf, offset, flags);
         }
         let pieces = self.pieces(offset, buf.len() as u64)?;
@@ -416,7 +421,11 @@ impl BlockDevice for LogicalVolume {
 
     fn flush(&self) -> Result<()> {
         if let Some(a) = &self.raid {
-            return a.flush();
+            a.flush()?;
+            return match &self.write_guard {
+                Some(g) => g.flushed(),
+                None => Ok(()),
+            };
         }
         let how = if self.latency.slow() && self.pvs.len() > 1 {
             Overlap::Each
@@ -435,6 +444,11 @@ impl BlockDevice for LogicalVolume {
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_writable()?;
         if let Some(a) = &self.raid {
+            let _dirty = self
+                .write_guard
+                .as_ref()
+                .map(|g| g.begin_write())
+                .transpose()?;
             return a.discard(offset, len);
         }
         self.for_pieces(offset, len, |dev, pv_off, _, n| dev.discard(pv_off, n))
@@ -443,6 +457,11 @@ impl BlockDevice for LogicalVolume {
     fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.check_writable()?;
         if let Some(a) = &self.raid {
+            let _dirty = self
+                .write_guard
+                .as_ref()
+                .map(|g| g.begin_write())
+                .transpose()?;
             return a.write_zeroes(offset, len, flags);
         }
         self.for_pieces(offset, len, |dev, pv_off, _, n| {

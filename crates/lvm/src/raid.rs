@@ -24,7 +24,7 @@
 //!   the rest of the 512-byte block zero; md bitmap (bitmap_super_t + bits) at 4096
 //! ```
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 use cairn_md::layout::{ArrayLayout, ParityLayout, Raid0, Raid1, Raid10};
@@ -355,9 +355,11 @@ pub fn write_bitmap(
     dev.write_at(&area, BITMAP_OFFSET, WriteFlags::FUA)
 }
 
-/// While a RAID LV is open for writing, every region of its bitmaps is marked dirty (a
-/// coarse write-intent: after a crash of cairn the kernel, or cairn's next open, resyncs
-/// the whole LV); dropping the LV flushes it and marks them clean again.
+/// A RAID LV open for writing keeps dm-raid's bitmaps honest, coarsely: the first write
+/// after a clean point sets every region bit (FUA, before the data is written); a flush
+/// with no write in flight clears them again after the data is durable, and so does
+/// closing the LV. A cairn that stops between the two leaves them set: the kernel, or
+/// cairn's next writable open, resyncs the LV.
 #[derive(Debug)]
 pub struct OpenForWrite {
     pub(crate) array: Arc<cairn_md::Array>,
@@ -366,6 +368,57 @@ pub struct OpenForWrite {
     pub(crate) lv_sectors: u64,
     pub(crate) image_sectors: u64,
     pub(crate) events: u64,
+    /// Whether the bitmaps on disk are dirty; writes hold it shared while they run.
+    pub(crate) dirty: RwLock<bool>,
+}
+
+impl OpenForWrite {
+    fn mark(&self, dirty: bool) -> Result<()> {
+        for d in &self.rmetas {
+            write_bitmap(
+                &**d,
+                &self.seg,
+                self.lv_sectors,
+                self.image_sectors,
+                self.events,
+                dirty,
+            )?;
+        }
+        if !dirty {
+            for d in &self.rmetas {
+                d.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Held for the duration of one write: the bitmaps are dirty on disk meanwhile.
+    pub(crate) fn begin_write(&self) -> Result<RwLockReadGuard<'_, bool>> {
+        loop {
+            let r = self.dirty.read().unwrap_or_else(PoisonError::into_inner);
+            if *r {
+                return Ok(r);
+            }
+            drop(r);
+            let mut w = self.dirty.write().unwrap_or_else(PoisonError::into_inner);
+            if !*w {
+                self.mark(true)?;
+                *w = true;
+            }
+        }
+    }
+
+    /// After the array's flush: clean again, unless a write is running.
+    pub(crate) fn flushed(&self) -> Result<()> {
+        let Ok(mut w) = self.dirty.try_write() else {
+            return Ok(());
+        };
+        if *w {
+            self.mark(false)?;
+            *w = false;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for OpenForWrite {
@@ -374,19 +427,8 @@ impl Drop for OpenForWrite {
             tracing::warn!("RAID LV: flush at close failed ({e}); its bitmap stays dirty");
             return;
         }
-        for d in &self.rmetas {
-            if let Err(e) = write_bitmap(
-                &**d,
-                &self.seg,
-                self.lv_sectors,
-                self.image_sectors,
-                self.events,
-                false,
-            )
-            .and_then(|()| d.flush())
-            {
-                tracing::warn!("RAID LV: marking the bitmap clean failed: {e}");
-            }
+        if let Err(e) = self.flushed() {
+            tracing::warn!("RAID LV: marking the bitmap clean failed: {e}");
         }
     }
 }

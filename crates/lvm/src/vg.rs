@@ -1791,8 +1791,8 @@ impl Vg {
             return Ok(lv);
         }
         // Open for writing: a dirty bitmap means the last writer stopped mid-way; make
-        // the copies (or parity) agree before serving, then mark every region dirty
-        // until the LV is closed.
+        // the copies (or parity) agree before serving. Then writes mark the bitmaps
+        // dirty and flushes clean (raid::OpenForWrite).
         let (lv_s, img_s) = (lv_bytes / 512, image_bytes / 512);
         let mut rmetas: Vec<Arc<dyn BlockDevice>> = Vec::new();
         let mut mdevs = Vec::new();
@@ -1824,18 +1824,18 @@ impl Vg {
             }
         }
         let events = freshest.as_ref().map_or(1, |f| f.events);
-        for d in &rmetas {
-            crate::raid::write_bitmap(&**d, r, lv_s, img_s, events, true)?;
-            d.flush()?;
-        }
-        Ok(lv.with_write_guard(crate::raid::OpenForWrite {
+        let guard = crate::raid::OpenForWrite {
             array,
             rmetas,
             seg: r.clone(),
             lv_sectors: lv_s,
             image_sectors: img_s,
             events,
-        }))
+            dirty: std::sync::RwLock::new(dirty),
+        };
+        // The resync made the copies agree: clean until the first write.
+        guard.flushed()?;
+        Ok(lv.with_write_guard(guard))
     }
 
     /// `vgs` + `pvs` + `lvs` in one.

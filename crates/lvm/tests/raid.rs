@@ -377,8 +377,8 @@ fn repair_and_replace_move_images() {
     check(&*lv, &data);
 }
 
-/// While open for writing the bitmaps are dirty; closed, clean. A writer that stopped
-/// without closing (a crash) leaves them dirty, and the next writable open resyncs: the
+/// A write makes the bitmaps dirty, a flush or a close clean. A writer that stopped
+/// without either (a crash) leaves them dirty, and the next writable open resyncs: the
 /// copies agree again.
 #[test]
 fn an_unclean_close_is_resynced() {
@@ -400,16 +400,18 @@ fn an_unclean_close_is_resynced() {
         h[256]
     };
     let lv = vg.lv("r").unwrap();
-    assert_eq!(
-        bitmap_byte("r_rmeta_0"),
-        0xff,
-        "dirty while open for writing"
-    );
+    assert_eq!(bitmap_byte("r_rmeta_0"), 0, "clean until written");
+    lv.write_at(&[1u8; 4096], 0, WriteFlags::NONE).unwrap();
+    assert_eq!(bitmap_byte("r_rmeta_0"), 0xff, "dirty once written");
+    lv.flush().unwrap();
+    assert_eq!(bitmap_byte("r_rmeta_0"), 0, "clean after a flush");
     let data = fill(&*lv, 7);
+    lv.write_at(&data[..4096], 0, WriteFlags::NONE).unwrap();
     drop(lv);
     assert_eq!(bitmap_byte("r_rmeta_0"), 0, "clean after close");
-    // A "crash": open, then the copies diverge behind the LV's back, never closed.
+    // A "crash": a write, then the copies diverge behind the LV's back, never closed.
     let lv = vg.lv("r").unwrap();
+    lv.write_at(&data[..4096], 0, WriteFlags::NONE).unwrap();
     std::mem::forget(lv);
     let (pv1, img1) = at("r_rimage_1");
     disks[pv1]
