@@ -509,6 +509,10 @@ fn parse_raid(ty: &str, sec: &Section) -> std::result::Result<RaidSeg, String> {
     if r.images.len() < min {
         return Err(format!("{ty} needs at least {min} devices"));
     }
+    // md's bitmap takes a power-of-two chunk of at most 2^31 bytes.
+    if r.region_size != 0 && (!r.region_size.is_power_of_two() || r.region_size > 1 << 22) {
+        return Err(format!("invalid region_size {}", r.region_size));
+    }
     let striped = !matches!(ty, "raid1" | "mirror");
     if striped && (r.stripe_size < 8 || !r.stripe_size.is_power_of_two()) {
         return Err(format!("invalid stripe_size {}", r.stripe_size));
@@ -713,7 +717,9 @@ pub fn image_extents(r: &RaidSeg, extents: u64) -> u64 {
     let n = r.images.len() as u64;
     match r.segtype.as_str() {
         "raid1" | "mirror" => extents,
-        "raid10" => (extents * r.data_copies.max(2)).div_ceil(n.max(1)),
+        "raid10" => extents
+            .saturating_mul(r.data_copies.max(2))
+            .div_ceil(n.max(1)),
         _ => extents.div_ceil(r.data_stripes() as u64),
     }
 }

@@ -265,7 +265,7 @@ pub fn write_rmeta(
         } else {
             image_sectors
         };
-        let chunk = u32::try_from(r.region_size * 512).unwrap_or(u32::MAX);
+        let chunk = u32::try_from(r.region_size.saturating_mul(512)).unwrap_or(1 << 31);
         let bm = cairn_md::bitmap::BitmapSuper::new(
             cairn_md::Uuid::default(),
             Sectors(sync),
@@ -300,7 +300,7 @@ fn bitmap_header(
     } else {
         image_sectors
     };
-    let chunk = u32::try_from(r.region_size * 512).unwrap_or(u32::MAX);
+    let chunk = u32::try_from(r.region_size.saturating_mul(512)).unwrap_or(1 << 31);
     cairn_md::bitmap::BitmapSuper::new(cairn_md::Uuid::default(), Sectors(sync), chunk, events)
 }
 

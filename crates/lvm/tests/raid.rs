@@ -427,3 +427,32 @@ fn an_unclean_close_is_resynced() {
     disks[pv1].read_at(&mut b, img1 + 8192).unwrap();
     assert_eq!(&b[..], &data[8192..8192 + 4096]);
 }
+
+/// Broken RAID metadata makes the LV unavailable with the reason, never misread.
+#[test]
+fn broken_raid_metadata_is_named() {
+    let (_d, pvs) = mem_pvs(2, 64 * MIB);
+    let mut vg = Vg::create("vgr", pvs, 4 * MIB).unwrap();
+    vg.lv_create_raid(&rc("r", "raid1", 2, Some(1), None))
+        .unwrap();
+    let text = vg.metadata().to_text();
+    for (from, to, why) in [
+        (
+            "\"r_rmeta_1\", \"r_rimage_1\"",
+            "\"r_rmeta_1\", \"r_rimage_9\"",
+            "r_rimage_9 does not exist",
+        ),
+        (
+            "region_size = 4096",
+            "region_size = 3000",
+            "invalid region_size",
+        ),
+        ("device_count = 2", "device_count = 3", "counts 3 devices"),
+    ] {
+        assert!(text.contains(from), "{from}");
+        let t = text.replace(from, to);
+        let vg = VolumeGroup::from_text(t.as_bytes()).unwrap();
+        let u = vg.lv("r").unwrap().unsupported.clone().unwrap_or_default();
+        assert!(u.contains(why), "{why}: {u}");
+    }
+}
