@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cairn_lvm::{LvCreate, PvCreateOptions, PvDevice, Vg, VgReport, VolumeGroup};
+use cairn_lvm::{LvCreate, PvCreateOptions, PvDevice, RaidCreate, Vg, VgReport, VolumeGroup};
 use serde::Serialize;
 use serde_json::json;
 
@@ -43,6 +43,7 @@ pub fn run(cmd: LvmCommand, global: &Global) -> Result<()> {
         LvmCommand::Lvreduce(a) => resize(&a, false, global),
         LvmCommand::Lvrename(a) => lvrename(&a, global),
         LvmCommand::Lvremove(a) => lvremove(&a, global),
+        LvmCommand::Lvconvert(a) => lvconvert(&a, global),
         LvmCommand::VgcfgParse(a) => vgcfg_parse(&a, global),
     }
 }
@@ -412,14 +413,43 @@ fn lvcreate(a: &LvmLvcreateArgs, global: &Global) -> Result<()> {
             (None, None) => return Err(CliError::new("give a size: -L SIZE or -l EXTENTS")),
         };
         vg.set_description(format!("cairn lvm lvcreate -n {} {}", a.name, a.vg));
-        let c = vg
-            .lv_create(&LvCreate {
+        let segtype = match (a.segtype.as_deref(), a.mirrors) {
+            (Some(t), _) => t.to_string(),
+            // lvm's mirror_segtype_default is raid1; -m with -i > 1 makes raid10.
+            (None, Some(_)) if a.stripes.unwrap_or(1) > 1 => "raid10".into(),
+            (None, Some(_)) => "raid1".into(),
+            (None, None) => "striped".into(),
+        };
+        let c = if matches!(segtype.as_str(), "linear" | "striped") {
+            if a.nosync || a.region_size.is_some() {
+                return Err(CliError::new(
+                    "--nosync and -R apply to RAID LVs (--type raid1, raid10, ...)",
+                ));
+            }
+            if segtype == "linear" && a.stripes.unwrap_or(1) > 1 {
+                return Err(CliError::new(
+                    "a linear LV has one stripe; use --type striped with -i",
+                ));
+            }
+            vg.lv_create(&LvCreate {
                 name: a.name.clone(),
                 extents,
-                stripes: a.stripes,
+                stripes: a.stripes.unwrap_or(1),
                 stripe_size: a.stripe_size,
             })
-            .map_err(|e| lvm_error(&e))?;
+        } else {
+            vg.lv_create_raid(&RaidCreate {
+                name: a.name.clone(),
+                extents,
+                segtype,
+                mirrors: a.mirrors,
+                stripes: a.stripes,
+                stripe_size: a.stripe_size,
+                region_size: a.region_size,
+                nosync: a.nosync,
+            })
+        }
+        .map_err(|e| lvm_error(&e))?;
         notes.extend(c.notes.iter().cloned());
         Ok((c, notes))
     })();
@@ -533,6 +563,72 @@ fn resize(a: &LvmResizeArgs, grow: bool, global: &Global) -> Result<()> {
         out(&format!(
             "  Logical volume {vgn}/{lvn} successfully resized."
         ));
+    }
+    Ok(())
+}
+
+fn lvconvert(a: &LvmLvconvertArgs, global: &Global) -> Result<()> {
+    let (vgn, lvn) = vg_lv(&a.lv)?;
+    let opened = open_pvs(&a.pvs, &a.devices, false)?;
+    // PVs may be missing: that is what a repair is for.
+    let mut vg = match Vg::open_with(
+        opened.pvs.clone(),
+        cairn_lvm::OpenOptions {
+            partial: true,
+            read_only: false,
+        },
+    ) {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = opened.close();
+            return Err(lvm_error(&e));
+        }
+    };
+    if vg.name() != vgn {
+        let _ = opened.close();
+        return Err(CliError::new(format!(
+            "Volume group \"{vgn}\" not found: the devices given hold VG \"{}\"",
+            vg.name()
+        )));
+    }
+    vg.set_description(format!(
+        "cairn lvm lvconvert {} {}",
+        a.replace
+            .as_ref()
+            .map_or("--repair".to_string(), |p| format!("--replace {p}")),
+        a.lv
+    ));
+    let mut last = 0u64;
+    let json = global.json;
+    let r = vg.lv_repair(lvn, a.replace.as_deref(), &mut |done, total| {
+        let pct = done * 100 / total.max(1);
+        if !json && (pct >= last + 10 || done == total) {
+            eprintln!(
+                "  {vgn}/{lvn}: rebuilt {pct}% ({} of {})",
+                lvm_size(done),
+                lvm_size(total)
+            );
+            last = pct;
+        }
+    });
+    opened.close()?;
+    let r = r.map_err(|e| lvm_error(&e))?;
+    if global.json {
+        print_json(&json!({ "vg": vgn, "lv": lvn, "moved": r.moved, "rebuilt": r.rebuilt }));
+    } else {
+        for (img, from, to) in &r.moved {
+            out(&format!("  {vgn}/{img} moved from {from} to {to}."));
+        }
+        if r.rebuilt.is_empty() {
+            out(&format!(
+                "  {vgn}/{lvn} is whole and in sync; nothing to repair."
+            ));
+        } else {
+            out(&format!(
+                "  Faulty devices in {vgn}/{lvn} successfully replaced; rebuilt {}.",
+                r.rebuilt.join(", ")
+            ));
+        }
     }
     Ok(())
 }
@@ -812,7 +908,16 @@ fn lvs(a: &LvmReportArgs, global: &Global) -> Result<()> {
         } else {
             format!("[{}]", l.name)
         };
-        let attr = format!("-{}i-------", if l.writable { 'w' } else { 'r' });
+        // lvm's volume type letter: r RAID, m mirror, i image, e RAID metadata, l log.
+        let kind = match l.segments.first().map(|s| s.segtype.as_str()) {
+            Some(t) if t.starts_with("raid") => 'r',
+            Some("mirror") => 'm',
+            _ if l.name.contains("_rimage_") || l.name.contains("_mimage_") => 'i',
+            _ if l.name.contains("_rmeta_") => 'e',
+            _ if l.name.ends_with("_mlog") => 'l',
+            _ => '-',
+        };
+        let attr = format!("{kind}{}i-------", if l.writable { 'w' } else { 'r' });
         for s in &l.segments {
             rows.push(vec![
                 name.clone(),
@@ -838,24 +943,35 @@ fn lvs(a: &LvmReportArgs, global: &Global) -> Result<()> {
             );
         }
     }
-    table(
-        &[
-            "LV",
-            "VG",
-            "Attr",
-            "LSize",
-            "Type",
-            "Start",
-            "SSize",
-            "#Str",
-            "Stripe",
-            "PE Ranges",
-        ],
-        &rows,
-        &[
-            false, false, false, true, false, true, true, true, true, false,
-        ],
-    );
+    let mut head = vec![
+        "LV",
+        "VG",
+        "Attr",
+        "LSize",
+        "Type",
+        "Start",
+        "SSize",
+        "#Str",
+        "Stripe",
+        "PE Ranges",
+    ];
+    let mut right = vec![
+        false, false, false, true, false, true, true, true, true, false,
+    ];
+    // lvm's Cpy%Sync column, only when the VG has RAID LVs (the table of a plain VG
+    // stays as it was).
+    if r.lvs.iter().any(|l| l.sync_percent.is_some()) {
+        head.push("Cpy%Sync");
+        right.push(true);
+        let mut i = 0;
+        for l in &r.lvs {
+            for _ in &l.segments {
+                rows[i].push(l.sync_percent.clone().unwrap_or_default());
+                i += 1;
+            }
+        }
+    }
+    table(&head, &rows, &right);
     Ok(())
 }
 
@@ -880,6 +996,7 @@ pub fn vgcfg_json(vg: &VolumeGroup) -> serde_json::Value {
                     let per = s.extent_count.checked_div(k).unwrap_or(0);
                     let stripe_size = match &s.kind {
                         cairn_lvm::meta::SegKind::Striped { stripe_size, .. } => stripe_size * 512,
+                        cairn_lvm::meta::SegKind::Raid(r) => r.stripe_size * 512,
                         cairn_lvm::meta::SegKind::Other(_) => 0,
                     };
                     json!({
@@ -936,9 +1053,9 @@ fn vgcfg_parse(a: &LvmVgcfgParseArgs, global: &Global) -> Result<()> {
 
 pub(crate) const LVM_LONG: &str = "\
 LVM2 volume groups in the on-disk format of lvm: PVs cairn makes are PVs `pvs`, `vgs` \
-and `lvs` show, and VGs lvm made (linear and striped LVs) are VGs cairn opens. The verbs \
-and options are lvm's: pvcreate, vgcreate -s, lvcreate -n -L/-l -i -I, lvextend, \
-lvreduce, lvrename, lvremove, pvs, vgs, lvs.
+and `lvs` show, and VGs lvm made (linear, striped and RAID LVs) are VGs cairn opens. The \
+verbs and options are lvm's: pvcreate, vgcreate -s, lvcreate -n -L/-l -i -I --type -m \
+--nosync, lvextend, lvreduce, lvrename, lvremove, pvs, vgs, lvs.
 
 cairn has no device scan, so commands that work on an existing VG take its PVs: as \
 arguments after the VG or LV (vg0 pv0.img pv1.img, as vgcreate takes them), or like \
@@ -960,6 +1077,7 @@ Examples:
   cairn lvm vgcreate vg0 pv0.img pv1.img                 # 4 MiB extents
   cairn lvm lvcreate -n data -L 200M vg0 pv0.img pv1.img
   cairn lvm lvcreate -n fast -L 100M -i 2 -I 64k vg0 pv0.img pv1.img
+  cairn lvm lvcreate --type raid10 -m 1 -i 2 -n safe -L 100M vg0 pv0.img pv1.img pv2.img pv3.img
   cairn lvm lvextend -L +100M vg0/data pv0.img pv1.img
   cairn lvm lvs pv0.img pv1.img                          # or --devices pv0.img,pv1.img
   cairn lvm vgcreate vg1 --md d0.img,d1.img,d2.img,d3.img  # a VG on an md array
@@ -978,7 +1096,7 @@ pub enum LvmCommand {
     Vgs(LvmReportArgs),
     /// Add PVs to a volume group
     Vgextend(LvmVgextendArgs),
-    /// Create a linear or striped logical volume
+    /// Create a linear, striped or RAID (raid1/10/0/4/5/6) logical volume
     #[command(after_help = LVM_LVCREATE_EXAMPLES)]
     Lvcreate(LvmLvcreateArgs),
     /// Show logical volumes, one line per segment
@@ -991,6 +1109,10 @@ pub enum LvmCommand {
     Lvrename(LvmLvrenameArgs),
     /// Remove a logical volume
     Lvremove(LvmLvArgs),
+    /// Repair a RAID LV (--repair), or move its image off a PV (--replace PV), rebuilding
+    /// from the other images with progress
+    #[command(after_help = LVM_LVCONVERT_EXAMPLES)]
+    Lvconvert(LvmLvconvertArgs),
     /// Parse a metadata text (vgcfgbackup output, or `pvck --dump metadata`) and print
     /// it as cairn reads it
     #[command(hide = true)]
@@ -1001,7 +1123,10 @@ pub(crate) const LVM_LVCREATE_EXAMPLES: &str = "\
 Examples:
   cairn lvm lvcreate -n lin -L 20M vg0 pv0.img pv1.img
   cairn lvm lvcreate -n str -i 2 -I 64k -l 4 vg0 pv0.img pv1.img
-  cairn lvm lvcreate -n rest -l 100%FREE --devices pv0.img,pv1.img vg0   # lvm's --devices form";
+  cairn lvm lvcreate -n rest -l 100%FREE --devices pv0.img,pv1.img vg0   # lvm's --devices form
+  cairn lvm lvcreate --type raid1 -m 1 -n mir -L 20M vg0 pv0.img pv1.img  # an image per PV
+  cairn lvm lvcreate --type raid10 -m 1 -i 2 -n r10 -L 40M vg0 --devices p0,p1,p2,p3
+  cairn lvm lvcreate --type raid6 -i 3 -I 64k --nosync -n r6 -L 60M vg0 --devices p0,p1,p2,p3,p4";
 
 /// Where the PVs of an existing VG are (lvm's --devices, plus cairn's stacks).
 #[derive(Debug, Clone, Args)]
@@ -1109,13 +1234,33 @@ pub struct LvmLvcreateArgs {
     #[arg(short = 'l', long = "extents", value_name = "EXTENTS")]
     pub extents: Option<String>,
 
-    /// Number of stripes (PVs to spread over)
-    #[arg(short = 'i', long = "stripes", value_name = "N", default_value_t = 1)]
-    pub stripes: u32,
+    /// Number of stripes (PVs to spread over; RAID: data stripes) [default: 1; raid10,
+    /// raid0, raid4/5: 2; raid6: 3]
+    #[arg(short = 'i', long = "stripes", value_name = "N")]
+    pub stripes: Option<u32>,
 
     /// Stripe size [default: 64 KiB]
     #[arg(short = 'I', long = "stripesize", value_name = "SIZE", value_parser = parse_size)]
     pub stripe_size: Option<u64>,
+
+    /// Segment type: linear, striped, raid1, raid10, raid0, raid4, raid5 (raid5_ls,
+    /// _la, _ra, _rs, _n), raid6 (raid6_zr, _nr, _nc) [default: linear or striped; with
+    /// -m, raid1 (raid10 with -i)]
+    #[arg(long = "type", value_name = "TYPE")]
+    pub segtype: Option<String>,
+
+    /// Extra copies of the data (raid1: images - 1; raid10: copies - 1) [default: 1]
+    #[arg(short = 'm', long = "mirrors", value_name = "N")]
+    pub mirrors: Option<u32>,
+
+    /// RAID: region size, the bytes one bit of the write-intent bitmap covers [default:
+    /// 2 MiB]
+    #[arg(short = 'R', long = "regionsize", value_name = "SIZE", value_parser = parse_size)]
+    pub region_size: Option<u64>,
+
+    /// RAID: skip the initial synchronisation (the LV is marked NOTSYNCED, as lvm does)
+    #[arg(long = "nosync")]
+    pub nosync: bool,
 
     /// The VG's PVs (files or block devices), as vgcreate takes them; the same as
     /// --devices PV,PV,...
@@ -1192,6 +1337,35 @@ pub struct LvmLvArgs {
     #[command(flatten)]
     pub devices: LvmDevices,
 }
+
+/// `cairn lvm lvconvert`.
+#[derive(Debug, Args)]
+pub struct LvmLvconvertArgs {
+    /// The RAID LV as VG/LV
+    #[arg(value_name = "VG/LV")]
+    pub lv: String,
+
+    /// Rebuild images that missed writes, and move images off missing PVs to PVs with
+    /// room
+    #[arg(long, conflicts_with = "replace", required_unless_present = "replace")]
+    pub repair: bool,
+
+    /// Move the image(s) on this PV (a device name or PV key) to another PV and rebuild
+    #[arg(long, value_name = "PV")]
+    pub replace: Option<String>,
+
+    /// The VG's PVs (files or block devices); PVs that are gone may be left out
+    #[arg(value_name = "PV")]
+    pub pvs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub devices: LvmDevices,
+}
+
+pub(crate) const LVM_LVCONVERT_EXAMPLES: &str = "\
+Examples:
+  cairn lvm lvconvert --repair vg0/r10 --devices p0,p2,p3,p4   # p1 is gone: its image moves
+  cairn lvm lvconvert --replace p1 vg0/r10 --devices p0,p1,p2,p3,p4";
 
 /// `cairn lvm vgcfg-parse`.
 #[derive(Debug, Args)]

@@ -557,7 +557,10 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
                     (None, Some(k)) => format!("{} over {}", luks_words(k), pv.file.display()),
                     (None, None) => pv.file.display().to_string(),
                 };
-                let kind = if l.details.stripes > 1 {
+                let kind = if l.details.segtype.starts_with("raid") || l.details.segtype == "mirror"
+                {
+                    format!("{} ({} data stripes)", l.details.segtype, l.details.stripes)
+                } else if l.details.stripes > 1 {
                     format!(
                         "{}-way striped ({} stripes)",
                         l.details.stripes,

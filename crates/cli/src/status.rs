@@ -162,6 +162,18 @@ pub fn node_line(n: &Node) -> String {
         NodeKind::Export => format!("export {}  {size}  {}", n.name, n.state),
         NodeKind::Lv => {
             let layout = match &n.lv {
+                Some(lv) if lv.segtype.starts_with("raid") || lv.segtype == "mirror" => {
+                    if lv.stripe_size > 0 {
+                        format!(
+                            "{} {} x {}",
+                            lv.segtype,
+                            lv.stripes,
+                            format_size(lv.stripe_size)
+                        )
+                    } else {
+                        lv.segtype.clone()
+                    }
+                }
                 Some(lv) if lv.stripes > 1 => {
                     format!("striped {} x {}", lv.stripes, format_size(lv.stripe_size))
                 }

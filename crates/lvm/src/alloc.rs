@@ -232,6 +232,43 @@ impl FreeMap {
             .any(|&(s, c)| s <= pe && pe + count <= s + c)
     }
 
+    /// Takes `n` extents from PV `key` alone, its lowest free runs first; `None` (and
+    /// nothing taken) if it has fewer free.
+    pub fn on_pv(&mut self, key: &str, n: u64) -> Option<Vec<Run>> {
+        if self.free_on(key) < n {
+            return None;
+        }
+        let runs: Vec<(u64, u64)> = self
+            .pvs
+            .iter()
+            .filter(|(k, _)| k == key)
+            .flat_map(|(_, r)| r.iter().copied())
+            .collect();
+        let mut out = Vec::new();
+        let mut left = n;
+        for (s, c) in runs {
+            if left == 0 {
+                break;
+            }
+            let take = c.min(left);
+            out.push(Run {
+                pv: key.to_string(),
+                pe: s,
+                count: take,
+            });
+            left -= take;
+        }
+        for r in &out {
+            self.take(key, r.pe, r.count);
+        }
+        Some(out)
+    }
+
+    /// PV keys in VG order.
+    pub fn pv_keys(&self) -> Vec<String> {
+        self.pvs.iter().map(|(k, _)| k.clone()).collect()
+    }
+
     pub fn take_run(&mut self, pv: &str, pe: u64, count: u64) {
         self.take(pv, pe, count);
     }

@@ -23,6 +23,7 @@ pub mod label;
 pub mod lv;
 pub mod mda;
 pub mod meta;
+pub mod raid;
 pub mod text;
 pub mod vg;
 
@@ -34,7 +35,7 @@ pub use lv::LogicalVolume;
 pub use meta::VolumeGroup;
 pub use vg::{
     aligned_extent_size, extent_size_ok, LvChange, LvCreate, LvReport, OpenOptions, PvReport,
-    SegReport, Vg, VgReport,
+    RaidCreate, SegReport, Vg, VgReport,
 };
 
 use crate::io::{read_bytes, write_bytes};

@@ -69,6 +69,11 @@ pub struct LogicalVolume {
     read_only: bool,
     /// How long a PV read or write takes: whether a request's pieces overlap.
     latency: Latency,
+    /// A RAID LV: md's array over the image sub-LVs does the I/O; `segments` are then
+    /// the first image's (for `locate`).
+    raid: Option<Arc<cairn_md::Array>>,
+    /// A RAID LV open for writing: marks its bitmaps clean when dropped.
+    write_guard: Option<crate::raid::OpenForWrite>,
 }
 
 /// Requests at least this large overlap their pieces by PV whatever the PVs' latency.
@@ -175,7 +180,45 @@ impl LogicalVolume {
             geometry,
             read_only,
             latency: Latency::default(),
+            raid: None,
+            write_guard: None,
         })
+    }
+
+    /// A RAID LV of `size` bytes: `array` over its images, `pvs` every PV the images
+    /// use, `first` the first present image (its segments answer `locate`).
+    pub fn raid(
+        name: String,
+        array: Arc<cairn_md::Array>,
+        size: u64,
+        first: &LogicalVolume,
+        read_only: bool,
+    ) -> LogicalVolume {
+        let mut geometry = array.geometry();
+        geometry.size = size.min(geometry.size);
+        LogicalVolume {
+            name,
+            // The images are mapped over one shared PV list (Vg::lv), so the first
+            // image's list is every PV of the LV.
+            pvs: first.pvs.clone(),
+            segments: first.segments.clone(),
+            geometry,
+            read_only: read_only || array.capabilities().read_only,
+            latency: Latency::default(),
+            raid: Some(array),
+            write_guard: None,
+        }
+    }
+
+    /// Keeps `guard` (the bitmaps marked dirty) for as long as the LV is open.
+    pub(crate) fn with_write_guard(mut self, guard: crate::raid::OpenForWrite) -> LogicalVolume {
+        self.write_guard = Some(guard);
+        self
+    }
+
+    /// The md array doing a RAID LV's I/O (status, fail, rebuild), if it is one.
+    pub fn array(&self) -> Option<&Arc<cairn_md::Array>> {
+        self.raid.as_ref()
     }
 
     pub fn name(&self) -> &str {
@@ -189,6 +232,10 @@ impl LogicalVolume {
     /// The PV devices the LV uses, by their open names, in the order its extents first
     /// reach them.
     pub fn pv_names(&self) -> Vec<&str> {
+        if self.raid.is_some() {
+            // Every image's PVs, in image order.
+            return self.pvs.iter().map(|p| p.0.as_str()).collect();
+        }
         let mut out: Vec<&str> = Vec::new();
         for seg in &self.segments {
             for a in &seg.areas {
@@ -298,6 +345,11 @@ impl BlockDevice for LogicalVolume {
     }
 
     fn capabilities(&self) -> Capabilities {
+        if let Some(a) = &self.raid {
+            let mut c = a.capabilities();
+            c.read_only = self.read_only;
+            return c;
+        }
         let mut c = Capabilities {
             read_only: self.read_only,
             flush: Support::Native,
@@ -317,6 +369,9 @@ impl BlockDevice for LogicalVolume {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if let Some(a) = &self.raid {
+            return a.read_at(buf, offset);
+        }
         debug_assert!(offset.is_multiple_of(u64::from(self.geometry.logical_block_size)));
         let pieces = self.pieces(offset, buf.len() as u64)?;
         let how = self.how(&pieces, buf.len());
@@ -338,6 +393,14 @@ impl BlockDevice for LogicalVolume {
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check_writable()?;
+        if let Some(a) = &self.raid {
+            let _dirty = self
+                .write_guard
+                .as_ref()
+                .map(|g| g.begin_write())
+                .transpose()?;
+            return a.write_at(buf, offset, flags);
+        }
         let pieces = self.pieces(offset, buf.len() as u64)?;
         let how = self.how(&pieces, buf.len());
         let jobs = pieces
@@ -357,6 +420,13 @@ impl BlockDevice for LogicalVolume {
     }
 
     fn flush(&self) -> Result<()> {
+        if let Some(a) = &self.raid {
+            a.flush()?;
+            return match &self.write_guard {
+                Some(g) => g.flushed(),
+                None => Ok(()),
+            };
+        }
         let how = if self.latency.slow() && self.pvs.len() > 1 {
             Overlap::Each
         } else {
@@ -373,17 +443,36 @@ impl BlockDevice for LogicalVolume {
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_writable()?;
+        if let Some(a) = &self.raid {
+            let _dirty = self
+                .write_guard
+                .as_ref()
+                .map(|g| g.begin_write())
+                .transpose()?;
+            return a.discard(offset, len);
+        }
         self.for_pieces(offset, len, |dev, pv_off, _, n| dev.discard(pv_off, n))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.check_writable()?;
+        if let Some(a) = &self.raid {
+            let _dirty = self
+                .write_guard
+                .as_ref()
+                .map(|g| g.begin_write())
+                .transpose()?;
+            return a.write_zeroes(offset, len, flags);
+        }
         self.for_pieces(offset, len, |dev, pv_off, _, n| {
             dev.write_zeroes(pv_off, n, flags)
         })
     }
 
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        if let Some(a) = &self.raid {
+            return a.cache(offset, len);
+        }
         self.for_pieces(offset, len, |dev, pv_off, _, n| dev.cache(pv_off, n))
     }
 }

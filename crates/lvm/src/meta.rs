@@ -34,8 +34,92 @@ pub enum SegKind {
         stripe_size: u64,
         stripes: Vec<Area>,
     },
+    /// lvm's RAID types (`raid1`, `raid10`, `raid0`, `raid0_meta`, `raid4`, `raid5_*`,
+    /// `raid6_*`) and the legacy `mirror`: the data lives on hidden sub-LVs.
+    Raid(RaidSeg),
     /// Any other type, kept verbatim.
     Other(String),
+}
+
+/// A RAID (or legacy mirror) segment: images are sub-LVs named in the VG, each with its
+/// own linear/striped segments; `metas` are the `_rmeta_` sub-LVs holding dm-raid's
+/// superblock and bitmap, parallel to `images` (`None` for raid0 and mirror).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaidSeg {
+    /// The segment type as written (`raid1`, `raid5_ls`, `mirror`, ...).
+    pub segtype: String,
+    /// Sectors (0 for raid1 and mirror).
+    pub stripe_size: u64,
+    /// Sectors per bitmap bit (dm-raid's region); 0 for raid0.
+    pub region_size: u64,
+    /// raid10: copies of each chunk (lvm's `data_copies`, default 2).
+    pub data_copies: u64,
+    pub images: Vec<String>,
+    pub metas: Vec<Option<String>>,
+    /// mirror: the `mirror_log` LV, if the log is on disk.
+    pub mirror_log: Option<String>,
+}
+
+impl SegKind {
+    /// The RAID segment, unless it is a legacy mirror.
+    fn filter_raid(self) -> Option<RaidSeg> {
+        match self {
+            SegKind::Raid(r) if r.segtype != "mirror" => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl RaidSeg {
+    /// Parity members: 1 for raid4/5, 2 for raid6.
+    pub fn parity_devs(&self) -> usize {
+        if self.segtype.starts_with("raid6") {
+            2
+        } else if self.segtype.starts_with("raid4") || self.segtype.starts_with("raid5") {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// Data stripes: what one LV extent row spreads over (1 for mirrors).
+    pub fn data_stripes(&self) -> usize {
+        let n = self.images.len();
+        match self.segtype.as_str() {
+            "raid1" | "mirror" => 1,
+            "raid10" => (n / usize::try_from(self.data_copies.max(2)).unwrap_or(2)).max(1),
+            t if t.starts_with("raid0") => n,
+            _ => n.saturating_sub(self.parity_devs()).max(1),
+        }
+    }
+
+    /// Whether the segment type is a kind cairn maps through md's layouts.
+    pub fn known_type(t: &str) -> bool {
+        matches!(
+            t,
+            "raid1"
+                | "raid10"
+                | "raid0"
+                | "raid0_meta"
+                | "raid4"
+                | "raid5"
+                | "raid5_la"
+                | "raid5_ra"
+                | "raid5_ls"
+                | "raid5_rs"
+                | "raid5_n"
+                | "raid6"
+                | "raid6_zr"
+                | "raid6_nr"
+                | "raid6_nc"
+                | "raid6_ls_6"
+                | "raid6_rs_6"
+                | "raid6_la_6"
+                | "raid6_ra_6"
+                | "raid6_n_6"
+                | "mirror"
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,9 +148,20 @@ impl Segment {
         }
     }
 
+    /// A RAID segment over sub-LVs (see [`RaidSeg`]).
+    pub fn raid(start_extent: u64, extent_count: u64, raid: RaidSeg) -> Segment {
+        Segment {
+            start_extent,
+            extent_count,
+            kind: SegKind::Raid(raid),
+            raw: Section::default(),
+        }
+    }
+
     pub fn type_name(&self) -> &str {
         match &self.kind {
             SegKind::Striped { .. } => "striped",
+            SegKind::Raid(r) => &r.segtype,
             SegKind::Other(t) => t,
         }
     }
@@ -75,7 +170,16 @@ impl Segment {
     pub fn areas(&self) -> &[Area] {
         match &self.kind {
             SegKind::Striped { stripes, .. } => stripes,
-            SegKind::Other(_) => &[],
+            SegKind::Raid(_) | SegKind::Other(_) => &[],
+        }
+    }
+
+    /// Stripe size in sectors (striped and RAID segments; 0 otherwise).
+    pub fn stripe_sectors(&self) -> u64 {
+        match &self.kind {
+            SegKind::Striped { stripe_size, .. } => *stripe_size,
+            SegKind::Raid(r) => r.stripe_size,
+            SegKind::Other(_) => 0,
         }
     }
 }
@@ -300,7 +404,128 @@ fn check_id(id: &str, line: usize, what: &str) -> Result<()> {
     }
 }
 
-const KNOWN_LV_STATUS: &[&str] = &["READ", "WRITE", "VISIBLE", "FIXED_MINOR"];
+const KNOWN_LV_STATUS: &[&str] = &[
+    "READ",
+    "WRITE",
+    "VISIBLE",
+    "FIXED_MINOR",
+    // A RAID LV created without an initial sync (`--nosync`), and an image lvm asks to
+    // rebuild: cairn serves both (see docs/lvm-raid.md).
+    "NOTSYNCED",
+    "REBUILD",
+];
+
+/// Reads a RAID or mirror segment's keys. `Err(why)` when they do not describe one.
+fn parse_raid(ty: &str, sec: &Section) -> std::result::Result<RaidSeg, String> {
+    let int = |k: &str| -> std::result::Result<u64, String> {
+        match sec.value(k) {
+            None => Ok(0),
+            Some(Value::Int(i)) => u64::try_from(*i).map_err(|_| format!("'{k}' is negative")),
+            Some(_) => Err(format!("'{k}' is not an integer")),
+        }
+    };
+    let list = |k: &str| -> Option<&Vec<Value>> {
+        match sec.value(k) {
+            Some(Value::Array(a)) => Some(a),
+            _ => None,
+        }
+    };
+    let mut r = RaidSeg {
+        segtype: ty.to_string(),
+        stripe_size: int("stripe_size")?,
+        region_size: int("region_size")?,
+        data_copies: int("data_copies")?,
+        images: vec![],
+        metas: vec![],
+        mirror_log: None,
+    };
+    let count;
+    if ty == "mirror" {
+        count = int("mirror_count")?;
+        let a = list("mirrors").ok_or("'mirrors' is missing or not a list")?;
+        for pair in a.chunks(2) {
+            match pair {
+                [Value::Str(n), Value::Int(0)] => {
+                    r.images.push(n.clone());
+                    r.metas.push(None);
+                }
+                _ => return Err("'mirrors' must pair LV names with offset 0".into()),
+            }
+        }
+        r.mirror_log = match sec.value("mirror_log") {
+            Some(Value::Str(s)) => Some(s.clone()),
+            _ => None,
+        };
+    } else if ty == "raid0" {
+        count = int("stripe_count")?;
+        let a = list("raid0_lvs").ok_or("'raid0_lvs' is missing or not a list")?;
+        for v in a {
+            let Value::Str(n) = v else {
+                return Err("'raid0_lvs' holds a non-string".into());
+            };
+            r.images.push(n.clone());
+            r.metas.push(None);
+        }
+    } else {
+        count = if ty == "raid0_meta" {
+            int("stripe_count")?
+        } else {
+            int("device_count")?
+        };
+        let a = list("raids").ok_or("'raids' is missing or not a list")?;
+        let mut it = a.iter().peekable();
+        while let Some(v) = it.next() {
+            let Value::Str(n) = v else {
+                return Err("'raids' holds a non-string".into());
+            };
+            // lvm: a metadata LV (name with _rmeta_) comes first, then its image.
+            if n.contains("_rmeta_") {
+                let Some(Value::Str(img)) = it.next() else {
+                    return Err(format!("'raids': {n} has no image after it"));
+                };
+                r.metas.push(Some(n.clone()));
+                r.images.push(img.clone());
+            } else {
+                r.metas.push(None);
+                r.images.push(n.clone());
+            }
+        }
+    }
+    if count == 0 || r.images.len() as u64 != count {
+        return Err(format!(
+            "it counts {count} devices but lists {}",
+            r.images.len()
+        ));
+    }
+    if ty == "raid10" && r.data_copies < 2 {
+        r.data_copies = 2;
+    }
+    let min = match ty {
+        "raid1" | "mirror" | "raid10" | "raid4" => 2,
+        t if t.starts_with("raid5") => 2,
+        t if t.starts_with("raid6") => 3,
+        _ => 1,
+    };
+    if r.images.len() < min {
+        return Err(format!("{ty} needs at least {min} devices"));
+    }
+    // md's bitmap takes a power-of-two chunk of at most 2^31 bytes.
+    if r.region_size != 0 && (!r.region_size.is_power_of_two() || r.region_size > 1 << 22) {
+        return Err(format!("invalid region_size {}", r.region_size));
+    }
+    let striped = !matches!(ty, "raid1" | "mirror");
+    if striped && (r.stripe_size < 8 || !r.stripe_size.is_power_of_two()) {
+        return Err(format!("invalid stripe_size {}", r.stripe_size));
+    }
+    if ty == "raid10" && !(r.images.len() as u64).is_multiple_of(r.data_copies) {
+        return Err(format!(
+            "{} images do not divide into {} copies (cairn maps raid10 \"near\" only)",
+            r.images.len(),
+            r.data_copies
+        ));
+    }
+    Ok(r)
+}
 
 fn parse_segment(
     sec: &Section,
@@ -322,6 +547,15 @@ fn parse_segment(
         kind: SegKind::Other(ty.clone()),
         raw: sec.clone(),
     };
+    if RaidSeg::known_type(&ty) {
+        return Ok(match parse_raid(&ty, sec) {
+            Ok(r) => {
+                seg.kind = SegKind::Raid(r);
+                (seg, None)
+            }
+            Err(why) => (seg, Some(format!("{what} has type \"{ty}\" but {why}"))),
+        });
+    }
     if ty != "striped" {
         return Ok((
             seg,
@@ -478,7 +712,95 @@ fn parse_lv(
     })
 }
 
+/// The extents each image of `r` needs for an LV segment of `extents` extents.
+pub fn image_extents(r: &RaidSeg, extents: u64) -> u64 {
+    let n = r.images.len() as u64;
+    match r.segtype.as_str() {
+        "raid1" | "mirror" => extents,
+        "raid10" => extents
+            .saturating_mul(r.data_copies.max(2))
+            .div_ceil(n.max(1)),
+        _ => extents.div_ceil(r.data_stripes() as u64),
+    }
+}
+
+/// Marks RAID LVs unavailable when their sub-LVs are missing, shared, visible, not
+/// plainly mapped, or too small; and sub-LVs unavailable when no RAID LV owns them.
+fn check_raid_refs(lvs: &mut [LvMeta]) {
+    let mut problems: Vec<(usize, String)> = Vec::new();
+    let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    for (i, lv) in lvs.iter().enumerate() {
+        for seg in &lv.segments {
+            let SegKind::Raid(r) = &seg.kind else {
+                continue;
+            };
+            if lv.segments.len() != 1 {
+                problems.push((
+                    i,
+                    "a RAID LV of several segments is not mapped by cairn".into(),
+                ));
+            }
+            let need = image_extents(r, seg.extent_count);
+            let subs = r
+                .images
+                .iter()
+                .map(|n| (n, need))
+                .chain(r.metas.iter().flatten().map(|n| (n, 1)));
+            for (name, want) in subs {
+                if let Some(prev) = owner.insert(name.clone(), lv.name.clone()) {
+                    problems.push((i, format!("sub-LV {name} is also used by {prev}")));
+                }
+                match lvs.iter().find(|l| &l.name == name) {
+                    None => problems.push((i, format!("its sub-LV {name} does not exist"))),
+                    Some(sub) => {
+                        if sub
+                            .segments
+                            .iter()
+                            .any(|s| !matches!(s.kind, SegKind::Striped { .. }))
+                            || sub.unsupported.is_some()
+                        {
+                            problems.push((
+                                i,
+                                format!("its sub-LV {name} is not a linear or striped LV"),
+                            ));
+                        } else if sub.extents() < want {
+                            problems.push((
+                                i,
+                                format!(
+                                    "its sub-LV {name} has {} extents, {want} needed",
+                                    sub.extents()
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (i, why) in problems {
+        let lv = &mut lvs[i];
+        lv.unsupported = Some(match lv.unsupported.take() {
+            Some(w) => format!("{w}; {why}"),
+            None => why,
+        });
+    }
+}
+
 impl VolumeGroup {
+    /// The RAID LV whose segment names `sub` as an image or metadata sub-LV.
+    pub fn raid_owner(&self, sub: &str) -> Option<&LvMeta> {
+        self.lvs.iter().find(|l| {
+            l.segments.iter().any(|s| match &s.kind {
+                SegKind::Raid(r) => {
+                    r.images.iter().any(|n| n == sub)
+                        || r.metas.iter().flatten().any(|n| n == sub)
+                        || r.mirror_log.as_deref() == Some(sub)
+                }
+                _ => false,
+            })
+        })
+    }
+
     /// Parses and converts a whole metadata text.
     pub fn from_text(text: &[u8]) -> Result<VolumeGroup> {
         VolumeGroup::from_tree(&text::parse(text)?)
@@ -596,6 +918,7 @@ impl VolumeGroup {
                 lvs.push(parse_lv(&e.key, s, e.line, &keys, extent_size)?);
             }
         }
+        check_raid_refs(&mut lvs);
         let str_of = |k: &str| {
             top.value(k)
                 .and_then(Value::as_str)
@@ -803,7 +1126,7 @@ impl VolumeGroup {
                             }
                         }
                     }
-                    SegKind::Striped { .. } => {}
+                    SegKind::Striped { .. } | SegKind::Raid(_) => {}
                     SegKind::Other(_) => {
                         // Segment types cairn does not map may still place areas on PVs
                         // (pvmove, old mirrors: "pvN", pe pairs). Count each such area as
@@ -905,6 +1228,39 @@ fn lv_tree(lv: &LvMeta) -> Section {
                 arr.push(int(a.pe));
             }
             ss.set_value("stripes", Value::Array(arr), true);
+        }
+        // A legacy mirror is read, never written: its text stays as lvm wrote it.
+        if let Some(r) = seg.kind.clone().filter_raid() {
+            ss.set_value("start_extent", int(seg.start_extent), false);
+            ss.set_value("extent_count", int(seg.extent_count), false);
+            ss.set_value("type", str_(&r.segtype), true);
+            if r.segtype.starts_with("raid0") {
+                ss.set_value("stripe_count", int(r.images.len() as u64), false);
+            } else {
+                ss.set_value("device_count", int(r.images.len() as u64), false);
+                if r.segtype == "raid10" {
+                    ss.set_value("data_copies", int(r.data_copies), false);
+                }
+                if r.region_size > 0 {
+                    ss.set_value("region_size", int(r.region_size), false);
+                }
+            }
+            if r.stripe_size > 0 {
+                ss.set_value("stripe_size", int(r.stripe_size), false);
+            }
+            let mut arr = Vec::new();
+            for (m, i) in r.metas.iter().zip(&r.images) {
+                if let Some(m) = m {
+                    arr.push(str_(m));
+                }
+                arr.push(str_(i));
+            }
+            let key = if r.segtype == "raid0" {
+                "raid0_lvs"
+            } else {
+                "raids"
+            };
+            ss.set_value(key, Value::Array(arr), true);
         }
         // lvm puts a blank line before the first segment only.
         s.set(&format!("segment{}", i + 1), Node::Section(ss), i == 0);

@@ -108,7 +108,8 @@ impl Section {
     /// Sets `key`: replaces the value in place if present (keeping its layout), else
     /// appends it with `blank` before it.
     pub fn set(&mut self, key: &str, node: Node, blank: bool) {
-        let multiline = matches!(&node, Node::Value(Value::Array(_))) && key == "stripes";
+        let multiline = matches!(&node, Node::Value(Value::Array(_)))
+            && matches!(key, "stripes" | "raids" | "mirrors" | "raid0_lvs");
         if let Some(e) = self.entries.iter_mut().find(|e| e.key == key) {
             e.node = node;
             return;

@@ -46,6 +46,36 @@ pub struct LvCreate {
     pub stripe_size: Option<u64>,
 }
 
+/// What `lv_create_raid` makes: `lvcreate --type raid1|raid10|raid0|raid4|raid5|raid6`.
+#[derive(Debug, Clone, Default)]
+pub struct RaidCreate {
+    pub name: String,
+    /// The LV's (usable) size in extents; rounded up to whole stripe rows.
+    pub extents: u64,
+    /// `raid1`, `raid10`, `raid0`, `raid4`, `raid5` (`raid5_ls`), `raid6` (`raid6_zr`)...
+    pub segtype: String,
+    /// `-m`: extra copies (raid1: images - 1; raid10: copies - 1). Default 1.
+    pub mirrors: Option<u32>,
+    /// `-i`: data stripes (raid10/0/4/5/6). Default 2 (raid6: 3).
+    pub stripes: Option<u32>,
+    /// `-I`, bytes; default 64 KiB.
+    pub stripe_size: Option<u64>,
+    /// `-R`, bytes; default 2 MiB.
+    pub region_size: Option<u64>,
+    /// `--nosync`: skip the initial synchronisation (lvm marks the LV NOTSYNCED).
+    pub nosync: bool,
+}
+
+/// What `lv_repair` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RaidRepair {
+    pub name: String,
+    /// Images moved to another PV: (image, old PV key or "missing", new PV key).
+    pub moved: Vec<(String, String, String)>,
+    /// Images rewritten from the others.
+    pub rebuilt: Vec<String>,
+}
+
 /// The outcome of a change to an LV.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LvChange {
@@ -117,6 +147,11 @@ pub struct LvReport {
     /// `None` if cairn can serve it; otherwise why not.
     pub unavailable: Option<String>,
     pub segments: Vec<SegReport>,
+    /// RAID LVs: how much is in sync, in percent (lvm's `sync_percent`), from the
+    /// metadata LVs' superblocks, printed as lvm prints it ("100.00"); `None` for other
+    /// LVs or when no superblock can be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_percent: Option<String>,
 }
 
 /// One valid metadata copy found on a PV.
@@ -181,6 +216,10 @@ pub struct Vg {
     /// Parallel to `meta.pvs`.
     slots: Vec<Slot>,
     opts: OpenOptions,
+    /// Read-only as the caller asked (`opts.read_only` also counts missing PVs): a RAID
+    /// LV that tolerates its missing images is written degraded, as lvm's default
+    /// `activation_mode = "degraded"` allows.
+    user_read_only: bool,
     failed: bool,
     description: String,
     notes: Vec<String>,
@@ -316,6 +355,7 @@ impl Vg {
             meta: meta.clone(),
             slots,
             opts: OpenOptions::default(),
+            user_read_only: false,
             failed: false,
             description: format!("cairn lvm vgcreate {name}"),
             notes: vec![],
@@ -468,6 +508,7 @@ impl Vg {
                 read_only: opts.read_only || !missing.is_empty(),
                 ..opts
             },
+            user_read_only: opts.read_only,
             failed: false,
             notes,
         })
@@ -679,6 +720,35 @@ impl Vg {
                 format!("cairn cannot change LV {}/{name}: {why}", self.meta.name),
             ));
         }
+        if let Some(owner) = self.meta.raid_owner(name) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "LV {}/{name} is a sub-LV of RAID LV {}; change that LV instead",
+                    self.meta.name, owner.name
+                ),
+            ));
+        }
+        Ok(lv)
+    }
+
+    /// [`Vg::changeable`], refusing RAID LVs for the changes cairn does not make to
+    /// them yet (extend, reduce, rename).
+    fn changeable_plain(&self, name: &str, what: &str) -> Result<&LvMeta> {
+        let lv = self.changeable(name)?;
+        if lv
+            .segments
+            .iter()
+            .any(|s| matches!(s.kind, SegKind::Raid(_)))
+        {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "LV {}/{name} is a RAID LV; cairn does not {what} RAID LVs yet",
+                    self.meta.name
+                ),
+            ));
+        }
         Ok(lv)
     }
 
@@ -735,6 +805,547 @@ impl Vg {
         })
     }
 
+    /// `lvcreate --type raid*`: one metadata LV (1 extent, `NAME_rmeta_N`) and one image
+    /// LV (`NAME_rimage_N`) per image, each pair on its own PV, as lvm allocates them;
+    /// then the metadata LVs get dm-raid's superblock and bitmap, and (unless `nosync`)
+    /// the images are synchronised through md's resync before anything is served.
+    pub fn lv_create_raid(&mut self, c: &RaidCreate) -> Result<LvChange> {
+        self.check_writable()?;
+        validate_name("LV", &c.name)?;
+        if self.meta.lv(&c.name).is_some() {
+            return Err(invalid(format!(
+                "LV {}/{} already exists",
+                self.meta.name, c.name
+            )));
+        }
+        if c.extents == 0 {
+            return Err(invalid("an LV needs at least one extent"));
+        }
+        let segtype = match c.segtype.as_str() {
+            "raid5" => "raid5_ls".to_string(),
+            "raid6" => "raid6_zr".to_string(),
+            "raid1" | "raid10" | "raid0" | "raid4" => c.segtype.clone(),
+            t if crate::meta::RaidSeg::known_type(t) && t != "mirror" => t.to_string(),
+            t => {
+                return Err(invalid(format!(
+                    "segment type {t:?}: cairn creates raid1, raid10, raid0, raid4, raid5 and raid6 LVs"
+                )))
+            }
+        };
+        let mut notes = Vec::new();
+        let mirrors = u64::from(c.mirrors.unwrap_or(1));
+        let parity: u64 = if segtype.starts_with("raid6") {
+            2
+        } else if segtype.starts_with("raid5") || segtype == "raid4" {
+            1
+        } else {
+            0
+        };
+        let default_stripes = if parity == 2 { 3 } else { 2 };
+        let stripes = u64::from(c.stripes.unwrap_or(default_stripes));
+        if c.mirrors.is_some() && !matches!(segtype.as_str(), "raid1" | "raid10") {
+            return Err(invalid(format!("-m (mirrors) does not apply to {segtype}")));
+        }
+        if stripes == 0 || mirrors == 0 {
+            return Err(invalid("stripes and mirrors must be at least 1"));
+        }
+        let (images, data_stripes, copies) = match segtype.as_str() {
+            "raid1" => (mirrors + 1, 1, mirrors + 1),
+            "raid10" => (stripes * (mirrors + 1), stripes, mirrors + 1),
+            "raid0" => (stripes, stripes, 1),
+            _ => (stripes + parity, stripes, 1),
+        };
+        if images > 64 {
+            return Err(invalid(format!(
+                "{segtype} with {images} images: at most 64"
+            )));
+        }
+        let mut n = c.extents;
+        if !n.is_multiple_of(data_stripes) {
+            let r = n.div_ceil(data_stripes) * data_stripes;
+            notes.push(format!(
+                "Rounding size ({n} extents) up to stripe boundary size ({r} extents)."
+            ));
+            n = r;
+        }
+        let per_image = n / data_stripes;
+        let stripe_size = if segtype == "raid1" {
+            0
+        } else {
+            self.stripe_size(c.stripe_size)?
+        };
+        let region = match c.region_size {
+            None => crate::raid::DEFAULT_REGION_SECTORS,
+            Some(b) if b >= 4096 && b.is_power_of_two() => b / 512,
+            Some(b) => {
+                return Err(invalid(format!(
+                    "region size {b} must be a power of two of at least 4 KiB"
+                )))
+            }
+        };
+        let with_meta = segtype != "raid0";
+        let need = per_image + u64::from(with_meta);
+        let mut free = FreeMap::of(&self.meta)?;
+        let fitting: Vec<String> = free
+            .pv_keys()
+            .into_iter()
+            .filter(|k| free.free_on(k) >= need)
+            .collect();
+        if (fitting.len() as u64) < images {
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                format!(
+                    "{segtype} LV {} needs {images} images on {images} different PVs with {need} free extents each,                      but only {} PV(s) of VG {} have that much",
+                    c.name,
+                    fitting.len(),
+                    self.meta.name
+                ),
+            ));
+        }
+        let now_ = now();
+        let host = hostname();
+        let mut new = self.meta.clone();
+        let mut image_names = Vec::new();
+        let mut meta_names = Vec::new();
+        let mut subs = Vec::new();
+        for (i, pv) in fitting
+            .iter()
+            .take(usize::try_from(images).unwrap_or(usize::MAX))
+            .enumerate()
+        {
+            let mut runs = free.on_pv(pv, need).expect("checked free space");
+            if with_meta {
+                let first = runs.first_mut().expect("at least one run");
+                let meta_run = Run {
+                    pv: first.pv.clone(),
+                    pe: first.pe,
+                    count: 1,
+                };
+                first.pe += 1;
+                first.count -= 1;
+                runs.retain(|r| r.count > 0);
+                let mname = format!("{}_rmeta_{i}", c.name);
+                let mut m = LvMeta::new(
+                    mname.clone(),
+                    format_uuid(&label::new_uuid()),
+                    now_,
+                    host.clone(),
+                    runs_to_linear(0, vec![meta_run]),
+                );
+                m.status = vec!["READ".into(), "WRITE".into()];
+                subs.push(m);
+                meta_names.push(Some(mname));
+            } else {
+                meta_names.push(None);
+            }
+            let iname = format!("{}_rimage_{i}", c.name);
+            let mut im = LvMeta::new(
+                iname.clone(),
+                format_uuid(&label::new_uuid()),
+                now_,
+                host.clone(),
+                runs_to_linear(0, runs),
+            );
+            im.status = vec!["READ".into(), "WRITE".into()];
+            subs.push(im);
+            image_names.push(iname);
+        }
+        let raid = crate::meta::RaidSeg {
+            segtype: segtype.clone(),
+            stripe_size,
+            region_size: if with_meta { region } else { 0 },
+            data_copies: if segtype == "raid10" { copies } else { 0 },
+            images: image_names,
+            metas: meta_names,
+            mirror_log: None,
+        };
+        let mut top = LvMeta::new(
+            c.name.clone(),
+            format_uuid(&label::new_uuid()),
+            now_,
+            host,
+            vec![Segment::raid(0, n, raid.clone())],
+        );
+        if c.nosync && with_meta {
+            top.status.push("NOTSYNCED".into());
+        }
+        new.lvs.push(top);
+        // lvm lists the sub-LVs after the LV they belong to.
+        new.lvs.extend(subs);
+        self.commit(new)?;
+        self.init_raid(&c.name, &raid, n, per_image, c.nosync)?;
+        Ok(LvChange {
+            name: c.name.clone(),
+            extents: n,
+            notes,
+        })
+    }
+
+    /// Writes the metadata LVs of a new RAID LV and, unless `nosync`, synchronises its
+    /// images (md resync) first, so the superblocks can say "in sync".
+    fn init_raid(
+        &self,
+        name: &str,
+        r: &crate::meta::RaidSeg,
+        extents: u64,
+        per_image: u64,
+        nosync: bool,
+    ) -> Result<()> {
+        let es = self.meta.extent_size;
+        let lv_sectors = extents * es;
+        let image_sectors = per_image * es;
+        if !nosync && r.segtype != "raid0" {
+            let lv = self.lv(name)?;
+            if let Some(a) = lv.array() {
+                a.resync().map_err(|e| {
+                    e.context(format!("LV {}/{name}: initial sync", self.meta.name))
+                })?;
+            }
+        }
+        let mut devs = Vec::new();
+        let mut index = BTreeMap::new();
+        for (i, m) in r.metas.iter().enumerate() {
+            let Some(m) = m else { continue };
+            let Some(dev) = self.open_sub(m, &mut devs, &mut index, false)? else {
+                continue;
+            };
+            let sb = crate::raid::new_super(r, i, image_sectors, lv_sectors, true)?;
+            let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+            crate::raid::write_rmeta(&dev, &sb, r, lv_sectors, image_sectors)
+                .map_err(|e| e.context(format!("LV {}/{m}", self.meta.name)))?;
+        }
+        Ok(())
+    }
+
+    /// `lvconvert --repair` (`replace` = `None`) or `lvconvert --replace PV`: images on
+    /// missing PVs, or on PV `replace` (a device name or PV key), move to other PVs of
+    /// the VG (one image per PV, as lvcreate places them; refused clearly when no PV has
+    /// room); then those images and any the superblocks record as failed are rebuilt
+    /// from the others, `progress(done, total)` bytes as it goes; then every metadata
+    /// LV says in sync again. Works with PVs missing (their PVs get lvm's `MISSING`
+    /// flag; the other PVs get the new metadata).
+    pub fn lv_repair(
+        &mut self,
+        name: &str,
+        replace: Option<&str>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<RaidRepair> {
+        if self.failed {
+            return Err(Error::new(
+                ErrorKind::PreviousIo,
+                format!(
+                    "VG {}: an earlier metadata write failed; reopen the VG",
+                    self.meta.name
+                ),
+            ));
+        }
+        if self.user_read_only {
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                format!("VG {} is open read-only", self.meta.name),
+            ));
+        }
+        self.meta
+            .writable()
+            .map_err(|m| Error::new(ErrorKind::Unsupported, m))?;
+        let lv = self.changeable(name)?.clone();
+        let full = format!("{}/{name}", self.meta.name);
+        let Some(SegKind::Raid(r)) = lv.segments.first().map(|s| s.kind.clone()) else {
+            return Err(invalid(format!("LV {full} is not a RAID LV")));
+        };
+        if r.segtype.starts_with("raid0") || r.segtype == "mirror" {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "LV {full}: cairn repairs raid1/raid10/raid4/5/6 LVs, not {}",
+                    r.segtype
+                ),
+            ));
+        }
+        let replace_key = match replace {
+            None => None,
+            Some(pv) => Some(
+                self.meta
+                    .pvs
+                    .iter()
+                    .zip(&self.slots)
+                    .find(|(p, s)| {
+                        p.key == pv
+                            || p.device.as_deref() == Some(pv)
+                            || s.dev.as_ref().is_some_and(|d| d.name == pv)
+                    })
+                    .map(|(p, _)| p.key.clone())
+                    .ok_or_else(|| invalid(format!("{pv} is not a PV of VG {}", self.meta.name)))?,
+            ),
+        };
+        let missing_key = |k: &str| {
+            self.meta
+                .pvs
+                .iter()
+                .position(|p| p.key == k)
+                .is_some_and(|i| self.slots[i].dev.is_none())
+        };
+        let pvs_of = |lv_name: &str| -> Vec<String> {
+            self.meta
+                .lv(lv_name)
+                .map(|l| {
+                    l.segments
+                        .iter()
+                        .flat_map(|s| s.areas().iter().map(|a| a.pv.clone()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        // Which images move, and which are rebuilt.
+        let n = r.images.len();
+        let mut moving = vec![false; n];
+        for (i, img) in r.images.iter().enumerate() {
+            let used: Vec<String> = pvs_of(img)
+                .into_iter()
+                .chain(r.metas[i].iter().flat_map(|m| pvs_of(m)))
+                .collect();
+            moving[i] = used
+                .iter()
+                .any(|k| missing_key(k) || replace_key.as_deref() == Some(k.as_str()));
+        }
+        let freshest = self.raid_superblock(&r);
+        let mut rebuild: Vec<bool> = (0..n)
+            .map(|i| moving[i] || freshest.as_ref().is_some_and(|sb| sb.failed(i)))
+            .collect();
+        if replace_key.is_some() && !moving.iter().any(|m| *m) {
+            return Err(invalid(format!(
+                "LV {full} has no image on {}",
+                replace.unwrap_or("")
+            )));
+        }
+        if !rebuild.iter().any(|b| *b) {
+            return Ok(RaidRepair {
+                name: name.to_string(),
+                moved: vec![],
+                rebuilt: vec![],
+            });
+        }
+        let seg = &lv.segments[0];
+        let per_image = crate::meta::image_extents(&r, seg.extent_count);
+        let mut moved = Vec::new();
+        if moving.iter().any(|m| *m) {
+            let mut free = FreeMap::of(&self.meta)?;
+            // PVs holding the images that stay, and the ones being left.
+            let mut taken: Vec<String> = Vec::new();
+            for (i, img) in r.images.iter().enumerate() {
+                if !moving[i] {
+                    taken.extend(pvs_of(img));
+                }
+            }
+            let mut new = self.meta.clone();
+            for i in (0..n).filter(|&i| moving[i]) {
+                let need = per_image + u64::from(r.metas[i].is_some());
+                let target = free
+                    .pv_keys()
+                    .into_iter()
+                    .find(|k| !taken.contains(k) && !missing_key(k) && replace_key.as_deref() != Some(k.as_str()) && free.free_on(k) >= need)
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::NoSpace,
+                            format!(
+                                "LV {full}: image {} needs another PV with {need} free extents that holds no other image of the LV; the VG has none (add one with vgextend)",
+                                r.images[i]
+                            ),
+                        )
+                    })?;
+                let mut runs = free.on_pv(&target, need).expect("checked free space");
+                let old_pv = pvs_of(&r.images[i]).first().cloned().unwrap_or_default();
+                if let Some(m) = &r.metas[i] {
+                    let first = runs.first_mut().expect("a run");
+                    let meta_run = Run {
+                        pv: first.pv.clone(),
+                        pe: first.pe,
+                        count: 1,
+                    };
+                    first.pe += 1;
+                    first.count -= 1;
+                    runs.retain(|x| x.count > 0);
+                    if let Some(l) = new.lvs.iter_mut().find(|l| &l.name == m) {
+                        l.segments = runs_to_linear(0, vec![meta_run]);
+                    }
+                }
+                if let Some(l) = new.lvs.iter_mut().find(|l| l.name == r.images[i]) {
+                    l.segments = runs_to_linear(0, runs);
+                }
+                taken.push(target.clone());
+                moved.push((
+                    r.images[i].clone(),
+                    if missing_key(&old_pv) {
+                        "missing".into()
+                    } else {
+                        old_pv
+                    },
+                    target,
+                ));
+            }
+            for (p, s) in new.pvs.iter_mut().zip(&self.slots) {
+                if s.dev.is_none() && !p.flags.iter().any(|f| f == "MISSING") {
+                    p.flags.push("MISSING".into());
+                }
+            }
+            self.commit(new)?;
+        }
+        // Rebuild: read through the array without the images being rebuilt, write
+        // through the array with all of them (full stripes, so parity is computed from
+        // the data, never from a stale image).
+        let lv = self.lv_meta(name)?.clone();
+        let degraded = self.open_raid_with(&lv, &r, full.clone(), true, &rebuild, false)?;
+        let whole = self.open_raid_with(&lv, &r, full.clone(), false, &[], true)?;
+        if whole.array().is_some_and(|a| !a.down_roles().is_empty()) {
+            return Err(Error::new(
+                ErrorKind::Degraded,
+                format!("LV {full}: an image is still missing after the move"),
+            ));
+        }
+        let size = degraded.geometry().size;
+        let stripe = u64::from(whole.geometry().optimal_io_size.max(4096));
+        let step = (4u64 << 20).div_ceil(stripe) * stripe;
+        let mut buf = vec![0u8; usize::try_from(step).unwrap_or(4 << 20)];
+        let mut off = 0u64;
+        while off < size {
+            let len = step.min(size - off);
+            let b = &mut buf[..usize::try_from(len).unwrap_or(0)];
+            degraded
+                .read_at(b, off)
+                .map_err(|e| e.context(format!("LV {full}: rebuild read")))?;
+            whole
+                .write_at(b, off, WriteFlags::NONE)
+                .map_err(|e| e.context(format!("LV {full}: rebuild write")))?;
+            off += len;
+            progress(off, size);
+        }
+        whole.flush()?;
+        // Every metadata LV: in sync, nothing failed, events past the old ones.
+        let es = self.meta.extent_size;
+        let mut devs = Vec::new();
+        let mut index = BTreeMap::new();
+        let events = freshest.as_ref().map_or(1, |f| f.events) + 1;
+        for (i, m) in r.metas.iter().enumerate() {
+            let Some(m) = m else { continue };
+            let Some(dev) = self.open_sub(m, &mut devs, &mut index, false)? else {
+                continue;
+            };
+            let mut sb =
+                crate::raid::new_super(&r, i, per_image * es, seg.extent_count * es, true)?;
+            sb.events = events;
+            let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+            crate::raid::write_rmeta(&dev, &sb, &r, seg.extent_count * es, per_image * es)?;
+        }
+        rebuild.truncate(n);
+        Ok(RaidRepair {
+            name: name.to_string(),
+            moved,
+            rebuilt: r
+                .images
+                .iter()
+                .zip(&rebuild)
+                .filter(|(_, b)| **b)
+                .map(|(i, _)| i.clone())
+                .collect(),
+        })
+    }
+
+    /// The freshest dm-raid superblock among a RAID segment's present metadata LVs.
+    fn raid_superblock(&self, r: &crate::meta::RaidSeg) -> Option<crate::raid::DmRaidSuper> {
+        let mut devs = Vec::new();
+        let mut index = BTreeMap::new();
+        let mut best: Option<crate::raid::DmRaidSuper> = None;
+        for m in r.metas.iter().flatten() {
+            let Ok(Some(dev)) = self.open_sub(m, &mut devs, &mut index, true) else {
+                continue;
+            };
+            if let Ok(Some(sb)) = crate::raid::read_rmeta(&dev) {
+                if best.as_ref().is_none_or(|b| sb.events > b.events) {
+                    best = Some(sb);
+                }
+            }
+        }
+        best
+    }
+
+    /// Writes `failed` (by image) into the superblock of every present metadata LV of
+    /// `r`, events one past the freshest, the rest of each superblock kept.
+    fn record_failed(
+        &self,
+        r: &crate::meta::RaidSeg,
+        failed: &[bool],
+        freshest: Option<&crate::raid::DmRaidSuper>,
+    ) -> Result<()> {
+        let mut devs = Vec::new();
+        let mut index = BTreeMap::new();
+        let events = freshest.map_or(1, |f| f.events) + 1;
+        for (i, m) in r.metas.iter().enumerate() {
+            let Some(m) = m else { continue };
+            if failed.get(i).copied().unwrap_or(true) {
+                continue;
+            }
+            let Some(dev) = self.open_sub(m, &mut devs, &mut index, false)? else {
+                continue;
+            };
+            let Some(mut sb) = crate::raid::read_rmeta(&dev)?.or_else(|| freshest.cloned()) else {
+                continue;
+            };
+            let before = sb.failed_devices;
+            for (j, f) in failed.iter().enumerate() {
+                if *f && j < 256 {
+                    sb.failed_devices[j / 64] |= 1 << (j % 64);
+                }
+            }
+            if before == sb.failed_devices && freshest.is_some_and(|f| f.events == sb.events) {
+                continue;
+            }
+            sb.array_position = u32::try_from(i).unwrap_or(u32::MAX);
+            sb.events = events;
+            dev.write_at(&sb.encode(), 0, WriteFlags::FUA)?;
+        }
+        Ok(())
+    }
+
+    /// lvm's `sync_percent` of a RAID LV: 100 when `NOTSYNCED` (as lvm shows a
+    /// `--nosync` LV), else the least synchronised of the array resync and every
+    /// image's recovery, as the freshest superblocks record them.
+    pub fn sync_percent(&self, lv: &LvMeta) -> Option<f64> {
+        let SegKind::Raid(r) = &lv.segments.first()?.kind else {
+            return None;
+        };
+        if lv.status.iter().any(|s| s == "NOTSYNCED") {
+            return Some(100.0);
+        }
+        let seg = &lv.segments[0];
+        let image =
+            (crate::meta::image_extents(r, seg.extent_count) * self.meta.extent_size) as f64;
+        let array = (seg.extent_count * self.meta.extent_size) as f64;
+        let mut devs = Vec::new();
+        let mut index = BTreeMap::new();
+        let mut pct: Option<f64> = None;
+        for m in r.metas.iter().flatten() {
+            let Ok(Some(dev)) = self.open_sub(m, &mut devs, &mut index, true) else {
+                continue;
+            };
+            let Ok(Some(sb)) = crate::raid::read_rmeta(&dev) else {
+                continue;
+            };
+            let frac = |off: u64, of: f64| {
+                if off == crate::raid::MAX_SECTOR {
+                    100.0
+                } else {
+                    (off as f64 * 100.0 / of.max(1.0)).min(100.0)
+                }
+            };
+            let mut p = frac(sb.disk_recovery_offset, image);
+            // raid10's resync counts array sectors, the others' an image's.
+            let resync_of = if r.segtype == "raid10" { array } else { image };
+            p = p.min(frac(sb.array_resync_offset, resync_of));
+            pct = Some(pct.map_or(p, |q: f64| q.min(p)));
+        }
+        pct
+    }
+
     /// A stripe size in sectors from bytes, checked like lvm.
     fn stripe_size(&self, bytes: Option<u64>) -> Result<u64> {
         let b = bytes.unwrap_or(DEFAULT_STRIPE_SIZE);
@@ -755,7 +1366,7 @@ impl Vg {
     /// `lvextend`: adds `extents` extents at the end.
     pub fn lv_extend(&mut self, name: &str, extents: u64) -> Result<LvChange> {
         self.check_writable()?;
-        let lv = self.changeable(name)?.clone();
+        let lv = self.changeable_plain(name, "extend")?.clone();
         if extents == 0 {
             return Err(invalid("extend by at least one extent"));
         }
@@ -834,7 +1445,7 @@ impl Vg {
     /// saying what would be lost.
     pub fn lv_reduce(&mut self, name: &str, extents: u64, force: bool) -> Result<LvChange> {
         self.check_writable()?;
-        let lv = self.changeable(name)?.clone();
+        let lv = self.changeable_plain(name, "reduce")?.clone();
         let size = lv.extents();
         if extents == 0 {
             return Err(invalid("reduce by at least one extent"));
@@ -896,6 +1507,21 @@ impl Vg {
     pub fn lv_rename(&mut self, old: &str, new_name: &str) -> Result<()> {
         self.check_writable()?;
         self.lv_meta(old)?;
+        if self.meta.raid_owner(old).is_some()
+            || self
+                .lv_meta(old)?
+                .segments
+                .iter()
+                .any(|s| matches!(s.kind, SegKind::Raid(_)))
+        {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "LV {}/{old} is part of a RAID LV; cairn does not rename those yet",
+                    self.meta.name
+                ),
+            ));
+        }
         validate_name("LV", new_name)?;
         if self.meta.lv(new_name).is_some() {
             return Err(invalid(format!(
@@ -910,9 +1536,18 @@ impl Vg {
     /// `lvremove`.
     pub fn lv_remove(&mut self, name: &str) -> Result<()> {
         self.check_writable()?;
-        self.changeable(name)?;
+        let lv = self.changeable(name)?;
+        // A RAID LV goes with its image and metadata sub-LVs.
+        let mut gone: Vec<String> = vec![name.to_string()];
+        for seg in &lv.segments {
+            if let SegKind::Raid(r) = &seg.kind {
+                gone.extend(r.images.iter().cloned());
+                gone.extend(r.metas.iter().flatten().cloned());
+                gone.extend(r.mirror_log.iter().cloned());
+            }
+        }
         let mut new = self.meta.clone();
-        new.lvs.retain(|l| l.name != name);
+        new.lvs.retain(|l| !gone.contains(&l.name));
         self.commit(new)
     }
 
@@ -932,9 +1567,27 @@ impl Vg {
                 format!("LV {full} is an internal LV (not VISIBLE); it is not served on its own"),
             ));
         }
-        let es = self.meta.extent_size * 512;
+        let ro = self.opts.read_only || !lv.writable();
         let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
         let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        if let Some(SegKind::Raid(r)) = lv.segments.first().map(|s| &s.kind) {
+            let ro = self.user_read_only || !lv.writable();
+            return self.open_raid(lv, r, full, ro).map(Arc::new);
+        }
+        let map = self.map_segments(lv, &full, &mut devs, &mut index)?;
+        LogicalVolume::new(full, devs, map, ro).map(Arc::new)
+    }
+
+    /// A linear/striped LV's segments in bytes over `devs` (PV devices added as met,
+    /// `index` by PV key). Errors with `Degraded` when a PV it needs is missing.
+    fn map_segments(
+        &self,
+        lv: &LvMeta,
+        full: &str,
+        devs: &mut Vec<(String, Arc<dyn BlockDevice>)>,
+        index: &mut BTreeMap<String, usize>,
+    ) -> Result<Vec<MapSegment>> {
+        let es = self.meta.extent_size * 512;
         let mut map = Vec::new();
         for seg in &lv.segments {
             let SegKind::Striped {
@@ -942,7 +1595,13 @@ impl Vg {
                 stripes,
             } = &seg.kind
             else {
-                unreachable!("supported LVs are striped")
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "LV {full}: segment type {} is not linear or striped",
+                        seg.type_name()
+                    ),
+                ));
             };
             let mut areas = Vec::new();
             for a in stripes {
@@ -975,8 +1634,208 @@ impl Vg {
                 areas,
             });
         }
-        let ro = self.opts.read_only || !lv.writable();
-        LogicalVolume::new(full, devs, map, ro).map(Arc::new)
+        Ok(map)
+    }
+
+    /// Opens a sub-LV (image or metadata LV of a RAID LV) over the shared `devs`;
+    /// `Ok(None)` when one of its PVs is missing.
+    fn open_sub(
+        &self,
+        name: &str,
+        devs: &mut Vec<(String, Arc<dyn BlockDevice>)>,
+        index: &mut BTreeMap<String, usize>,
+        ro: bool,
+    ) -> Result<Option<LogicalVolume>> {
+        let sub = self.lv_meta(name)?;
+        let full = format!("{}/{name}", self.meta.name);
+        match self.map_segments(sub, &full, devs, index) {
+            Ok(map) => LogicalVolume::new(full, devs.clone(), map, ro).map(Some),
+            Err(e) if e.kind() == ErrorKind::Degraded => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A RAID LV: md's array over its image sub-LVs. An image whose PV is missing, or
+    /// that the metadata LVs record as failed, is a missing member: reads come from the
+    /// other copies or parity, as md reads a degraded array.
+    fn open_raid(
+        &self,
+        lv: &LvMeta,
+        r: &crate::meta::RaidSeg,
+        full: String,
+        ro: bool,
+    ) -> Result<LogicalVolume> {
+        self.open_raid_with(lv, r, full, ro, &[], false)
+    }
+
+    /// [`Vg::open_raid`] with images `force_down` left out as well, or (`ignore_failed`)
+    /// with the images the superblocks record as failed put back (a rebuild's target).
+    fn open_raid_with(
+        &self,
+        lv: &LvMeta,
+        r: &crate::meta::RaidSeg,
+        full: String,
+        ro: bool,
+        force_down: &[bool],
+        ignore_failed: bool,
+    ) -> Result<LogicalVolume> {
+        let es = self.meta.extent_size * 512;
+        let seg = &lv.segments[0];
+        let lv_bytes = seg.extent_count * es;
+        let image_bytes = crate::meta::image_extents(r, seg.extent_count) * es;
+        // Map every image first so they all index one PV list.
+        let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
+        let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        let mut maps = Vec::new();
+        for name in &r.images {
+            let sub = self.lv_meta(name)?;
+            let f = format!("{}/{name}", self.meta.name);
+            maps.push(match self.map_segments(sub, &f, &mut devs, &mut index) {
+                Ok(m) => Some((f, m)),
+                Err(e) if e.kind() == ErrorKind::Degraded => None,
+                Err(e) => return Err(e),
+            });
+        }
+        let mut images: Vec<Option<LogicalVolume>> = Vec::new();
+        for m in maps {
+            images.push(match m {
+                Some((f, map)) => Some(LogicalVolume::new(f, devs.clone(), map, ro)?),
+                None => None,
+            });
+        }
+        // What the metadata LVs say: the freshest superblock's failed images.
+        let mut freshest: Option<crate::raid::DmRaidSuper> = None;
+        let mut scratch_devs = Vec::new();
+        let mut scratch_index = BTreeMap::new();
+        for m in r.metas.iter().flatten() {
+            if let Some(meta_lv) = self.open_sub(m, &mut scratch_devs, &mut scratch_index, true)? {
+                if let Ok(Some(sb)) = crate::raid::read_rmeta(&meta_lv) {
+                    if freshest.as_ref().is_none_or(|f| sb.events > f.events) {
+                        freshest = Some(sb);
+                    }
+                }
+            }
+        }
+        let mut notes = Vec::new();
+        for (i, img) in images.iter_mut().enumerate() {
+            if force_down.get(i).copied().unwrap_or(false) {
+                *img = None;
+            }
+        }
+        if let Some(sb) = freshest.as_ref().filter(|_| !ignore_failed) {
+            for (i, img) in images.iter_mut().enumerate() {
+                if img.is_some() && sb.failed(i) {
+                    notes.push(format!("image {} is recorded as failed", r.images[i]));
+                    *img = None;
+                }
+            }
+        }
+        let Some(first) = images.iter().flatten().next() else {
+            return Err(Error::new(
+                ErrorKind::Degraded,
+                format!("LV {full}: no image is present"),
+            ));
+        };
+        let first_segments_lv = LogicalVolume::new(
+            first.name().to_string(),
+            devs.clone(),
+            first.segments().to_vec(),
+            ro,
+        )?;
+        let layout = crate::raid::md_layout(r, image_bytes / 512)?;
+        let down: Vec<bool> = images.iter().map(Option::is_none).collect();
+        if !layout.tolerates(&down) {
+            return Err(Error::new(
+                ErrorKind::Degraded,
+                format!(
+                    "LV {full}: too many images are missing ({} of {}) for {}",
+                    down.iter().filter(|d| **d).count(),
+                    down.len(),
+                    r.segtype
+                ),
+            ));
+        }
+        if layout.array_sectors().0 * 512 < lv_bytes {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("LV {full}: its images hold less than its {lv_bytes} bytes"),
+            ));
+        }
+        if !ro && !ignore_failed && down.iter().any(|d| *d) {
+            // As dm-raid's super_sync: the images left record the missing ones as
+            // failed, so that when a missing PV returns its stale image is not read
+            // until a repair rebuilds it.
+            self.record_failed(r, &down, freshest.as_ref())
+                .map_err(|e| e.context(format!("LV {full}: recording failed images")))?;
+        }
+        let n = images.len();
+        let members: Vec<Option<Arc<dyn BlockDevice>>> = images
+            .into_iter()
+            .map(|i| i.map(|l| Arc::new(l) as Arc<dyn BlockDevice>))
+            .collect();
+        for n in &notes {
+            tracing::warn!("LV {full}: {n}");
+        }
+        let array = Arc::new(
+            cairn_md::Array::from_layout(layout, members, &vec![cairn_md::Sectors::ZERO; n])
+                .map_err(|e| e.context(format!("LV {full}")))?,
+        );
+        let lv = LogicalVolume::raid(
+            full.clone(),
+            array.clone(),
+            lv_bytes,
+            &first_segments_lv,
+            ro,
+        );
+        if ro || ignore_failed || r.region_size == 0 || lv.capabilities().read_only {
+            return Ok(lv);
+        }
+        // Open for writing: a dirty bitmap means the last writer stopped mid-way; make
+        // the copies (or parity) agree before serving. Then writes mark the bitmaps
+        // dirty and flushes clean (raid::OpenForWrite).
+        let (lv_s, img_s) = (lv_bytes / 512, image_bytes / 512);
+        let mut rmetas: Vec<Arc<dyn BlockDevice>> = Vec::new();
+        let mut mdevs = Vec::new();
+        let mut mindex = BTreeMap::new();
+        for (i, m) in r.metas.iter().enumerate() {
+            let Some(m) = m else { continue };
+            if down.get(i).copied().unwrap_or(true) {
+                continue;
+            }
+            if let Some(d) = self.open_sub(m, &mut mdevs, &mut mindex, false)? {
+                rmetas.push(Arc::new(d));
+            }
+        }
+        let mut dirty = false;
+        for d in &rmetas {
+            dirty |= crate::raid::bitmap_dirty(&**d, r, lv_s, img_s)?;
+        }
+        if dirty {
+            if array.down_roles().is_empty() {
+                tracing::warn!("LV {full} was not closed cleanly: resyncing it");
+                array
+                    .resync()
+                    .map_err(|e| e.context(format!("LV {full}: resync")))?;
+            } else {
+                tracing::warn!(
+                    "LV {full} was not closed cleanly and is degraded: it cannot be resynced; \
+                     copies may differ where writes were in flight"
+                );
+            }
+        }
+        let events = freshest.as_ref().map_or(1, |f| f.events);
+        let guard = crate::raid::OpenForWrite {
+            array,
+            rmetas,
+            seg: r.clone(),
+            lv_sectors: lv_s,
+            image_sectors: img_s,
+            events,
+            dirty: std::sync::RwLock::new(dirty),
+        };
+        // The resync made the copies agree: clean until the first write.
+        guard.flushed()?;
+        Ok(lv.with_write_guard(guard))
     }
 
     /// `vgs` + `pvs` + `lvs` in one.
@@ -1028,29 +1887,40 @@ impl Vg {
                 visible: l.visible(),
                 writable: l.writable(),
                 unavailable: l.unsupported.clone(),
+                sync_percent: self.sync_percent(l).map(|p| format!("{p:.2}")),
                 segments: l
                     .segments
                     .iter()
                     .map(|s| {
                         let k = s.areas().len() as u64;
                         let per = s.extent_count.checked_div(k).unwrap_or(0);
-                        SegReport {
-                            start_extent: s.start_extent,
-                            extent_count: s.extent_count,
-                            segtype: s.type_name().to_string(),
-                            stripes: s.areas().len(),
-                            stripe_size: match &s.kind {
-                                SegKind::Striped { stripe_size, .. } => stripe_size * 512,
-                                SegKind::Other(_) => 0,
-                            },
-                            seg_pe_ranges: s
+                        let ranges: Vec<String> = match &s.kind {
+                            // lvm names the images and their extents.
+                            SegKind::Raid(r) => {
+                                let n = crate::meta::image_extents(r, s.extent_count);
+                                r.images
+                                    .iter()
+                                    .map(|i| format!("{i}:0-{}", n.max(1) - 1))
+                                    .collect()
+                            }
+                            _ => s
                                 .areas()
                                 .iter()
                                 .map(|a| {
                                     format!("{}:{}-{}", name_of(&a.pv), a.pe, a.pe + per.max(1) - 1)
                                 })
-                                .collect::<Vec<_>>()
-                                .join(" "),
+                                .collect(),
+                        };
+                        SegReport {
+                            start_extent: s.start_extent,
+                            extent_count: s.extent_count,
+                            segtype: s.type_name().to_string(),
+                            stripes: match &s.kind {
+                                SegKind::Raid(r) => r.images.len(),
+                                _ => s.areas().len(),
+                            },
+                            stripe_size: s.stripe_sectors() * 512,
+                            seg_pe_ranges: ranges.join(" "),
                         }
                     })
                     .collect(),

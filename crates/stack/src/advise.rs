@@ -592,6 +592,7 @@ mod tests {
             stripes,
             stripe_size: stripe_k * 1024,
             seg_pe_ranges: ranges.into(),
+            segtype: String::new(),
         });
         n
     }

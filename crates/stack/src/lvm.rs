@@ -95,14 +95,46 @@ pub fn open_vg_exports(
         .zip(&names)
         .map(|(e, n)| PvDevice::new(n.clone(), e.device.clone()))
         .collect();
-    let vg = Vg::open_with(
-        devs,
+    let whole = Vg::open_with(
+        devs.clone(),
         OpenOptions {
             partial: false,
             read_only,
         },
-    )
-    .map_err(|e| StackError::new(format!("volume group {vg_name}: {}", lvm_error(&e))))?;
+    );
+    // A VG with a PV missing is served partially, as `vgchange -ay` does with lvm's
+    // default activation_mode "degraded": RAID LVs whose images survive are served
+    // (degraded), LVs that need the missing PV are not.
+    let vg = match whole {
+        Err(e) if e.kind() == ErrorKind::NotFound && e.to_string().contains("is missing PV") => {
+            let vg = Vg::open_with(
+                devs,
+                OpenOptions {
+                    partial: true,
+                    read_only,
+                },
+            )
+            .map_err(|e| StackError::new(format!("volume group {vg_name}: {}", lvm_error(&e))))?;
+            let raid_ok = vg.report().lvs.iter().any(|l| {
+                l.visible
+                    && l.segments
+                        .first()
+                        .is_some_and(|s| s.segtype.starts_with("raid"))
+                    && vg.lv(&l.name).is_ok()
+            });
+            if !raid_ok {
+                return Err(StackError::new(format!(
+                    "volume group {vg_name}: {}",
+                    lvm_error(&e)
+                )));
+            }
+            vg
+        }
+        r => {
+            r.map_err(|e| StackError::new(format!("volume group {vg_name}: {}", lvm_error(&e))))?
+        }
+    };
+    let partial = vg.notes().iter().any(|n| n.contains("is missing PV"));
     for note in vg.notes() {
         tracing::warn!("volume group {vg_name}: {note}");
     }
@@ -116,9 +148,28 @@ pub fn open_vg_exports(
             eprintln!("cairn: {vg_name}/{}: not served: {why}", lv_report.name);
             continue;
         }
-        let lv = vg
-            .lv(&lv_report.name)
-            .map_err(|e| StackError::new(lvm_error(&e).to_string()))?;
+        let lv = match vg.lv(&lv_report.name) {
+            Ok(lv) => lv,
+            Err(e) if partial => {
+                eprintln!(
+                    "cairn: {vg_name}/{}: not served: {}",
+                    lv_report.name,
+                    lvm_error(&e)
+                );
+                continue;
+            }
+            Err(e) => return Err(StackError::new(lvm_error(&e).to_string())),
+        };
+        if let Some(a) = lv.array() {
+            let down = a.down_roles();
+            if !down.is_empty() {
+                eprintln!(
+                    "cairn: WARNING: {vg_name}/{} is served DEGRADED: image(s) {:?} missing or failed; \
+                     repair it with `cairn lvm lvconvert --repair`",
+                    lv_report.name, down
+                );
+            }
+        }
         // The PVs this LV uses, in the order its extents first reach them.
         let used: Vec<usize> = lv
             .pv_names()
@@ -135,7 +186,19 @@ pub fn open_vg_exports(
                 .first()
                 .and_then(|&i| report.pvs.iter().find(|p| p.name == names[i]))
                 .map_or(0, |p| p.pe_start),
-            stripes: seg0.map_or(1, |s| u32::try_from(s.stripes).unwrap_or(u32::MAX)),
+            // A RAID LV's full stripe spans its data stripes, not its images.
+            stripes: match vg
+                .metadata()
+                .lv(&lv_report.name)
+                .and_then(|l| l.segments.first())
+                .map(|s| &s.kind)
+            {
+                Some(cairn_lvm::meta::SegKind::Raid(r)) => {
+                    u32::try_from(r.data_stripes()).unwrap_or(u32::MAX)
+                }
+                _ => seg0.map_or(1, |s| u32::try_from(s.stripes).unwrap_or(u32::MAX)),
+            },
+            segtype: seg0.map_or(String::new(), |s| s.segtype.clone()),
             stripe_size: seg0.map_or(0, |s| s.stripe_size),
             seg_pe_ranges: lv_report
                 .segments

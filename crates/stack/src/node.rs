@@ -372,6 +372,10 @@ pub struct LvDetails {
     pub stripe_size: u64,
     /// lvm's `seg_pe_ranges`, e.g. "pv0:2-3 pv1:0-1".
     pub seg_pe_ranges: String,
+    /// lvm's segment type of the first segment ("striped", "raid10", "raid5_ls",
+    /// "mirror"); empty when not known. For RAID types `stripes` counts data stripes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub segtype: String,
 }
 
 /// Background work: resync, rebuild, scrub.
