@@ -59,6 +59,7 @@ use std::time::{Duration, Instant, SystemTime};
 use cairn_block::{check_io, BlockDevice, ErrorKind, Extent, IoKind, Support, WriteFlags};
 
 use crate::proto::*;
+use crate::tls::{self, ServerTls};
 
 /// One export: a device under a name.
 #[derive(Debug, Clone)]
@@ -135,6 +136,9 @@ pub struct ServerConfig {
     pub max_in_flight: usize,
     /// How long a shutdown waits for connections to finish in-flight requests.
     pub shutdown_grace: Duration,
+    /// TLS (`NBD_OPT_STARTTLS`): `None` refuses it; otherwise offered, or required when
+    /// [`ServerTls::required`].
+    pub tls: Option<ServerTls>,
 }
 
 impl ServerConfig {
@@ -148,6 +152,7 @@ impl ServerConfig {
             client_timeout: Duration::from_secs(30),
             max_in_flight: MAX_IN_FLIGHT,
             shutdown_grace: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -198,6 +203,7 @@ struct Shared {
     /// Server-wide budget of request and reply buffers.
     in_flight: Arc<Budget>,
     grace: Duration,
+    tls: Option<ServerTls>,
     shutdown: AtomicBool,
     next_id: AtomicU64,
     /// Live connections, for shutdown and removal: a handle that can stop their reads,
@@ -307,6 +313,7 @@ impl Server {
                 client_timeout: config.client_timeout.max(Duration::from_millis(1)),
                 in_flight: Budget::new(config.max_in_flight),
                 grace: config.shutdown_grace,
+                tls: config.tls,
                 shutdown: AtomicBool::new(false),
                 next_id: AtomicU64::new(1),
                 conns: Mutex::new(HashMap::new()),
@@ -333,6 +340,6 @@ impl Server {
         peer: &str,
     ) {
         // Id 0 is never in the connection table: such a stream is not listed.
-        serve_connection(&self.shared, reader, writer, peer, 0);
+        serve_connection(&self.shared, reader, writer, None, peer, 0);
     }
 }

@@ -118,6 +118,7 @@ pub(super) fn serve_connection(
     shared: &Arc<Shared>,
     reader: Box<dyn Read + Send>,
     mut writer: Box<dyn Write + Send>,
+    socket: Option<tls::Socket>,
     peer: &str,
     id: u64,
 ) {
@@ -131,6 +132,8 @@ pub(super) fn serve_connection(
         no_zeroes: false,
         structured: false,
         meta: None,
+        socket,
+        tls_on: false,
     };
     let session = match hs.run() {
         Ok(Some(s)) => s,
