@@ -43,6 +43,15 @@ pub struct Config {
     pub scan: Vec<PathBuf>,
     pub key_file: Option<PathBuf>,
     pub key_dir: Option<PathBuf>,
+    /// As `--tls`, `--tls-certificates`, `--tls-verify-peer`, `--tls-psk` and
+    /// `--insecure-no-tls`.
+    pub tls: Option<crate::serve::TlsMode>,
+    pub tls_certificates: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_verify_peer: bool,
+    pub tls_psk: Option<PathBuf>,
+    #[serde(default)]
+    pub insecure_no_tls: bool,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportEntry>,
 }
@@ -116,6 +125,13 @@ pub fn parse(text: &str, shown: &str, base: &Path) -> Result<Config> {
     c.scan.iter_mut().for_each(abs);
     c.key_file.iter_mut().for_each(abs);
     c.key_dir.iter_mut().for_each(abs);
+    c.tls_certificates.iter_mut().for_each(abs);
+    c.tls_psk.iter_mut().for_each(abs);
+    if c.tls_certificates.is_some() && c.tls_psk.is_some() {
+        return Err(CliError::new(format!(
+            "{shown}: tls_certificates and tls_psk: give one"
+        )));
+    }
     for (i, e) in c.exports.iter_mut().enumerate() {
         let which = match &e.name {
             Some(n) => format!("{shown}: [[export]] {n:?}"),
