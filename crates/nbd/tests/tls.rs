@@ -84,7 +84,9 @@ fn unix_path(l: &Listen) -> PathBuf {
 /// Writes a pattern, reads it back through a second client, checks it.
 fn round_trip(opts: &ClientOptions) {
     let c = Client::connect(opts).unwrap_or_else(|e| panic!("connect: {e}"));
-    let data: Vec<u8> = (0..256 * 1024u32).map(|i| (i * 7 + 3) as u8).collect();
+    let data: Vec<u8> = (0..256 * 1024u32)
+        .map(|i| (i.wrapping_mul(7) + 3).to_le_bytes()[0])
+        .collect();
     c.write_at(&data, 1 << 20, WriteFlags::NONE).expect("write");
     c.flush().expect("flush");
     // qemu-nbd serves a few connections at once (--shared): let these go first.
@@ -186,7 +188,7 @@ fn require_mode_says_nothing_before_tls() {
 }
 
 fn info_request(name: &str) -> Vec<u8> {
-    let mut v = (name.len() as u32).to_be_bytes().to_vec();
+    let mut v = u32::try_from(name.len()).unwrap().to_be_bytes().to_vec();
     v.extend_from_slice(name.as_bytes());
     v.extend_from_slice(&0u16.to_be_bytes());
     v
