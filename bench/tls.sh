@@ -4,7 +4,8 @@
 # the busy machine is as busy for each. Workloads: the whole export copied in 1 MiB
 # requests (8 in flight) and in 4 KiB requests (32 in flight), each way, over one
 # connection. ROUNDS rounds interleave the three modes; the median of the rounds is
-# reported, and TLS as a ratio of plain.
+# reported, and TLS as a ratio of plain: throughput, and the CPU time the server and the
+# client spent (on a busy machine the CPU time moves much less than the throughput).
 #
 # Why nbdcopy and not fio: fio's nbd engine takes a URI, but libnbd refuses the local
 # files a TLS URI names (tls-psk-file=, tls-certificates=) unless the program allows them,
@@ -82,16 +83,32 @@ URI_plain="nbd://127.0.0.1:$P1/disk"
 URI_psk="nbds://alice@127.0.0.1:$P1/disk?tls-psk-file=$D/creds/psk/keys.psk"
 URI_x509="nbds://127.0.0.1:$P2/disk?tls-certificates=$D/creds/pki"
 
-# copy MODE read|write BS QD: one nbdcopy of the whole export; prints MiB/s.
+# ticks N: CPU time (user + system, in clock ticks) so far of the Nth server started.
+ticks() {
+  local pid
+  pid=$(sed -n "$1p" "$D/pids")
+  awk '{print $14 + $15}' "/proc/$pid/stat"
+}
+
+# copy MODE read|write BS QD: one nbdcopy of the whole export; prints MiB/s, the server's
+# CPU seconds and the client's CPU seconds.
 copy() {
-  local uri_var="URI_$1" from to
+  local uri_var="URI_$1" from to which=1
+  [ "$1" = x509 ] && which=2
   if [ "$2" = read ]; then from=${!uri_var} to=null:; else from=$D/src.img to=${!uri_var}; fi
-  local t0 t1
+  local t0 t1 c0 c1
+  c0=$(ticks $which)
   t0=$(date +%s.%N)
-  nbdcopy --connections=1 --requests="$4" --request-size="$(numfmt --from=iec "$3")" \
+  /usr/bin/time -o "$D/time" -f "%U %S" \
+    nbdcopy --connections=1 --requests="$4" --request-size="$(numfmt --from=iec "$3")" \
     "$from" "$to" 2>"$D/err" || { echo "tls bench: nbdcopy $*: $(cat "$D/err")" >&2; return 1; }
   t1=$(date +%s.%N)
-  python3 -c "import sys; print(round($(numfmt --from=iec "$SIZE") / 2**20 / (float(sys.argv[2]) - float(sys.argv[1])), 1))" "$t0" "$t1"
+  c1=$(ticks $which)
+  python3 -c '
+import sys
+t0, t1, c0, c1, size, hz, cu, cs = map(float, sys.argv[1:9])
+print(round(size / 2**20 / (t1 - t0), 1), round((c1 - c0) / hz, 2), round(cu + cs, 2))
+' "$t0" "$t1" "$c0" "$c1" "$(numfmt --from=iec "$SIZE")" "$(getconf CLK_TCK)" $(cat "$D/time")
 }
 
 WORKLOADS=("write-1M write 1M 8" "read-1M read 1M 8" "write-4k write 4K 32" "read-4k read 4K 32")
@@ -108,19 +125,31 @@ for r in $(seq "$ROUNDS"); do
 done
 
 echo
-echo "| workload | plain MiB/s | TLS PSK MiB/s (ratio) | TLS X.509 MiB/s (ratio) |"
-echo "| --- | ---: | ---: | ---: |"
 python3 - "$D/results" <<'EOF'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    name, mode, v = line.split()
-    rows.setdefault(name, {}).setdefault(mode, []).append(float(v))
+    name, mode, mibs, server, client = line.split()
+    rows.setdefault(name, {}).setdefault(mode, []).append((float(mibs), float(server), float(client)))
+med = lambda v, i: statistics.median(x[i] for x in v)
+print("Throughput, MiB/s (TLS as a ratio of plain):")
+print()
+print("| workload | plain | TLS PSK | TLS X.509 |")
+print("| --- | ---: | ---: | ---: |")
 for name, modes in rows.items():
-    med = {m: statistics.median(v) for m, v in modes.items()}
-    p = med["plain"]
-    print(f"| {name} | {p:.0f} | {med['psk']:.0f} ({med['psk'] / p:.2f}) | "
-          f"{med['x509']:.0f} ({med['x509'] / p:.2f}) |")
+    p = med(modes["plain"], 0)
+    cells = [f"{med(modes[m], 0):.0f} ({med(modes[m], 0) / p:.2f})" for m in ("psk", "x509")]
+    print(f"| {name} | {p:.0f} | {cells[0]} | {cells[1]} |")
+print()
+print("CPU seconds for the whole export, server + client (the sum as a ratio of plain):")
+print()
+print("| workload | plain | TLS PSK | TLS X.509 |")
+print("| --- | ---: | ---: | ---: |")
+for name, modes in rows.items():
+    c = {m: (med(v, 1), med(v, 2)) for m, v in modes.items()}
+    p = sum(c["plain"])
+    cells = [f"{c[m][0]:.2f} + {c[m][1]:.2f} ({sum(c[m]) / p:.2f})" for m in ("psk", "x509")]
+    print(f"| {name} | {c['plain'][0]:.2f} + {c['plain'][1]:.2f} | {cells[0]} | {cells[1]} |")
 EOF
 echo
 echo "(medians of $ROUNDS rounds, export size $SIZE; load average: $(cut -d' ' -f1-3 /proc/loadavg))"
