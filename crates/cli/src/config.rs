@@ -230,6 +230,26 @@ mod tests {
     }
 
     #[test]
+    fn tls_keys() {
+        let c = parse(
+            "tls = \"on\"\ntls_psk = \"keys.psk\"\ninsecure_no_tls = true\n",
+            "c",
+            Path::new("/etc/cairn"),
+        )
+        .unwrap();
+        assert_eq!(c.tls, Some(crate::serve::TlsMode::On));
+        assert_eq!(c.tls_psk, Some(PathBuf::from("/etc/cairn/keys.psk")));
+        assert!(c.insecure_no_tls && !c.tls_verify_peer);
+        assert!(parse("tls = \"maybe\"\n", "c", Path::new("/")).is_err());
+        assert!(parse(
+            "tls_psk = \"k\"\ntls_certificates = \"d\"\n",
+            "c",
+            Path::new("/")
+        )
+        .is_err());
+    }
+
+    #[test]
     fn bad_entries_are_refused() {
         let both = "[[export]]\nfile = \"a\"\nmd = [\"b\"]\n";
         assert!(parse(both, "c", Path::new("/"))

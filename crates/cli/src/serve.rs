@@ -1169,6 +1169,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_network_listener_needs_tls_required_or_insecure() {
+        let l = |s: &str| -> Listen { s.parse().unwrap() };
+        let local = [
+            l("tcp:127.0.0.1:0"),
+            l("tcp:[::1]:0"),
+            l("unix:/tmp/x.sock"),
+        ];
+        assert!(check_exposure(&local, false, false).is_ok());
+        for open in ["tcp:0.0.0.0:0", "tcp:[::]:0", "tcp:192.0.2.1:10809"] {
+            let ls = [l("unix:/tmp/x.sock"), l(open)];
+            let e = check_exposure(&ls, false, false).unwrap_err();
+            assert!(
+                e.contains("--insecure-no-tls") && e.contains("--tls require"),
+                "{e}"
+            );
+            assert!(check_exposure(&ls, true, false).is_ok());
+            assert!(check_exposure(&ls, false, true).is_ok());
+        }
+    }
+
+    #[test]
+    fn tls_uris_for_clients() {
+        let t = TlsInfo {
+            mode: "required",
+            credentials: Some("PSK".into()),
+            query: Some("tls-psk-file=/k.psk".into()),
+        };
+        assert_eq!(
+            t.client_uri("nbd://127.0.0.1:10809/d".into()),
+            "nbds://127.0.0.1:10809/d?tls-psk-file=/k.psk"
+        );
+        assert_eq!(
+            t.client_uri("nbd+unix:///d?socket=/s".into()),
+            "nbds+unix:///d?socket=/s&tls-psk-file=/k.psk"
+        );
+        let on = TlsInfo { mode: "on", ..t };
+        assert_eq!(on.client_uri("nbd://h/d".into()), "nbd://h/d");
+    }
+
+    #[test]
     fn shell_quoting() {
         assert_eq!(
             shell_quote("nbd://127.0.0.1:10809/disk"),
