@@ -902,8 +902,8 @@ pick an export by name: nbd://HOST:PORT/NAME or nbd+unix:///NAME?socket=PATH.
 Without --listen, cairn listens on a Unix socket ($XDG_RUNTIME_DIR/cairn/nbd.sock, or \
 /run/cairn/nbd.sock as root) and on TCP 127.0.0.1:10809, the standard NBD port, on \
 loopback only. Nothing is reachable from other machines unless you ask for it with \
---listen tcp:0.0.0.0:10809 (NBD has no authentication: only do that on a trusted \
-network).
+--listen tcp:0.0.0.0:10809, which needs TLS (--tls-psk FILE or --tls-certificates DIR, \
+see docs/tls.md) or --insecure-no-tls: NBD has no authentication of its own.
 
 cairn runs in the foreground. Ctrl-C (SIGINT), SIGTERM or SIGHUP (its terminal closing) \
 stops it cleanly: requests already received are answered, data is flushed to the files, \
