@@ -6,6 +6,7 @@
 #                 localhost and 127.0.0.1), client-cert.pem + client-key.pem, all from one CA
 #   DIR/ca-only/  ca-cert.pem alone: a client that trusts the CA but has no certificate
 #   DIR/other/    the same layout from another CA: trusting it is trusting the wrong CA
+#   DIR/mixed/    trusts the right CA, but its client certificate is from the other one
 #   DIR/psk/keys.psk   users alice and bob (qemu's tls-creds-psk reads DIR/psk/keys.psk)
 #   DIR/wrong/keys.psk alice with another key
 #
@@ -46,6 +47,9 @@ for d in pki other; do
 done
 mkdir -p ca-only
 cp pki/ca-cert.pem ca-only/
+mkdir -p mixed
+cp pki/ca-cert.pem mixed/
+cp other/client-cert.pem other/client-key.pem mixed/
 
 mkdir -p psk wrong
 psktool -u alice -p psk/keys.psk >/dev/null

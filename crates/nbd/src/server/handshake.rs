@@ -337,8 +337,10 @@ impl Handshake<'_> {
                 tracing::debug!("{}: TLS ({}) established", self.peer, tls.kind());
                 Ok(Next::Continue)
             }
+            // A client that failed to authenticate (wrong key, unknown CA) is worth a
+            // line by default: the operator's only trace of it.
             Err(e) => {
-                tracing::info!("{}: {e}; closing", self.peer);
+                tracing::warn!("{}: {e}; closing", self.peer);
                 Ok(Next::Close)
             }
         }
