@@ -81,9 +81,32 @@ fn unix_path(l: &Listen) -> PathBuf {
     }
 }
 
+/// Connects, retrying while a just-started server (or one that has not yet seen the
+/// previous client go: qemu-nbd --shared) is not accepting.
+fn connect(opts: &ClientOptions) -> Client {
+    let t = Instant::now();
+    loop {
+        match Client::connect(opts) {
+            Ok(c) => return c,
+            Err(Error::Io(e))
+                if t.elapsed() < TIMEOUT
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::ConnectionRefused
+                            | std::io::ErrorKind::NotFound
+                    ) =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("connect: {e}"),
+        }
+    }
+}
+
 /// Writes a pattern, reads it back through a second client, checks it.
 fn round_trip(opts: &ClientOptions) {
-    let c = Client::connect(opts).unwrap_or_else(|e| panic!("connect: {e}"));
+    let c = connect(opts);
     let data: Vec<u8> = (0..256 * 1024u32)
         .map(|i| (i.wrapping_mul(7) + 3).to_le_bytes()[0])
         .collect();
@@ -91,7 +114,7 @@ fn round_trip(opts: &ClientOptions) {
     c.flush().expect("flush");
     // qemu-nbd serves a few connections at once (--shared): let these go first.
     drop(c);
-    let c2 = Client::connect(opts).expect("second connection");
+    let c2 = connect(opts);
     let mut back = vec![0u8; data.len()];
     c2.read_at(&mut back, 1 << 20).expect("read");
     assert!(back == data, "data read back over TLS differs");
@@ -351,7 +374,7 @@ fn cairn_client_reads_qemu_nbd_with_tls_creds() {
             "-k",
         ])
         .arg(&sock)
-        .args(["--shared=8", "--persistent"])
+        .args(["--shared=16", "--persistent"])
         .arg(&img);
         let _srv = spawn_on_socket(cmd, &sock, dir);
         round_trip(&uri(&format!(
