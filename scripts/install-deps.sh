@@ -33,6 +33,9 @@ needed=(
   "file file"       # tests/interop/cairn_bench.sh: the plots are real PNG and SVG
   "ip iproute2"     # tests/interop/remote.sh: member servers in network namespaces
   "etcd etcd-server" # crates/cluster tests and tests/interop/fence.sh start their own etcd
+  "certtool gnutls-bin"  # tests/interop/tls.sh: a throwaway CA and certificates
+  "psktool gnutls-bin"   # tests/interop/tls.sh: PSK files (username:hexkey)
+  "pkg-config pkg-config"  # the openssl crate finds libssl with it
 )
 
 missing=()
@@ -46,6 +49,8 @@ done
 if ! /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1; then missing+=(python3-libnbd); fi
 # ISA-L (the anchor for bench/pq: its pq_gen computes md's P and Q) is a library, not a tool.
 if [ ! -e /usr/include/isa-l/raid.h ]; then missing+=(libisal-dev); fi
+# NBD over TLS (crates/nbd/src/tls.rs) builds against OpenSSL's headers.
+if [ ! -e /usr/include/openssl/ssl.h ]; then missing+=(libssl-dev); fi
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all system tools present"

@@ -43,6 +43,15 @@ pub struct Config {
     pub scan: Vec<PathBuf>,
     pub key_file: Option<PathBuf>,
     pub key_dir: Option<PathBuf>,
+    /// As `--tls`, `--tls-certificates`, `--tls-verify-peer`, `--tls-psk` and
+    /// `--insecure-no-tls`.
+    pub tls: Option<crate::serve::TlsMode>,
+    pub tls_certificates: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_verify_peer: bool,
+    pub tls_psk: Option<PathBuf>,
+    #[serde(default)]
+    pub insecure_no_tls: bool,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportEntry>,
 }
@@ -116,6 +125,13 @@ pub fn parse(text: &str, shown: &str, base: &Path) -> Result<Config> {
     c.scan.iter_mut().for_each(abs);
     c.key_file.iter_mut().for_each(abs);
     c.key_dir.iter_mut().for_each(abs);
+    c.tls_certificates.iter_mut().for_each(abs);
+    c.tls_psk.iter_mut().for_each(abs);
+    if c.tls_certificates.is_some() && c.tls_psk.is_some() {
+        return Err(CliError::new(format!(
+            "{shown}: tls_certificates and tls_psk: give one"
+        )));
+    }
     for (i, e) in c.exports.iter_mut().enumerate() {
         let which = match &e.name {
             Some(n) => format!("{shown}: [[export]] {n:?}"),
@@ -211,6 +227,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 1") && err.contains("listn"), "{err}");
+    }
+
+    #[test]
+    fn tls_keys() {
+        let c = parse(
+            "tls = \"on\"\ntls_psk = \"keys.psk\"\ninsecure_no_tls = true\n",
+            "c",
+            Path::new("/etc/cairn"),
+        )
+        .unwrap();
+        assert_eq!(c.tls, Some(crate::serve::TlsMode::On));
+        assert_eq!(c.tls_psk, Some(PathBuf::from("/etc/cairn/keys.psk")));
+        assert!(c.insecure_no_tls && !c.tls_verify_peer);
+        assert!(parse("tls = \"maybe\"\n", "c", Path::new("/")).is_err());
+        assert!(parse(
+            "tls_psk = \"k\"\ntls_certificates = \"d\"\n",
+            "c",
+            Path::new("/")
+        )
+        .is_err());
     }
 
     #[test]

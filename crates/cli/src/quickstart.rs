@@ -292,6 +292,11 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
         stripe_cache_size: None,
         stripe_cache_hold_ms: None,
         operator: crate::daemon::OperatorOptions::default(),
+        // The demo keeps its own rule: a warning for a network listener, no refusal.
+        tls: crate::serve::TlsOptions {
+            insecure_no_tls: true,
+            ..Default::default()
+        },
     };
     serve::serve(exports, listens, &opts, global, extras)
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::thread;
 
 use cairn_block::BlockDevice;
-use cairn_nbd::{Export, Listen, Server, ServerConfig};
+use cairn_nbd::{Export, Listen, Server, ServerConfig, ServerTls};
 use serde::Serialize;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -193,12 +193,19 @@ pub fn serve(
             )));
         }
     }
+    let tls = opts.tls.server_tls()?;
+    check_exposure(
+        &listens,
+        tls.as_ref().is_some_and(ServerTls::required),
+        opts.tls.insecure_no_tls,
+    )
+    .map_err(CliError::new)?;
     for l in &listens {
         match l {
             Listen::Unix(path) => listen::prepare_socket_path(path)?,
-            Listen::Tcp(addr) if !addr.ip().is_loopback() => tracing::warn!(
-                "tcp:{addr} accepts connections from the network; NBD has no \
-                 authentication, so anyone who can reach it can read and write these disks"
+            Listen::Tcp(addr) if !addr.ip().is_loopback() && tls.is_none() => tracing::warn!(
+                "tcp:{addr} accepts connections from the network without TLS; anyone who \
+                 can reach it can read and write these disks"
             ),
             Listen::Tcp(_) => {}
         }
@@ -220,6 +227,8 @@ pub fn serve(
     config.max_connections = usize::try_from(opts.max_connections).unwrap_or(usize::MAX);
     config.client_timeout = std::time::Duration::from_secs(opts.client_timeout);
     config.fence = extras.fence.clone();
+    let tls_info = TlsInfo::new(tls.as_ref(), &opts.tls);
+    config.tls = tls;
     let server = Server::new(config).map_err(|e| CliError::new(e.to_string()))?;
     let listeners = server
         .bind(&listens)
@@ -275,7 +284,13 @@ pub fn serve(
         .default_export
         .clone()
         .or_else(|| (opened.len() == 1).then(|| opened[0].name.clone()));
-    let mut announcement = Announcement::new(&opened, &bound, default_export, extras.json.clone());
+    let mut announcement = Announcement::new(
+        &opened,
+        &bound,
+        default_export,
+        extras.json.clone(),
+        tls_info,
+    );
     announcement.control = operator.control.clone();
     announcement.metrics = operator.metrics.clone();
     // Writable arrays run their own background work while serving: a resync after an
@@ -345,6 +360,90 @@ pub struct Announcement {
     /// The `--metrics` listener as bound (`tcp:127.0.0.1:9109`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
+    /// Whether NBD connections are encrypted.
+    pub tls: TlsInfo,
+}
+
+/// TLS as served: `mode` is `off`, `on` (offered, plaintext served too) or `required`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TlsInfo {
+    pub mode: &'static str,
+    /// `X.509` or `PSK`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<String>,
+    /// What a libnbd URI needs to reach it (`tls-psk-file=...`), when TLS is required.
+    #[serde(skip)]
+    query: Option<String>,
+}
+
+impl TlsInfo {
+    fn new(tls: Option<&ServerTls>, opts: &TlsOptions) -> TlsInfo {
+        let Some(t) = tls else {
+            return TlsInfo {
+                mode: "off",
+                credentials: None,
+                query: None,
+            };
+        };
+        let query = if let Some(f) = &opts.tls_psk {
+            let f = std::path::absolute(f).unwrap_or_else(|_| f.clone());
+            Some(format!("tls-psk-file={}", f.display()))
+        } else {
+            opts.tls_certificates.as_ref().map(|d| {
+                let d = std::path::absolute(d).unwrap_or_else(|_| d.clone());
+                format!("tls-certificates={}", d.display())
+            })
+        };
+        TlsInfo {
+            mode: if t.required() { "required" } else { "on" },
+            credentials: Some(t.kind().to_string()),
+            query,
+        }
+    }
+
+    /// `uri` as a client must write it: nbds:// and the credentials, when TLS is
+    /// required.
+    fn client_uri(&self, uri: String) -> String {
+        if self.mode != "required" {
+            return uri;
+        }
+        let uri = if let Some(rest) = uri.strip_prefix("nbd://") {
+            format!("nbds://{rest}")
+        } else if let Some(rest) = uri.strip_prefix("nbd+unix://") {
+            format!("nbds+unix://{rest}")
+        } else {
+            uri
+        };
+        match &self.query {
+            Some(q) if uri.contains('?') => format!("{uri}&{q}"),
+            Some(q) => format!("{uri}?{q}"),
+            None => uri,
+        }
+    }
+}
+
+/// Refuses a TCP listener off loopback unless TLS is required or the user said
+/// `--insecure-no-tls`: NBD itself has no authentication.
+pub fn check_exposure(
+    listens: &[Listen],
+    tls_required: bool,
+    insecure: bool,
+) -> std::result::Result<(), String> {
+    if tls_required || insecure {
+        return Ok(());
+    }
+    match listens.iter().find_map(|l| match l {
+        Listen::Tcp(a) if !a.ip().is_loopback() => Some(a),
+        _ => None,
+    }) {
+        Some(a) => Err(format!(
+            "tcp:{a} is reachable from the network and TLS is not required: anyone who can \
+             reach it could read and write these disks. Use --tls require with \
+             --tls-psk FILE or --tls-certificates DIR (see docs/tls.md), or say \
+             --insecure-no-tls on a network you trust"
+        )),
+        None => Ok(()),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -410,6 +509,7 @@ impl Announcement {
         bound: &[Listen],
         default_export: Option<String>,
         quickstart: Option<serde_json::Value>,
+        tls: TlsInfo,
     ) -> Announcement {
         let listen = bound
             .iter()
@@ -440,7 +540,10 @@ impl Announcement {
                     size: g.size,
                     logical_block_size: g.logical_block_size,
                     read_only: e.read_only || e.device.capabilities().read_only,
-                    uris: bound.iter().map(|l| l.uri(&e.name)).collect(),
+                    uris: bound
+                        .iter()
+                        .map(|l| tls.client_uri(l.uri(&e.name)))
+                        .collect(),
                     physical_block_size: g.physical_block_size,
                     optimal_io_size: g.optimal_io_size,
                     md: e.md().map(|a| a.report()),
@@ -470,6 +573,7 @@ impl Announcement {
             quickstart,
             control: None,
             metrics: None,
+            tls,
         }
     }
 }
@@ -615,6 +719,11 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
     for l in &a.listen {
         s.push_str(&format!("  {}\n", l.address));
     }
+    s.push_str(&match (&a.tls.credentials, a.tls.mode) {
+        (Some(c), "required") => format!("TLS: required ({c}); nothing is served in plaintext\n"),
+        (Some(c), _) => format!("TLS: on ({c}), offered; plaintext clients are served too\n"),
+        _ => "TLS: off\n".to_string(),
+    });
     if let Some(c) = &a.control {
         s.push_str(&format!(
             "Control socket: {} (cairn status, cairn top)\n",
@@ -635,8 +744,8 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
         .collect();
     if let Some(e) = a.exports.first() {
         let name = &e.name;
-        let unix_uri = shell_quote(&pick_uri(&bound, name, false));
-        let tcp_uri = shell_quote(&pick_uri(&bound, name, true));
+        let unix_uri = shell_quote(&a.tls.client_uri(pick_uri(&bound, name, false)));
+        let tcp_uri = shell_quote(&a.tls.client_uri(pick_uri(&bound, name, true)));
         let fuse_dir = fuse_dir(name);
         let fuse_file = fuse_file(name);
         s.push_str("\nTry it from another shell:\n");
@@ -739,6 +848,15 @@ fn merge(mut a: ServeArgs, c: Config) -> (ServeArgs, Vec<ExportEntry>) {
     if a.key_dir.is_none() {
         a.key_dir = c.key_dir;
     }
+    // TLS credentials come as one set: the file's only when the command line gave none.
+    let t = &mut a.server.tls;
+    if t.tls_certificates.is_none() && t.tls_psk.is_none() {
+        t.tls_certificates = c.tls_certificates;
+        t.tls_psk = c.tls_psk;
+        t.tls_verify_peer |= c.tls_verify_peer;
+    }
+    t.tls = t.tls.or(c.tls);
+    t.insecure_no_tls |= c.insecure_no_tls;
     (a, c.exports)
 }
 
@@ -810,8 +928,8 @@ pick an export by name: nbd://HOST:PORT/NAME or nbd+unix:///NAME?socket=PATH.
 Without --listen, cairn listens on a Unix socket ($XDG_RUNTIME_DIR/cairn/nbd.sock, or \
 /run/cairn/nbd.sock as root) and on TCP 127.0.0.1:10809, the standard NBD port, on \
 loopback only. Nothing is reachable from other machines unless you ask for it with \
---listen tcp:0.0.0.0:10809 (NBD has no authentication: only do that on a trusted \
-network).
+--listen tcp:0.0.0.0:10809, which needs TLS (--tls-psk FILE or --tls-certificates DIR, \
+see docs/tls.md) or --insecure-no-tls: NBD has no authentication of its own.
 
 cairn runs in the foreground. Ctrl-C (SIGINT), SIGTERM or SIGHUP (its terminal closing) \
 stops it cleanly: requests already received are answered, data is flushed to the files, \
@@ -989,6 +1107,76 @@ pub struct ServerOptions {
 
     #[command(flatten)]
     pub operator: OperatorOptions,
+
+    #[command(flatten)]
+    pub tls: TlsOptions,
+}
+
+/// `--tls off|on|require`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    Off,
+    On,
+    Require,
+}
+
+/// NBD over TLS (docs/tls.md).
+#[derive(Debug, Clone, Default, Args)]
+pub struct TlsOptions {
+    /// TLS for NBD connections: off; on (offered, plaintext clients served too); require
+    /// (nothing but STARTTLS before the TLS handshake: no export names, no data)
+    /// [default: require when credentials are given, else off]
+    #[arg(long, value_name = "MODE", value_enum)]
+    pub tls: Option<TlsMode>,
+
+    /// X.509 credentials: a directory with server-cert.pem and server-key.pem (and
+    /// ca-cert.pem for --tls-verify-peer), as nbdkit and libnbd lay it out
+    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+    pub tls_certificates: Option<PathBuf>,
+
+    /// With --tls-certificates: clients must present a certificate signed by the CA in
+    /// ca-cert.pem
+    #[arg(long, requires = "tls_certificates")]
+    pub tls_verify_peer: bool,
+
+    /// Pre-shared keys: a psktool file of username:hexkey lines (several users allowed)
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+
+    /// Listen on a non-loopback TCP address without --tls require (anyone who reaches
+    /// the port can read and write the exports)
+    #[arg(long)]
+    pub insecure_no_tls: bool,
+}
+
+impl TlsOptions {
+    /// The server's TLS, or `None` for off. Credentials are read now, so a missing or
+    /// bad file stops `cairn serve` before it listens.
+    pub fn server_tls(&self) -> Result<Option<ServerTls>> {
+        let creds = if let Some(f) = &self.tls_psk {
+            Some(ServerTls::psk(f))
+        } else {
+            self.tls_certificates
+                .as_ref()
+                .map(|d| ServerTls::x509(d, self.tls_verify_peer))
+        };
+        let mode = self.tls.unwrap_or(if creds.is_some() {
+            TlsMode::Require
+        } else {
+            TlsMode::Off
+        });
+        match (mode, creds) {
+            (TlsMode::Off, _) => Ok(None),
+            (_, None) => Err(CliError::new(
+                "--tls on/require needs credentials: --tls-psk FILE or --tls-certificates DIR",
+            )),
+            (m, Some(c)) => {
+                let c = c.map_err(|e| CliError::new(format!("TLS: {e}")))?;
+                Ok(Some(c.with_required(m == TlsMode::Require)))
+            }
+        }
+    }
 }
 
 impl ServerOptions {
@@ -1016,6 +1204,46 @@ impl ServerOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_network_listener_needs_tls_required_or_insecure() {
+        let l = |s: &str| -> Listen { s.parse().unwrap() };
+        let local = [
+            l("tcp:127.0.0.1:0"),
+            l("tcp:[::1]:0"),
+            l("unix:/tmp/x.sock"),
+        ];
+        assert!(check_exposure(&local, false, false).is_ok());
+        for open in ["tcp:0.0.0.0:0", "tcp:[::]:0", "tcp:192.0.2.1:10809"] {
+            let ls = [l("unix:/tmp/x.sock"), l(open)];
+            let e = check_exposure(&ls, false, false).unwrap_err();
+            assert!(
+                e.contains("--insecure-no-tls") && e.contains("--tls require"),
+                "{e}"
+            );
+            assert!(check_exposure(&ls, true, false).is_ok());
+            assert!(check_exposure(&ls, false, true).is_ok());
+        }
+    }
+
+    #[test]
+    fn tls_uris_for_clients() {
+        let t = TlsInfo {
+            mode: "required",
+            credentials: Some("PSK".into()),
+            query: Some("tls-psk-file=/k.psk".into()),
+        };
+        assert_eq!(
+            t.client_uri("nbd://127.0.0.1:10809/d".into()),
+            "nbds://127.0.0.1:10809/d?tls-psk-file=/k.psk"
+        );
+        assert_eq!(
+            t.client_uri("nbd+unix:///d?socket=/s".into()),
+            "nbds+unix:///d?socket=/s&tls-psk-file=/k.psk"
+        );
+        let on = TlsInfo { mode: "on", ..t };
+        assert_eq!(on.client_uri("nbd://h/d".into()), "nbd://h/d");
+    }
 
     #[test]
     fn shell_quoting() {

@@ -34,6 +34,7 @@ use cairn_block::{BlockDevice, Capabilities, ErrorKind, Extent, Geometry, Suppor
 
 use crate::proto::*;
 use crate::server::Listen;
+use crate::tls::{ClientTls, TlsConn, TlsReader, TlsWriter};
 
 /// Largest option reply payload read into memory. Replies to cairn's options are a few
 /// kilobytes at most (an export name and description of up to 4096 bytes each).
@@ -70,6 +71,9 @@ pub enum Error {
     /// The client refused the call before sending anything (e.g. a length that does not
     /// fit a request, or a feature the server did not advertise).
     Usage(String),
+    /// TLS was asked for and could not be had: the server does not offer it, or the
+    /// handshake failed (wrong key, an unknown CA, a name that does not match).
+    Tls(String),
 }
 
 impl Error {
@@ -131,6 +135,7 @@ impl fmt::Display for Error {
             }
             Error::Protocol(m) => write!(f, "NBD server broke the protocol: {m}"),
             Error::Usage(m) => write!(f, "NBD client: {m}"),
+            Error::Tls(m) => write!(f, "NBD over TLS: {m}"),
         }
     }
 }
@@ -162,7 +167,7 @@ impl From<Error> for cairn_block::Error {
             Error::Usage(_) => ErrorKind::InvalidArgument,
             // The connection is lost (reset, closed, timed out, or the server broke the
             // protocol): the export is unreachable until someone reconnects.
-            Error::Io(_) | Error::Closed | Error::Protocol(_) => ErrorKind::Gone,
+            Error::Io(_) | Error::Closed | Error::Protocol(_) | Error::Tls(_) => ErrorKind::Gone,
             Error::Option { .. } => ErrorKind::Io,
         };
         cairn_block::Error::new(kind, "remote NBD export").with_source(e)
@@ -288,12 +293,15 @@ struct Wire {
     reader: BufReader<Box<dyn Read + Send>>,
     writer: BufWriter<Box<dyn Write + Send>>,
     socket: Option<Socket>,
+    /// The TLS session after STARTTLS (its timeouts replace the socket's).
+    tls: Option<Arc<TlsConn>>,
 }
 
 impl fmt::Debug for Wire {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Wire")
             .field("socket", &self.socket)
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -363,6 +371,9 @@ pub struct ClientOptions {
     /// `NBD_OPT_GO` (crate::fence). A cairn member server that holds a newer owner refuses
     /// the connection; one that does not enforce is reported by [`Client::fence`].
     pub fence: Option<crate::fence::FenceToken>,
+    /// TLS: STARTTLS before anything else, and a server that does not offer it is an
+    /// error (never plaintext).
+    pub tls: Option<ClientTls>,
 }
 
 impl ClientOptions {
@@ -376,19 +387,46 @@ impl ClientOptions {
             timeout: Some(Duration::from_secs(30)),
             connections: 4,
             fence: None,
+            tls: None,
         }
     }
 
-    /// Options for the export a URI names. TLS URIs (`nbds://`) are refused until the
-    /// client speaks TLS.
+    /// Options for the export a URI names. `nbds://` asks for TLS with the URI's PSK
+    /// file (user `tls-username=`, else the login name) or certificates directory (else
+    /// libnbd's default places, `$HOME/.pki/libnbd` then `/etc/pki/libnbd`); the server's
+    /// certificate is checked against the CA and the host name unless
+    /// `tls-verify-peer=false`.
     pub fn from_uri(uri: &crate::uri::NbdUri) -> Result<ClientOptions> {
-        if uri.tls {
-            return Err(Error::Usage(format!(
-                "{uri}: TLS (nbds://) is not supported by this client yet"
-            )));
-        }
         let addr = uri.listen().map_err(Error::Usage)?;
-        Ok(ClientOptions::new(addr, uri.export.clone()))
+        let mut o = ClientOptions::new(addr, uri.export.clone());
+        if uri.tls {
+            let tls = if let Some(f) = &uri.tls_psk_file {
+                let user = match &uri.tls_username {
+                    Some(u) => u.clone(),
+                    None => crate::tls::default_username().ok_or_else(|| {
+                        Error::Usage(format!("{uri}: name the PSK user with tls-username="))
+                    })?,
+                };
+                ClientTls::psk(f, &user)
+            } else {
+                let dir = match &uri.tls_certificates {
+                    Some(d) => d.clone(),
+                    None => default_certificates().ok_or_else(|| {
+                        Error::Usage(format!(
+                            "{uri}: nbds:// needs tls-certificates=DIR or tls-psk-file=FILE"
+                        ))
+                    })?,
+                };
+                ClientTls::x509(&dir, uri.tls_verify_peer)
+            }
+            .map_err(|e| Error::Usage(format!("{uri}: {e}")))?;
+            let host = match &uri.endpoint {
+                crate::uri::Endpoint::Tcp { host, .. } => Some(host.clone()),
+                crate::uri::Endpoint::Unix(_) => None,
+            };
+            o.tls = Some(tls.with_host(host));
+        }
+        Ok(o)
     }
 }
 
@@ -453,7 +491,69 @@ pub struct Handshake {
     timeout: Option<Duration>,
 }
 
+/// libnbd's default certificates directories, the first that exists.
+fn default_certificates() -> Option<std::path::PathBuf> {
+    let home = std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".pki/libnbd"));
+    home.into_iter()
+        .chain(std::iter::once(std::path::PathBuf::from("/etc/pki/libnbd")))
+        .find(|d| d.is_dir())
+}
+
 impl Handshake {
+    /// `NBD_OPT_STARTTLS` and the TLS handshake; from then on every byte is encrypted.
+    /// A server that refuses TLS, or a failed handshake, is [`Error::Tls`]: nothing falls
+    /// back to plaintext.
+    pub fn starttls(&mut self, tls: &ClientTls) -> Result<()> {
+        if self.wire.tls.is_some() {
+            return Err(Error::Usage("TLS is already on".into()));
+        }
+        let Some(socket) = &self.wire.socket else {
+            return Err(Error::Usage("TLS needs a socket".into()));
+        };
+        let owner: crate::tls::Socket = match socket {
+            Socket::Unix(s) => Arc::new(s.try_clone()?),
+            Socket::Tcp(s) => Arc::new(s.try_clone()?),
+        };
+        self.send_option(OPT_STARTTLS, &[])?;
+        let r = self.read_option_reply(OPT_STARTTLS)?;
+        if r.is_error() {
+            let why = if r.reply == REP_ERR_UNSUP || r.reply == REP_ERR_POLICY {
+                "the server does not offer TLS".to_string()
+            } else {
+                format!("STARTTLS refused ({})", reply_name(r.reply))
+            };
+            let msg = String::from_utf8_lossy(&r.data);
+            return Err(Error::Tls(if msg.is_empty() {
+                why
+            } else {
+                format!("{why}: {msg}")
+            }));
+        }
+        if r.reply != REP_ACK {
+            return Err(Error::Protocol(format!(
+                "STARTTLS answered with {}",
+                reply_name(r.reply)
+            )));
+        }
+        if !self.wire.reader.buffer().is_empty() {
+            return Err(Error::Protocol("plaintext after the STARTTLS reply".into()));
+        }
+        let conn = TlsConn::connect(tls, owner, self.timeout).map_err(Error::Tls)?;
+        self.wire.reader = BufReader::with_capacity(
+            64 << 10,
+            Box::new(TlsReader(conn.clone())) as Box<dyn Read + Send>,
+        );
+        self.wire.writer = BufWriter::with_capacity(
+            64 << 10,
+            Box::new(TlsWriter(conn.clone())) as Box<dyn Write + Send>,
+        );
+        self.wire.tls = Some(conn);
+        // What was negotiated in plaintext does not carry over.
+        self.structured = false;
+        self.meta_base_allocation = None;
+        Ok(())
+    }
+
     /// Connects, reads the greeting and answers with fixed newstyle and no zeroes.
     pub fn connect(addr: &Listen, timeout: Option<Duration>) -> Result<Handshake> {
         let socket = Socket::connect(addr, timeout)?;
@@ -477,6 +577,7 @@ impl Handshake {
             reader: BufReader::with_capacity(64 << 10, reader),
             writer: BufWriter::with_capacity(64 << 10, writer),
             socket,
+            tls: None,
         };
         let mut hello = [0u8; 18];
         wire.read_header(&mut hello)?;
@@ -944,7 +1045,9 @@ impl Connection {
     }
     pub fn set_timeout(&mut self, t: Option<Duration>) -> Result<()> {
         self.timeout = t;
-        if let Some(s) = &self.wire.socket {
+        if let Some(c) = &self.wire.tls {
+            c.set_timeouts(t);
+        } else if let Some(s) = &self.wire.socket {
             s.set_timeout(t)?;
         }
         Ok(())
@@ -1403,6 +1506,9 @@ impl Connection {
         let mut req = RawRequest::new(CMD_DISC, 0, 0, 0);
         req.cookie = 0;
         self.send_raw(req, &[])?;
+        if let Some(c) = &self.wire.tls {
+            c.close();
+        }
         if let Some(s) = &self.wire.socket {
             s.shutdown(std::net::Shutdown::Write);
         }
@@ -1457,6 +1563,9 @@ impl Connection {
 pub struct Pipeline {
     shared: Arc<PipeShared>,
     socket: Option<Socket>,
+    /// The TLS session, if any: its close_notify goes before the socket's FIN, and it
+    /// holds the read timeout.
+    tls: Option<Arc<TlsConn>>,
     reader: Option<thread::JoinHandle<()>>,
 }
 
@@ -1537,6 +1646,7 @@ impl Connection {
             Some(s) => Some(s.try_clone()?),
             None => None,
         };
+        let tls = self.wire.tls.clone();
         let shared = Arc::new(PipeShared {
             sender: Mutex::new(PipeSender {
                 writer,
@@ -1552,6 +1662,7 @@ impl Connection {
         Ok(Pipeline {
             shared,
             socket,
+            tls,
             reader: Some(reader),
         })
     }
@@ -1682,6 +1793,10 @@ impl Pipeline {
             s.writer.write_all(&req.encode())?;
             s.writer.flush()?;
         }
+        if let Some(c) = &self.tls {
+            c.close();
+            c.set_timeouts(None);
+        }
         if let Some(sock) = &self.socket {
             sock.shutdown(std::net::Shutdown::Write);
             // The reader now waits for the close, however long the server takes.
@@ -1701,6 +1816,9 @@ impl Drop for Pipeline {
     fn drop(&mut self) {
         if let Some(r) = self.reader.take() {
             if let Some(sock) = &self.socket {
+                if let Some(c) = &self.tls {
+                    c.close();
+                }
                 sock.shutdown(std::net::Shutdown::Both);
                 let _ = r.join();
             }
@@ -1760,6 +1878,11 @@ impl Client {
         opts: &ClientOptions,
     ) -> Result<(Connection, Option<crate::fence::FenceAnswer>)> {
         let mut hs = Handshake::connect(&opts.addr, opts.timeout)?;
+        // TLS first: nothing about the export, the owner token included, goes out in
+        // plaintext when TLS is asked for.
+        if let Some(tls) = &opts.tls {
+            hs.starttls(tls)?;
+        }
         let fence = match &opts.fence {
             Some(t) => Some(crate::fence::declare(&mut hs, &opts.export, t)?),
             None => None,

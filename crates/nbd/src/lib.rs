@@ -7,9 +7,11 @@ pub mod client;
 pub mod fence;
 pub mod proto;
 pub mod server;
+pub mod tls;
 pub mod uri;
 
 pub use server::{
     nbd_errno, Added, ConnectionInfo, Export, ExportsHandle, Listen, Listeners, Removed, Server,
     ServerConfig, ShutdownHandle,
 };
+pub use tls::{ClientTls, ServerTls, TlsKind};

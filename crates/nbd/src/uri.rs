@@ -85,11 +85,11 @@ impl NbdUri {
             Some(i) => (&before_query[..i], &before_query[i + 1..]),
             None => (before_query, ""),
         };
-        if authority.contains('@') {
-            return Err(bad(
-                "a user name in the authority is not supported (use tls-username=)",
-            ));
-        }
+        // `nbds://USER@HOST/...`: libnbd's other spelling of tls-username=.
+        let (user, authority) = match authority.rsplit_once('@') {
+            Some((u, a)) => (Some(decode(u).map_err(|e| bad(&e))?), a),
+            None => (None, authority),
+        };
         let export = decode(path).map_err(|e| bad(&e))?;
         if export.len() > crate::proto::MAX_STRING {
             return Err(bad("the export name is longer than 4096 bytes"));
@@ -129,6 +129,19 @@ impl NbdUri {
                 }
                 _ => return Err(bad(&format!("unknown query key {k:?}"))),
             }
+        }
+        if let Some(u) = user {
+            if !tls {
+                return Err(bad(
+                    "a user name (the TLS PSK user) in a plaintext URI (nbds:// asks for TLS)",
+                ));
+            }
+            if u.is_empty() || uri.tls_username.as_ref().is_some_and(|t| *t != u) {
+                return Err(bad(&format!(
+                    "user name {u:?} and tls-username= do not agree"
+                )));
+            }
+            uri.tls_username = Some(u);
         }
         if !tls
             && (uri.tls_certificates.is_some()
@@ -332,6 +345,7 @@ mod tests {
             ("nbd://h/%ff", "UTF-8"),
             ("nbds://h/?tls-verify-peer=maybe", "true or false"),
             ("nbd://u@h/e", "user name"),
+            ("nbds://u@h/e?tls-username=v", "do not agree"),
         ] {
             let e = NbdUri::parse(s).expect_err(s);
             assert!(e.contains(why), "{s}: {e}");
@@ -352,6 +366,15 @@ mod tests {
             assert_eq!(u.to_string(), s);
             assert_eq!(NbdUri::parse(&u.to_string()).unwrap(), u);
         }
+        let u = NbdUri::parse("nbds://alice@h/e?tls-psk-file=/k").unwrap();
+        assert_eq!(u.tls_username.as_deref(), Some("alice"));
+        assert_eq!(
+            u.endpoint,
+            Endpoint::Tcp {
+                host: "h".into(),
+                port: DEFAULT_PORT
+            }
+        );
         assert!(is_uri("nbd://h/e") && is_uri("nbds+unix:///?socket=/s"));
         assert!(!is_uri("/srv/nbd://x") && !is_uri("disk.img"));
     }

@@ -203,7 +203,14 @@ impl Server {
                 }
             }
             tracing::debug!("{}: connected", conn.peer);
-            serve_connection(&shared, conn.reader, conn.writer, &conn.peer, id);
+            serve_connection(
+                &shared,
+                conn.reader,
+                conn.writer,
+                Some(conn.socket),
+                &conn.peer,
+                id,
+            );
             shared.conns.lock().expect("conns lock").remove(&id);
         });
         match res {
@@ -282,6 +289,8 @@ struct Conn {
     pub(super) reader: Box<dyn Read + Send>,
     pub(super) writer: Box<dyn Write + Send>,
     pub(super) ctl: Box<dyn SocketCtl>,
+    /// The socket itself, for a TLS session to take over after STARTTLS.
+    pub(super) socket: tls::Socket,
     pub(super) peer: String,
 }
 
@@ -296,7 +305,8 @@ impl Conn {
         Ok(Conn {
             reader: Box::new(SharedSocket(s.clone())),
             writer: Box::new(SharedSocket(s.clone())),
-            ctl: Box::new(SharedSocket(s)),
+            ctl: Box::new(SharedSocket(s.clone())),
+            socket: s,
             peer,
         })
     }
@@ -307,7 +317,8 @@ impl Conn {
         Ok(Conn {
             reader: Box::new(SharedSocket(s.clone())),
             writer: Box::new(SharedSocket(s.clone())),
-            ctl: Box::new(SharedSocket(s)),
+            ctl: Box::new(SharedSocket(s.clone())),
+            socket: s,
             peer: format!("tcp:{addr}"),
         })
     }

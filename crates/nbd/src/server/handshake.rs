@@ -31,6 +31,11 @@ pub(super) struct Handshake<'a> {
     pub(super) meta: Option<(String, bool)>,
     /// The export and owner token an `OPT_CAIRN_FENCE` admitted.
     pub(super) fence: Option<(String, FenceToken)>,
+    /// The connection's socket, which a TLS session takes over at STARTTLS (`None` for
+    /// a stream handed to [`Server::serve_stream`]).
+    pub(super) socket: Option<tls::Socket>,
+    /// Whether STARTTLS succeeded: the reader and writer are the TLS session's.
+    pub(super) tls_on: bool,
 }
 
 pub(super) fn read_exact_or_eof(r: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
@@ -120,6 +125,24 @@ impl Handshake<'_> {
             if !self.fixed && option != OPT_EXPORT_NAME {
                 return Ok(None);
             }
+            // Forced TLS: before the handshake, nothing about the exports (not their
+            // names, not their sizes) and no transmission.
+            if self.shared.tls.as_ref().is_some_and(ServerTls::required)
+                && !self.tls_on
+                && option != OPT_STARTTLS
+                && option != OPT_ABORT
+            {
+                if option == OPT_EXPORT_NAME {
+                    tracing::info!("{}: NBD_OPT_EXPORT_NAME without TLS; closing", self.peer);
+                    return Ok(None);
+                }
+                self.error(
+                    option,
+                    REP_ERR_TLS_REQD,
+                    "TLS is required: send NBD_OPT_STARTTLS first",
+                )?;
+                continue;
+            }
             match self.option(option, &data)? {
                 Next::Continue => {}
                 Next::Transmit(s) => return Ok(Some(s)),
@@ -202,10 +225,7 @@ impl Handshake<'_> {
                 self.reply(option, REP_ACK, &[])?;
                 Ok(Next::Continue)
             }
-            OPT_STARTTLS => {
-                self.error(option, REP_ERR_UNSUP, "TLS is not supported by this server")?;
-                Ok(Next::Continue)
-            }
+            OPT_STARTTLS => self.starttls(option, data),
             OPT_INFO | OPT_GO => {
                 let req = match parse_info_request(data) {
                     Ok(r) => r,
@@ -290,6 +310,55 @@ impl Handshake<'_> {
                     &format!("option {option} is not supported"),
                 )?;
                 Ok(Next::Continue)
+            }
+        }
+    }
+
+    /// `NBD_OPT_STARTTLS`: ACK in plaintext, the TLS handshake, and from then on the
+    /// reader and writer are the TLS session's. What was negotiated before is forgotten
+    /// (structured replies, meta contexts), so nothing said in plaintext carries over.
+    fn starttls(&mut self, option: u32, data: &[u8]) -> io::Result<Next> {
+        let (Some(tls), Some(socket)) = (self.shared.tls.clone(), self.socket.clone()) else {
+            self.error(option, REP_ERR_UNSUP, "TLS is not enabled on this server")?;
+            return Ok(Next::Continue);
+        };
+        if !data.is_empty() {
+            self.error(option, REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data")?;
+            return Ok(Next::Continue);
+        }
+        if self.tls_on {
+            self.error(option, REP_ERR_INVALID, "TLS is already on")?;
+            return Ok(Next::Continue);
+        }
+        // The client must wait for the ACK before its TLS hello: plaintext read beyond
+        // the option would otherwise be taken for the start of TLS.
+        if !self.reader.buffer().is_empty() {
+            tracing::info!(
+                "{}: data after NBD_OPT_STARTTLS before its reply; closing",
+                self.peer
+            );
+            return Ok(Next::Close);
+        }
+        self.reply(option, REP_ACK, &[])?;
+        self.writer.flush()?;
+        match tls::TlsConn::accept(&tls, socket, self.shared.client_timeout) {
+            Ok(conn) => {
+                *self.reader = BufReader::with_capacity(
+                    64 << 10,
+                    Box::new(tls::TlsReader(conn.clone())) as Box<dyn Read + Send>,
+                );
+                *self.writer = Box::new(tls::TlsWriter(conn));
+                self.tls_on = true;
+                self.structured = false;
+                self.meta = None;
+                tracing::debug!("{}: TLS ({}) established", self.peer, tls.kind());
+                Ok(Next::Continue)
+            }
+            // A client that failed to authenticate (wrong key, unknown CA) is worth a
+            // line by default: the operator's only trace of it.
+            Err(e) => {
+                tracing::warn!("{}: {e}; closing", self.peer);
+                Ok(Next::Close)
             }
         }
     }

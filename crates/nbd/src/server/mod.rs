@@ -60,6 +60,7 @@ use std::time::{Duration, Instant, SystemTime};
 use cairn_block::{check_io, BlockDevice, ErrorKind, Extent, IoKind, Support, WriteFlags};
 
 use crate::proto::*;
+use crate::tls::{self, ServerTls};
 
 /// One export: a device under a name.
 #[derive(Debug, Clone)]
@@ -139,6 +140,9 @@ pub struct ServerConfig {
     /// Enforce owner generations (the member-server role, crate::fence): `None` answers
     /// the fence option as unknown and checks nothing.
     pub fence: Option<Arc<dyn crate::fence::FenceStore>>,
+    /// TLS (`NBD_OPT_STARTTLS`): `None` refuses it; otherwise offered, or required when
+    /// [`ServerTls::required`].
+    pub tls: Option<ServerTls>,
 }
 
 impl ServerConfig {
@@ -153,6 +157,7 @@ impl ServerConfig {
             max_in_flight: MAX_IN_FLIGHT,
             shutdown_grace: Duration::from_secs(10),
             fence: None,
+            tls: None,
         }
     }
 }
@@ -205,6 +210,7 @@ struct Shared {
     grace: Duration,
     /// Where owner generations are persisted, when this server enforces them.
     fence: Option<Arc<dyn crate::fence::FenceStore>>,
+    tls: Option<ServerTls>,
     shutdown: AtomicBool,
     next_id: AtomicU64,
     /// Live connections, for shutdown and removal: a handle that can stop their reads,
@@ -315,6 +321,7 @@ impl Server {
                 in_flight: Budget::new(config.max_in_flight),
                 grace: config.shutdown_grace,
                 fence: config.fence,
+                tls: config.tls,
                 shutdown: AtomicBool::new(false),
                 next_id: AtomicU64::new(1),
                 conns: Mutex::new(HashMap::new()),
@@ -341,6 +348,6 @@ impl Server {
         peer: &str,
     ) {
         // Id 0 is never in the connection table: such a stream is not listed.
-        serve_connection(&self.shared, reader, writer, peer, 0);
+        serve_connection(&self.shared, reader, writer, None, peer, 0);
     }
 }

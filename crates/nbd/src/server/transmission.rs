@@ -120,6 +120,7 @@ pub(super) fn serve_connection(
     shared: &Arc<Shared>,
     reader: Box<dyn Read + Send>,
     mut writer: Box<dyn Write + Send>,
+    socket: Option<tls::Socket>,
     peer: &str,
     id: u64,
 ) {
@@ -134,6 +135,8 @@ pub(super) fn serve_connection(
         structured: false,
         meta: None,
         fence: None,
+        socket,
+        tls_on: false,
     };
     let session = match hs.run() {
         Ok(Some(s)) => s,
