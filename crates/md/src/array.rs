@@ -29,7 +29,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
-use cairn_block::overlap::Latency;
+use cairn_block::overlap::{Latency, OVERLAP_ABOVE_NS};
 use cairn_block::{
     BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
 };
@@ -275,6 +275,9 @@ pub struct Array {
     /// Client reads and writes so far: the resync slows to its minimum speed while
     /// this moves.
     fg_ops: AtomicU64,
+    /// Client reads and writes inside the array right now ([`InFlight`]): when callers
+    /// already keep every member busy, a small request does not fan out.
+    in_flight: AtomicUsize,
     /// The internal write-intent bitmap, when the array has one (bitmap.rs).
     pub(crate) bitmap: Option<crate::bitmap::Bitmap>,
     /// Bytes resynced since assembly ([`Array::resynced_bytes`]).
@@ -470,6 +473,7 @@ impl Array {
             manager: Mutex::new(crate::background::Manager::default()),
             stopping: AtomicBool::new(false),
             fg_ops: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
             // From "fast": the first slow operation (it counts 1/16 of its time) is
             // enough to switch to overlapping.
             member_latency: Latency::starting_at(0),
@@ -567,7 +571,28 @@ impl Array {
     /// members are slow enough that a worker's wake-up is small beside them (on members
     /// in memory it is not), by member when the request is large.
     pub(crate) fn overlap_pays(&self, bytes: usize) -> Overlap {
+        if self.callers_keep_members_busy(bytes) {
+            return Overlap::No;
+        }
         self.member_latency.choose(bytes, FAN_OUT_MIN)
+    }
+
+    /// Whether a request of `bytes` smaller than a full stripe should run its member
+    /// operations one after another even though members have latency, because enough
+    /// client requests are in flight to keep every member busy. Handing a job to a worker
+    /// costs a thread wake-up; on a CPU-bound machine with many callers those wake-ups
+    /// cost more than the overlap saves (QD32 4K random writes at 100 µs: 44k IOPS serial,
+    /// 25k fanned out). The bar rises with the callers per member: with `k` requests per
+    /// member in flight, overlapping pays only when a member operation takes more than
+    /// `k` wake-ups' worth ([`OVERLAP_ABOVE_NS`] each). One caller (QD1) always overlaps.
+    fn callers_keep_members_busy(&self, bytes: usize) -> bool {
+        let callers = self.in_flight.load(Ordering::Relaxed);
+        let members = self.slots.len().max(1);
+        if callers < members || bytes >= self.geometry.optimal_io_size as usize {
+            return false;
+        }
+        let per_member = wide(callers / members);
+        self.member_latency.nanos() < OVERLAP_ABOVE_NS.saturating_mul(per_member)
     }
 
     /// Whether member operations take long enough to overlap whatever their size.
@@ -577,6 +602,9 @@ impl Array {
 
     /// [`Array::overlap_pays`] for a read of `bytes`.
     pub(crate) fn read_overlap_pays(&self, bytes: usize) -> Overlap {
+        if self.callers_keep_members_busy(bytes) {
+            return Overlap::No;
+        }
         self.member_latency.choose(bytes, READ_FAN_OUT_MIN)
     }
 
@@ -1304,6 +1332,7 @@ impl BlockDevice for Array {
             return Ok(());
         }
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let _in = InFlight::enter(&self.in_flight);
         match &self.layout {
             ArrayLayout::Parity(pl) => self.parity_read(pl, buf, offset),
             _ => self.simple_read(buf, offset),
@@ -1324,6 +1353,7 @@ impl BlockDevice for Array {
         }
         self.start_write()?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let _in = InFlight::enter(&self.in_flight);
         self.bitmap_start(offset, wide(buf.len()))?;
         let r = match &self.layout {
             ArrayLayout::Parity(pl) => self.parity_write(pl, buf, offset, flags),
@@ -1408,3 +1438,19 @@ impl Drop for Array {
 
 /// Borrowed or owned bytes for a member write.
 pub(crate) type Bytes<'a> = Cow<'a, [u8]>;
+
+/// Counts a client request as in flight on the array until dropped.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a AtomicUsize) -> InFlight<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
