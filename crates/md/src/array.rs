@@ -237,6 +237,22 @@ impl LockTable {
             .collect()
     }
 
+    /// Locks every key's mutex if each is free now, without waiting (`None` when one is
+    /// busy, or two keys share a mutex already taken here): for taking locks out of table
+    /// order while others are held.
+    fn try_lock_many(&self, keys: impl Iterator<Item = u64>) -> Option<Vec<MutexGuard<'_, ()>>> {
+        let mut idx: Vec<usize> = keys.map(Self::index).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter()
+            .map(|i| match self.locks[i].try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            })
+            .collect()
+    }
+
     /// Locks every key's mutex, in table order so that two callers cannot deadlock.
     fn lock_many(&self, keys: impl Iterator<Item = u64>) -> Vec<MutexGuard<'_, ()>> {
         let mut idx: Vec<usize> = keys.map(Self::index).collect();
@@ -1302,6 +1318,14 @@ impl Array {
         stripes: impl Iterator<Item = u64>,
     ) -> Vec<MutexGuard<'_, ()>> {
         self.locks.lock_many(stripes)
+    }
+
+    /// [`Array::lock_stripes`] only if every lock is free now (see `try_lock_many`).
+    pub(crate) fn try_lock_stripes(
+        &self,
+        stripes: impl Iterator<Item = u64>,
+    ) -> Option<Vec<MutexGuard<'_, ()>>> {
+        self.locks.try_lock_many(stripes)
     }
 }
 

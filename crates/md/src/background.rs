@@ -142,6 +142,8 @@ pub(crate) struct Pacer {
     /// unit is paced on its own, at the limit that holds while it runs.
     mark: (Instant, u64),
     last_fg: u64,
+    /// Whether the last step paused.
+    paused: bool,
 }
 
 impl Pacer {
@@ -151,6 +153,7 @@ impl Pacer {
             window: (Instant::now(), done),
             mark: (Instant::now(), done),
             last_fg: array.foreground_ops(),
+            paused: false,
         }
     }
 
@@ -162,11 +165,30 @@ impl Pacer {
         busy
     }
 
+    /// Whether the work runs unpaced: no limits, or the last step did not pause and
+    /// clients did no I/O since. Only then may it read ahead (holding the next stripes'
+    /// locks), since a pause never holds one.
+    pub(crate) fn unhindered(&self, array: &Array) -> bool {
+        self.limits.is_none() || (!self.paused && array.foreground_ops() == self.last_fg)
+    }
+
+    /// Whether [`Pacer::step`] at `done` would pause (as things stand now).
+    pub(crate) fn pause_due(&self, array: &Array, done: u64) -> bool {
+        let Some(limits) = self.limits else {
+            return false;
+        };
+        let busy = array.foreground_ops() != self.last_fg;
+        let target = if busy { limits.min } else { limits.max }.max(1);
+        let bytes = done.saturating_sub(self.mark.1);
+        Duration::from_secs_f64(ratio(bytes, target)) > self.mark.0.elapsed()
+    }
+
     /// After a unit: pauses so that the unit took `bytes / limit` at least (the minimum
     /// while clients do I/O, the maximum otherwise, looked at again every 100 ms so a
     /// pause ends early when clients stop, and at once when the work is asked to stop),
     /// and updates the job's speed.
     pub(crate) fn step(&mut self, array: &Array, job: Option<&Job>, done: u64) {
+        self.paused = false;
         if let Some(limits) = self.limits {
             let bytes = done.saturating_sub(self.mark.1);
             let mut busy = self.busy(array);
@@ -177,6 +199,7 @@ impl Pacer {
                 if due <= elapsed || array.stopping() {
                     break;
                 }
+                self.paused = true;
                 thread::sleep((due - elapsed).min(Duration::from_millis(100)));
                 busy = self.busy(array);
             }

@@ -54,6 +54,7 @@ pub mod ondisk;
 pub mod parity;
 pub(crate) mod ppl;
 pub mod probe;
+mod rebuild;
 pub mod report;
 pub mod scrub;
 mod stripe;
