@@ -22,8 +22,9 @@ use std::sync::Arc;
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
-use crate::array::{now, Array, Extra, Identity, LeftOut, Member, Meta, Slot};
-use crate::bitmap::BitmapChoice;
+use crate::slot::{Member, Slot};
+use crate::state::{now, Array, Extra, Identity, LeftOut, Meta};
+use crate::bitmap::format::BitmapChoice;
 use crate::create::{create, CreateParams};
 use crate::layout::ArrayLayout;
 use crate::level::Level;

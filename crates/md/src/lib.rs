@@ -57,6 +57,8 @@ pub mod probe;
 mod rebuild;
 pub mod report;
 pub mod scrub;
+mod slot;
+mod state;
 mod stripe;
 pub mod units;
 

@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
-use crate::array::{Array, Extra, Member};
+use crate::slot::Member;
+use crate::state::{Array, Extra};
 use crate::assemble::random_bytes;
 use crate::background::{Job, Pacer, SpeedLimits, MIRROR_STEP};
 use crate::layout::ArrayLayout;

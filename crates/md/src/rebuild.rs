@@ -38,7 +38,7 @@ use std::sync::MutexGuard;
 use cairn_block::overlap::{fan_out, overlap, Overlap};
 use cairn_block::{Result, WriteFlags};
 
-use crate::array::Array;
+use crate::state::Array;
 use crate::layout::ParityLayout;
 use crate::units::{small, StripeNo, SECTOR_SIZE};
 

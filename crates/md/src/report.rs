@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::array::Array;
+use crate::state::Array;
 use crate::examine::{ctime_utc, human_size};
 use crate::layout::ArrayLayout;
 use crate::level::{layout_text, Level};

@@ -26,7 +26,9 @@ use std::borrow::Cow;
 
 use cairn_block::{Error, ErrorKind, Result, WriteFlags};
 
-use crate::array::{fan_out, Array, Bytes};
+use cairn_block::overlap::{fan_out, Overlap};
+
+use crate::state::{Array, Bytes};
 use crate::layout::{ParityLayout, StripeMap};
 use crate::parity::gf;
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
@@ -444,7 +446,7 @@ impl Array {
         pl: &ParityLayout,
         writes: Vec<(usize, u64, Bytes<'_>)>,
         flags: WriteFlags,
-        parallel: crate::array::Overlap,
+        parallel: Overlap,
     ) -> Result<()> {
         let jobs = writes
             .into_iter()
