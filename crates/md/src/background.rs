@@ -38,6 +38,7 @@ pub(crate) use job::{ratio, Job};
 
 use crate::state::{Array, Manager};
 use crate::layout::ArrayLayout;
+use crate::pipeline::{Pipe, Resync};
 use crate::scrub::ScrubReport;
 use crate::units::{Sectors, SECTOR_SIZE};
 
@@ -271,15 +272,38 @@ impl Array {
         let mut last_cp = Instant::now();
         let mut i = start;
         let mut cp = from;
+        // Parity levels: windows of stripes, the next one read meanwhile (pipeline.rs).
+        let mut pipe = match (&self.layout, units) {
+            (ArrayLayout::Parity(pl), Units::Stripes { to, .. }) => Some((
+                pl.chunk().0,
+                Pipe::new(
+                    self,
+                    Resync { array: self, pl },
+                    pl.chunk().0 * SECTOR_SIZE,
+                    to,
+                ),
+            )),
+            _ => None,
+        };
         while i < end {
             if self.stopping() {
+                drop(pipe);
                 self.meta_lock().resync_from = cp;
                 return Ok(false);
             }
-            let (worked, at) = self.resync_unit(units, i)?;
+            let (worked, at, n) = match pipe.as_mut() {
+                Some((c, pipe)) => {
+                    let (count, worked) = pipe.step(i, pacer.unhindered(self))?;
+                    (worked, Sectors((i + count) * *c), count)
+                }
+                None => {
+                    let (worked, at) = self.resync_unit(units, i)?;
+                    (worked, at, step)
+                }
+            };
             cp = at;
             done += worked;
-            i += step;
+            i += n;
             if let Some(j) = job {
                 // Writes during the resync can dirty more than was counted at its start.
                 j.total.fetch_max(done, Ordering::Relaxed);
@@ -290,8 +314,15 @@ impl Array {
                 self.meta_lock().resync_from = cp;
                 last_cp = Instant::now();
             }
+            if pacer.pause_due(self, done) {
+                // A pause for the speed limits holds no stripe lock.
+                if let Some((_, pipe)) = pipe.as_mut() {
+                    pipe.drop_ahead();
+                }
+            }
             pacer.step(self, job, done);
         }
+        drop(pipe);
         self.finish_resync()?;
         Ok(true)
     }

@@ -29,7 +29,7 @@ use crate::background::{Job, Pacer, SpeedLimits, MIRROR_STEP};
 use crate::layout::ArrayLayout;
 use crate::ondisk::{DevRole, FeaturePolicy, Features, Superblock, Uuid};
 use crate::probe::probe_signatures;
-use crate::rebuild::Rebuild;
+use crate::pipeline::{Pipe, Rebuild};
 use crate::units::{small, Sectors, StripeNo, SECTOR_SIZE};
 
 /// Where a named member sits.
@@ -626,7 +626,12 @@ impl Array {
         let mut pipe = match (&self.layout, guided) {
             (ArrayLayout::Parity(pl), false) => {
                 let c = pl.chunk().0 * SECTOR_SIZE;
-                Some((c, Rebuild::new(self, pl, role, end.div_ceil(c))))
+                let stage = Rebuild {
+                    array: self,
+                    pl,
+                    role,
+                };
+                Some((c, Pipe::new(self, stage, c, end.div_ceil(c))))
             }
             _ => None,
         };
@@ -646,8 +651,8 @@ impl Array {
             let worked = if self.skip_clean_unit(role, pos) {
                 0
             } else if let Some((c, pipe)) = pipe.as_mut() {
-                // A window of stripes, the next one read meanwhile (rebuild.rs).
-                let count = pipe.step(pos / *c, pacer.unhindered(self))?;
+                // A window of stripes, the next one read meanwhile (pipeline.rs).
+                let (count, _) = pipe.step(pos / *c, pacer.unhindered(self))?;
                 n = (count * *c).min(end - pos);
                 n
             } else {
