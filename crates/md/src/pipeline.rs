@@ -85,6 +85,8 @@ pub(crate) struct Pipe<'a, S: Stage> {
     ahead: Option<(Window<S::Buf>, Vec<MutexGuard<'a, ()>>)>,
     /// Buffers of finished windows, for the next ones.
     spare: Vec<S::Buf>,
+    /// Stripe bytes per member (a chunk).
+    chunk: u64,
 }
 
 impl<'a, S: Stage> Pipe<'a, S> {
@@ -92,38 +94,50 @@ impl<'a, S: Stage> Pipe<'a, S> {
     /// stripe per window (the pipeline gives the second core its work), with members that
     /// have latency up to [`WINDOW_BYTES`] of member bytes, their stripes at once.
     pub(crate) fn new(array: &'a Array, stage: S, chunk: u64, end: u64) -> Self {
-        let (window, how) = if array.members_slow() {
-            ((WINDOW_BYTES / chunk.max(1)).clamp(1, 16), Overlap::Each)
+        let mut pipe = Pipe {
+            array,
+            stage,
+            window: 1,
+            end,
+            how: Overlap::No,
+            ahead: None,
+            spare: Vec::new(),
+            chunk,
+        };
+        pipe.adapt();
+        pipe
+    }
+
+    /// Sizes the windows from the member latency as it stands (it is measured as the
+    /// work goes, so the first windows may be small).
+    fn adapt(&mut self) {
+        (self.window, self.how) = if self.array.members_slow() {
+            ((WINDOW_BYTES / self.chunk.max(1)).clamp(1, 16), Overlap::Each)
         } else {
             (1, Overlap::No)
         };
-        Pipe {
-            array,
-            stage,
-            window,
-            end,
-            how,
-            ahead: None,
-            spare: Vec::new(),
-        }
     }
 
     /// Does the window of stripes from `first` on (up to the window's size and the end),
     /// and when `read_ahead` also reads the next window meanwhile. Returns the stripes
     /// done and the work they count.
     pub(crate) fn step(&mut self, first: u64, read_ahead: bool) -> Result<(u64, u64)> {
-        let count = self.window.min(self.end.saturating_sub(first));
-        if count == 0 {
-            return Ok((0, 0));
-        }
-        let (mut cur, cur_guards) = match self.ahead.take() {
-            Some((w, g)) if w.first == first && w.count == count => (w, g),
+        self.adapt();
+        let (mut cur, cur_guards, count) = match self.ahead.take() {
+            Some((w, g)) if w.first == first => {
+                let count = w.count;
+                (w, g, count)
+            }
             other => {
                 drop(other);
+                let count = self.window.min(self.end.saturating_sub(first));
+                if count == 0 {
+                    return Ok((0, 0));
+                }
                 let guards = self.array.lock_stripes(first..first + count);
                 let mut w = self.window_of(first, count);
                 self.read(&mut w);
-                (w, guards)
+                (w, guards, count)
             }
         };
         let next_first = first + count;
