@@ -27,7 +27,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cairn_block::overlap::fan_out;
-use cairn_block::{BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags};
+use cairn_block::{
+    BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
+};
 
 pub use crate::state::Array;
 
@@ -377,7 +379,6 @@ impl BlockDevice for Array {
         r
     }
 }
-
 
 /// Counts a client request as in flight on the array until dropped.
 struct InFlight<'a>(&'a AtomicUsize);

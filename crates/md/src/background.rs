@@ -33,13 +33,13 @@ use cairn_block::{BlockDevice, Error, ErrorKind, Result};
 
 pub(crate) mod job;
 
-pub use job::{BackgroundStatus, SpeedLimits};
 pub(crate) use job::{ratio, Job};
+pub use job::{BackgroundStatus, SpeedLimits};
 
-use crate::state::{Array, Manager};
 use crate::layout::ArrayLayout;
 use crate::pipeline::{Pipe, Resync};
 use crate::scrub::ScrubReport;
+use crate::state::{Array, Manager};
 use crate::units::{Sectors, SECTOR_SIZE};
 
 /// Paces a job to the speed limits and keeps its speed figure.

@@ -37,22 +37,22 @@ use std::time::{Duration, Instant};
 
 use cairn_block::{Error, ErrorKind, Result, WriteFlags};
 
-use crate::state::Array;
 use crate::layout::{ArrayLayout, ParityLayout};
+use crate::state::Array;
 use crate::units::{small, wide, SECTOR_SIZE};
 
 pub(crate) mod format;
 pub(crate) mod live;
 
-pub use live::{BitmapInfo, Coverage};
-pub(crate) use live::{load_bitmap, Bitmap};
-use live::{Done, State};
 pub(crate) use format::block_of;
 pub use format::{
     plan, state, sync_size_for, BitmapChoice, BitmapSuper, RawBitmapSuper, BITMAP_MAGIC,
     BITMAP_OFFSET_1_2, BITMAP_VERSION, BITMAP_VERSION_LO, BLOCK, DEFAULT_DAEMON_SLEEP,
     DEFAULT_MIN_CHUNK, HEADER_SIZE, MAX_WRITE_BEHIND,
 };
+pub(crate) use live::{load_bitmap, Bitmap};
+pub use live::{BitmapInfo, Coverage};
+use live::{Done, State};
 
 impl Array {
     /// Installs the bitmap [`load_bitmap`] read into a freshly built array; an out of
@@ -107,13 +107,14 @@ impl Array {
             .filter(|&role| self.is_writable(role))
             .filter_map(|role| self.slots[role].member().map(|m| (role, (role, m))))
             .collect();
-        let results = cairn_block::overlap::fan_out(jobs, self.flush_overlap_pays(), |(role, m)| {
-            let r = blocks.iter().try_for_each(|&b| {
-                let piece = &st.area[small(b * BLOCK)..small((b + 1) * BLOCK)];
-                m.dev.write_at(piece, bm.at + b * BLOCK, flags)
+        let results =
+            cairn_block::overlap::fan_out(jobs, self.flush_overlap_pays(), |(role, m)| {
+                let r = blocks.iter().try_for_each(|&b| {
+                    let piece = &st.area[small(b * BLOCK)..small((b + 1) * BLOCK)];
+                    m.dev.write_at(piece, bm.at + b * BLOCK, flags)
+                });
+                (role, r)
             });
-            (role, r)
-        });
         let mut failed = Vec::new();
         let mut written = 0;
         for (role, r) in results {

@@ -22,14 +22,14 @@ use std::sync::Arc;
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
-use crate::slot::Member;
-use crate::state::{Array, Extra};
 use crate::assemble::random_bytes;
 use crate::background::{Job, Pacer, SpeedLimits, MIRROR_STEP};
 use crate::layout::ArrayLayout;
 use crate::ondisk::{DevRole, FeaturePolicy, Features, Superblock, Uuid};
-use crate::probe::probe_signatures;
 use crate::pipeline::{Pipe, Rebuild};
+use crate::probe::probe_signatures;
+use crate::slot::Member;
+use crate::state::{Array, Extra};
 use crate::units::{small, Sectors, StripeNo, SECTOR_SIZE};
 
 /// Where a named member sits.

@@ -42,8 +42,8 @@ use std::sync::MutexGuard;
 use cairn_block::overlap::{fan_out, overlap, Overlap};
 use cairn_block::{Result, WriteFlags};
 
-use crate::state::Array;
 use crate::layout::ParityLayout;
+use crate::state::Array;
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
 /// Member bytes a parity rebuild or resync works on at once over members with latency
@@ -112,7 +112,10 @@ impl<'a, S: Stage> Pipe<'a, S> {
     /// work goes, so the first windows may be small).
     fn adapt(&mut self) {
         (self.window, self.how) = if self.array.members_slow() {
-            ((WINDOW_BYTES / self.chunk.max(1)).clamp(1, 16), Overlap::Each)
+            (
+                (WINDOW_BYTES / self.chunk.max(1)).clamp(1, 16),
+                Overlap::Each,
+            )
         } else {
             (1, Overlap::No)
         };
@@ -378,9 +381,7 @@ impl Stage for Resync<'_> {
         self.array
             .resync_stripe_locked(self.pl, stripe, &mut b.rows, b.read)?;
         let c = self.pl.chunk().0 * SECTOR_SIZE;
-        self.array
-            .resynced
-            .fetch_add(c, Ordering::Relaxed);
+        self.array.resynced.fetch_add(c, Ordering::Relaxed);
         Ok(c * crate::units::wide(self.pl.data_disks()))
     }
 }

@@ -38,20 +38,20 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
-use crate::state::{Array, Bytes};
 use crate::layout::{ParityLayout, StripeMap};
 use crate::ondisk::{Superblock, Uuid};
 use crate::parity::gf;
+use crate::state::{Array, Bytes};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
 mod format;
 pub(crate) mod live;
 
-pub(crate) use live::{LogItem, Ppl, Ticket};
-use live::{Live, RingState, State, UNFLUSHED_MAX};
 pub(crate) use format::{
     area, check_header, crc32c, row_of, EntryHeader, HeaderCheck, Kind, RingHeader, BLOCK, MAX_SEQ,
 };
+use live::{Live, RingState, State, UNFLUSHED_MAX};
+pub(crate) use live::{LogItem, Ppl, Ticket};
 
 /// The touched data chunks of stripe-relative `[x, y)`: (data index, in-chunk a, b).
 fn touches(c: u64, x: u64, y: u64) -> Vec<(usize, u64, u64)> {
@@ -347,11 +347,12 @@ impl Ppl {
         }
         // The entries go to their parity members at once; all are durable (FUA) before
         // this returns, so before any data write of the batch is issued.
-        let failed = cairn_block::overlap::fan_out(jobs, array.flush_overlap_pays(), |(pm, buf, pos)| {
-            self.write_abs(array, pm, &buf, self.ring_off + pos, WriteFlags::FUA)
-                .err()
-                .map(|e| (pm, e))
-        });
+        let failed =
+            cairn_block::overlap::fan_out(jobs, array.flush_overlap_pays(), |(pm, buf, pos)| {
+                self.write_abs(array, pm, &buf, self.ring_off + pos, WriteFlags::FUA)
+                    .err()
+                    .map(|e| (pm, e))
+            });
         for (pm, e) in failed.into_iter().flatten() {
             // The parity member is out; its planned write fails too, which is what a
             // member failure means for the stripe anyway.

@@ -37,9 +37,9 @@ pub(crate) mod report;
 
 pub use report::{Finding, Mismatch, ScrubReport, ScrubUnits, PAGE, REGION_LIMIT};
 
-use crate::state::{Array, Bytes};
 use crate::layout::{ArrayLayout, ParityLayout};
 use crate::parity::check::{locate_error, ErrorLocation};
+use crate::state::{Array, Bytes};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
 /// The RAID1/10 scrub unit in array bytes (RAID10: at least one chunk).

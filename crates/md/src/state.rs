@@ -28,12 +28,12 @@ use cairn_block::{
     BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
 };
 
+use crate::background::job::{Job, SpeedLimits};
+use crate::bitmap::live::Bitmap;
 use crate::layout::{ArrayLayout, Location};
 use crate::level::Level;
 use crate::ondisk::{DevRole, Features, MdTime, SetName, Superblock, Uuid};
 use crate::parity::Parity;
-use crate::background::job::{Job, SpeedLimits};
-use crate::bitmap::live::Bitmap;
 use crate::ppl::live::Ppl;
 use crate::scrub::report::ScrubReport;
 use crate::slot::{Member, Slot};
@@ -187,7 +187,6 @@ pub(crate) struct Manager {
     /// The report of the running or last scrub.
     pub(crate) last_scrub: Option<ScrubReport>,
 }
-
 
 /// An md array over its members: a [`BlockDevice`] of the array's size.
 ///

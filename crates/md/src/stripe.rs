@@ -28,9 +28,9 @@ use cairn_block::{Error, ErrorKind, Result, WriteFlags};
 
 use cairn_block::overlap::{fan_out, Overlap};
 
-use crate::state::{Array, Bytes};
 use crate::layout::{ParityLayout, StripeMap};
 use crate::parity::gf;
+use crate::state::{Array, Bytes};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
 /// One data chunk touched by a request: data index `d`, in-chunk bytes `[a, b)`, and
@@ -398,7 +398,12 @@ impl Array {
     /// Reads the data chunks of `stripe` into `rows` (kept buffers, one per data chunk)
     /// when every data member is up; returns whether they were all read. The caller
     /// holds the stripe's lock.
-    pub(crate) fn resync_read(&self, pl: &ParityLayout, stripe: u64, rows: &mut Vec<Vec<u8>>) -> bool {
+    pub(crate) fn resync_read(
+        &self,
+        pl: &ParityLayout,
+        stripe: u64,
+        rows: &mut Vec<Vec<u8>>,
+    ) -> bool {
         let c = Self::chunk_bytes(pl);
         let map = pl.stripe_map(StripeNo(stripe));
         let down = self.down_mask_at(stripe * c);

@@ -207,7 +207,11 @@ fn unpaced_rebuild_under_concurrent_writes() {
         let writes = writer.join().unwrap();
         assert!(!a.report().state.degraded, "{name}");
         let model = model.lock().unwrap().clone();
-        check(&*a, &model, &format!("{name} after an unpaced rebuild under writes"));
+        check(
+            &*a,
+            &model,
+            &format!("{name} after an unpaced rebuild under writes"),
+        );
         a.close().unwrap();
         drop(a);
         m[victim] = spare;

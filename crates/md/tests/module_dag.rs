@@ -175,7 +175,12 @@ fn md_modules_form_a_dag() {
         if let Some(circle) = visit(m, &deps, &mut state, &mut stack) {
             let graph: Vec<String> = deps
                 .iter()
-                .map(|(m, d)| format!("  {m} -> {}", d.iter().cloned().collect::<Vec<_>>().join(", ")))
+                .map(|(m, d)| {
+                    format!(
+                        "  {m} -> {}",
+                        d.iter().cloned().collect::<Vec<_>>().join(", ")
+                    )
+                })
                 .collect();
             panic!(
                 "import circle in cairn-md: {}\nthe graph:\n{}",

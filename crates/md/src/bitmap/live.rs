@@ -240,7 +240,6 @@ pub(crate) fn load_bitmap(
     )))
 }
 
-
 impl State {
     /// md: events going back (never in cairn) pull `events_cleared` with them.
     pub(crate) fn events_cleared_not_ahead(&mut self) {
