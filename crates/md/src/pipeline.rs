@@ -73,6 +73,9 @@ struct Window<B> {
     bufs: Vec<B>,
 }
 
+/// The stripe locks of a window.
+type Guards<'a> = Vec<MutexGuard<'a, ()>>;
+
 /// A pipelined walk over stripes.
 pub(crate) struct Pipe<'a, S: Stage> {
     array: &'a Array,
@@ -82,7 +85,7 @@ pub(crate) struct Pipe<'a, S: Stage> {
     end: u64,
     how: Overlap,
     /// The window read ahead and its locks.
-    ahead: Option<(Window<S::Buf>, Vec<MutexGuard<'a, ()>>)>,
+    ahead: Option<(Window<S::Buf>, Guards<'a>)>,
     /// Buffers of finished windows, for the next ones.
     spare: Vec<S::Buf>,
     /// Stripe bytes per member (a chunk).

@@ -1045,7 +1045,6 @@ impl Drop for Array {
     }
 }
 
-/// Borrowed or owned bytes for a member write.
-
-/// Bytes a request reads or writes: borrowed from the caller or owned.
+/// Bytes a request reads or writes (a member write's buffer): borrowed from the caller or
+/// owned.
 pub(crate) type Bytes<'a> = Cow<'a, [u8]>;
