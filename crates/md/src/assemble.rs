@@ -22,13 +22,14 @@ use std::sync::Arc;
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
-use crate::array::{now, Array, Extra, Identity, LeftOut, Member, Meta, Slot};
-use crate::bitmap::BitmapChoice;
+use crate::bitmap::format::BitmapChoice;
 use crate::create::{create, CreateParams};
 use crate::layout::ArrayLayout;
 use crate::level::Level;
 use crate::ondisk::{FeaturePolicy, Superblock, Uuid};
 use crate::probe::probe_signatures;
+use crate::slot::{Member, Slot};
+use crate::state::{now, Array, Extra, Identity, LeftOut, Meta};
 use crate::units::{small, Sectors, SECTOR_SIZE};
 
 /// How to assemble.

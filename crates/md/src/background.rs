@@ -25,113 +25,22 @@
 //! clean stop (a member part-way through a rebuild reassembles as such).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::thread::{self, JoinHandle, ThreadId};
+use std::sync::{Arc, PoisonError};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result};
 
-use crate::array::Array;
+pub(crate) mod job;
+
+pub(crate) use job::{ratio, Job};
+pub use job::{BackgroundStatus, SpeedLimits};
+
 use crate::layout::ArrayLayout;
+use crate::pipeline::{Pipe, Resync};
 use crate::scrub::ScrubReport;
+use crate::state::{Array, Manager};
 use crate::units::{Sectors, SECTOR_SIZE};
-
-/// md's `speed_limit_min` and `speed_limit_max`, in bytes per second of the work: member
-/// bytes for rebuilds and replacements (as md counts them), array bytes for resyncs and
-/// scrubs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpeedLimits {
-    /// The speed kept while clients are doing I/O (md's default: 1000 KiB/s).
-    pub min: u64,
-    /// The ceiling when the array is otherwise idle (md's default: 200000 KiB/s).
-    pub max: u64,
-}
-
-impl Default for SpeedLimits {
-    fn default() -> SpeedLimits {
-        SpeedLimits {
-            min: 1000 * 1024,
-            max: 200_000 * 1024,
-        }
-    }
-}
-
-/// A snapshot of the background work, for status and metrics.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct BackgroundStatus {
-    /// Counts the array's jobs from 1: a new number is a new job, even one that started
-    /// and finished between two looks.
-    pub id: u64,
-    /// "resync", "recovery", "replace", "check" or "repair".
-    pub action: &'static str,
-    /// The member a recovery or replacement writes to.
-    pub member: Option<String>,
-    /// "running", "finished", "stopped" or "failed: <reason>".
-    pub state: String,
-    /// Bytes done, counting from the start (a resumed job starts at its checkpoint):
-    /// array bytes for resync and scrubs, member bytes for rebuilds. A resync the
-    /// bitmap guides counts only the dirty regions, in `done_bytes` and `total_bytes`.
-    pub done_bytes: u64,
-    pub total_bytes: u64,
-    /// Average speed over the last few seconds.
-    pub bytes_per_sec: u64,
-    /// Bytes actually rebuilt or resynced (a bitmap-driven job skips clean regions).
-    pub worked_bytes: u64,
-}
-
-/// `a / b` as seconds, for pacing (exact enough: the result is a sleep).
-#[allow(clippy::cast_precision_loss)]
-fn ratio(a: u64, b: u64) -> f64 {
-    a as f64 / b.max(1) as f64
-}
-
-/// One piece of background work.
-pub(crate) struct Job {
-    id: u64,
-    action: &'static str,
-    member: Option<String>,
-    pub(crate) done: AtomicU64,
-    pub(crate) total: AtomicU64,
-    speed: AtomicU64,
-    pub(crate) worked: AtomicU64,
-    state: Mutex<String>,
-}
-
-impl Job {
-    pub(crate) fn new(id: u64, action: &'static str, member: Option<String>, total: u64) -> Job {
-        Job {
-            id,
-            action,
-            member,
-            done: AtomicU64::new(0),
-            total: AtomicU64::new(total),
-            speed: AtomicU64::new(0),
-            worked: AtomicU64::new(0),
-            state: Mutex::new("running".into()),
-        }
-    }
-
-    pub(crate) fn status(&self) -> BackgroundStatus {
-        BackgroundStatus {
-            id: self.id,
-            action: self.action,
-            member: self.member.clone(),
-            state: self
-                .state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-            done_bytes: self.done.load(Ordering::Relaxed),
-            total_bytes: self.total.load(Ordering::Relaxed),
-            bytes_per_sec: self.speed.load(Ordering::Relaxed),
-            worked_bytes: self.worked.load(Ordering::Relaxed),
-        }
-    }
-
-    pub(crate) fn set_state(&self, s: impl Into<String>) {
-        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = s.into();
-    }
-}
 
 /// Paces a job to the speed limits and keeps its speed figure.
 pub(crate) struct Pacer {
@@ -142,6 +51,8 @@ pub(crate) struct Pacer {
     /// unit is paced on its own, at the limit that holds while it runs.
     mark: (Instant, u64),
     last_fg: u64,
+    /// Whether the last step paused.
+    paused: bool,
 }
 
 impl Pacer {
@@ -151,6 +62,7 @@ impl Pacer {
             window: (Instant::now(), done),
             mark: (Instant::now(), done),
             last_fg: array.foreground_ops(),
+            paused: false,
         }
     }
 
@@ -162,11 +74,30 @@ impl Pacer {
         busy
     }
 
+    /// Whether the work runs unpaced: no limits, or the last step did not pause and
+    /// clients did no I/O since. Only then may it read ahead (holding the next stripes'
+    /// locks), since a pause never holds one.
+    pub(crate) fn unhindered(&self, array: &Array) -> bool {
+        self.limits.is_none() || (!self.paused && array.foreground_ops() == self.last_fg)
+    }
+
+    /// Whether [`Pacer::step`] at `done` would pause (as things stand now).
+    pub(crate) fn pause_due(&self, array: &Array, done: u64) -> bool {
+        let Some(limits) = self.limits else {
+            return false;
+        };
+        let busy = array.foreground_ops() != self.last_fg;
+        let target = if busy { limits.min } else { limits.max }.max(1);
+        let bytes = done.saturating_sub(self.mark.1);
+        Duration::from_secs_f64(ratio(bytes, target)) > self.mark.0.elapsed()
+    }
+
     /// After a unit: pauses so that the unit took `bytes / limit` at least (the minimum
     /// while clients do I/O, the maximum otherwise, looked at again every 100 ms so a
     /// pause ends early when clients stop, and at once when the work is asked to stop),
     /// and updates the job's speed.
     pub(crate) fn step(&mut self, array: &Array, job: Option<&Job>, done: u64) {
+        self.paused = false;
         if let Some(limits) = self.limits {
             let bytes = done.saturating_sub(self.mark.1);
             let mut busy = self.busy(array);
@@ -177,6 +108,7 @@ impl Pacer {
                 if due <= elapsed || array.stopping() {
                     break;
                 }
+                self.paused = true;
                 thread::sleep((due - elapsed).min(Duration::from_millis(100)));
                 busy = self.busy(array);
             }
@@ -226,21 +158,6 @@ pub(crate) enum Work {
     Resync,
     /// A scrub: `true` repairs.
     Scrub(bool),
-}
-
-/// The state the worker thread shares with the array.
-#[derive(Default)]
-pub(crate) struct Manager {
-    /// Set by [`Array::manage`]: the array itself (for the worker thread) and the limits.
-    me: Option<Weak<Array>>,
-    limits: Option<SpeedLimits>,
-    /// The job running or last finished.
-    job: Option<Arc<Job>>,
-    thread: Option<(ThreadId, JoinHandle<()>)>,
-    /// A check or repair asked for and not started yet.
-    scrub: Option<bool>,
-    /// The report of the running or last scrub.
-    last_scrub: Option<ScrubReport>,
 }
 
 impl Array {
@@ -356,15 +273,38 @@ impl Array {
         let mut last_cp = Instant::now();
         let mut i = start;
         let mut cp = from;
+        // Parity levels: windows of stripes, the next one read meanwhile (pipeline.rs).
+        let mut pipe = match (&self.layout, units) {
+            (ArrayLayout::Parity(pl), Units::Stripes { to, .. }) => Some((
+                pl.chunk().0,
+                Pipe::new(
+                    self,
+                    Resync { array: self, pl },
+                    pl.chunk().0 * SECTOR_SIZE,
+                    to,
+                ),
+            )),
+            _ => None,
+        };
         while i < end {
             if self.stopping() {
+                drop(pipe);
                 self.meta_lock().resync_from = cp;
                 return Ok(false);
             }
-            let (worked, at) = self.resync_unit(units, i)?;
+            let (worked, at, n) = match pipe.as_mut() {
+                Some((c, pipe)) => {
+                    let (count, worked) = pipe.step(i, pacer.unhindered(self))?;
+                    (worked, Sectors((i + count) * *c), count)
+                }
+                None => {
+                    let (worked, at) = self.resync_unit(units, i)?;
+                    (worked, at, step)
+                }
+            };
             cp = at;
             done += worked;
-            i += step;
+            i += n;
             if let Some(j) = job {
                 // Writes during the resync can dirty more than was counted at its start.
                 j.total.fetch_max(done, Ordering::Relaxed);
@@ -375,8 +315,15 @@ impl Array {
                 self.meta_lock().resync_from = cp;
                 last_cp = Instant::now();
             }
+            if pacer.pause_due(self, done) {
+                // A pause for the speed limits holds no stripe lock.
+                if let Some((_, pipe)) = pipe.as_mut() {
+                    pipe.drop_ahead();
+                }
+            }
             pacer.step(self, job, done);
         }
+        drop(pipe);
         self.finish_resync()?;
         Ok(true)
     }

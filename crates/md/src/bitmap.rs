@@ -31,249 +31,28 @@
 //! that cannot use the bitmap (it may have missed writes whose bits are gone). A bitmap
 //! whose `events` is older than the array's is out of date: every bit counts as set.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use cairn_block::{Error, ErrorKind, Result, WriteFlags};
 
-use crate::array::{Array, Slot};
 use crate::layout::{ArrayLayout, ParityLayout};
-use crate::ondisk::Superblock;
+use crate::state::Array;
 use crate::units::{small, wide, SECTOR_SIZE};
 
-mod format;
-pub(crate) use format::{block_of, corrupt, set_bit, test_bit};
+pub(crate) mod format;
+pub(crate) mod live;
+
+pub(crate) use format::block_of;
 pub use format::{
     plan, state, sync_size_for, BitmapChoice, BitmapSuper, RawBitmapSuper, BITMAP_MAGIC,
     BITMAP_OFFSET_1_2, BITMAP_VERSION, BITMAP_VERSION_LO, BLOCK, DEFAULT_DAEMON_SLEEP,
     DEFAULT_MIN_CHUNK, HEADER_SIZE, MAX_WRITE_BEHIND,
 };
-
-// ---- the running bitmap ---------------------------------------------------------------
-
-/// What the bits count in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Coverage {
-    /// Member bytes from `data_offset` (RAID1/4/5/6).
-    Member,
-    /// Array bytes (RAID10).
-    Array,
-}
-
-/// A snapshot of the bitmap, for reports and tests.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct BitmapInfo {
-    pub chunk_bytes: u64,
-    pub chunks: u64,
-    /// Bits set now (what `mdadm -X` would count once written).
-    pub dirty: u64,
-    pub events: u64,
-    pub events_cleared: u64,
-    pub sync_size: u64,
-    /// Byte offset of the bitmap on each member.
-    pub offset: u64,
-    /// "member" or "array": what one chunk of bits counts.
-    pub coverage: &'static str,
-}
-
-/// A chunk whose writes have all completed: cleared once a flush numbered `gen` or
-/// later has completed and it has been idle since `at` for the daemon sleep.
-#[derive(Debug, Clone, Copy)]
-struct Done {
-    gen: u64,
-    at: Instant,
-}
-
-struct State {
-    sb: BitmapSuper,
-    /// The area as on disk: header, then the bits; whole blocks.
-    area: Vec<u8>,
-    inflight: Vec<u32>,
-    /// Set bits with nothing in flight.
-    done: BTreeMap<u64, Done>,
-    flushes_started: u64,
-    flushed: u64,
-}
-
-impl State {
-    fn bits(&self) -> &[u8] {
-        &self.area[HEADER_SIZE..]
-    }
-
-    fn test(&self, c: u64) -> bool {
-        test_bit(self.bits(), c)
-    }
-
-    fn set(&mut self, c: u64, on: bool) {
-        set_bit(&mut self.area[HEADER_SIZE..], c, on);
-    }
-
-    fn sync_header(&mut self) {
-        let h = self.sb.encode();
-        self.area[..HEADER_SIZE].copy_from_slice(&h);
-    }
-
-    fn dirty(&self, chunks: u64) -> u64 {
-        wide((0..chunks).filter(|&c| self.test(c)).count())
-    }
-}
-
-/// The bitmap of a running array: one per array, written to every up member.
-pub(crate) struct Bitmap {
-    /// Byte offset of the area on each member.
-    at: u64,
-    chunk: u64,
-    chunks: u64,
-    coverage: Coverage,
-    daemon_sleep_ms: AtomicU64,
-    state: Mutex<State>,
-}
-
-impl Bitmap {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Reads the bitmap of an array being assembled whose superblock `sb` has feature bit
-/// 1, from every present member of `slots` (bits are OR-ed; the header with the most
-/// events wins). `events` is the array's. Returns the bitmap and whether it was out of
-/// date (then every bit is set, and it must be written back). Nothing is written.
-pub(crate) fn load_bitmap(
-    slots: &[Slot],
-    layout: &ArrayLayout,
-    sb: &Superblock,
-    events: u64,
-    label: &str,
-) -> Result<Option<(Bitmap, bool)>> {
-    if !sb.features.has(crate::ondisk::Features::BITMAP_OFFSET) {
-        return Ok(None);
-    }
-    let (coverage, covered) = match layout {
-        ArrayLayout::Raid10(l) => (Coverage::Array, l.array_sectors()),
-        ArrayLayout::Raid1(_) | ArrayLayout::Parity(_) => (Coverage::Member, sb.size),
-        ArrayLayout::Linear(_) | ArrayLayout::Raid0(_) => {
-            tracing::warn!("{label}: ignoring the bitmap of a {} array", sb.level);
-            return Ok(None);
-        }
-    };
-    let start = i128::from(sb.super_offset.0) + i128::from(sb.bitmap_offset);
-    let at =
-        u64::try_from(start * 512).map_err(|_| corrupt(label, "bitmap before the device start"))?;
-    let limit = if sb.bblog_offset > 0 {
-        i128::from(sb.super_offset.0) + i128::from(sb.bblog_offset)
-    } else {
-        i128::from(sb.data_offset.0)
-    } * 512;
-    let mut images: Vec<(BitmapSuper, Vec<u8>)> = Vec::new();
-    // Only members in sync carry a bitmap that means anything (one part-way through a
-    // rebuild got it when the rebuild began, but its own may be older).
-    let in_sync = slots
-        .iter()
-        .filter(|s| s.synced.load(std::sync::atomic::Ordering::Acquire) == u64::MAX)
-        .filter_map(crate::array::Slot::member);
-    for m in in_sync {
-        let lbs = u64::from(m.dev.geometry().logical_block_size);
-        if lbs > BLOCK || !BLOCK.is_multiple_of(lbs) {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "{}: logical blocks of {lbs} bytes cannot hold md's 4 KiB bitmap blocks",
-                    m.name
-                ),
-            ));
-        }
-        let mut head = vec![0u8; small(BLOCK)];
-        m.dev
-            .read_at(&mut head, at)
-            .map_err(|e| e.context(format!("{}: reading the bitmap", m.name)))?;
-        let bsb = BitmapSuper::parse(&head, &m.name)?;
-        if bsb.uuid != sb.set_uuid {
-            return Err(corrupt(
-                &m.name,
-                format!("UUID {} is not the array's {}", bsb.uuid, sb.set_uuid),
-            ));
-        }
-        let len = bsb.area_bytes().expect("checked by parse");
-        if i128::from(at) + i128::from(len) > limit {
-            return Err(corrupt(
-                &m.name,
-                format!("{len} bitmap bytes at byte {at} overlap what follows (byte {limit})"),
-            ));
-        }
-        let mut area = vec![0u8; small(len)];
-        m.dev
-            .read_at(&mut area, at)
-            .map_err(|e| e.context(format!("{}: reading the bitmap", m.name)))?;
-        images.push((bsb, area));
-    }
-    let Some(best) = images.iter().map(|(s, _)| s.events).max() else {
-        return Ok(None);
-    };
-    let (mut bsb, mut area) = images
-        .iter()
-        .find(|(s, _)| s.events == best)
-        .cloned()
-        .expect("the maximum is one of them");
-    let chunks = bsb.chunks().expect("checked by parse");
-    if chunks * u64::from(bsb.chunk_bytes) < covered.0 * SECTOR_SIZE {
-        return Err(corrupt(
-            label,
-            format!(
-                "the bitmap covers {} sectors but the array needs {}",
-                bsb.sync_size.0, covered.0
-            ),
-        ));
-    }
-    // Union of the members' bits (one may hold bits another never got).
-    for (s, img) in &images {
-        if s.chunk_bytes == bsb.chunk_bytes && s.sync_size == bsb.sync_size {
-            for c in (0..chunks).filter(|&c| test_bit(&img[HEADER_SIZE..], c)) {
-                set_bit(&mut area[HEADER_SIZE..], c, true);
-            }
-        }
-    }
-    let stale = bsb.events < events || bsb.state & state::STALE != 0;
-    if stale {
-        tracing::warn!(
-            "{label}: bitmap is out of date (events {} < {events}); every chunk counts as \
-             dirty, so a resync covers the whole array",
-            bsb.events
-        );
-        for c in 0..chunks {
-            set_bit(&mut area[HEADER_SIZE..], c, true);
-        }
-        bsb.state &= !state::STALE;
-    }
-    bsb.events = bsb.events.max(events);
-    let now = Instant::now();
-    let mut st = State {
-        sb: bsb.clone(),
-        area,
-        inflight: vec![0; small(chunks)],
-        done: BTreeMap::new(),
-        flushes_started: 0,
-        flushed: 0,
-    };
-    st.sync_header();
-    let set: Vec<u64> = (0..chunks).filter(|&c| st.test(c)).collect();
-    for c in set {
-        st.done.insert(c, Done { gen: 0, at: now });
-    }
-    Ok(Some((
-        Bitmap {
-            at,
-            chunk: u64::from(bsb.chunk_bytes),
-            chunks,
-            coverage,
-            daemon_sleep_ms: AtomicU64::new(u64::from(bsb.daemon_sleep) * 1000),
-            state: Mutex::new(st),
-        },
-        stale,
-    )))
-}
+pub(crate) use live::{load_bitmap, Bitmap};
+pub use live::{BitmapInfo, Coverage};
+use live::{Done, State};
 
 impl Array {
     /// Installs the bitmap [`load_bitmap`] read into a freshly built array; an out of
@@ -302,7 +81,7 @@ impl Array {
 
     /// Writes the whole bitmap area, as it is now, to `m` (FUA): a member taking a role
     /// (a spare, a re-added member, a replacement) must carry the array's bitmap.
-    pub(crate) fn bitmap_init_member(&self, m: &crate::array::Member) -> Result<()> {
+    pub(crate) fn bitmap_init_member(&self, m: &crate::slot::Member) -> Result<()> {
         let Some(bm) = &self.bitmap else {
             return Ok(());
         };
@@ -328,13 +107,14 @@ impl Array {
             .filter(|&role| self.is_writable(role))
             .filter_map(|role| self.slots[role].member().map(|m| (role, (role, m))))
             .collect();
-        let results = crate::array::fan_out(jobs, self.flush_overlap_pays(), |(role, m)| {
-            let r = blocks.iter().try_for_each(|&b| {
-                let piece = &st.area[small(b * BLOCK)..small((b + 1) * BLOCK)];
-                m.dev.write_at(piece, bm.at + b * BLOCK, flags)
+        let results =
+            cairn_block::overlap::fan_out(jobs, self.flush_overlap_pays(), |(role, m)| {
+                let r = blocks.iter().try_for_each(|&b| {
+                    let piece = &st.area[small(b * BLOCK)..small((b + 1) * BLOCK)];
+                    m.dev.write_at(piece, bm.at + b * BLOCK, flags)
+                });
+                (role, r)
             });
-            (role, r)
-        });
         let mut failed = Vec::new();
         let mut written = 0;
         for (role, r) in results {
@@ -700,15 +480,6 @@ impl Array {
         self.bitmap
             .as_ref()
             .is_some_and(|bm| member_events >= bm.lock().sb.events_cleared)
-    }
-}
-
-impl State {
-    /// md: events going back (never in cairn) pull `events_cleared` with them.
-    fn events_cleared_not_ahead(&mut self) {
-        if self.sb.events < self.sb.events_cleared {
-            self.sb.events_cleared = self.sb.events;
-        }
     }
 }
 

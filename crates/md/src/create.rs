@@ -23,7 +23,7 @@
 
 use cairn_block::{Error, ErrorKind, Result};
 
-use crate::bitmap::{BitmapChoice, BitmapSuper};
+use crate::bitmap::format::{BitmapChoice, BitmapSuper};
 use crate::layout::ArrayLayout;
 use crate::level::{Level, ParityAlgorithm, Raid0Layout, Raid10Layout};
 use crate::ondisk::{
@@ -271,9 +271,9 @@ pub fn create(p: &CreateParams) -> Result<CreatedArray> {
                 p.level
             )))
         }
-        BitmapChoice::Internal { chunk_bytes } => Some(crate::bitmap::plan(
+        BitmapChoice::Internal { chunk_bytes } => Some(crate::bitmap::format::plan(
             p.uuid,
-            crate::bitmap::sync_size_for(p.level, layout, size, raid_disks),
+            crate::bitmap::format::sync_size_for(p.level, layout, size, raid_disks),
             choose_bm_space(size),
             chunk_bytes,
             1,
@@ -336,7 +336,7 @@ pub fn create(p: &CreateParams) -> Result<CreatedArray> {
             chunk,
             raid_disks,
             bitmap_offset: if bitmap.is_some() {
-                crate::bitmap::BITMAP_OFFSET_1_2
+                crate::bitmap::format::BITMAP_OFFSET_1_2
             } else {
                 0
             },

@@ -53,10 +53,13 @@ pub mod members;
 pub mod observe;
 pub mod ondisk;
 pub mod parity;
+pub(crate) mod pipeline;
 pub(crate) mod ppl;
 pub mod probe;
 pub mod report;
 pub mod scrub;
+mod slot;
+mod state;
 mod stripe;
 pub mod units;
 

@@ -22,16 +22,15 @@ use std::sync::Arc;
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
-use crate::array::{fan_out, Array, Extra, Member, Overlap};
 use crate::assemble::random_bytes;
 use crate::background::{Job, Pacer, SpeedLimits, MIRROR_STEP};
-use crate::layout::{ArrayLayout, ParityLayout};
+use crate::layout::ArrayLayout;
 use crate::ondisk::{DevRole, FeaturePolicy, Features, Superblock, Uuid};
+use crate::pipeline::{Pipe, Rebuild};
 use crate::probe::probe_signatures;
+use crate::slot::Member;
+use crate::state::{Array, Extra};
 use crate::units::{small, Sectors, StripeNo, SECTOR_SIZE};
-
-/// Member bytes a parity rebuild works on at once (that many stripes under their locks).
-const REBUILD_WINDOW: u64 = 4 << 20;
 
 /// Where a named member sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -635,8 +634,21 @@ impl Array {
         }
         let mut pacer = Pacer::new(self, limits, done);
         let mut last_cp = std::time::Instant::now();
+        let mut pipe = match (&self.layout, guided) {
+            (ArrayLayout::Parity(pl), false) => {
+                let c = pl.chunk().0 * SECTOR_SIZE;
+                let stage = Rebuild {
+                    array: self,
+                    pl,
+                    role,
+                };
+                Some((c, Pipe::new(self, stage, c, end.div_ceil(c))))
+            }
+            _ => None,
+        };
         while pos < end {
             if self.stopping() {
+                drop(pipe);
                 self.checkpoint_recovery()?;
                 return Ok(false);
             }
@@ -649,13 +661,10 @@ impl Array {
             let mut n = step.min(end - pos);
             let worked = if self.skip_clean_unit(role, pos) {
                 0
-            } else if let (ArrayLayout::Parity(pl), false) = (&self.layout, guided) {
-                // Several stripes at once: their reads overlap, and their parity maths
-                // runs on more than one core.
-                let c = pl.chunk().0 * SECTOR_SIZE;
-                let window = self.rebuild_window(c);
-                n = (window * c).min(end - pos);
-                self.rebuild_stripes(pl, role, pos / c, n.div_ceil(c))?;
+            } else if let Some((c, pipe)) = pipe.as_mut() {
+                // A window of stripes, the next one read meanwhile (pipeline.rs).
+                let (count, _) = pipe.step(pos / *c, pacer.unhindered(self))?;
+                n = (count * *c).min(end - pos);
                 n
             } else {
                 self.rebuild_unit(role, pos, n)?
@@ -679,8 +688,15 @@ impl Array {
                 self.checkpoint_recovery()?;
                 last_cp = std::time::Instant::now();
             }
+            if pacer.pause_due(self, done) {
+                // A pause for the speed limits holds no stripe lock.
+                if let Some((_, pipe)) = pipe.as_mut() {
+                    pipe.drop_ahead();
+                }
+            }
             pacer.step(self, job, done);
         }
+        drop(pipe);
         self.flush()?;
         {
             let mut meta = self.meta_lock();
@@ -846,54 +862,6 @@ impl Array {
             }
             _ => Ok(0),
         }
-    }
-
-    /// Stripes a parity rebuild takes at once: with members that have latency, up to
-    /// [`REBUILD_WINDOW`] bytes of them, so that their reads overlap; with members in
-    /// memory one, as before (the work is parity maths over memory, and on a busy 2-core
-    /// machine two stripes at once measured slower than one: examples/rebuild_bench.rs).
-    fn rebuild_window(&self, chunk: u64) -> u64 {
-        if self.members_slow() {
-            (REBUILD_WINDOW / chunk).clamp(1, 16)
-        } else {
-            1
-        }
-    }
-
-    /// Rebuilds stripes `[first, first + count)` onto `role` under all their locks, the
-    /// stripes at once (each one's member reads at once too). The member counts as
-    /// rebuilt past them only when every one is written.
-    fn rebuild_stripes(
-        &self,
-        pl: &ParityLayout,
-        role: usize,
-        first: u64,
-        count: u64,
-    ) -> Result<()> {
-        let c = pl.chunk().0 * SECTOR_SIZE;
-        let _guards = self.lock_stripes(first..first + count);
-        let jobs = (first..first + count)
-            .map(|s| (small(s % 1024), s))
-            .collect();
-        let how = if count > 1 {
-            Overlap::Each
-        } else {
-            Overlap::No
-        };
-        let results = fan_out(jobs, how, |stripe| -> Result<()> {
-            let map = pl.stripe_map(StripeNo(stripe));
-            let mut down = self.down_mask_at(stripe * c);
-            down[role] = true;
-            let mut errs = Vec::new();
-            let rows = self.read_row(pl, &map, stripe, 0, c, &mut down, &mut errs)?;
-            self.write_member(role, &rows[role], stripe * c, WriteFlags::NONE)
-                .inspect_err(|e| self.fail_member(role, e))
-        });
-        results.into_iter().collect::<Result<()>>()?;
-        self.slots[role]
-            .synced
-            .store((first + count) * c, Ordering::Release);
-        Ok(())
     }
 
     /// RAID10 rebuilds walk the array, not the member: member unit `[pos, pos + n)` of

@@ -38,16 +38,20 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
-use crate::array::{Array, Bytes};
 use crate::layout::{ParityLayout, StripeMap};
 use crate::ondisk::{Superblock, Uuid};
 use crate::parity::gf;
+use crate::state::{Array, Bytes};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
 mod format;
+pub(crate) mod live;
+
 pub(crate) use format::{
     area, check_header, crc32c, row_of, EntryHeader, HeaderCheck, Kind, RingHeader, BLOCK, MAX_SEQ,
 };
+use live::{Live, RingState, State, UNFLUSHED_MAX};
+pub(crate) use live::{LogItem, Ppl, Ticket};
 
 /// The touched data chunks of stripe-relative `[x, y)`: (data index, in-chunk a, b).
 fn touches(c: u64, x: u64, y: u64) -> Vec<(usize, u64, u64)> {
@@ -170,81 +174,7 @@ pub(crate) fn probe(members: &[(&str, &Arc<dyn BlockDevice>)], sb: &Superblock) 
     p
 }
 
-// ---- the running log ------------------------------------------------------------------
-
-/// One write's entry on one ring, while it is live.
-#[derive(Debug, Clone, Copy)]
-struct Live {
-    seq: u64,
-    pos: u64,
-    /// The stripe of a partial entry (counted in `State::live`); `None` for a full one.
-    stripe: Option<u64>,
-    /// The flush generation read when its writes completed.
-    done: Option<u64>,
-}
-
-#[derive(Debug, Default)]
-struct RingState {
-    /// Next free byte (ring-relative).
-    head: u64,
-    /// Live entries in ring order (= sequence order).
-    live: VecDeque<Live>,
-    /// What the ring header on the member says.
-    floor: u64,
-}
-
-#[derive(Debug)]
-struct State {
-    next_seq: u64,
-    /// By role.
-    rings: Vec<RingState>,
-    /// Partial entries still live, by stripe.
-    live: HashMap<u64, u32>,
-    /// Rows written to a stripe and not yet known durable: (lo, hi, completion generation).
-    unflushed: HashMap<u64, Vec<(u64, u64, u64)>>,
-    /// How many rows `unflushed` holds.
-    unflushed_rows: usize,
-}
-
-/// Past this many unflushed rows a write flushes the members first, which bounds the
-/// memory the overlap rule needs when a client never flushes.
-const UNFLUSHED_MAX: usize = 1 << 16;
-
-/// The log of an assembled array (`Array::ppl`).
-#[derive(Debug)]
-pub(crate) struct Ppl {
-    header_off: u64,
-    ring_off: u64,
-    ring_len: u64,
-    log_id: u64,
-    uuid: Uuid,
-    chunk: u64,
-    state: Mutex<State>,
-    /// Serialises reclaims (each flushes the members).
-    reclaim: Mutex<()>,
-    /// Signalled when a batch's writes return (a writer waiting for ring room).
-    completed: Condvar,
-    /// Flush generations: a write completed at generation g is durable once a flush that
-    /// started at g or later has finished (`durable >= g`).
-    gen: AtomicU64,
-    durable: AtomicU64,
-}
-
-/// What one stripe of a batch asks of the log.
-pub(crate) struct LogItem<'a> {
-    pub(crate) stripe: u64,
-    pub(crate) x: u64,
-    pub(crate) y: u64,
-    pub(crate) data: &'a [u8],
-}
-
-/// Entries written for a batch, to be marked complete after its data writes.
-#[derive(Debug, Default)]
-pub(crate) struct Ticket {
-    seq: u64,
-    roles: Vec<usize>,
-    rows: Vec<(u64, u64, u64)>,
-}
+// ---- the running log (its state: ppl/live.rs) -------------------------------------
 
 impl Ppl {
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -417,11 +347,12 @@ impl Ppl {
         }
         // The entries go to their parity members at once; all are durable (FUA) before
         // this returns, so before any data write of the batch is issued.
-        let failed = crate::array::fan_out(jobs, array.flush_overlap_pays(), |(pm, buf, pos)| {
-            self.write_abs(array, pm, &buf, self.ring_off + pos, WriteFlags::FUA)
-                .err()
-                .map(|e| (pm, e))
-        });
+        let failed =
+            cairn_block::overlap::fan_out(jobs, array.flush_overlap_pays(), |(pm, buf, pos)| {
+                self.write_abs(array, pm, &buf, self.ring_off + pos, WriteFlags::FUA)
+                    .err()
+                    .map(|e| (pm, e))
+            });
         for (pm, e) in failed.into_iter().flatten() {
             // The parity member is out; its planned write fails too, which is what a
             // member failure means for the stripe anyway.

@@ -5,11 +5,11 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::array::Array;
 use crate::examine::{ctime_utc, human_size};
 use crate::layout::ArrayLayout;
 use crate::level::{layout_text, Level};
 use crate::ondisk::{Features, Uuid};
+use crate::state::Array;
 
 /// The array's state flags; [`ArrayState::text`] words them as mdadm does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

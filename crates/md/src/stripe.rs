@@ -26,9 +26,11 @@ use std::borrow::Cow;
 
 use cairn_block::{Error, ErrorKind, Result, WriteFlags};
 
-use crate::array::{fan_out, Array, Bytes};
+use cairn_block::overlap::{fan_out, Overlap};
+
 use crate::layout::{ParityLayout, StripeMap};
 use crate::parity::gf;
+use crate::state::{Array, Bytes};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
 /// One data chunk touched by a request: data index `d`, in-chunk bytes `[a, b)`, and
@@ -387,37 +389,69 @@ impl Array {
 
     /// Recomputes P (and Q) of one stripe from its data (resync).
     pub(crate) fn resync_stripe(&self, pl: &ParityLayout, stripe: u64) -> Result<()> {
-        let c = Self::chunk_bytes(pl);
         let _guard = self.lock_stripe(stripe);
+        let mut rows = Vec::new();
+        let read = self.resync_read(pl, stripe, &mut rows);
+        self.resync_stripe_locked(pl, stripe, &mut rows, read)
+    }
+
+    /// Reads the data chunks of `stripe` into `rows` (kept buffers, one per data chunk)
+    /// when every data member is up; returns whether they were all read. The caller
+    /// holds the stripe's lock.
+    pub(crate) fn resync_read(
+        &self,
+        pl: &ParityLayout,
+        stripe: u64,
+        rows: &mut Vec<Vec<u8>>,
+    ) -> bool {
+        let c = Self::chunk_bytes(pl);
+        let map = pl.stripe_map(StripeNo(stripe));
+        let down = self.down_mask_at(stripe * c);
+        if !map.data.iter().all(|&m| !down[m]) {
+            return false;
+        }
+        rows.resize_with(map.data.len(), Vec::new);
+        for r in rows.iter_mut() {
+            r.resize(small(c), 0);
+        }
+        let jobs = map
+            .data
+            .iter()
+            .zip(rows.iter_mut())
+            .map(|(&m, r)| (m, (m, r)))
+            .collect();
+        let failed = fan_out(
+            jobs,
+            self.read_overlap_pays(small(c) * map.data.len()),
+            |(m, r)| self.read_member(m, r, stripe * c).err(),
+        );
+        if let Some(e) = failed.into_iter().flatten().next() {
+            tracing::warn!("{}: {e}", self.array_label());
+            return false;
+        }
+        true
+    }
+
+    /// The rest of [`Array::resync_stripe`] under the stripe's lock: P (and Q) from the
+    /// data chunks in `rows` when `read`, else from a degraded read of the row.
+    pub(crate) fn resync_stripe_locked(
+        &self,
+        pl: &ParityLayout,
+        stripe: u64,
+        rows: &mut Vec<Vec<u8>>,
+        read: bool,
+    ) -> Result<()> {
+        let c = Self::chunk_bytes(pl);
         let map = pl.stripe_map(StripeNo(stripe));
         let mut down = self.down_mask_at(stripe * c);
-        let mut rows = Vec::new();
-        let mut direct = map.data.iter().all(|&m| !down[m]);
-        if direct {
-            rows = map.data.iter().map(|_| vec![0u8; small(c)]).collect();
-            let jobs = map
-                .data
-                .iter()
-                .zip(rows.iter_mut())
-                .map(|(&m, r)| (m, (m, r)))
-                .collect();
-            let failed = fan_out(
-                jobs,
-                self.read_overlap_pays(small(c) * map.data.len()),
-                |(m, r)| self.read_member(m, r, stripe * c).err(),
-            );
-            if let Some(e) = failed.into_iter().flatten().next() {
-                tracing::warn!("{}: {e}", self.array_label());
-                direct = false;
-            }
-        }
+        let direct = read;
         let mut corrections = Vec::new();
         if !direct {
             // A data member is down (a RAID6 resyncing degraded, as md does) or did not
             // read: its row is rebuilt from the others and the parity made to match.
             let mut read_errors = Vec::new();
             let all = self.read_row(pl, &map, stripe, 0, c, &mut down, &mut read_errors)?;
-            rows = map.data.iter().map(|&m| all[m].clone()).collect();
+            *rows = map.data.iter().map(|&m| all[m].clone()).collect();
             corrections = read_errors
                 .into_iter()
                 .filter(|m| map.data.contains(m))
@@ -444,7 +478,7 @@ impl Array {
         pl: &ParityLayout,
         writes: Vec<(usize, u64, Bytes<'_>)>,
         flags: WriteFlags,
-        parallel: crate::array::Overlap,
+        parallel: Overlap,
     ) -> Result<()> {
         let jobs = writes
             .into_iter()

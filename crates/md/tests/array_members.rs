@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_block::testkit::{test_seed, FaultyDisk};
+use cairn_block::testkit::{test_seed, DelayDisk, FaultyDisk};
 use cairn_block::{BlockDevice, ErrorKind, MemDisk, WriteFlags};
 use cairn_md::{Array, AssembleOptions, Level, MemberState, Raid10Layout, SpeedLimits};
 use common::{create, dyn_members, names, Shape};
@@ -157,6 +157,71 @@ fn fail_spare_takes_over_and_rebuilds() {
         println!("{name}: rebuilt role {victim}");
     }
     println!("seed {seed}");
+}
+
+/// The rebuild with no speed limits reads the next stripes ahead while it writes the
+/// current ones (pipeline.rs), holding their locks; a client writing all the while must
+/// still find every byte it wrote, and every member must carry its part afterwards.
+#[test]
+fn unpaced_rebuild_under_concurrent_writes() {
+    let seed = test_seed("array_members");
+    println!("seed {seed}");
+    for shape in shapes() {
+        let name = shape.name();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let (a, mut m) = create(&shape);
+        let a = Arc::new(a);
+        let model = Arc::new(std::sync::Mutex::new(fill(&a, &mut rng)));
+        let victim = rng.gen_range(0..shape.members);
+        a.fail(&format!("disk{victim}.img")).unwrap();
+        // The spare's writes wait a little, so that the writer overlaps the rebuild.
+        let spare = spare_like(&m);
+        let slow = Arc::new(DelayDisk::new(spare.clone() as Arc<dyn BlockDevice>));
+        slow.set_delay(Duration::from_millis(2));
+        a.add(slow as Arc<dyn BlockDevice>, "spare.img".into(), false)
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (a, model, stop) = (a.clone(), model.clone(), stop.clone());
+            let mut rng = SmallRng::seed_from_u64(seed ^ 0xfeed);
+            std::thread::spawn(move || {
+                let size = a.geometry().size;
+                let mut n = 0;
+                while !stop.load(Ordering::Acquire) {
+                    let len = rng.gen_range(1..=32u64) * 512;
+                    let off = rng.gen_range(0..(size - len) / 512) * 512;
+                    let mut buf = vec![0u8; len as usize];
+                    rng.fill(&mut buf[..]);
+                    let mut model = model.lock().unwrap();
+                    a.write_at(&buf, off, WriteFlags::NONE).unwrap();
+                    model[off as usize..(off + len) as usize].copy_from_slice(&buf);
+                    drop(model);
+                    n += 1;
+                }
+                n
+            })
+        };
+        // On this thread, unpaced, while the writer runs.
+        a.run_pending().unwrap();
+        stop.store(true, Ordering::Release);
+        let writes = writer.join().unwrap();
+        assert!(!a.report().state.degraded, "{name}");
+        let model = model.lock().unwrap().clone();
+        check(
+            &*a,
+            &model,
+            &format!("{name} after an unpaced rebuild under writes"),
+        );
+        a.close().unwrap();
+        drop(a);
+        m[victim] = spare;
+        for leave_out in 0..shape.members {
+            if leave_out != victim {
+                check_without(&m, leave_out, &model, &name);
+            }
+        }
+        println!("{name}: {writes} writes during the unpaced rebuild");
+    }
 }
 
 #[test]

@@ -1,0 +1,390 @@
+//! Background work on parity arrays, pipelined: while one window of stripes is
+//! computed and written, the member reads of the next window run on an I/O worker. The
+//! rebuild of a member and the resync use it ([`Rebuild`], [`Resync`]).
+//!
+//! ```text
+//!   run_recovery / run_resync ── Pipe::step(first, read_ahead) ─────────────────────
+//!      window N   : locks held (taken when N was read ahead, or now)
+//!      window N+1 : locks tried (never waited for: see below); if all were free
+//!                     overlap( [ compute + write N   (this thread)              ,
+//!                                read N+1            (an I/O worker) ] )
+//!                   else: compute + write N alone; N+1 is locked and read next step
+//!      Stage::done(N) under N's locks, N's locks dropped, N+1 becomes "ahead"
+//! ```
+//!
+//! Rules kept from the one-window work:
+//! - Every stripe is read, computed and written under its lock (a client write to it
+//!   waits). A rebuilt member counts as rebuilt past a window (`synced`) only after
+//!   every stripe of it is written, before the locks go; the checkpoints
+//!   (`recovery_cp`, the resync position) follow the windows written, and reach the
+//!   superblocks only after a flush.
+//! - Lock order: the table's locks are taken in table order by everyone else. The locks
+//!   of the window read ahead are taken while those of the current one are held, which is
+//!   out of order (stripes hash far apart, and may share an entry), so they are only
+//!   *tried*: when one is busy (a client holds it) or is one already held, the read-ahead
+//!   is skipped for that step. Nothing ever waits while holding a lock out of order.
+//! - The read-ahead runs only while the work is unpaced (the caller says so), and the
+//!   caller gives the window read ahead up before a pause: a pause for md's speed limits
+//!   never holds a stripe lock, so clients at the minimum speed see the work as before.
+//!
+//! The rebuild reads only what the missing member needs: with one member missing, its
+//! chunk is the XOR of the other data chunks and P (P itself: the XOR of the data), and
+//! a Q chunk is computed from the data; Q is not read for a data or P chunk. A stripe with
+//! another member down, or whose read fails, goes through the general path
+//! (`read_row`: every member that is up, RAID6's two-failure maths). The resync reads the
+//! data chunks and writes P (and Q); a stripe the bitmap says is clean is skipped, one
+//! with a data member down takes `resync_stripe`'s degraded path. Buffers are kept from
+//! window to window.
+
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+
+use cairn_block::overlap::{fan_out, overlap, Overlap};
+use cairn_block::{Result, WriteFlags};
+
+use crate::layout::ParityLayout;
+use crate::state::Array;
+use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
+
+/// Member bytes a parity rebuild or resync works on at once over members with latency
+/// (that many stripes under their locks, their reads at once).
+pub(crate) const WINDOW_BYTES: u64 = 4 << 20;
+
+/// What a pipelined job does with each stripe.
+pub(crate) trait Stage: Sync {
+    /// One stripe's buffers, kept from window to window.
+    type Buf: Default + Send + Sync;
+    /// Reads what the stripe needs (on an I/O worker when read ahead); a failure is
+    /// left for [`Stage::finish`] to deal with.
+    fn read(&self, stripe: u64, buf: &mut Self::Buf);
+    /// Computes and writes the stripe; returns the bytes of work it counts.
+    fn finish(&self, stripe: u64, buf: &mut Self::Buf) -> Result<u64>;
+    /// Every stripe below `end` is written (called with their locks still held).
+    fn done(&self, end: u64) {
+        let _ = end;
+    }
+}
+
+/// A window of stripes and their buffers (the locks are held beside it: a lock guard
+/// stays on the thread that took it, the buffers go to a worker).
+struct Window<B> {
+    first: u64,
+    count: u64,
+    bufs: Vec<B>,
+}
+
+/// The stripe locks of a window.
+type Guards<'a> = Vec<MutexGuard<'a, ()>>;
+
+/// A pipelined walk over stripes.
+pub(crate) struct Pipe<'a, S: Stage> {
+    array: &'a Array,
+    stage: S,
+    /// Stripes per window, the end of the walk, and how a window's stripes run.
+    window: u64,
+    end: u64,
+    how: Overlap,
+    /// The window read ahead and its locks.
+    ahead: Option<(Window<S::Buf>, Guards<'a>)>,
+    /// Buffers of finished windows, for the next ones.
+    spare: Vec<S::Buf>,
+    /// Stripe bytes per member (a chunk).
+    chunk: u64,
+}
+
+impl<'a, S: Stage> Pipe<'a, S> {
+    /// A walk over stripes up to `end` in `chunk`-byte stripes: with members in memory one
+    /// stripe per window (the pipeline gives the second core its work), with members that
+    /// have latency up to [`WINDOW_BYTES`] of member bytes, their stripes at once.
+    pub(crate) fn new(array: &'a Array, stage: S, chunk: u64, end: u64) -> Self {
+        let mut pipe = Pipe {
+            array,
+            stage,
+            window: 1,
+            end,
+            how: Overlap::No,
+            ahead: None,
+            spare: Vec::new(),
+            chunk,
+        };
+        pipe.adapt();
+        pipe
+    }
+
+    /// Sizes the windows from the member latency as it stands (it is measured as the
+    /// work goes, so the first windows may be small).
+    fn adapt(&mut self) {
+        (self.window, self.how) = if self.array.members_slow() {
+            (
+                (WINDOW_BYTES / self.chunk.max(1)).clamp(1, 16),
+                Overlap::Each,
+            )
+        } else {
+            (1, Overlap::No)
+        };
+    }
+
+    /// Does the window of stripes from `first` on (up to the window's size and the end),
+    /// and when `read_ahead` also reads the next window meanwhile. Returns the stripes
+    /// done and the work they count.
+    pub(crate) fn step(&mut self, first: u64, read_ahead: bool) -> Result<(u64, u64)> {
+        self.adapt();
+        let (mut cur, cur_guards, count) = match self.ahead.take() {
+            Some((w, g)) if w.first == first => {
+                let count = w.count;
+                (w, g, count)
+            }
+            other => {
+                drop(other);
+                let count = self.window.min(self.end.saturating_sub(first));
+                if count == 0 {
+                    return Ok((0, 0));
+                }
+                let guards = self.array.lock_stripes(first..first + count);
+                let mut w = self.window_of(first, count);
+                self.read(&mut w);
+                (w, guards, count)
+            }
+        };
+        let next_first = first + count;
+        let next_count = self.window.min(self.end.saturating_sub(next_first));
+        let mut next = None;
+        if read_ahead && next_count > 0 {
+            if let Some(g) = self
+                .array
+                .try_lock_stripes(next_first..next_first + next_count)
+            {
+                next = Some((self.window_of(next_first, next_count), g));
+            }
+        }
+        let written = match &mut next {
+            None => self.finish(&mut cur),
+            Some((nw, _)) => {
+                // The work on this thread, the read-ahead on a worker (or here after
+                // the work when no worker is free).
+                let jobs: Vec<(bool, &mut Window<S::Buf>)> = vec![(true, &mut cur), (false, nw)];
+                let mut out = overlap(jobs, |(is_finish, w)| {
+                    if is_finish {
+                        self.finish(w)
+                    } else {
+                        self.read(w);
+                        Ok(0)
+                    }
+                });
+                out.swap_remove(0)
+            }
+        };
+        if written.is_ok() {
+            self.stage.done(first + count);
+        }
+        drop(cur_guards);
+        self.spare.append(&mut cur.bufs);
+        let worked = written?;
+        self.ahead = next;
+        Ok((count, worked))
+    }
+
+    /// Gives up the window read ahead (its locks too): before a pause.
+    pub(crate) fn drop_ahead(&mut self) {
+        if let Some((mut w, g)) = self.ahead.take() {
+            drop(g);
+            self.spare.append(&mut w.bufs);
+        }
+    }
+
+    fn window_of(&mut self, first: u64, count: u64) -> Window<S::Buf> {
+        let keep = self.spare.len().saturating_sub(small(count));
+        let mut bufs = self.spare.split_off(keep);
+        bufs.resize_with(small(count), S::Buf::default);
+        Window { first, count, bufs }
+    }
+
+    fn read(&self, w: &mut Window<S::Buf>) {
+        let jobs = w
+            .bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, b)| (i % 1024, (w.first + wide(i), b)))
+            .collect();
+        fan_out(jobs, self.how, |(stripe, b)| self.stage.read(stripe, b));
+    }
+
+    fn finish(&self, w: &mut Window<S::Buf>) -> Result<u64> {
+        let jobs = w
+            .bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, b)| (i % 1024, (w.first + wide(i), b)))
+            .collect();
+        let results = fan_out(jobs, self.how, |(stripe, b)| self.stage.finish(stripe, b));
+        results.into_iter().sum()
+    }
+}
+
+// ---- the rebuild of one member ----------------------------------------------------------
+
+/// The buffers of one stripe of a rebuild.
+#[derive(Default)]
+pub(crate) struct RebuildBuf {
+    /// The members read, and their chunks.
+    sources: Vec<usize>,
+    bufs: Vec<Vec<u8>>,
+    /// The rebuilt chunk, and room for the P computed beside a Q.
+    out: Vec<u8>,
+    scratch: Vec<u8>,
+    /// Whether the sources were read (false: the general path rebuilds this stripe).
+    read: bool,
+}
+
+/// Rebuilds the member of `role` stripe by stripe.
+pub(crate) struct Rebuild<'a> {
+    pub(crate) array: &'a Array,
+    pub(crate) pl: &'a ParityLayout,
+    pub(crate) role: usize,
+}
+
+impl Rebuild<'_> {
+    fn chunk(&self) -> u64 {
+        self.pl.chunk().0 * SECTOR_SIZE
+    }
+}
+
+impl Stage for Rebuild<'_> {
+    type Buf = RebuildBuf;
+
+    fn read(&self, stripe: u64, st: &mut RebuildBuf) {
+        let c = self.chunk();
+        let map = self.pl.stripe_map(StripeNo(stripe));
+        let mut down = self.array.down_mask_at(stripe * c);
+        down[self.role] = false;
+        st.sources.clear();
+        st.read = !down.iter().any(|&d| d);
+        if !st.read {
+            return;
+        }
+        if map.q == Some(self.role) {
+            st.sources.extend_from_slice(&map.data);
+        } else {
+            st.sources.extend(
+                map.data
+                    .iter()
+                    .copied()
+                    .chain([map.p])
+                    .filter(|&m| m != self.role),
+            );
+        }
+        st.bufs.resize_with(st.sources.len(), Vec::new);
+        for b in &mut st.bufs {
+            b.resize(small(c), 0);
+        }
+        let how = if self.array.members_slow() {
+            Overlap::Each
+        } else {
+            Overlap::No
+        };
+        let jobs = st
+            .sources
+            .iter()
+            .copied()
+            .zip(st.bufs.iter_mut())
+            .map(|(m, b)| (m, (m, b)))
+            .collect();
+        let failed = fan_out(jobs, how, |(m, b)| {
+            self.array.read_member(m, b, stripe * c).is_err()
+        });
+        // A stripe whose read failed goes through the general path, which reads it
+        // again and deals with the failure.
+        if failed.into_iter().any(|f| f) {
+            st.read = false;
+        }
+    }
+
+    fn finish(&self, stripe: u64, st: &mut RebuildBuf) -> Result<u64> {
+        let a = self.array;
+        let c = self.chunk();
+        let at = stripe * c;
+        let map = self.pl.stripe_map(StripeNo(stripe));
+        let rows;
+        let chunk: &[u8] = if st.read {
+            let srcs: Vec<&[u8]> = st.bufs.iter().map(Vec::as_slice).collect();
+            if map.q == Some(self.role) {
+                let order = map.syndrome_order();
+                if order.iter().any(Option::is_none) {
+                    let (_, q) = a.gen_parity(&map, &srcs);
+                    st.out = q.unwrap_or_default();
+                } else {
+                    // The data in syndrome order; P is computed on the way and dropped.
+                    let by_slot: Vec<&[u8]> = order
+                        .iter()
+                        .flatten()
+                        .filter_map(|m| map.data.iter().position(|x| x == m))
+                        .map(|d| srcs[d])
+                        .collect();
+                    st.out.resize(small(c), 0);
+                    st.scratch.resize(small(c), 0);
+                    a.parity.gen_pq(&by_slot, &mut st.scratch, &mut st.out);
+                }
+            } else {
+                st.out.resize(small(c), 0);
+                a.parity.gen_p(&srcs, &mut st.out);
+            }
+            &st.out
+        } else {
+            let mut down = a.down_mask_at(at);
+            down[self.role] = true;
+            let mut errs = Vec::new();
+            rows = a.read_row(self.pl, &map, stripe, 0, c, &mut down, &mut errs)?;
+            &rows[self.role]
+        };
+        a.write_member(self.role, chunk, at, WriteFlags::NONE)
+            .inspect_err(|e| a.fail_member(self.role, e))?;
+        Ok(c)
+    }
+
+    fn done(&self, end: u64) {
+        // Before the locks go: a client write to these stripes from now on must reach
+        // the member.
+        self.array.slots[self.role]
+            .synced
+            .store(end * self.chunk(), Ordering::Release);
+    }
+}
+
+// ---- the resync -------------------------------------------------------------------------
+
+/// The buffers of one stripe of a resync.
+#[derive(Default)]
+pub(crate) struct ResyncBuf {
+    /// The data chunks.
+    rows: Vec<Vec<u8>>,
+    /// The bitmap says the stripe is clean: nothing to do.
+    skip: bool,
+    /// The data chunks were read (false: `resync_stripe`'s degraded path).
+    read: bool,
+}
+
+/// Recomputes P (and Q) of every stripe the resync covers.
+pub(crate) struct Resync<'a> {
+    pub(crate) array: &'a Array,
+    pub(crate) pl: &'a ParityLayout,
+}
+
+impl Stage for Resync<'_> {
+    type Buf = ResyncBuf;
+
+    fn read(&self, stripe: u64, b: &mut ResyncBuf) {
+        b.skip = !self.array.resync_stripe_needed(self.pl, stripe);
+        b.read = !b.skip && self.array.resync_read(self.pl, stripe, &mut b.rows);
+    }
+
+    fn finish(&self, stripe: u64, b: &mut ResyncBuf) -> Result<u64> {
+        if b.skip {
+            return Ok(0);
+        }
+        self.array
+            .resync_stripe_locked(self.pl, stripe, &mut b.rows, b.read)?;
+        let c = self.pl.chunk().0 * SECTOR_SIZE;
+        self.array.resynced.fetch_add(c, Ordering::Relaxed);
+        Ok(c * crate::units::wide(self.pl.data_disks()))
+    }
+}
