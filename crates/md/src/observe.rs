@@ -13,77 +13,15 @@
 //! happened, never with the metadata lock held, but possibly inside the data path: an
 //! observer returns quickly and does not call back into the array.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 
-use serde::Serialize;
+use crate::background::job::Job;
+use crate::state::Array;
 
-use crate::array::Array;
-use crate::background::{BackgroundStatus, Job};
-
-/// Why a member was failed and since when.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Failure {
-    /// The I/O error that failed it, or the operator's action ("marked faulty by the
-    /// operator").
-    pub reason: String,
-    /// When, in seconds since the Unix epoch.
-    pub since_unix: u64,
-}
-
-/// A change of an array's state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MdEvent {
-    /// A member was failed (by an I/O error or by the operator) and is out of the array.
-    MemberFailed {
-        member: String,
-        role: Option<u32>,
-        failure: Failure,
-    },
-    /// A member was added (as a spare, or re-added into its old role).
-    MemberAdded { member: String, message: String },
-    /// A faulty member, a spare or a replacement was taken out of the array.
-    MemberRemoved { member: String },
-    /// The array lost redundancy; `state` is md's words for it ("clean, degraded").
-    Degraded { state: String },
-    /// Background work started (resync, recovery, replace, check, repair).
-    JobStarted(BackgroundStatus),
-    /// Background work passed `percent` (20, 40, 60 or 80).
-    JobProgress { job: BackgroundStatus, percent: u64 },
-    /// Background work ended: its state says how ("finished", "stopped", "failed: ...");
-    /// for a check or repair, the mismatched sectors it found.
-    JobEnded {
-        job: BackgroundStatus,
-        mismatch_sectors: Option<u64>,
-    },
-}
-
-/// What the layer above registers on an array ([`Array::observe`]).
-pub trait Observer: Send + Sync {
-    /// `array` is the array's name as its report gives it.
-    fn md_event(&self, array: &str, event: &MdEvent);
-}
-
-/// The array's observers and what it remembers of failures.
-#[derive(Default)]
-pub(crate) struct Observers {
-    sinks: Mutex<Vec<Arc<dyn Observer>>>,
-    /// Failed members by name: why and since when (kept until the member is removed or
-    /// added again).
-    failures: Mutex<Vec<(String, Failure)>>,
-    /// Whether the array was degraded when last looked at, for the Degraded event.
-    degraded: AtomicBool,
-    /// The job whose milestones are being told, and the last milestone told:
-    /// `id << 8 | percent`.
-    milestone: AtomicU64,
-}
-
-fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
+pub(crate) mod types;
+pub(crate) use types::now_unix;
+pub use types::{Failure, MdEvent, Observer};
 
 impl Array {
     /// Registers `observer`: from now on it hears of every state change as it happens.

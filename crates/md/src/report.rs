@@ -104,7 +104,7 @@ pub struct MemberReport {
     pub size_bytes: Option<u64>,
     /// Why and since when a faulty member failed, when this process saw it fail.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure: Option<crate::observe::Failure>,
+    pub failure: Option<crate::observe::types::Failure>,
 }
 
 /// `mdadm --detail`'s data for a running array.

@@ -230,7 +230,7 @@ pub struct Array {
     pub(crate) member_latency: Latency,
     pub(crate) flush_latency: Latency,
     /// Who hears of state changes, and why members failed (observe.rs).
-    pub(crate) observers: crate::observe::Observers,
+    pub(crate) observers: crate::observe::types::Observers,
 }
 
 impl fmt::Debug for Array {
@@ -422,7 +422,7 @@ impl Array {
             // Flushes are rare: start from "fast" (memory, tmpfs); a slow one or slow
             // member operations switch flushes to overlap.
             flush_latency: Latency::starting_at(0),
-            observers: crate::observe::Observers::default(),
+            observers: crate::observe::types::Observers::default(),
             bitmap: None,
             resynced: AtomicU64::new(0),
             ppl: None,
