@@ -375,6 +375,8 @@ t_fencing_over_the_network() {
   local i
   URIS=()
   for i in 1 2 3 4; do
+    # Fresh files: an earlier test of this topic left its members under these names.
+    rm -f "$SHM/m$i.img"
     truncate -s 32M "$SHM/m$i.img"
     member_start "$i"
     URIS+=("$(member_uri "$i")")
