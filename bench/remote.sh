@@ -83,7 +83,8 @@ mport=$(free_port)
 "$CAIRN" serve --no-control --listen "unix:$D/a.sock" --metrics "tcp:127.0.0.1:$mport" \
   ${CAIRN_SERVE_ARGS:-} --md "$(IFS=,; echo "${URIS[*]}"):rb" >/dev/null 2>"$D/serve.log" &
 PIDS+=($!)
-for _ in $(seq 100); do [ -S "$D/a.sock" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -S "$D/a.sock" ] && break; sleep 0.1; done
+[ -S "$D/a.sock" ] || { echo "remote: cairn serve did not start:" >&2; cat "$D/serve.log" >&2; exit 1; }
 URI="nbd+unix:///rb?socket=$D/a.sock"
 member_ops() {
   curl -s "http://127.0.0.1:$mport/metrics" | grep '^cairn_io_requests_total{' |

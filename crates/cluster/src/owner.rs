@@ -130,6 +130,8 @@ pub struct OwnedMember {
     pub device: Arc<Client>,
     /// Whether its server enforces the generation or only carries the record.
     pub enforced: bool,
+    /// Its first 4 KiB hold other data: no record is written to it (not fenced).
+    pub foreign: bool,
 }
 
 /// The result of a takeover: the generation and the connected members (unreached ones
@@ -166,6 +168,7 @@ pub fn take_over(
     //    never refused to those).
     let mut seen = Vec::new();
     let mut missing = Vec::new();
+    let mut foreign: Vec<String> = Vec::new();
     for (name, opts) in members {
         let mut probe = opts.clone();
         probe.fence = None;
@@ -185,6 +188,17 @@ pub fn take_over(
         let _ = client.disconnect();
         match rec {
             Ok(r) => seen.push((name.clone(), opts.clone(), r)),
+            // The first 4 KiB hold something else (a partition table, a boot sector,
+            // old data mdadm left there): the member cannot carry a record, and it must
+            // not be overwritten. It takes part unfenced, with a warning.
+            Err(DecodeError::NotARecord(what)) => {
+                tracing::warn!(
+                    "{name}: its first 4 KiB hold other data ({what}); no owner record is \
+                     kept on it, so it is not fenced"
+                );
+                foreign.push(name.clone());
+                seen.push((name.clone(), opts.clone(), None));
+            }
             Err(error) => {
                 return Err(TakeoverError::Record {
                     member: name.clone(),
@@ -246,7 +260,7 @@ pub fn take_over(
             }
         })?;
         let enforced = client.fence() == Some(FenceAnswer::Enforced);
-        if !enforced {
+        if !enforced && !foreign.contains(&name) {
             // The server only stores bytes: the record is ours to write, then checked.
             claim_device(&client, &record).map_err(|e| match e {
                 ClaimError::Taken(message) => TakeoverError::Fenced {
@@ -259,10 +273,12 @@ pub fn take_over(
                 },
             })?;
         }
+        let foreign = foreign.contains(&name);
         owned.push(OwnedMember {
             name,
             device: Arc::new(client),
             enforced,
+            foreign,
         });
     }
     tracing::info!(
@@ -283,7 +299,7 @@ pub fn take_over(
 /// that could not be released, with why.
 pub fn release(owned: &Owned, members: &[(String, ClientOptions)]) -> Vec<(String, String)> {
     let mut failed = Vec::new();
-    for m in &owned.members {
+    for m in owned.members.iter().filter(|m| !m.foreign) {
         let r = if m.enforced {
             match members.iter().find(|(n, _)| n == &m.name) {
                 Some((_, opts)) => release_enforced(opts, &owned.token),
