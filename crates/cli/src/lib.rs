@@ -60,6 +60,7 @@ pub mod md_manage;
 pub mod quickstart;
 pub mod scan;
 pub mod serve;
+pub mod shell;
 pub mod status;
 pub mod top;
 pub mod tty;

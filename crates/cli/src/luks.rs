@@ -30,6 +30,7 @@ use cairn_stack::size::format_size;
 use cairn_stack::{Keys, Options, Spec};
 
 use crate::error::{CliError, Result};
+use crate::shell::shell_word;
 use crate::tty;
 use clap::builder::TypedValueParser as _;
 use clap::Args;
@@ -141,16 +142,6 @@ fn open_target(t: &LuksTarget, read_only: bool) -> Result<Target> {
         shown,
         md: None,
     })
-}
-
-fn shell_word(s: &str) -> String {
-    if s.chars()
-        .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c))
-    {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
 }
 
 fn load(t: &Target) -> Result<Luks> {

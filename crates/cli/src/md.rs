@@ -281,6 +281,7 @@ use cairn_stack::size::format_size;
 use cairn_stack::{Hooks, Options};
 
 use crate::error::{CliError, Result};
+use crate::shell::shell_word;
 use cairn_stack::size::parse_size;
 use clap::Args;
 use clap::Subcommand;
@@ -667,24 +668,14 @@ fn create_summary(r: &ArrayReport, made: &[PathBuf], members: &[PathBuf]) -> Str
         s.push_str(&format!("  {role:>4}  {name}{new}\n"));
     }
     // Quoted for the shell where needed (a URI's '?' and '&').
-    let quote = |w: String| {
-        if w.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c))
-        {
-            w
-        } else {
-            format!("'{}'", w.replace('\'', r"'\''"))
-        }
-    };
     let list: Vec<String> = members.iter().map(|p| shown(p)).collect();
     s.push_str(&format!(
         "\nNext:\n  cairn md examine {}\n  cairn serve --md {}\n",
         list.iter()
-            .cloned()
-            .map(quote)
+            .map(|w| shell_word(w))
             .collect::<Vec<_>>()
             .join(" "),
-        quote(format!("{}:{}", list.join(","), export_name_for(&r.name)))
+        shell_word(&format!("{}:{}", list.join(","), export_name_for(&r.name)))
     ));
     s
 }

@@ -280,6 +280,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
             })),
         })),
         fence: None,
+        remote_timeout: None,
     };
     let opts = ServerOptions {
         listen: listens.clone(),

@@ -46,6 +46,8 @@ pub struct Extras {
     pub fence: Option<Arc<dyn cairn_nbd::fence::FenceStore>>,
     /// Added to the JSON object as "quickstart".
     pub json: Option<serde_json::Value>,
+    /// `--member-timeout`, for stacks the control API opens.
+    pub remote_timeout: Option<std::time::Duration>,
 }
 
 pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
@@ -110,6 +112,7 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
     };
     let extras = Extras {
         fence: fencing.store.clone(),
+        remote_timeout: opts.remote_timeout,
         ..Extras::default()
     };
     serve(opened, listens, &args.server, global, extras)
@@ -239,6 +242,7 @@ pub fn serve(
     // Stacks added through the control API: the stripe cache as given, no terminal.
     let api_open = Options {
         stripe_cache: Some(opts.stripe_cache()),
+        remote_timeout: extras.remote_timeout,
         hooks: crate::hooks::hooks(false),
         ..Options::default()
     };

@@ -557,12 +557,15 @@ impl Daemon {
                         )))
                     });
                 }
-                let dev = open_new_member(&m.path)?;
+                let dev = open_new_member(&m.path, self.open.remote_timeout())?;
                 self.md_change(&m.array, |a| a.add(dev.clone(), name.clone(), m.force))
             }
             Action::MdReplace(m) => {
                 let with = match &m.with {
-                    Some(p) => Some((open_new_member(p)?, p.display().to_string())),
+                    Some(p) => Some((
+                        open_new_member(p, self.open.remote_timeout())?,
+                        p.display().to_string(),
+                    )),
                     None => None,
                 };
                 self.md_change(&m.array, |a| a.replace(&m.member, with.clone(), m.force))
@@ -979,15 +982,11 @@ fn pv_label(e: &OpenedExport) -> String {
 /// Opens a device named in an md action (read-write, counted like other members).
 fn open_new_member(
     path: &Path,
+    remote_timeout: std::time::Duration,
 ) -> std::result::Result<Arc<dyn cairn_block::BlockDevice>, Response> {
     if cairn_stack::leaf::is_remote(path) {
-        let dev = cairn_stack::leaf::open(
-            path,
-            false,
-            false,
-            cairn_stack::leaf::DEFAULT_REMOTE_TIMEOUT,
-        )
-        .map_err(|e| Response::error(422, e.to_string()))?;
+        let dev = cairn_stack::leaf::open(path, false, false, remote_timeout)
+            .map_err(|e| Response::error(422, e.to_string()))?;
         return Ok(wrap_member(&path.display().to_string(), dev));
     }
     if !path.is_absolute() {

@@ -474,8 +474,6 @@ impl Array {
     /// `member_events` can be brought back by resyncing only the dirty ranges when it
     /// has seen every clearing of bits (`member_events >= events_cleared`). Without a
     /// bitmap, never.
-    // Used by the re-add path, which lands separately.
-    #[allow(dead_code)]
     pub(crate) fn bitmap_allows_readd(&self, member_events: u64) -> bool {
         self.bitmap
             .as_ref()

@@ -1,5 +1,5 @@
 //! cairn's NBD protocol: the wire format ([`proto`]), the server ([`server`]) and a client
-//! ([`client`]) used by tests and, later, by remote members.
+//! ([`client`]) used by tests and by remote members.
 //!
 //! The crate knows nothing of RAID, LUKS or LVM: it serves any [`cairn_block::BlockDevice`].
 

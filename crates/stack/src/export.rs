@@ -270,17 +270,24 @@ pub fn check_unique(specs: &[ExportSpec]) -> Result<()> {
 /// Opens one file or block device, explaining failures in the user's terms.
 pub fn open(spec: &ExportSpec, o: &Options) -> Result<OpenedExport> {
     let (read_only, direct) = (o.read_only, o.direct);
-    if crate::leaf::is_remote(&spec.path) {
-        let dev = crate::leaf::open(&spec.path, read_only, direct, o.remote_timeout())?;
-        let device = o.hooks.wrap(&format!("file:{}", spec.path.display()), dev);
-        return Ok(OpenedExport {
-            name: spec.name.clone(),
-            path: spec.path.clone(),
-            device,
-            read_only,
-            layer: Layer::File,
-        });
-    }
+    let dev = if crate::leaf::is_remote(&spec.path) {
+        crate::leaf::open(&spec.path, read_only, direct, o.remote_timeout())?
+    } else {
+        open_local(spec, read_only, direct)?
+    };
+    // Counted as the stack node "file:PATH" (cairn top, metrics).
+    let device = o.hooks.wrap(&format!("file:{}", spec.path.display()), dev);
+    Ok(OpenedExport {
+        name: spec.name.clone(),
+        path: spec.path.clone(),
+        device,
+        read_only,
+        layer: Layer::File,
+    })
+}
+
+/// A local file or block device, its failures in the user's terms.
+fn open_local(spec: &ExportSpec, read_only: bool, direct: bool) -> Result<Arc<dyn BlockDevice>> {
     let shown = spec.path.display();
     let meta = std::fs::metadata(&spec.path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => StackError::new(format!(
@@ -317,17 +324,7 @@ pub fn open(spec: &ExportSpec, o: &Options) -> Result<OpenedExport> {
         _ => StackError::new(format!("cannot export {shown}: {e}")),
     })?;
     crate::owner::note_reader(&shown.to_string(), &disk);
-    // Counted as the stack node "file:PATH" (cairn top, metrics).
-    let device = o
-        .hooks
-        .wrap(&format!("file:{}", spec.path.display()), Arc::new(disk));
-    Ok(OpenedExport {
-        name: spec.name.clone(),
-        path: spec.path.clone(),
-        device,
-        read_only,
-        layer: Layer::File,
-    })
+    Ok(Arc::new(disk))
 }
 
 /// What the announcement says about a LUKS export.

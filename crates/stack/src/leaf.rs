@@ -70,10 +70,12 @@ pub fn open_remote_fenced(
     fence: Option<cairn_nbd::fence::FenceToken>,
 ) -> std::result::Result<Arc<Client>, RemoteError> {
     let u = parse_remote(p).map_err(RemoteError::Refused)?;
-    let mut opts = ClientOptions::from_uri(&u).map_err(|e| {
-        let e = StackError::new(format!("{u}: {e}"));
-        match_unreachable(e)
-    })?;
+    // A host name that resolves nowhere is unreachable, not wrong: the host may come
+    // back. Anything else `from_uri` refuses (a TLS key file that cannot be read) is.
+    u.listen()
+        .map_err(|e| RemoteError::Unreachable(StackError::new(format!("{u}: {e}"))))?;
+    let mut opts = ClientOptions::from_uri(&u)
+        .map_err(|e| RemoteError::Refused(StackError::new(format!("{u}: {e}"))))?;
     opts.timeout = Some(timeout);
     opts.fence = fence;
     let client = Client::connect(&opts).map_err(|e| {
@@ -92,18 +94,7 @@ pub fn open_remote_fenced(
     Ok(Arc::new(client))
 }
 
-/// A URI that resolves nowhere (no address for the host) is unreachable, not wrong:
-/// the host may come back. Anything else in `from_uri` is a usage error.
-fn match_unreachable(e: StackError) -> RemoteError {
-    if e.to_string().contains("cannot resolve") || e.to_string().contains("has no address") {
-        RemoteError::Unreachable(e)
-    } else {
-        RemoteError::Refused(e)
-    }
-}
-
-/// Opens a local file or block device, or connects to a remote export. `what` words
-/// the failure ("cannot open", "cannot export").
+/// Opens a local file or block device, or connects to a remote export.
 pub fn open(
     p: &Path,
     read_only: bool,

@@ -81,45 +81,43 @@ fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
     // the connections that declared it are the ones the array runs on.
     let mut claimed = crate::fence::claim(paths, opts)?;
     for p in paths {
-        if let Some(c) = &mut claimed {
-            if crate::leaf::is_remote(p) {
-                match c.devices.remove(&shown(p)) {
-                    Some(dev) => {
-                        let dev: Arc<dyn BlockDevice> = dev;
-                        m.devices
-                            .push(hooks.wrap(&format!("member:{}", shown(p)), dev));
-                        m.names.push(shown(p));
-                    }
-                    None => m.missing.push(p.clone()),
-                }
-                continue;
+        // `None`: missing (the array starts degraded if its level allows).
+        let dev: Option<Arc<dyn BlockDevice>> = if !crate::leaf::is_remote(p) {
+            if p.exists() {
+                Some(crate::leaf::open(
+                    p,
+                    read_only,
+                    false,
+                    opts.remote_timeout(),
+                )?)
+            } else {
+                None
             }
-        }
-        if crate::leaf::is_remote(p) {
+        } else if let Some(c) = &mut claimed {
+            c.devices
+                .remove(&shown(p))
+                .map(|d| d as Arc<dyn BlockDevice>)
+        } else {
             // A member server that does not answer now leaves the array degraded, as a
             // missing disk does; the supervisor brings it in when it answers.
             match crate::leaf::open_remote(p, read_only, opts.remote_timeout()) {
-                Ok(c) => {
-                    let dev: Arc<dyn BlockDevice> = c;
-                    m.devices
-                        .push(hooks.wrap(&format!("member:{}", shown(p)), dev));
-                    m.names.push(shown(p));
-                }
+                Ok(c) => Some(c),
                 Err(crate::leaf::RemoteError::Unreachable(e)) => {
                     tracing::warn!("{e}");
-                    m.missing.push(p.clone());
+                    None
                 }
                 Err(crate::leaf::RemoteError::Refused(e)) => return Err(e),
             }
-            continue;
+        };
+        match dev {
+            // Counted as the stack node "member:PATH" (cairn top, metrics).
+            Some(d) => {
+                m.devices
+                    .push(hooks.wrap(&format!("member:{}", shown(p)), d));
+                m.names.push(shown(p));
+            }
+            None => m.missing.push(p.clone()),
         }
-        if !p.exists() {
-            m.missing.push(p.clone());
-            continue;
-        }
-        m.devices
-            .push(open_member(p, read_only, hooks, opts.remote_timeout())?);
-        m.names.push(shown(p));
     }
     m.claim = claimed.map(|c| c.claim);
     if m.devices.is_empty() {
