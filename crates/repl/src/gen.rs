@@ -1,0 +1,1 @@
+//! placeholder: generation identifiers (filled in by this work).

@@ -1,0 +1,1 @@
+//! placeholder: on-disk metadata (filled in by this work).
