@@ -76,6 +76,11 @@ pub enum Command {
     #[command(subcommand, long_about = crate::md::MD_LONG)]
     Md(crate::md::MdCommand),
 
+    /// A volume mirrored between machines (DRBD's protocol C): create-md, up, primary,
+    /// secondary, connect, disconnect, status, down
+    #[command(subcommand, long_about = crate::repl::REPL_LONG)]
+    Repl(crate::repl::ReplCommand),
+
     /// LUKS encryption (cryptsetup's format): format, dump, add-key, remove-key, ...
     #[command(subcommand, long_about = crate::luks::LUKS_LONG, after_help = crate::luks::LUKS_EXAMPLES)]
     Luks(crate::luks::LuksCommand),

@@ -58,6 +58,7 @@ pub mod lvm;
 pub mod md;
 pub mod md_manage;
 pub mod quickstart;
+pub mod repl;
 pub mod scan;
 pub mod serve;
 pub mod shell;
@@ -83,6 +84,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Scan(a) => scan::run(&a, &cli.global),
         Command::Advise(a) => advise::run(&a, &cli.global),
         Command::Lvm(c) => lvm::run(c, &cli.global),
+        Command::Repl(c) => repl::run(c, &cli.global),
         Command::Bench(a) => bench::run(&a, &cli.global),
     };
     match result {

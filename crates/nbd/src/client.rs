@@ -1848,6 +1848,35 @@ pub struct Client {
     fence: Option<crate::fence::FenceAnswer>,
 }
 
+/// Requests of one [`Client`] call on the wire, not yet answered.
+#[derive(Debug)]
+#[must_use = "a started request is only known done after wait()"]
+pub struct Started<'a> {
+    client: &'a Client,
+    pending: Vec<Result<Pending>>,
+    flush_after: bool,
+}
+
+impl Started<'_> {
+    /// Waits for every reply; the first error is returned once all are in.
+    pub fn wait(self) -> cairn_block::Result<()> {
+        let mut first = None;
+        for p in self.pending {
+            if let Err(e) = p.and_then(Pending::wait) {
+                first.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first {
+            return Err(e.into());
+        }
+        // After every piece is answered: the flush must cover them all.
+        if self.flush_after {
+            self.client.call(CMD_FLUSH, 0, 0, 0, &[])?;
+        }
+        Ok(())
+    }
+}
+
 impl Client {
     /// Handshakes and enters transmission as `opts` asks, on one connection or, when the
     /// server offers multi-conn, on `opts.connections`.
@@ -1907,6 +1936,53 @@ impl Client {
             base_allocation,
             fence: None,
         })
+    }
+
+    /// Sends a write (every piece of it at once) and returns without waiting, so the
+    /// caller can do other work (a local write of the same data) while it travels;
+    /// [`Started::wait`] takes the replies. FUA on a server without FUA becomes a flush
+    /// after every piece is answered.
+    pub fn start_write(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Started<'_> {
+        let chunk = usize::try_from(self.chunk(true)).expect("<= 32 MiB");
+        let (nbd_flags, flush_after) = match (flags.fua(), self.info.has(FLAG_SEND_FUA)) {
+            (true, true) => (CMD_FLAG_FUA, false),
+            (true, false) => (0, true),
+            (false, _) => (0, false),
+        };
+        let pending = buf
+            .chunks(chunk)
+            .enumerate()
+            .map(|(i, piece)| {
+                let len = len_u32(piece.len(), "write")?;
+                self.pipe().submit(
+                    CMD_WRITE,
+                    nbd_flags,
+                    offset + (i * chunk) as u64,
+                    len,
+                    piece,
+                )
+            })
+            .collect();
+        Started {
+            client: self,
+            pending,
+            flush_after: flush_after && self.info.has(FLAG_SEND_FLUSH),
+        }
+    }
+
+    /// Sends a flush and returns without waiting (nothing is sent when the server says
+    /// it has no volatile cache).
+    pub fn start_flush(&self) -> Started<'_> {
+        let pending = if self.info.has(FLAG_SEND_FLUSH) {
+            vec![self.pipe().submit(CMD_FLUSH, 0, 0, 0, &[])]
+        } else {
+            Vec::new()
+        };
+        Started {
+            client: self,
+            pending,
+            flush_after: false,
+        }
     }
 
     /// Whether the server enforces the owner token of [`ClientOptions::fence`] (`None`:
@@ -2075,42 +2151,11 @@ impl BlockDevice for Client {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> cairn_block::Result<()> {
-        let chunk = usize::try_from(self.chunk(true)).expect("<= 32 MiB");
-        let (nbd_flags, flush_after) = match (flags.fua(), self.info.has(FLAG_SEND_FUA)) {
-            (true, true) => (CMD_FLAG_FUA, false),
-            (true, false) => (0, true),
-            (false, _) => (0, false),
-        };
-        let pending = buf
-            .chunks(chunk)
-            .enumerate()
-            .map(|(i, piece)| {
-                let len = len_u32(piece.len(), "write")?;
-                self.pipe().submit(
-                    CMD_WRITE,
-                    nbd_flags,
-                    offset + (i * chunk) as u64,
-                    len,
-                    piece,
-                )
-            })
-            .collect::<Vec<_>>();
-        for p in pending {
-            p?.wait()?;
-        }
-        // After every piece is answered: the flush must cover them all.
-        if flush_after && self.info.has(FLAG_SEND_FLUSH) {
-            self.call(CMD_FLUSH, 0, 0, 0, &[])?;
-        }
-        Ok(())
+        self.start_write(buf, offset, flags).wait()
     }
 
     fn flush(&self) -> cairn_block::Result<()> {
-        if !self.info.has(FLAG_SEND_FLUSH) {
-            return Ok(()); // the server says it has no volatile cache
-        }
-        self.call(CMD_FLUSH, 0, 0, 0, &[])?;
-        Ok(())
+        self.start_flush().wait()
     }
 
     fn discard(&self, offset: u64, len: u64) -> cairn_block::Result<()> {

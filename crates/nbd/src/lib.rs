@@ -11,7 +11,7 @@ pub mod tls;
 pub mod uri;
 
 pub use server::{
-    nbd_errno, Added, ConnectionInfo, Export, ExportsHandle, Listen, Listeners, Removed, Server,
-    ServerConfig, ShutdownHandle,
+    nbd_errno, Added, ConnectionInfo, Export, ExportsHandle, Listen, Listeners, OptionHandler,
+    Removed, Server, ServerConfig, ShutdownHandle,
 };
 pub use tls::{ClientTls, ServerTls, TlsKind};

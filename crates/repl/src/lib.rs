@@ -13,5 +13,13 @@
 //!
 //! docs/replication.md has the rules and every byte.
 
+pub mod al;
+pub mod bitmap;
 pub mod gen;
 pub mod meta;
+pub mod node;
+pub mod ranges;
+
+pub mod store;
+pub mod target;
+pub mod wire;

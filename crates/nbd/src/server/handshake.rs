@@ -299,6 +299,16 @@ impl Handshake<'_> {
                 self.fence_option(data)?;
                 Ok(Next::Continue)
             }
+            o if self.shared.extension.as_ref().is_some_and(|x| x.handles(o)) => {
+                let ext = self.shared.extension.clone().expect("checked above");
+                let (reply, answer) = ext.answer(o, data);
+                if answer.len() > MAX_OPTION_DATA as usize {
+                    self.error(o, REP_ERR_TOO_BIG, "the answer is too large for one reply")?;
+                } else {
+                    self.reply(o, reply, &answer)?;
+                }
+                Ok(Next::Continue)
+            }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
                 self.meta_context(option, data)?;
                 Ok(Next::Continue)

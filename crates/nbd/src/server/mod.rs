@@ -71,6 +71,16 @@ pub struct Export {
     pub read_only: bool,
 }
 
+/// Answers options that belong to a layer above the NBD server (cairn's replication
+/// handshake, for one): the server reads and bounds the option, the handler only answers.
+pub trait OptionHandler: Send + Sync + fmt::Debug {
+    /// Whether `option` is this handler's.
+    fn handles(&self, option: u32) -> bool;
+    /// The reply type (`NBD_REP_ACK`, an error) and its data, at most 64 KiB (longer data
+    /// is refused with `NBD_REP_ERR_TOO_BIG` rather than sent).
+    fn answer(&self, option: u32, data: &[u8]) -> (u32, Vec<u8>);
+}
+
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Listen {
@@ -140,6 +150,11 @@ pub struct ServerConfig {
     /// Enforce owner generations (the member-server role, crate::fence): `None` answers
     /// the fence option as unknown and checks nothing.
     pub fence: Option<Arc<dyn crate::fence::FenceStore>>,
+    /// Options of a layer above (cairn's replication handshake) answered by it: `None`
+    /// answers them as unknown. Asked only after TLS when TLS is required.
+    pub extension: Option<Arc<dyn OptionHandler>>,
+    /// Start with no export (they are added later through [`ExportsHandle`]).
+    pub allow_empty: bool,
     /// TLS (`NBD_OPT_STARTTLS`): `None` refuses it; otherwise offered, or required when
     /// [`ServerTls::required`].
     pub tls: Option<ServerTls>,
@@ -157,6 +172,8 @@ impl ServerConfig {
             max_in_flight: MAX_IN_FLIGHT,
             shutdown_grace: Duration::from_secs(10),
             fence: None,
+            extension: None,
+            allow_empty: false,
             tls: None,
         }
     }
@@ -210,6 +227,7 @@ struct Shared {
     grace: Duration,
     /// Where owner generations are persisted, when this server enforces them.
     fence: Option<Arc<dyn crate::fence::FenceStore>>,
+    extension: Option<Arc<dyn OptionHandler>>,
     tls: Option<ServerTls>,
     shutdown: AtomicBool,
     next_id: AtomicU64,
@@ -275,7 +293,7 @@ pub struct Server {
 
 impl Server {
     pub fn new(config: ServerConfig) -> Result<Server, ConfigError> {
-        if config.exports.is_empty() {
+        if config.exports.is_empty() && !config.allow_empty {
             return Err(ConfigError("no exports to serve".into()));
         }
         let mut seen = std::collections::HashSet::new();
@@ -321,6 +339,7 @@ impl Server {
                 in_flight: Budget::new(config.max_in_flight),
                 grace: config.shutdown_grace,
                 fence: config.fence,
+                extension: config.extension,
                 tls: config.tls,
                 shutdown: AtomicBool::new(false),
                 next_id: AtomicU64::new(1),

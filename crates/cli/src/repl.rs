@@ -1,0 +1,661 @@
+//! `cairn repl`: a volume mirrored between machines (DRBD's words: create-md, up,
+//! primary, secondary, connect, disconnect, status, down).
+//!
+//! ```text
+//!   cairn repl up RES ... ─> cairn_repl::Node on the disk, two NBD servers (peers: the
+//!                            data area + the replication handshake; clients: the volume
+//!                            while primary) and a control socket
+//!   cairn repl primary|secondary|connect|disconnect|status|down RES ─> the control socket
+//! ```
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use cairn_nbd::client::ClientOptions;
+use cairn_nbd::uri::NbdUri;
+use cairn_nbd::{Listen, Server, ServerConfig, ServerTls};
+use cairn_repl::node::{Exports, Node, NodeConfig, PeerConfig, Protocol, SplitBrainPolicy, Status};
+
+use crate::error::{CliError, Result};
+use crate::global::Global;
+use crate::listen;
+use crate::serve::TlsOptions;
+
+pub const REPL_LONG: &str = "\
+A volume mirrored between machines, synchronously (DRBD's protocol C): a write is answered \
+only when the local disk and every connected peer have it. Any file or block device can be \
+the backing disk; the replication metadata (generations, an activity log and one \
+out-of-sync bitmap per peer) sits at its end, after the data (docs/replication.md).
+
+One node is primary and serves the volume over NBD; the others are secondary and take its \
+writes. A peer that is away is tracked in a bitmap and resynced from it when it comes back; \
+two nodes that both wrote while apart (split brain) are detected on both sides and stay \
+apart until the operator, or a --split-brain policy, says whose changes go.";
+
+const REPL_EXAMPLES: &str = "\
+Examples (two hosts, a and b):
+  cairn repl create-md /dev/vg0/home                 # on a and on b
+  cairn repl up home --disk /dev/vg0/home --node a --listen tcp:10.0.0.1:7789 \\
+      --peer b=nbd://10.0.0.2:7789/home --insecure-no-tls          # on a (b likewise)
+  cairn repl primary home --force                    # on a, once: a's data becomes b's
+  cairn repl status                                  # roles, disks, sync progress
+  cairn repl secondary home                          # on a; then on b:
+  cairn repl primary home                            # b serves the volume";
+
+#[derive(Debug, Subcommand)]
+pub enum ReplCommand {
+    /// Write empty replication metadata at the end of a disk (data keeps the rest)
+    CreateMd(CreateMdArgs),
+    /// Run a resource on this node (foreground): secondary until `cairn repl primary`
+    #[command(after_help = REPL_EXAMPLES)]
+    Up(Box<UpArgs>),
+    /// Make this node primary: it serves the volume and replicates to its peers
+    Primary(PrimaryArgs),
+    /// Make this node secondary: clients are cut, everything is flushed
+    Secondary(CtlArgs),
+    /// Connect to peers again (after a refusal or a disconnect)
+    Connect(ConnectArgs),
+    /// Stop replicating to a peer (its writes are tracked in its bitmap)
+    Disconnect(PeerArgs),
+    /// Roles, disk states, connections, out-of-sync bytes, resync progress
+    Status(StatusArgs),
+    /// Stop a running resource cleanly (as SIGTERM to `cairn repl up`)
+    Down(CtlArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CreateMdArgs {
+    /// The backing disk (file or block device); its end holds the metadata
+    pub disk: PathBuf,
+    /// Peers this node will replicate to (room for one bitmap each)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=3))]
+    pub max_peers: u32,
+    /// Bytes of data per bitmap bit (a power of two, at least 4K)
+    #[arg(long, default_value = "4K", value_parser = parse_size_arg)]
+    pub bitmap_block: u64,
+    /// Bytes per activity-log extent (a power of two)
+    #[arg(long, default_value = "4M", value_parser = parse_size_arg)]
+    pub al_extent: u64,
+    /// Create a sparse file of this size first, when DISK does not exist
+    #[arg(long, value_parser = parse_size_arg)]
+    pub size: Option<u64>,
+    /// Write over existing replication metadata
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// The resource's name: the same on every node
+    pub resource: String,
+    /// The backing disk, with metadata from `cairn repl create-md`
+    #[arg(long)]
+    pub disk: PathBuf,
+    /// This node's name, as its peers call it in their --peer
+    #[arg(long)]
+    pub node: String,
+    /// A peer: NAME=URI of its replication listener and this resource
+    /// (nbd://HOST:PORT/RES, nbds://... with TLS); repeat for more peers
+    #[arg(long = "peer", value_name = "NAME=URI", required = true)]
+    pub peers: Vec<String>,
+    /// Where peers reach this node [default: tcp:127.0.0.1:7789]
+    #[arg(long, value_name = "LISTEN")]
+    pub listen: Option<Listen>,
+    /// Where clients reach the volume while this node is primary
+    /// [default: unix:RUNDIR/repl-RES.nbd]
+    #[arg(long = "client-listen", value_name = "LISTEN")]
+    pub client_listen: Vec<Listen>,
+    /// The control socket [default: RUNDIR/repl-RES.sock]
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// What to do when split brain is found: disconnect (the default: the operator
+    /// decides), discard-zero-changes, discard-least-changes, discard-secondary
+    #[arg(long, default_value = "disconnect")]
+    pub split_brain: SplitBrainPolicy,
+    /// Resync speed limit in MiB/s; 0 is unlimited
+    #[arg(long, default_value_t = 0)]
+    pub resync_rate: u64,
+    /// Extents (of 4 MiB by default) the activity log keeps active: a crash of the
+    /// primary resyncs at most these
+    #[arg(long, default_value_t = 256)]
+    pub al_extents: usize,
+    /// Seconds a peer may take to answer before it is dropped (and tracked in its
+    /// bitmap)
+    #[arg(long, default_value_t = 10)]
+    pub peer_timeout: u64,
+    /// Become primary at once (with --force: also from blank or inconsistent data)
+    #[arg(long)]
+    pub primary: bool,
+    /// With --primary: as `cairn repl primary --force`
+    #[arg(long, requires = "primary")]
+    pub force: bool,
+    #[command(flatten)]
+    pub tls: TlsOptions,
+}
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    pub resource: String,
+    /// The control socket [default: RUNDIR/repl-RES.sock]
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct PrimaryArgs {
+    #[command(flatten)]
+    pub ctl: CtlArgs,
+    /// Promote even from blank data (the first primary of a new resource: its data
+    /// becomes every peer's), inconsistent data, or when a peer seems newer
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PeerArgs {
+    #[command(flatten)]
+    pub ctl: CtlArgs,
+    /// Only this peer [default: all]
+    #[arg(long)]
+    pub peer: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectArgs {
+    #[command(flatten)]
+    pub peer: PeerArgs,
+    /// After a split brain: this node's changes are to go; the primary's data wins
+    #[arg(long)]
+    pub discard_my_data: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// One resource [default: every resource running on this host]
+    pub resource: Option<String>,
+    /// The control socket [default: RUNDIR/repl-RES.sock]
+    #[arg(long, requires = "resource")]
+    pub control: Option<PathBuf>,
+}
+
+pub fn run(cmd: ReplCommand, global: &Global) -> Result<()> {
+    match cmd {
+        ReplCommand::CreateMd(a) => create_md(&a, global),
+        ReplCommand::Up(a) => up(&a, global),
+        ReplCommand::Primary(a) => ctl(&a.ctl, json!({"cmd": "primary", "force": a.force}), global),
+        ReplCommand::Secondary(a) => ctl(&a, json!({"cmd": "secondary"}), global),
+        ReplCommand::Connect(a) => ctl(
+            &a.peer.ctl,
+            json!({"cmd": "connect", "peer": a.peer.peer, "discard_my_data": a.discard_my_data}),
+            global,
+        ),
+        ReplCommand::Disconnect(a) => {
+            ctl(&a.ctl, json!({"cmd": "disconnect", "peer": a.peer}), global)
+        }
+        ReplCommand::Status(a) => status(&a, global),
+        ReplCommand::Down(a) => ctl(&a, json!({"cmd": "down"}), global),
+    }
+}
+
+fn control_path(resource: &str, given: Option<&PathBuf>) -> PathBuf {
+    given
+        .cloned()
+        .unwrap_or_else(|| listen::runtime_dir().join(format!("repl-{resource}.sock")))
+}
+
+fn create_md(a: &CreateMdArgs, global: &Global) -> Result<()> {
+    if let Some(size) = a.size {
+        if !a.disk.exists() {
+            let f = std::fs::File::create(&a.disk)
+                .map_err(|e| CliError::new(format!("cannot create {}: {e}", a.disk.display())))?;
+            f.set_len(size)
+                .map_err(|e| CliError::new(format!("cannot size {}: {e}", a.disk.display())))?;
+        }
+    }
+    let disk = cairn_stack::leaf::open(&a.disk, false, false, Duration::from_secs(10))?;
+    let params = cairn_repl::store::CreateParams {
+        max_peers: a.max_peers,
+        bm_block: a.bitmap_block,
+        al_extent: a.al_extent,
+        force: a.force,
+    };
+    let made = cairn_repl::store::create(disk.as_ref(), &params)
+        .map_err(|e| CliError::new(format!("{}: {e}", a.disk.display())))?;
+    if global.json {
+        println!(
+            "{}",
+            json!({"disk": a.disk, "data_size": made.data_size, "metadata_bytes": made.metadata_bytes,
+                   "max_peers": a.max_peers, "bitmap_block": a.bitmap_block, "al_extent": a.al_extent})
+        );
+    } else {
+        println!(
+            "{}: replication metadata written: {} of data, {} of metadata at the end ({} peer bitmap{} of {}-byte blocks, {} activity-log extents)",
+            a.disk.display(),
+            human(made.data_size),
+            human(made.metadata_bytes),
+            a.max_peers,
+            if a.max_peers == 1 { "" } else { "s" },
+            a.bitmap_block,
+            human(a.al_extent)
+        );
+        println!("next: cairn repl up RESOURCE --disk {} --node NAME --peer NAME=nbd://HOST:7789/RESOURCE", a.disk.display());
+    }
+    Ok(())
+}
+
+fn human(b: u64) -> String {
+    cairn_stack::size::format_size(b)
+}
+
+fn parse_size_arg(s: &str) -> std::result::Result<u64, String> {
+    cairn_stack::size::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_peer(s: &str, tls: &TlsOptions) -> Result<PeerConfig> {
+    let (name, uri) = s.split_once('=').ok_or_else(|| {
+        CliError::new(format!(
+            "--peer {s:?}: expected NAME=URI, e.g. b=nbd://10.0.0.2:7789/home"
+        ))
+    })?;
+    if name.is_empty() {
+        return Err(CliError::new(format!(
+            "--peer {s:?}: the peer needs a name before '='"
+        )));
+    }
+    let parsed = NbdUri::parse(uri).map_err(|e| CliError::new(format!("--peer {name}: {e}")))?;
+    let opts = ClientOptions::from_uri(&parsed)
+        .map_err(|e| CliError::new(format!("--peer {name}: {e}")))?;
+    if opts.tls.is_none() && (tls.tls_psk.is_some() || tls.tls_certificates.is_some()) {
+        tracing::warn!("--peer {name}: nbd:// is plaintext while this node requires TLS of its peers; use nbds://");
+    }
+    Ok(PeerConfig {
+        name: name.to_string(),
+        opts,
+    })
+}
+
+fn up(a: &UpArgs, global: &Global) -> Result<()> {
+    let peers = a
+        .peers
+        .iter()
+        .map(|p| parse_peer(p, &a.tls))
+        .collect::<Result<Vec<_>>>()?;
+    let cfg = NodeConfig {
+        resource: a.resource.clone(),
+        node: a.node.clone(),
+        peers,
+        protocol: Protocol::C,
+        resync_rate: a.resync_rate.saturating_mul(1 << 20),
+        al_extents: a.al_extents.max(1),
+        split_brain: a.split_brain,
+        peer_timeout: Duration::from_secs(a.peer_timeout.max(1)),
+    };
+    let disk = cairn_stack::leaf::open(&a.disk, false, false, Duration::from_secs(10))?;
+    let meta = cairn_repl::store::Store::open(disk.clone())
+        .map_err(|e| CliError::new(format!("{}: {e}", a.disk.display())))?;
+    let node = Node::open(cfg, disk, Box::new(meta))
+        .map_err(|e| CliError::new(format!("{}: {e}", a.resource)))?;
+
+    // The peer-facing server: the data area, fenced by the primary's epoch, and the
+    // replication handshake.
+    let peer_listen = a
+        .listen
+        .clone()
+        .unwrap_or_else(|| Listen::Tcp("127.0.0.1:7789".parse().expect("literal address")));
+    let tls = a.tls.server_tls()?;
+    crate::serve::check_exposure(
+        std::slice::from_ref(&peer_listen),
+        tls.as_ref().is_some_and(ServerTls::required),
+        a.tls.insecure_no_tls,
+    )
+    .map_err(CliError::new)?;
+    let target = cairn_repl::target::Target::new(&node);
+    let mut pcfg = ServerConfig::new(Vec::new());
+    pcfg.allow_empty = true;
+    pcfg.fence = Some(Arc::new(target.clone()));
+    pcfg.extension = Some(Arc::new(target));
+    pcfg.tls.clone_from(&tls);
+    let peer_server = Server::new(pcfg).map_err(|e| CliError::new(e.to_string()))?;
+    if let Listen::Unix(p) = &peer_listen {
+        listen::prepare_socket_path(p)?;
+    }
+    let peer_listeners = peer_server
+        .bind(std::slice::from_ref(&peer_listen))
+        .map_err(|e| listen::bind_error(&e, std::slice::from_ref(&peer_listen)))?;
+
+    // The client-facing server: empty until this node is primary.
+    let client_listens = if a.client_listen.is_empty() {
+        vec![Listen::Unix(
+            listen::runtime_dir().join(format!("repl-{}.nbd", a.resource)),
+        )]
+    } else {
+        a.client_listen.clone()
+    };
+    crate::serve::check_exposure(&client_listens, false, a.tls.insecure_no_tls)
+        .map_err(CliError::new)?;
+    for l in &client_listens {
+        if let Listen::Unix(p) = l {
+            listen::prepare_socket_path(p)?;
+        }
+    }
+    let mut ccfg = ServerConfig::new(Vec::new());
+    ccfg.allow_empty = true;
+    let client_server = Server::new(ccfg).map_err(|e| CliError::new(e.to_string()))?;
+    let client_listeners = client_server
+        .bind(&client_listens)
+        .map_err(|e| listen::bind_error(&e, &client_listens))?;
+    node.attach(Exports {
+        clients: client_server.exports_handle(),
+        peers: peer_server.exports_handle(),
+    })
+    .map_err(CliError::new)?;
+
+    let control = control_path(&a.resource, a.control.as_ref());
+    listen::prepare_socket_path(&control)?;
+    if control.exists() {
+        if listen::unix_in_use(&control) {
+            return Err(CliError::new(format!(
+                "{} is in use: resource {} already runs here",
+                control.display(),
+                a.resource
+            )));
+        }
+        // Left by a process that was killed: nobody answers on it.
+        let _ = std::fs::remove_file(&control);
+    }
+    let ctl_listener = UnixListener::bind(&control)
+        .map_err(|e| CliError::new(format!("cannot listen on {}: {e}", control.display())))?;
+    let _ctl_cleanup = RemoveOnDrop(control.clone());
+
+    let peer_addr = peer_listeners.addresses();
+    let client_addr = client_listeners.addresses();
+    let peer_stop = peer_server.shutdown_handle();
+    let client_stop = client_server.shutdown_handle();
+    let peer_thread = thread::Builder::new()
+        .name("repl-peers".into())
+        .spawn(move || peer_server.serve(peer_listeners))
+        .map_err(|e| CliError::new(e.to_string()))?;
+    let client_thread = thread::Builder::new()
+        .name("repl-clients".into())
+        .spawn(move || client_server.serve(client_listeners))
+        .map_err(|e| CliError::new(e.to_string()))?;
+
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    {
+        let node = node.clone();
+        let stop_tx = stop_tx.clone();
+        thread::Builder::new()
+            .name("repl-control".into())
+            .spawn(move || {
+                for conn in ctl_listener.incoming().flatten() {
+                    let down = serve_control(&node, conn);
+                    if down {
+                        let _ = stop_tx.send(());
+                    }
+                }
+            })
+            .map_err(|e| CliError::new(e.to_string()))?;
+    }
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| CliError::new(format!("cannot install signal handlers: {e}")))?;
+    thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                let _ = stop_tx.send(());
+            }
+        })
+        .map_err(|e| CliError::new(e.to_string()))?;
+
+    let announce = json!({
+        "resource": a.resource, "node": a.node,
+        "peers_listen": peer_addr.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "clients_listen": client_addr.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "client_uri": client_addr.first().map(|l| l.uri(&a.resource)),
+        "control": control,
+    });
+    if global.json {
+        println!("{announce}");
+    } else {
+        println!(
+            "cairn repl: {} on node {} (secondary); peers reach it at {}; clients at {} while primary; control {}",
+            a.resource,
+            a.node,
+            peer_addr.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+            client_addr.first().map(|l| l.uri(&a.resource)).unwrap_or_default(),
+            control.display()
+        );
+    }
+    let _ = std::io::stdout().flush();
+    if a.primary {
+        match node.promote(a.force) {
+            Ok(m) => tracing::info!("{m}"),
+            Err(e) => eprintln!("cairn: cannot become primary: {e}"),
+        }
+    }
+    let _ = stop_rx.recv();
+    tracing::info!("{}: stopping", a.resource);
+    let r = node.shutdown();
+    client_stop.shutdown();
+    peer_stop.shutdown();
+    let _ = client_thread.join();
+    let _ = peer_thread.join();
+    r.map_err(|e| {
+        CliError::new(format!(
+            "{}: the clean stop failed, so recent writes may not be everywhere: {e}",
+            a.resource
+        ))
+    })
+}
+
+struct RemoveOnDrop(PathBuf);
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// One control request and its answer; true when it asked the node to go down.
+fn serve_control(node: &Arc<Node>, conn: UnixStream) -> bool {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut line = String::new();
+    let Ok(writer) = conn.try_clone() else {
+        return false;
+    };
+    let mut reader = BufReader::new(conn.take(64 << 10));
+    if reader.read_line(&mut line).is_err() {
+        return false;
+    }
+    let mut down = false;
+    let answer = match serde_json::from_str::<Value>(&line) {
+        Err(e) => json!({"ok": false, "error": format!("malformed request: {e}")}),
+        Ok(req) => {
+            let peer = req.get("peer").and_then(Value::as_str);
+            let flag = |k: &str| req.get(k).and_then(Value::as_bool).unwrap_or(false);
+            let r = match req.get("cmd").and_then(Value::as_str).unwrap_or("") {
+                "status" => Ok(String::new()),
+                "primary" => node.promote(flag("force")),
+                "secondary" => node.demote(),
+                "connect" => node.set_connect(peer, true, flag("discard_my_data")),
+                "disconnect" => node.set_connect(peer, false, false),
+                "down" => {
+                    down = true;
+                    Ok("stopping".into())
+                }
+                other => Err(format!("unknown command {other:?}")),
+            };
+            match r {
+                Ok(m) => json!({"ok": true, "message": m, "status": node.status()}),
+                Err(e) => json!({"ok": false, "error": e, "status": node.status()}),
+            }
+        }
+    };
+    let mut w = writer;
+    let _ = w.write_all(format!("{answer}\n").as_bytes());
+    down
+}
+
+fn call(path: &Path, req: &Value) -> Result<Value> {
+    let mut s = UnixStream::connect(path).map_err(|e| {
+        CliError::new(format!(
+            "cannot reach the resource at {} ({e}); is `cairn repl up` running?",
+            path.display()
+        ))
+    })?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
+    s.write_all(format!("{req}\n").as_bytes())
+        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+    let mut line = String::new();
+    BufReader::new(s)
+        .read_line(&mut line)
+        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&line)
+        .map_err(|e| CliError::new(format!("{}: malformed answer: {e}", path.display())))
+}
+
+fn ctl(a: &CtlArgs, req: Value, global: &Global) -> Result<()> {
+    let path = control_path(&a.resource, a.control.as_ref());
+    let v = call(&path, &req)?;
+    if global.json {
+        println!("{v}");
+    }
+    if v.get("ok").and_then(Value::as_bool) == Some(true) {
+        if !global.json {
+            if let Some(m) = v.get("message").and_then(Value::as_str) {
+                println!("{m}");
+            }
+        }
+        Ok(())
+    } else {
+        Err(CliError::new(
+            v.get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("the resource refused")
+                .to_string(),
+        ))
+    }
+}
+
+fn status(a: &StatusArgs, global: &Global) -> Result<()> {
+    let paths: Vec<PathBuf> = match &a.resource {
+        Some(r) => vec![control_path(r, a.control.as_ref())],
+        None => {
+            let dir = listen::runtime_dir();
+            let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| e.path())
+                        .filter(|p| {
+                            p.file_name()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(|n| n.starts_with("repl-") && n.ends_with(".sock"))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            if v.is_empty() {
+                return Err(CliError::new(format!(
+                    "no replicated resource runs here (no repl-*.sock in {})",
+                    dir.display()
+                )));
+            }
+            v
+        }
+    };
+    let mut all = Vec::new();
+    for p in &paths {
+        let v = call(p, &json!({"cmd": "status"}))?;
+        all.push(v.get("status").cloned().unwrap_or(Value::Null));
+    }
+    if global.json {
+        println!(
+            "{}",
+            if a.resource.is_some() {
+                all[0].clone()
+            } else {
+                Value::Array(all)
+            }
+        );
+        return Ok(());
+    }
+    for s in all {
+        let s: Status = serde_json::from_value(s)
+            .map_err(|e| CliError::new(format!("malformed status: {e}")))?;
+        print!("{}", render(&s));
+    }
+    Ok(())
+}
+
+/// /proc/drbd's facts, readable.
+pub fn render(s: &Status) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{} on {}: {:?}, disk {}, {} of data, fencing epoch {}{}",
+        s.resource,
+        s.node,
+        s.role,
+        s.disk,
+        human(s.data_size),
+        s.epoch,
+        if s.crashed_primary {
+            " (crashed as primary: its activity log resyncs)"
+        } else {
+            ""
+        }
+    );
+    for p in &s.peers {
+        let _ = writeln!(
+            o,
+            "  peer {} ({}): {:?}, {:?}, out of sync {}{}",
+            p.name,
+            p.address,
+            p.connection,
+            p.replication,
+            human(p.out_of_sync_bytes),
+            p.peer_changes
+                .filter(|c| *c > 0)
+                .map(|c| format!(", its own changes {}", human(c)))
+                .unwrap_or_default()
+        );
+        if let Some(r) = &p.resync {
+            let pct = if r.total_bytes == 0 {
+                100.0
+            } else {
+                r.done_bytes as f64 * 100.0 / r.total_bytes as f64
+            };
+            let width = 30usize;
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let fill = ((pct / 100.0) * width as f64) as usize;
+            let _ = writeln!(
+                o,
+                "    {} resync [{}{}] {pct:.1}%  {}/s  {}",
+                if r.full { "full" } else { "bitmap" },
+                "#".repeat(fill.min(width)),
+                "-".repeat(width - fill.min(width)),
+                human(r.bytes_per_sec),
+                r.eta_secs
+                    .map(|e| format!("finish in {}:{:02}", e / 60, e % 60))
+                    .unwrap_or_else(|| "finish time unknown".into())
+            );
+        }
+        if let Some(e) = &p.last_error {
+            let _ = writeln!(o, "    last error: {e}");
+        }
+    }
+    for e in s.events.iter().rev().take(5).rev() {
+        let _ = writeln!(o, "  event {}: {}", e.kind, e.message);
+    }
+    o
+}

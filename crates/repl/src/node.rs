@@ -1,0 +1,1688 @@
+//! One replicated resource on one node: its role, its peers, the replicated data path
+//! (as primary) and the answers to a primary (as secondary).
+//!
+//! ```text
+//!   Node ── role: Secondary ─> peer-facing NBD export of the data area (target.rs answers
+//!        │                     the handshake; the fence gate admits the newest primary)
+//!        └─ role: Primary ───> Volume (the client-facing export): every write goes to the
+//!                              local disk and to each connected peer at once and is
+//!                              answered when all are done (protocol C); a peer that is
+//!                              not connected gets bits in its bitmap instead; one thread
+//!                              per peer connects, decides the sync direction (gen.rs)
+//!                              and resyncs
+//! ```
+//!
+//! The persisted state (generations, flags, fencing epoch, peer slots) has one owner, the
+//! `p` mutex; it is written through [`MetaIo`] (store.rs) every time it changes, before
+//! anything that depends on it happens.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant, SystemTime};
+
+use cairn_block::{
+    BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
+};
+use cairn_nbd::client::{Client, ClientOptions, Handshake};
+use cairn_nbd::fence::{FenceToken, OwnerId};
+use cairn_nbd::proto::REP_ACK;
+use cairn_nbd::ExportsHandle;
+use serde::{Deserialize, Serialize};
+
+use crate::al::{ActivityLog, Transaction};
+use crate::bitmap::Bitmap;
+use crate::gen::{self, Decision, Generations, NodeView, JUST_CREATED};
+use crate::ranges::RangeLocks;
+use crate::wire::{self, Hello, Request, Welcome, OPT_CAIRN_REPL};
+
+/// What the node keeps in its metadata superblock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Persisted {
+    pub current: u64,
+    pub history: [u64; 2],
+    /// The data is a whole generation (false while a resync to this node runs).
+    pub consistent: bool,
+    /// Set while primary: found set at start, the node crashed as primary.
+    pub primary: bool,
+    /// The node crashed as primary and has not resynced since: its activity log's
+    /// extents may differ from its peers'.
+    pub crashed_primary: bool,
+    /// The highest fencing epoch this node knows (its own as primary, or a primary's).
+    pub epoch: u64,
+    /// The primary admitted on this node's peer link last (or this node as primary).
+    pub fence: Option<FenceToken>,
+    /// One slot per configured peer, in the order of the configuration.
+    pub peers: Vec<Slot>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Slot {
+    /// The peer's node name ("" for a slot never used).
+    pub name: String,
+    /// Generation the bitmap towards this peer started from (0: none).
+    pub bitmap_uuid: u64,
+}
+
+/// Where the node's metadata lives (store.rs implements it over meta.rs).
+pub trait MetaIo: Send + Sync + fmt::Debug {
+    fn data_size(&self) -> u64;
+    fn bm_block(&self) -> u64;
+    fn al_extent(&self) -> u64;
+    fn max_peers(&self) -> usize;
+    fn load(&self) -> Result<Persisted>;
+    /// Durable when it returns.
+    fn save(&self, p: &Persisted) -> Result<()>;
+    fn read_bitmap(&self, slot: usize) -> Result<Vec<u64>>;
+    /// Writes whole 4 KiB pages (page index, its words); durable when it returns.
+    fn write_bitmap_pages(&self, slot: usize, pages: &[(usize, Vec<u64>)]) -> Result<()>;
+    /// The active extents.
+    fn read_al(&self) -> Result<Vec<u64>>;
+    /// Replaces the active extents; durable when it returns.
+    fn write_al(&self, active: &[u64]) -> Result<()>;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Protocol {
+    /// A write is answered when the local disk and every connected peer have it.
+    C,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SplitBrainPolicy {
+    /// Stay disconnected; the operator decides (`connect --discard-my-data`).
+    Disconnect,
+    /// The side that changed nothing since the split takes the other's data.
+    DiscardZeroChanges,
+    /// The side with fewer changed blocks takes the other's data.
+    DiscardLeastChanges,
+    /// The secondary takes the primary's data.
+    DiscardSecondary,
+}
+
+impl std::str::FromStr for SplitBrainPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s {
+            "disconnect" => SplitBrainPolicy::Disconnect,
+            "discard-zero-changes" => SplitBrainPolicy::DiscardZeroChanges,
+            "discard-least-changes" => SplitBrainPolicy::DiscardLeastChanges,
+            "discard-secondary" => SplitBrainPolicy::DiscardSecondary,
+            _ => {
+                return Err(format!(
+                    "{s:?}: expected disconnect, discard-zero-changes, discard-least-changes or discard-secondary"
+                ))
+            }
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PeerConfig {
+    /// The peer's node name, as it calls itself (`--node` there).
+    pub name: String,
+    /// Its replication listener and the resource's export there (and TLS).
+    pub opts: ClientOptions,
+}
+
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub resource: String,
+    /// This node's name.
+    pub node: String,
+    pub peers: Vec<PeerConfig>,
+    pub protocol: Protocol,
+    /// Resync bytes per second; 0: as fast as it goes.
+    pub resync_rate: u64,
+    /// Extents the activity log holds.
+    pub al_extents: usize,
+    pub split_brain: SplitBrainPolicy,
+    /// How long a peer may take to answer before it is dropped.
+    pub peer_timeout: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    Primary,
+    Secondary,
+}
+
+/// The connection to one peer, as the status shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Conn {
+    /// Not trying (secondary waiting for a primary, or stopped by the operator or by a
+    /// refusal: split brain, unrelated data, a peer with newer data).
+    StandAlone,
+    /// Trying to reach the peer.
+    Connecting,
+    Connected,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Repl {
+    Off,
+    Established,
+    SyncSource,
+    SyncTarget,
+    SplitBrain,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Progress {
+    pub total_bytes: u64,
+    pub done_bytes: u64,
+    pub bytes_per_sec: u64,
+    pub eta_secs: Option<u64>,
+    pub full: bool,
+}
+
+#[derive(Debug)]
+struct PeerState {
+    conn: Conn,
+    repl: Repl,
+    last_error: Option<String>,
+    /// The operator asked to connect (primary: keep trying; secondary: accept).
+    want: bool,
+    /// `connect --discard-my-data`: the next primary's data wins over ours.
+    discard_my_data: bool,
+    since: SystemTime,
+    /// Bits set in the peer's bitmap towards us, as it said at the last handshake.
+    peer_changes: Option<u64>,
+    resync: Option<ResyncCounters>,
+}
+
+#[derive(Debug, Clone)]
+struct ResyncCounters {
+    total: u64,
+    started: Instant,
+    full: bool,
+}
+
+/// One configured peer.
+#[derive(Debug)]
+pub struct Peer {
+    cfg: PeerConfig,
+    slot: usize,
+    bitmap: Bitmap,
+    link: RwLock<Option<Arc<Client>>>,
+    st: Mutex<PeerState>,
+    resync_done: AtomicU64,
+}
+
+impl Peer {
+    fn state(&self) -> std::sync::MutexGuard<'_, PeerState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn link(&self) -> Option<Arc<Client>> {
+        self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, conn: Conn, repl: Repl) {
+        let mut s = self.state();
+        if s.conn != conn || s.repl != repl {
+            s.since = SystemTime::now();
+        }
+        s.conn = conn;
+        s.repl = repl;
+    }
+
+    /// One request on a fresh handshake connection, abandoned after the answer.
+    fn request(&self, req: &Request, timeout: Duration) -> std::result::Result<Vec<u8>, String> {
+        let mut hs = Handshake::connect(&self.cfg.opts.addr, Some(timeout))
+            .map_err(|e| format!("cannot reach {}: {e}", self.cfg.name))?;
+        if let Some(tls) = &self.cfg.opts.tls {
+            hs.starttls(tls)
+                .map_err(|e| format!("TLS with {}: {e}", self.cfg.name))?;
+        }
+        let body = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+        let mut replies = hs
+            .option(OPT_CAIRN_REPL, &body)
+            .map_err(|e| format!("{}: {e}", self.cfg.name))?;
+        let _ = hs.abort();
+        let last = replies
+            .pop()
+            .ok_or_else(|| format!("{}: no answer to the replication handshake", self.cfg.name))?;
+        if last.reply != REP_ACK {
+            return Err(format!(
+                "{} refused: {}",
+                self.cfg.name,
+                String::from_utf8_lossy(&last.data)
+            ));
+        }
+        Ok(last.data)
+    }
+}
+
+/// Something that happened, for `status` and the log.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Event {
+    pub at: u64,
+    pub kind: String,
+    pub peer: Option<String>,
+    pub message: String,
+}
+
+/// The node's view of itself and its peers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub resource: String,
+    pub node: String,
+    pub role: Role,
+    pub disk: String,
+    pub data_size: u64,
+    pub epoch: u64,
+    pub generations: Generations,
+    pub crashed_primary: bool,
+    pub peers: Vec<PeerStatus>,
+    pub events: Vec<Event>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerStatus {
+    pub name: String,
+    pub address: String,
+    pub connection: Conn,
+    pub replication: Repl,
+    pub out_of_sync_bytes: u64,
+    pub peer_changes: Option<u64>,
+    pub resync: Option<Progress>,
+    pub last_error: Option<String>,
+    pub since: u64,
+}
+
+/// Where the node's two faces are served.
+#[derive(Debug, Clone)]
+pub struct Exports {
+    /// The client-facing server: the volume is exported there while primary.
+    pub clients: ExportsHandle,
+    /// The peer-facing server: the data area is exported there while secondary.
+    pub peers: ExportsHandle,
+}
+
+/// One replicated resource on this node.
+pub struct Node {
+    cfg: NodeConfig,
+    uuid: [u8; 16],
+    instance: u64,
+    disk: Arc<dyn BlockDevice>,
+    meta: Box<dyn MetaIo>,
+    data_size: u64,
+    p: Mutex<Persisted>,
+    role: RwLock<Role>,
+    al: ActivityLog,
+    locks: RangeLocks,
+    peers: Vec<Arc<Peer>>,
+    events: Mutex<VecDeque<Event>>,
+    /// Set to stop the peer threads of a primary (demotion, shutdown).
+    stop_peers: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    exports: Mutex<Option<Exports>>,
+    /// Serializes role changes and connect/disconnect.
+    admin: Mutex<()>,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("resource", &self.cfg.resource)
+            .field("node", &self.cfg.node)
+            .field("role", &self.role())
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The resource's 16-byte id (the fencing token's array field), from its name.
+pub fn resource_id(name: &str) -> [u8; 16] {
+    let a = crc32c::crc32c(name.as_bytes());
+    let b = crc32c::crc32c_append(a, b"cairn-repl");
+    let c = crc32c::crc32c_append(b, name.as_bytes());
+    let d = crc32c::crc32c_append(c, b"resource");
+    let mut id = [0u8; 16];
+    for (i, w) in [a, b, c, d].iter().enumerate() {
+        id[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    id
+}
+
+fn io_err(kind: ErrorKind, msg: impl Into<String>) -> Error {
+    Error::new(kind, msg)
+}
+
+impl Node {
+    /// Opens the resource on `disk` (its metadata through `meta`). A node always starts
+    /// as secondary; one that crashed as primary marks its activity log's extents out
+    /// of sync with every peer first.
+    pub fn open(
+        cfg: NodeConfig,
+        disk: Arc<dyn BlockDevice>,
+        meta: Box<dyn MetaIo>,
+    ) -> Result<Arc<Node>> {
+        if cfg.peers.is_empty() {
+            return Err(io_err(
+                ErrorKind::InvalidArgument,
+                "a replicated resource needs at least one --peer",
+            ));
+        }
+        if cfg.peers.len() > meta.max_peers() {
+            return Err(io_err(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "{} peers configured, but the metadata has room for {} (create-md --max-peers)",
+                    cfg.peers.len(),
+                    meta.max_peers()
+                ),
+            ));
+        }
+        let mut p = meta.load()?;
+        let data_size = meta.data_size();
+        let bits = data_size.div_ceil(meta.bm_block());
+        let mut peers = Vec::new();
+        for (slot, pc) in cfg.peers.iter().enumerate() {
+            if pc.name == cfg.node {
+                return Err(io_err(
+                    ErrorKind::InvalidArgument,
+                    format!("peer {:?} has this node's own name", pc.name),
+                ));
+            }
+            let s = &mut p.peers[slot];
+            if !s.name.is_empty() && s.name != pc.name {
+                return Err(io_err(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "the metadata's peer slot {slot} belongs to {:?}, not {:?}: list the peers in the order they were first used",
+                        s.name, pc.name
+                    ),
+                ));
+            }
+            s.name.clone_from(&pc.name);
+            let words = meta.read_bitmap(slot)?;
+            peers.push(Arc::new(Peer {
+                cfg: pc.clone(),
+                slot,
+                bitmap: Bitmap::from_words(bits, meta.bm_block(), &words),
+                link: RwLock::new(None),
+                st: Mutex::new(PeerState {
+                    conn: Conn::StandAlone,
+                    repl: Repl::Off,
+                    last_error: None,
+                    want: true,
+                    discard_my_data: false,
+                    since: SystemTime::now(),
+                    peer_changes: None,
+                    resync: None,
+                }),
+                resync_done: AtomicU64::new(0),
+            }));
+        }
+        let active = meta.read_al()?;
+        let crashed = p.primary;
+        if crashed || !active.is_empty() {
+            // Writes may have reached one replica and not another in these extents.
+            let ext = meta.al_extent();
+            for e in &active {
+                for peer in &peers {
+                    peer.bitmap
+                        .set_bytes(e * ext, ext.min(data_size.saturating_sub(e * ext)));
+                }
+            }
+            for peer in &peers {
+                let pages = peer.bitmap.take_dirty_pages();
+                meta.write_bitmap_pages(peer.slot, &pages)?;
+            }
+            meta.write_al(&[])?;
+            if crashed {
+                p.crashed_primary = true;
+                p.primary = false;
+            }
+        }
+        meta.save(&p)?;
+        let node = Node {
+            uuid: resource_id(&cfg.resource),
+            instance: rand::random::<u64>() | 1,
+            al: ActivityLog::new(meta.al_extent(), cfg.al_extents, &[]),
+            cfg,
+            disk,
+            data_size,
+            meta,
+            p: Mutex::new(p),
+            role: RwLock::new(Role::Secondary),
+            locks: RangeLocks::default(),
+            peers,
+            events: Mutex::new(VecDeque::new()),
+            stop_peers: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+            exports: Mutex::new(None),
+            admin: Mutex::new(()),
+        };
+        if crashed {
+            node.event("crashed-primary", None, "this node stopped as primary without a clean stop: its activity log's extents will be resynced".into());
+        }
+        Ok(Arc::new(node))
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.cfg
+    }
+
+    pub fn data_size(&self) -> u64 {
+        self.data_size
+    }
+
+    pub fn role(&self) -> Role {
+        *self.role.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn persisted(&self) -> std::sync::MutexGuard<'_, Persisted> {
+        self.p.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn event(&self, kind: &'static str, peer: Option<&str>, message: String) {
+        match kind {
+            "split-brain" | "refused" | "disconnect" | "crashed-primary" | "fenced" => {
+                tracing::warn!("{}: {message}", self.cfg.resource)
+            }
+            _ => tracing::info!("{}: {message}", self.cfg.resource),
+        }
+        let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if ev.len() >= 64 {
+            ev.pop_front();
+        }
+        ev.push_back(Event {
+            at: now_secs(),
+            kind: kind.to_string(),
+            peer: peer.map(str::to_string),
+            message,
+        });
+    }
+
+    /// This node's generations and flags as `peer` should see them.
+    pub fn view(&self, peer: &Peer) -> NodeView {
+        let p = self.persisted();
+        NodeView {
+            gens: Generations {
+                current: p.current,
+                bitmap: p.peers[peer.slot].bitmap_uuid,
+                history: p.history,
+            },
+            primary: self.role() == Role::Primary,
+            crashed_primary: p.crashed_primary,
+            consistent: p.consistent,
+        }
+    }
+
+    /// Who is the source when nothing in the data decides: the node whose name sorts
+    /// first (both sides compute the same answer).
+    fn tie(&self, peer: &Peer) -> gen::Tie {
+        if self.cfg.node < peer.cfg.name {
+            gen::Tie::MeSource
+        } else {
+            gen::Tie::PeerSource
+        }
+    }
+
+    fn token(&self, epoch: u64) -> FenceToken {
+        FenceToken {
+            array: self.uuid,
+            generation: epoch,
+            owner: OwnerId {
+                node: self.cfg.node.clone(),
+                instance: self.instance,
+            },
+        }
+    }
+
+    /// The data area (what a primary writes to this node), for the peer-facing export.
+    pub fn data_area(self: &Arc<Self>) -> Arc<dyn BlockDevice> {
+        Arc::new(DataArea {
+            disk: self.disk.clone(),
+            size: self.data_size,
+        })
+    }
+
+    /// Registers where the node's faces are served, and exports the data area to peers
+    /// (the node starts as secondary).
+    pub fn attach(self: &Arc<Self>, exports: Exports) -> std::result::Result<(), String> {
+        exports
+            .peers
+            .add(self.peer_export())
+            .map_err(|e| e.to_string())?;
+        *self.exports.lock().unwrap_or_else(|p| p.into_inner()) = Some(exports);
+        Ok(())
+    }
+
+    fn peer_export(self: &Arc<Self>) -> cairn_nbd::Export {
+        cairn_nbd::Export {
+            name: self.cfg.resource.clone(),
+            description: format!("replication target of {}", self.cfg.resource),
+            device: self.data_area(),
+            read_only: false,
+        }
+    }
+
+    // ----- the data path (primary) ------------------------------------------------------
+
+    fn check_primary(&self) -> Result<()> {
+        if self.role() != Role::Primary {
+            return Err(io_err(
+                ErrorKind::ReadOnly,
+                format!("{}: this node is not primary", self.cfg.resource),
+            ));
+        }
+        Ok(())
+    }
+
+    fn persist_al(&self, tx: &Transaction) -> Result<()> {
+        if !tx.evict.is_empty() {
+            // What the evicted extents hold must be durable everywhere, or accounted for
+            // in the bitmaps, before the log forgets them.
+            let ext = self.al.extent();
+            self.flush_all(|peer| {
+                for e in &tx.evict {
+                    peer.bitmap
+                        .set_bytes(e * ext, ext.min(self.data_size - e * ext));
+                }
+            })?;
+            self.write_out_bitmaps()?;
+        }
+        self.meta.write_al(&tx.after)
+    }
+
+    /// Flushes the local disk and every connected peer at once; a peer whose flush fails
+    /// is dropped after `on_lost` accounts for what it may not have.
+    fn flush_all(&self, on_lost: impl Fn(&Peer)) -> Result<()> {
+        let links: Vec<(&Arc<Peer>, Arc<Client>)> = self
+            .peers
+            .iter()
+            .filter_map(|p| p.link().map(|l| (p, l)))
+            .collect();
+        let started: Vec<_> = links.iter().map(|(p, l)| (*p, l.start_flush())).collect();
+        let local = self.disk.flush();
+        for (peer, st) in started {
+            if let Err(e) = st.wait() {
+                on_lost(peer);
+                self.lose(peer, &e.to_string());
+            }
+        }
+        local
+    }
+
+    /// Marks the extents the activity log holds out of sync with `peer`: its unflushed
+    /// writes can only be there.
+    fn mark_active(&self, peer: &Peer) {
+        let ext = self.al.extent();
+        for e in self.al.active() {
+            peer.bitmap
+                .set_bytes(e * ext, ext.min(self.data_size.saturating_sub(e * ext)));
+        }
+    }
+
+    fn write(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.check_primary()?;
+        let len = buf.len() as u64;
+        let _range = self.locks.lock(offset, len);
+        self.al.begin(offset, len, |tx| self.persist_al(tx))?;
+        let links: Vec<(&Arc<Peer>, Option<Arc<Client>>)> =
+            self.peers.iter().map(|p| (p, p.link())).collect();
+        // Every replica's write is on its way before the local one starts.
+        let started: Vec<_> = links
+            .iter()
+            .map(|(p, l)| (*p, l.as_ref().map(|l| l.start_write(buf, offset, flags))))
+            .collect();
+        let local = self.disk.write_at(buf, offset, flags);
+        for (peer, st) in started {
+            match st.map(cairn_nbd::client::Started::wait) {
+                Some(Ok(())) if local.is_ok() => {
+                    let (a, b) = peer.bitmap.inside(offset, len);
+                    peer.bitmap.clear(a, b);
+                }
+                Some(Ok(())) => peer.bitmap.set_bytes(offset, len),
+                Some(Err(e)) => {
+                    peer.bitmap.set_bytes(offset, len);
+                    self.lose(peer, &e.to_string());
+                }
+                None => peer.bitmap.set_bytes(offset, len),
+            }
+        }
+        self.al.end(offset, len);
+        local
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.check_primary()?;
+        self.flush_all(|peer| self.mark_active(peer))
+    }
+
+    /// Drops the link to `peer` after a failure: from now on its writes are counted in
+    /// its bitmap, and (as primary) the data takes a new generation, so the next
+    /// handshake sees that this side changed while the peer was away.
+    fn lose(&self, peer: &Peer, why: &str) {
+        let old = peer.link.write().unwrap_or_else(|p| p.into_inner()).take();
+        if old.is_none() {
+            return;
+        }
+        peer.set(Conn::Connecting, Repl::Off);
+        peer.state().last_error = Some(why.to_string());
+        self.event(
+            "disconnect",
+            Some(&peer.cfg.name),
+            format!("lost peer {}: {why}", peer.cfg.name),
+        );
+        if self.role() == Role::Primary {
+            let mut p = self.persisted();
+            self.rotate(&mut p, &[peer.slot]);
+            if let Err(e) = self.meta.save(&p) {
+                tracing::error!("{}: cannot save the new generation: {e}", self.cfg.resource);
+            }
+        }
+        if let Some(old) = old {
+            if let Ok(c) = Arc::try_unwrap(old) {
+                drop(c);
+            }
+        }
+    }
+
+    /// A new current generation; the slots in `away` whose bitmap had no base take the
+    /// old current as theirs.
+    fn rotate(&self, p: &mut Persisted, away: &[usize]) {
+        let old = p.current;
+        let first = away.first().copied().unwrap_or(0);
+        let mut g = Generations {
+            current: p.current,
+            bitmap: p.peers[first].bitmap_uuid,
+            history: p.history,
+        };
+        g.new_current(&mut gen::random_ids());
+        p.current = g.current;
+        p.history = g.history;
+        p.peers[first].bitmap_uuid = g.bitmap;
+        for &s in away.iter().skip(1) {
+            if p.peers[s].bitmap_uuid == 0 {
+                p.peers[s].bitmap_uuid = old;
+            }
+        }
+    }
+
+    fn write_out_bitmaps(&self) -> Result<()> {
+        for peer in &self.peers {
+            let pages = peer.bitmap.take_dirty_pages();
+            if pages.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.meta.write_bitmap_pages(peer.slot, &pages) {
+                peer.bitmap
+                    .redirty(&pages.iter().map(|(i, _)| *i).collect::<Vec<_>>());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    // ----- roles --------------------------------------------------------------------------
+
+    /// Asks every peer for its view; `None` for a peer not reached.
+    fn ask_peers(&self) -> Vec<(Arc<Peer>, std::result::Result<Welcome, String>)> {
+        self.peers
+            .iter()
+            .map(|peer| {
+                let r = self.hello(peer);
+                (peer.clone(), r)
+            })
+            .collect()
+    }
+
+    fn hello(&self, peer: &Peer) -> std::result::Result<Welcome, String> {
+        let hello = Hello {
+            resource: self.cfg.resource.clone(),
+            node: self.cfg.node.clone(),
+            view: self.view(peer),
+            epoch: self.persisted().epoch,
+            data_size: self.data_size,
+            bm_block: self.meta.bm_block(),
+        };
+        let data = peer.request(
+            &Request::Hello(hello),
+            self.cfg.peer_timeout.min(Duration::from_secs(5)),
+        )?;
+        let w: Welcome = serde_json::from_slice(&data)
+            .map_err(|e| format!("{}: malformed answer: {e}", peer.cfg.name))?;
+        if w.node != peer.cfg.name {
+            return Err(format!(
+                "the node at {} calls itself {:?}, not {:?}",
+                peer.cfg.opts.addr, w.node, peer.cfg.name
+            ));
+        }
+        peer.state().peer_changes = Some(w.changes);
+        Ok(w)
+    }
+
+    /// `primary [--force]`.
+    pub fn promote(self: &Arc<Self>, force: bool) -> std::result::Result<String, String> {
+        let _admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        if self.role() == Role::Primary {
+            return Ok(format!(
+                "{} is already primary on {}",
+                self.cfg.resource, self.cfg.node
+            ));
+        }
+        {
+            let p = self.persisted();
+            if !p.consistent && !force {
+                return Err("this node's data is inconsistent (a resync to it did not finish); only --force promotes it, and only do that when no peer has better data".into());
+            }
+            if p.current == JUST_CREATED && !force {
+                return Err("this node's data was never made current: the first primary of a new resource needs --force (its data becomes every peer's)".into());
+            }
+        }
+        let answers = self.ask_peers();
+        let mut away = Vec::new();
+        let mut top_epoch = self.persisted().epoch;
+        for (peer, a) in &answers {
+            match a {
+                Ok(w) => {
+                    if w.view.primary {
+                        return Err(format!("peer {} is primary: make it secondary first (cairn repl secondary {} on {})", peer.cfg.name, self.cfg.resource, peer.cfg.name));
+                    }
+                    let (d, rule) = gen::decide(&self.view(peer), &w.view, self.tie(peer));
+                    if matches!(d, Decision::TargetBitmap | Decision::TargetFull) && !force {
+                        return Err(format!("peer {} has newer data ({rule:?}): promote it instead, or use --force to make this node's data win", peer.cfg.name));
+                    }
+                    top_epoch = top_epoch.max(w.epoch);
+                }
+                Err(e) => {
+                    tracing::info!(
+                        "{}: peer {} not reached before promotion: {e}",
+                        self.cfg.resource,
+                        peer.cfg.name
+                    );
+                    away.push(peer.slot);
+                }
+            }
+        }
+        // The data area stops being a target: no old primary writes after this point.
+        if let Some(ex) = self
+            .exports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            ex.peers.remove(&self.cfg.resource);
+        }
+        {
+            let mut p = self.persisted();
+            if p.current == JUST_CREATED {
+                let mut g = Generations {
+                    current: p.current,
+                    bitmap: 0,
+                    history: p.history,
+                };
+                g.initial_sync_start(&mut gen::random_ids());
+                p.current = g.current;
+                p.history = g.history;
+                p.consistent = true;
+            } else if !away.is_empty() {
+                self.rotate(&mut p, &away);
+            }
+            p.epoch = top_epoch + 1;
+            p.fence = Some(self.token(p.epoch));
+            p.primary = true;
+            if let Err(e) = self.meta.save(&p) {
+                drop(p);
+                self.readd_peer_export();
+                return Err(format!("cannot save the metadata: {e}"));
+            }
+        }
+        *self.role.write().unwrap_or_else(|p| p.into_inner()) = Role::Primary;
+        self.stop_peers.store(false, Ordering::SeqCst);
+        for peer in &self.peers {
+            peer.set(Conn::Connecting, Repl::Off);
+            let (node, peer) = (self.clone(), peer.clone());
+            let h = thread::Builder::new()
+                .name(format!("repl-{}", peer.cfg.name))
+                .spawn(move || node.run_peer(&peer))
+                .map_err(|e| e.to_string())?;
+            self.threads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(h);
+        }
+        if let Some(ex) = self
+            .exports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            ex.clients
+                .add(cairn_nbd::Export {
+                    name: self.cfg.resource.clone(),
+                    description: format!("replicated volume {}", self.cfg.resource),
+                    device: Arc::new(Volume(self.clone())),
+                    read_only: false,
+                })
+                .map_err(|e| e.to_string())?;
+        }
+        let epoch = self.persisted().epoch;
+        self.event(
+            "promoted",
+            None,
+            format!(
+                "{} is primary on {} (epoch {epoch})",
+                self.cfg.resource, self.cfg.node
+            ),
+        );
+        Ok(format!(
+            "{} is primary on {} (fencing epoch {epoch})",
+            self.cfg.resource, self.cfg.node
+        ))
+    }
+
+    fn readd_peer_export(self: &Arc<Self>) {
+        if let Some(ex) = self
+            .exports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            if let Err(e) = ex.peers.add(self.peer_export()) {
+                tracing::error!(
+                    "{}: cannot export the data area to peers: {e}",
+                    self.cfg.resource
+                );
+            }
+        }
+    }
+
+    /// `secondary`: clients are cut, everything is flushed and written out, the node
+    /// waits for a primary.
+    pub fn demote(self: &Arc<Self>) -> std::result::Result<String, String> {
+        let _admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        if self.role() == Role::Secondary {
+            return Ok(format!(
+                "{} is already secondary on {}",
+                self.cfg.resource, self.cfg.node
+            ));
+        }
+        if let Some(ex) = self
+            .exports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            // Removing the export ends its connections (their requests answered first).
+            ex.clients.remove(&self.cfg.resource);
+        }
+        self.clean_stop().map_err(|e| e.to_string())?;
+        *self.role.write().unwrap_or_else(|p| p.into_inner()) = Role::Secondary;
+        self.readd_peer_export();
+        self.event(
+            "demoted",
+            None,
+            format!("{} is secondary on {}", self.cfg.resource, self.cfg.node),
+        );
+        Ok(format!(
+            "{} is secondary on {}",
+            self.cfg.resource, self.cfg.node
+        ))
+    }
+
+    /// Stops the peer threads, flushes every replica, writes the bitmaps out and clears
+    /// the activity log: after this, nothing is in flight anywhere.
+    fn clean_stop(&self) -> Result<()> {
+        self.stop_peers.store(true, Ordering::SeqCst);
+        let threads: Vec<_> = self
+            .threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        for t in threads {
+            let _ = t.join();
+        }
+        self.flush_all(|peer| self.mark_active(peer))?;
+        self.write_out_bitmaps()?;
+        self.meta.write_al(&[])?;
+        self.al.clear_idle();
+        for peer in &self.peers {
+            if let Some(l) = peer.link.write().unwrap_or_else(|p| p.into_inner()).take() {
+                if let Ok(c) = Arc::try_unwrap(l) {
+                    let _ = c.disconnect();
+                }
+            }
+            peer.set(Conn::StandAlone, Repl::Off);
+        }
+        let mut p = self.persisted();
+        p.primary = false;
+        self.meta.save(&p)
+    }
+
+    /// Clean shutdown of the node (`down`, SIGTERM).
+    pub fn shutdown(self: &Arc<Self>) -> std::result::Result<(), String> {
+        if self.role() == Role::Primary {
+            self.demote()?;
+        }
+        Ok(())
+    }
+
+    /// `connect [--discard-my-data]` / `disconnect` for one peer or all.
+    pub fn set_connect(
+        &self,
+        peer: Option<&str>,
+        on: bool,
+        discard_my_data: bool,
+    ) -> std::result::Result<String, String> {
+        let mut n = 0;
+        for p in &self.peers {
+            if peer.is_some_and(|name| name != p.cfg.name) {
+                continue;
+            }
+            n += 1;
+            {
+                let mut s = p.state();
+                s.want = on;
+                s.discard_my_data = on && discard_my_data;
+                if on && s.conn == Conn::StandAlone && self.role() == Role::Primary {
+                    s.conn = Conn::Connecting;
+                    s.repl = Repl::Off;
+                }
+            }
+            if !on {
+                self.lose(p, "disconnected by the operator");
+                p.set(Conn::StandAlone, Repl::Off);
+            }
+        }
+        if n == 0 {
+            return Err(format!("no peer named {:?}", peer.unwrap_or("")));
+        }
+        Ok(if on {
+            "connecting".into()
+        } else {
+            "disconnected".into()
+        })
+    }
+
+    // ----- a primary's peer thread --------------------------------------------------------
+
+    fn run_peer(self: Arc<Self>, peer: &Arc<Peer>) {
+        let mut backoff = Duration::from_millis(500);
+        let mut last_out = Instant::now();
+        while !self.stop_peers.load(Ordering::SeqCst) {
+            let want = peer.state().want;
+            if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
+                match self.connect_peer(peer) {
+                    Ok(()) => backoff = Duration::from_millis(500),
+                    Err(e) => {
+                        peer.state().last_error = Some(e.clone());
+                        tracing::debug!("{}: {}: {e}", self.cfg.resource, peer.cfg.name);
+                        self.sleep(backoff);
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            } else {
+                self.sleep(Duration::from_millis(200));
+            }
+            if last_out.elapsed() > Duration::from_secs(5) {
+                let _ = self.write_out_bitmaps();
+                last_out = Instant::now();
+            }
+        }
+    }
+
+    fn sleep(&self, d: Duration) {
+        let end = Instant::now() + d;
+        while Instant::now() < end && !self.stop_peers.load(Ordering::SeqCst) {
+            thread::sleep(Duration::from_millis(20).min(d));
+        }
+    }
+
+    fn refuse(&self, peer: &Peer, kind: &'static str, repl: Repl, msg: String) -> String {
+        peer.set(Conn::StandAlone, repl);
+        peer.state().want = false;
+        self.event(kind, Some(&peer.cfg.name), msg.clone());
+        msg
+    }
+
+    /// Handshake, decision, data connection, resync.
+    fn connect_peer(&self, peer: &Arc<Peer>) -> std::result::Result<(), String> {
+        let w = self.hello(peer)?;
+        let me = self.view(peer);
+        let (decision, rule) = gen::decide(&me, &w.view, self.tie(peer));
+        tracing::info!(
+            "{}: {}: decision {decision:?} ({rule:?})",
+            self.cfg.resource,
+            peer.cfg.name
+        );
+        if w.view.primary {
+            return Err(self.refuse(peer, "split-brain", Repl::SplitBrain, format!(
+                "peer {} is primary too: two primaries (split brain); make one secondary, then `cairn repl connect --discard-my-data` on it",
+                peer.cfg.name
+            )));
+        }
+        let mine = peer.bitmap.count();
+        let full = match decision {
+            Decision::InSync | Decision::SourceBitmap => false,
+            Decision::SourceFull => true,
+            Decision::TargetBitmap | Decision::TargetFull => {
+                return Err(self.refuse(peer, "refused", Repl::Off, format!(
+                    "peer {} has newer data than this primary ({rule:?}); refusing to overwrite it: make this node secondary and promote {}",
+                    peer.cfg.name, peer.cfg.name
+                )))
+            }
+            Decision::Unrelated => {
+                return Err(self.refuse(peer, "refused", Repl::Off, format!(
+                    "peer {} holds unrelated data (no common generation); refusing to connect", peer.cfg.name
+                )))
+            }
+            Decision::SplitBrain { full } => {
+                let ok = w.discard_my_data
+                    || match self.cfg.split_brain {
+                        SplitBrainPolicy::Disconnect => false,
+                        SplitBrainPolicy::DiscardZeroChanges => w.changes == 0,
+                        SplitBrainPolicy::DiscardLeastChanges => w.changes <= mine,
+                        SplitBrainPolicy::DiscardSecondary => !w.view.primary,
+                    };
+                let msg = format!(
+                    "split brain with {}: this node changed {} KiB, the peer {} KiB since they parted",
+                    peer.cfg.name,
+                    mine * self.meta.bm_block() / 1024,
+                    w.changes * self.meta.bm_block() / 1024
+                );
+                if !ok {
+                    return Err(self.refuse(peer, "split-brain", Repl::SplitBrain, format!(
+                        "{msg}; staying disconnected (resolve with `cairn repl connect --discard-my-data` on the node whose changes are to go, or --split-brain)"
+                    )));
+                }
+                self.event("split-brain", Some(&peer.cfg.name), format!("{msg}; resolved: the peer's changes are discarded"));
+                full
+            }
+        };
+        let resync = full || decision != Decision::InSync || mine > 0;
+        if resync && !full && decision != Decision::InSync {
+            self.fetch_peer_bitmap(peer)?;
+        }
+        if full {
+            peer.bitmap.set_all();
+        }
+        if resync {
+            peer.request(
+                &Request::SyncStart {
+                    node: self.cfg.node.clone(),
+                    full,
+                },
+                self.cfg.peer_timeout,
+            )?;
+        }
+        let mut opts = peer.cfg.opts.clone();
+        opts.fence = Some(self.token(self.persisted().epoch));
+        opts.timeout = Some(self.cfg.peer_timeout);
+        opts.meta_base_allocation = false;
+        let client = Client::connect(&opts)
+            .map_err(|e| format!("data connection to {}: {e}", peer.cfg.name))?;
+        if client.size() < self.data_size {
+            return Err(format!(
+                "peer {}'s data area is {} bytes, smaller than this node's {}",
+                peer.cfg.name,
+                client.size(),
+                self.data_size
+            ));
+        }
+        *peer.link.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(client));
+        {
+            let mut s = peer.state();
+            s.last_error = None;
+            s.discard_my_data = false;
+        }
+        if !resync {
+            peer.set(Conn::Connected, Repl::Established);
+            self.event(
+                "connected",
+                Some(&peer.cfg.name),
+                format!("connected to {} (in sync)", peer.cfg.name),
+            );
+            return Ok(());
+        }
+        peer.set(Conn::Connected, Repl::SyncSource);
+        self.event(
+            "resync-started",
+            Some(&peer.cfg.name),
+            format!(
+                "{} resync to {} started: {} bytes",
+                if full { "full" } else { "bitmap" },
+                peer.cfg.name,
+                peer.bitmap.count_bytes(self.data_size)
+            ),
+        );
+        self.resync(peer, full)
+    }
+
+    fn fetch_peer_bitmap(&self, peer: &Peer) -> std::result::Result<(), String> {
+        let total = peer.bitmap.word_count();
+        let mut first = 0;
+        while first < total {
+            let n = (total - first).min(wire::BITMAP_WORDS_PER_REPLY);
+            let data = peer.request(
+                &Request::Bitmap {
+                    node: self.cfg.node.clone(),
+                    first_word: first,
+                    words: n,
+                },
+                self.cfg.peer_timeout,
+            )?;
+            if data.len() != n * 8 {
+                return Err(format!(
+                    "{}: bitmap answer of {} bytes, expected {}",
+                    peer.cfg.name,
+                    data.len(),
+                    n * 8
+                ));
+            }
+            let words: Vec<u64> = data
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            peer.bitmap.merge_words(first, &words);
+            first += n;
+        }
+        Ok(())
+    }
+
+    /// Copies every block the peer's bitmap marks, in disk order, several at once; then
+    /// tells the peer it holds this node's generation.
+    fn resync(&self, peer: &Arc<Peer>, full: bool) -> std::result::Result<(), String> {
+        let bm = self.meta.bm_block();
+        let run_bits = ((1u64 << 20) / bm).max(1);
+        let total = peer.bitmap.count_bytes(self.data_size);
+        peer.resync_done.store(0, Ordering::Relaxed);
+        peer.state().resync = Some(ResyncCounters {
+            total,
+            started: Instant::now(),
+            full,
+        });
+        let failed: Mutex<Option<String>> = Mutex::new(None);
+        loop {
+            let cursor = Mutex::new(0u64);
+            thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        let mut buf = vec![0u8; usize::try_from(run_bits * bm).expect("1 MiB")];
+                        loop {
+                            if self.stop_peers.load(Ordering::SeqCst)
+                                || failed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+                            {
+                                return;
+                            }
+                            let run = {
+                                let mut c = cursor.lock().unwrap_or_else(|p| p.into_inner());
+                                let r = peer.bitmap.next_run(*c, run_bits);
+                                if let Some((_, end)) = r {
+                                    *c = end;
+                                }
+                                r
+                            };
+                            let Some((a, b)) = run else { return };
+                            let off = a * bm;
+                            let len = (b * bm).min(self.data_size) - off;
+                            let n = usize::try_from(len).expect("<= 1 MiB");
+                            let r = (|| -> Result<()> {
+                                let Some(link) = peer.link() else {
+                                    return Err(io_err(ErrorKind::Gone, "the peer is gone"));
+                                };
+                                let _range = self.locks.lock(off, len);
+                                self.disk.read_at(&mut buf[..n], off)?;
+                                link.write_at(&buf[..n], off, WriteFlags::NONE)?;
+                                peer.bitmap.clear(a, b);
+                                Ok(())
+                            })();
+                            if let Err(e) = r {
+                                *failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some(e.to_string());
+                                return;
+                            }
+                            let done = peer.resync_done.fetch_add(len, Ordering::Relaxed) + len;
+                            self.pace(peer, done);
+                        }
+                    });
+                }
+            });
+            if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                self.lose(peer, &format!("resync: {e}"));
+                peer.state().resync = None;
+                return Err(e);
+            }
+            if self.stop_peers.load(Ordering::SeqCst) {
+                peer.state().resync = None;
+                return Err("stopped".into());
+            }
+            if peer.bitmap.count() == 0 {
+                break;
+            }
+        }
+        let link = peer.link().ok_or("the peer is gone")?;
+        if let Err(e) = link.flush() {
+            self.lose(peer, &e.to_string());
+            return Err(e.to_string());
+        }
+        // The peer now holds this generation: it says so on disk first.
+        let gens = {
+            let p = self.persisted();
+            Generations {
+                current: p.current,
+                bitmap: p.peers[peer.slot].bitmap_uuid,
+                history: p.history,
+            }
+        };
+        peer.request(
+            &Request::SyncDone {
+                node: self.cfg.node.clone(),
+                gens,
+            },
+            self.cfg.peer_timeout,
+        )?;
+        {
+            let mut p = self.persisted();
+            let mut g = Generations {
+                current: p.current,
+                bitmap: p.peers[peer.slot].bitmap_uuid,
+                history: p.history,
+            };
+            g.sync_finished_source();
+            p.history = g.history;
+            p.peers[peer.slot].bitmap_uuid = g.bitmap;
+            p.crashed_primary = false;
+            self.meta.save(&p).map_err(|e| e.to_string())?;
+        }
+        let _ = self.write_out_bitmaps();
+        let secs = peer
+            .state()
+            .resync
+            .take()
+            .map_or(0.0, |r| r.started.elapsed().as_secs_f64());
+        peer.set(Conn::Connected, Repl::Established);
+        let done = peer.resync_done.load(Ordering::Relaxed);
+        self.event(
+            "resync-done",
+            Some(&peer.cfg.name),
+            format!(
+                "resync to {} done: {done} bytes in {secs:.1} s",
+                peer.cfg.name
+            ),
+        );
+        Ok(())
+    }
+
+    /// Sleeps as long as the resync is ahead of its rate.
+    fn pace(&self, peer: &Peer, done: u64) {
+        if self.cfg.resync_rate == 0 {
+            return;
+        }
+        let Some(started) = peer.state().resync.as_ref().map(|r| r.started) else {
+            return;
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let due = Duration::from_secs_f64(done as f64 / self.cfg.resync_rate as f64);
+        let el = started.elapsed();
+        if due > el {
+            thread::sleep(due - el);
+        }
+    }
+
+    // ----- status -------------------------------------------------------------------------
+
+    pub fn status(&self) -> Status {
+        let p = self.persisted().clone();
+        let role = self.role();
+        let peers = self
+            .peers
+            .iter()
+            .map(|peer| {
+                let s = peer.state();
+                let oos = peer.bitmap.count_bytes(self.data_size);
+                let resync = s.resync.as_ref().map(|r| {
+                    let done = peer.resync_done.load(Ordering::Relaxed);
+                    let el = r.started.elapsed().as_secs_f64().max(0.001);
+                    #[allow(
+                        clippy::cast_possible_truncation,
+                        clippy::cast_sign_loss,
+                        clippy::cast_precision_loss
+                    )]
+                    let rate = (done as f64 / el) as u64;
+                    Progress {
+                        total_bytes: r.total.max(done + oos),
+                        done_bytes: done,
+                        bytes_per_sec: rate,
+                        eta_secs: (rate > 0).then(|| oos / rate),
+                        full: r.full,
+                    }
+                });
+                PeerStatus {
+                    name: peer.cfg.name.clone(),
+                    address: peer.cfg.opts.addr.to_string(),
+                    connection: s.conn,
+                    replication: s.repl,
+                    out_of_sync_bytes: oos,
+                    peer_changes: s.peer_changes.map(|c| c * self.meta.bm_block()),
+                    resync,
+                    last_error: s.last_error.clone(),
+                    since: s
+                        .since
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
+                }
+            })
+            .collect();
+        let disk = if !p.consistent {
+            "Inconsistent"
+        } else if p.current == JUST_CREATED {
+            "Blank"
+        } else if role == Role::Primary {
+            "UpToDate"
+        } else if self
+            .peers
+            .iter()
+            .any(|pe| pe.state().repl == Repl::Established)
+        {
+            "UpToDate"
+        } else {
+            "Consistent"
+        };
+        Status {
+            resource: self.cfg.resource.clone(),
+            node: self.cfg.node.clone(),
+            role,
+            disk: disk.to_string(),
+            data_size: self.data_size,
+            epoch: p.epoch,
+            generations: Generations {
+                current: p.current,
+                bitmap: 0,
+                history: p.history,
+            },
+            crashed_primary: p.crashed_primary,
+            peers,
+            events: self
+                .events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned()
+                .collect(),
+        }
+    }
+
+    // ----- the secondary's side (target.rs calls these) -------------------------------------
+
+    pub(crate) fn peer_named(&self, name: &str) -> Option<&Arc<Peer>> {
+        self.peers.iter().find(|p| p.cfg.name == name)
+    }
+
+    pub(crate) fn welcome(&self, h: &Hello) -> std::result::Result<Welcome, String> {
+        if h.resource != self.cfg.resource {
+            return Err(format!(
+                "this node serves resource {:?}, not {:?}",
+                self.cfg.resource, h.resource
+            ));
+        }
+        let peer = self.peer_named(&h.node).ok_or_else(|| {
+            format!(
+                "{:?} is not a peer of {} on {}",
+                h.node, self.cfg.resource, self.cfg.node
+            )
+        })?;
+        if h.data_size != self.data_size || h.bm_block != self.meta.bm_block() {
+            return Err(format!(
+                "the data areas differ: {} holds {} bytes in {}-byte bitmap blocks, this node {} in {}",
+                h.node, h.data_size, h.bm_block, self.data_size, self.meta.bm_block()
+            ));
+        }
+        let me = self.view(peer);
+        let (decision, rule) = gen::decide(&me, &h.view, self.tie(peer));
+        let discard = peer.state().discard_my_data;
+        if let Decision::SplitBrain { .. } = decision {
+            peer.set(Conn::StandAlone, Repl::SplitBrain);
+            self.event(
+                "split-brain",
+                Some(&h.node),
+                format!(
+                    "split brain with {} ({rule:?}): this node changed {} KiB since they parted{}",
+                    h.node,
+                    peer.bitmap.count() * self.meta.bm_block() / 1024,
+                    if discard {
+                        "; discarding this node's changes as the operator said"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+        }
+        let epoch = self.persisted().epoch;
+        Ok(Welcome {
+            node: self.cfg.node.clone(),
+            view: me,
+            epoch,
+            changes: peer.bitmap.count(),
+            decision,
+            discard_my_data: discard,
+        })
+    }
+
+    pub(crate) fn bitmap_words(
+        &self,
+        node: &str,
+        first: usize,
+        n: usize,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let peer = self
+            .peer_named(node)
+            .ok_or_else(|| format!("{node:?} is not a peer"))?;
+        let words = peer
+            .bitmap
+            .words(first, n.min(wire::BITMAP_WORDS_PER_REPLY));
+        Ok(words.iter().flat_map(|w| w.to_le_bytes()).collect())
+    }
+
+    fn require_secondary(&self) -> std::result::Result<(), String> {
+        if self.role() == Role::Primary {
+            return Err(format!(
+                "{} is primary on {}: it takes no data from another primary",
+                self.cfg.resource, self.cfg.node
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn sync_start(&self, node: &str, full: bool) -> std::result::Result<(), String> {
+        self.require_secondary()?;
+        let peer = self
+            .peer_named(node)
+            .ok_or_else(|| format!("{node:?} is not a peer"))?;
+        let mut p = self.persisted();
+        p.consistent = false;
+        self.meta.save(&p).map_err(|e| e.to_string())?;
+        drop(p);
+        peer.set(Conn::Connected, Repl::SyncTarget);
+        self.event(
+            "resync-started",
+            Some(node),
+            format!(
+                "{} resync from {node} started",
+                if full { "full" } else { "bitmap" }
+            ),
+        );
+        Ok(())
+    }
+
+    pub(crate) fn sync_done(
+        &self,
+        node: &str,
+        source: &Generations,
+    ) -> std::result::Result<(), String> {
+        self.require_secondary()?;
+        let peer = self
+            .peer_named(node)
+            .ok_or_else(|| format!("{node:?} is not a peer"))?;
+        self.disk.flush().map_err(|e| e.to_string())?;
+        let mut p = self.persisted();
+        let mut g = Generations {
+            current: p.current,
+            bitmap: p.peers[peer.slot].bitmap_uuid,
+            history: p.history,
+        };
+        g.sync_finished_target(source);
+        p.current = g.current;
+        p.history = g.history;
+        p.peers[peer.slot].bitmap_uuid = 0;
+        p.consistent = true;
+        p.crashed_primary = false;
+        peer.bitmap.clear(0, peer.bitmap.bits());
+        self.meta.save(&p).map_err(|e| e.to_string())?;
+        drop(p);
+        self.write_out_bitmaps().map_err(|e| e.to_string())?;
+        peer.state().discard_my_data = false;
+        peer.set(Conn::Connected, Repl::Established);
+        self.event(
+            "resync-done",
+            Some(node),
+            format!("resync from {node} done: this node holds its data"),
+        );
+        Ok(())
+    }
+
+    pub(crate) fn adopt(
+        &self,
+        node: &str,
+        source: &Generations,
+    ) -> std::result::Result<(), String> {
+        self.require_secondary()?;
+        self.peer_named(node)
+            .ok_or_else(|| format!("{node:?} is not a peer"))?;
+        let mut p = self.persisted();
+        p.current = source.current;
+        p.history = source.history;
+        self.meta.save(&p).map_err(|e| e.to_string())
+    }
+
+    // The fence store of the peer-facing export.
+
+    pub(crate) fn fence_load(&self) -> Option<FenceToken> {
+        let p = self.persisted();
+        Some(p.fence.clone().unwrap_or_else(|| FenceToken {
+            array: self.uuid,
+            generation: 0,
+            owner: OwnerId {
+                node: String::new(),
+                instance: 0,
+            },
+        }))
+    }
+
+    pub(crate) fn fence_store(&self, token: &FenceToken) -> Result<()> {
+        if self.role() == Role::Primary {
+            return Err(io_err(ErrorKind::ReadOnly, "this node is primary"));
+        }
+        if token.array != self.uuid {
+            return Err(io_err(
+                ErrorKind::InvalidArgument,
+                "the token names another resource",
+            ));
+        }
+        let mut p = self.persisted();
+        p.epoch = p.epoch.max(token.generation);
+        p.fence = Some(token.clone());
+        self.meta.save(&p)?;
+        drop(p);
+        if let Some(peer) = self.peer_named(&token.owner.node) {
+            let mut s = peer.state();
+            if s.repl == Repl::Off || s.repl == Repl::SplitBrain {
+                s.conn = Conn::Connected;
+                s.repl = Repl::Established;
+                s.since = SystemTime::now();
+            }
+        }
+        self.event(
+            "connected",
+            Some(&token.owner.node),
+            format!(
+                "primary {} admitted (epoch {})",
+                token.owner.node, token.generation
+            ),
+        );
+        Ok(())
+    }
+}
+
+/// The replicated volume a primary serves.
+#[derive(Debug, Clone)]
+pub struct Volume(pub Arc<Node>);
+
+impl BlockDevice for Volume {
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            size: self.0.data_size,
+            ..self.0.disk.geometry()
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            read_only: false,
+            flush: Support::Native,
+            fua: Support::Native,
+            discard: Support::None,
+            write_zeroes: Support::Emulate,
+            extents: false,
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.0.check_primary()?;
+        self.0.disk.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.0.write(buf, offset, flags)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.0.flush()
+    }
+}
+
+/// The first `size` bytes of the backing device: what a primary writes to a secondary.
+#[derive(Debug)]
+struct DataArea {
+    disk: Arc<dyn BlockDevice>,
+    size: u64,
+}
+
+impl BlockDevice for DataArea {
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            size: self.size,
+            ..self.disk.geometry()
+        }
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            discard: Support::None,
+            extents: false,
+            ..self.disk.capabilities()
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.disk.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.disk.write_at(buf, offset, flags)
+    }
+    fn flush(&self) -> Result<()> {
+        self.disk.flush()
+    }
+}
