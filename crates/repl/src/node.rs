@@ -1120,8 +1120,20 @@ impl Node {
                 self.cfg.peer_timeout,
             )?;
         }
+        // A peer that was primary since (a resolved split brain) admitted a higher epoch
+        // than ours: this primary takes the next one, so the peer's gate admits it and
+        // refuses whoever held the old one.
+        let epoch = {
+            let mut p = self.persisted();
+            if w.epoch >= p.epoch {
+                p.epoch = w.epoch + 1;
+                p.fence = Some(self.token(p.epoch));
+                self.meta.save(&p).map_err(|e| e.to_string())?;
+            }
+            p.epoch
+        };
         let mut opts = peer.cfg.opts.clone();
-        opts.fence = Some(self.token(self.persisted().epoch));
+        opts.fence = Some(self.token(epoch));
         opts.timeout = Some(self.cfg.peer_timeout);
         opts.meta_base_allocation = false;
         let client = Client::connect(&opts)

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# Mirrored between machines: `cairn repl` on two nodes in their own network namespaces
+# (real TCP over a veth pair). The primary is killed with SIGKILL at random moments while
+# a writer logs every acknowledged write (acked_writes.py); the secondary is promoted and
+# holds every acknowledged write; the old primary comes back as secondary and is resynced
+# from the bitmap and its activity log only. A partition with writes on both sides is
+# detected as split brain on both nodes and resolved with --discard-my-data.
+#
+# CAIRN_REPL_KILLS (default 2) kills per run; CAIRN_REPL_KILLS=50 is the long mode.
+# CAIRN_REPL_SPLITS (default 3) partitions. CAIRN_SEED replays a run.
+. "$(dirname "$0")/lib.sh"
+
+KILLS=${CAIRN_REPL_KILLS:-2}
+SPLITS=${CAIRN_REPL_SPLITS:-3}
+SEED=${CAIRN_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
+say "repl: seed $SEED, $KILLS kills, $SPLITS partitions (replay: CAIRN_SEED=$SEED)"
+ORACLE=$INTEROP_DIR/acked_writes.py
+TAG=rp$$
+IP=([1]=10.232.1.1 [2]=10.232.1.2)
+NAME=([1]=a [2]=b)
+
+nodes_up() {
+  need_root
+  need_tool ip nbdinfo jq
+  py -c 'import nbd' 2>/dev/null || skip "python3-libnbd (the nbd module) is missing"
+  NS=([1]=${TAG}a [2]=${TAG}b)
+  local i
+  for i in 1 2; do
+    ip netns add "${NS[$i]}" || fail "ip netns add ${NS[$i]}"
+    register netns "${NS[$i]}"
+    ip -n "${NS[$i]}" link set lo up
+  done
+  ip link add "${TAG}x" netns "${NS[1]}" type veth peer name "${TAG}y" netns "${NS[2]}" ||
+    fail "veth pair"
+  ip -n "${NS[1]}" addr add "${IP[1]}/24" dev "${TAG}x"
+  ip -n "${NS[2]}" addr add "${IP[2]}/24" dev "${TAG}y"
+  link_up
+  for i in 1 2; do
+    rm -f "$SHM/n$i.img" "$WORK/n$i.log"
+    "$CAIRN" repl create-md --size "${SIZE:-64M}" "$SHM/n$i.img" >/dev/null
+  done
+}
+
+link_up() {
+  ip -n "${NS[1]}" link set "${TAG}x" up
+  ip -n "${NS[2]}" link set "${TAG}y" up
+}
+link_down() {
+  ip -n "${NS[1]}" link set "${TAG}x" down
+  ip -n "${NS[2]}" link set "${TAG}y" down
+}
+
+ctl() { echo "$WORK/n$1.sock"; }
+client_uri() { printf 'nbd+unix:///home?socket=%s' "$WORK/n$1.nbd"; }
+
+# node_up I [ARGS]: `cairn repl up` for node I in its namespace; sets NPID[I].
+node_up() {
+  local i=$1 o=$((3 - $1))
+  shift
+  ip netns exec "${NS[$i]}" "$CAIRN" -v repl up home --disk "$SHM/n$i.img" --node "${NAME[$i]}" \
+    --listen "tcp:${IP[$i]}:7789" --insecure-no-tls --peer-timeout 3 --al-extents 4 \
+    --peer "${NAME[$o]}=nbd://${IP[$o]}:7789/home" --client-listen "unix:$WORK/n$i.nbd" \
+    --control "$(ctl "$i")" "$@" >>"$WORK/n$i.log" 2>&1 &
+  NPID[$i]=$!
+  register pid "${NPID[$i]}"
+  local n
+  for n in $(seq 100); do
+    [ -S "$(ctl "$i")" ] && "$CAIRN" repl status home --control "$(ctl "$i")" >/dev/null 2>&1 && return 0
+    kill -0 "${NPID[$i]}" 2>/dev/null || fail "node $i exited: $(tail -5 "$WORK/n$i.log")"
+    sleep 0.1
+  done
+  fail "node $i does not answer: $(tail -5 "$WORK/n$i.log")"
+}
+
+node_kill() {
+  kill -KILL "${NPID[$1]}"
+  wait "${NPID[$1]}" 2>/dev/null || true
+}
+
+status_json() { "$CAIRN" --json repl status home --control "$(ctl "$1")"; }
+
+# wait_peer I STATE: node I sees its peer in replication state STATE (Established, ...).
+wait_peer() {
+  local n s
+  for n in $(seq "${3:-300}"); do
+    s=$(status_json "$1" | jq -r '.peers[0].replication')
+    [ "$s" = "$2" ] && return 0
+    sleep 0.1
+  done
+  fail "node $1: peer is $s, not $2: $("$CAIRN" repl status home --control "$(ctl "$1")")"
+}
+
+t_failover() {
+  nodes_up
+  node_up 1
+  node_up 2
+  "$CAIRN" repl primary home --control "$(ctl 2)" && fail "blank data became primary without --force"
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  wait_peer 2 Established
+  local k p=1 s=2 bs=4096 blocks size
+  size=$(nbdinfo --size "$(client_uri 1)")
+  blocks=$((size / bs))
+  RANDOM=$((SEED % 32768))
+  for k in $(seq 1 "$KILLS"); do
+    local seed=$((SEED + k))
+    rm -f "$WORK/log"
+    py "$ORACLE" write "$(client_uri $p)" "$seed" "$blocks" "$bs" 32 "$WORK/log" >"$WORK/writer.out" 2>&1 &
+    local wpid=$!
+    register pid "$wpid"
+    for n in $(seq 100); do [ -s "$WORK/log" ] && break; sleep 0.05; done
+    sleep "$(printf '0.%03d' $((100 + RANDOM % 800)))"
+    node_kill $p
+    wait "$wpid" || fail "the writer failed: $(cat "$WORK/writer.out")"
+    [ -s "$WORK/log" ] || fail "no write was acknowledged before the kill"
+    say "kill $k of node $p: $(cat "$WORK/writer.out")"
+    # The peer takes over and holds every acknowledged write.
+    "$CAIRN" repl primary home --control "$(ctl $s)"
+    py "$ORACLE" check "$(client_uri $s)" "$seed" "$bs" "$WORK/log" >"$WORK/check.out" 2>&1 ||
+      fail "after kill $k (seed $seed) node $s lacks acknowledged writes: $(cat "$WORK/check.out")"
+    say "  node $s promoted: $(cat "$WORK/check.out")"
+    if [ "$k" = 1 ]; then
+      # The oracle can fail: an acknowledged block overwritten is found.
+      local b
+      b=$(head -1 "$WORK/log")
+      py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(bytes(4096), int(sys.argv[2]) * 4096); h.shutdown()' \
+        "$(client_uri $s)" "$b"
+      py "$ORACLE" check "$(client_uri $s)" "$seed" "$bs" "$WORK/log" >/dev/null 2>&1 &&
+        fail "the oracle missed an overwritten block"
+    fi
+    # The old primary comes back as secondary: only its activity log (4 extents of
+    # 4 MiB at most) and what the new primary wrote since are resynced.
+    node_up $p
+    wait_peer $s Established
+    local resynced
+    resynced=$(status_json $s | jq -r '[.events[] | select(.kind == "resync-started")] | last | .message')
+    say "  node $p back: $resynced"
+    local bytes
+    bytes=$(sed -n 's/.*started: \([0-9]*\) bytes.*/\1/p' <<<"$resynced")
+    [ -n "$bytes" ] || fail "no resync to node $p was reported"
+    [ "$bytes" -le $(((16 << 20) + (1 << 20))) ] ||
+      fail "resynced $bytes bytes: more than the activity log (4 x 4 MiB) and the new primary's writes"
+    expect_eq "$(status_json $p | jq -r .disk)" UpToDate "node $p's disk after the resync"
+    expect_eq "$(status_json $p | jq -r .crashed_primary)" false "crashed-primary flag cleared"
+    local tmp=$p
+    p=$s
+    s=$tmp
+  done
+  # Both replicas hold the same bytes (the data area of each backing file).
+  "$CAIRN" repl secondary home --control "$(ctl $p)"
+  local data
+  data=$(status_json 1 | jq -r .data_size)
+  cmp -n "$data" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
+}
+
+t_split_brain() {
+  nodes_up
+  node_up 1
+  node_up 2
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 2 Established
+  local k
+  for k in $(seq 1 "$SPLITS"); do
+    link_down
+    # Both sides write while apart: the primary, and the other node made primary.
+    py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b"A" * 65536, 0); h.flush(); h.shutdown()' "$(client_uri 1)"
+    wait_peer 1 Off 100
+    "$CAIRN" repl primary home --control "$(ctl 2)"
+    py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b"B" * 8192, 1 << 20); h.flush(); h.shutdown()' "$(client_uri 2)"
+    "$CAIRN" repl secondary home --control "$(ctl 2)"
+    link_up
+    # Detected on both sides, and refused: nothing is synced either way.
+    wait_peer 1 SplitBrain
+    wait_peer 2 SplitBrain
+    "$CAIRN" repl status home --control "$(ctl 1)" | grep -q "split brain" ||
+      fail "node 1's status does not say split brain"
+    say "partition $k: split brain seen by both nodes"
+    # The operator discards b's changes.
+    "$CAIRN" repl connect home --discard-my-data --control "$(ctl 2)"
+    "$CAIRN" repl connect home --control "$(ctl 1)"
+    wait_peer 1 Established
+    wait_peer 2 Established
+  done
+  "$CAIRN" repl secondary home --control "$(ctl 1)"
+  local data
+  data=$(status_json 1 | jq -r .data_size)
+  cmp -n "$data" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ after the resolution"
+}
+
+t_refusals() {
+  need_tool jq
+  truncate -s 4K "$SHM/tiny.img"
+  local out
+  out=$("$CAIRN" repl create-md "$SHM/tiny.img" 2>&1) && fail "create-md on 4 KiB succeeded"
+  expect_contains "$out" "room" "too small a disk is named"
+  truncate -s 16M "$SHM/plain.img"
+  out=$("$CAIRN" repl up home --disk "$SHM/plain.img" --node a --peer b=nbd://127.0.0.1:1/home \
+    --control "$WORK/x.sock" --client-listen "unix:$WORK/x.nbd" --listen tcp:127.0.0.1:0 2>&1) &&
+    fail "up on a disk without metadata succeeded"
+  expect_contains "$out" "create-md" "the missing metadata is named with its fix"
+  "$CAIRN" repl create-md "$SHM/plain.img" >/dev/null
+  out=$("$CAIRN" repl create-md "$SHM/plain.img" 2>&1) && fail "create-md twice succeeded"
+  expect_contains "$out" "already" "existing metadata is not overwritten"
+  out=$("$CAIRN" repl status home --control "$WORK/none.sock" 2>&1) && fail "status of nothing succeeded"
+  expect_contains "$out" "cairn repl up" "status says what is not running"
+}
+
+run_test refusals t_refusals
+run_test failover t_failover
+run_test split_brain t_split_brain
+finish
