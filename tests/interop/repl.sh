@@ -205,7 +205,124 @@ t_refusals() {
   expect_contains "$out" "cairn repl up" "status says what is not running"
 }
 
+# etcd in a third namespace, reached by each node over its own veth pair; the A-B link
+# can then be cut while both still reach etcd.
+etcd_up() {
+  need_tool etcd curl
+  E=${TAG}e
+  ip netns add "$E" || fail "ip netns add $E"
+  register netns "$E"
+  ip -n "$E" link set lo up
+  local i
+  for i in 1 2; do
+    ip link add "${TAG}e$i" netns "${NS[$i]}" type veth peer name "${TAG}f$i" netns "$E" ||
+      fail "veth to etcd"
+    ip -n "${NS[$i]}" addr add "10.232.$((i + 1)).1/24" dev "${TAG}e$i"
+    ip -n "$E" addr add "10.232.$((i + 1)).2/24" dev "${TAG}f$i"
+    ip -n "${NS[$i]}" link set "${TAG}e$i" up
+    ip -n "$E" link set "${TAG}f$i" up
+  done
+  ip netns exec "$E" etcd --name t --data-dir "$WORK/etcd" \
+    --listen-client-urls http://0.0.0.0:2379 --advertise-client-urls http://10.232.2.2:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster t=http://127.0.0.1:2380 >"$WORK/etcd.log" 2>&1 &
+  register pid $!
+  for i in $(seq 100); do
+    ip netns exec "${NS[1]}" curl -s -m 1 http://10.232.2.2:2379/health | grep -q true && return 0
+    sleep 0.1
+  done
+  fail "etcd did not start: $(tail -5 "$WORK/etcd.log")"
+}
+etcd_args() { echo --etcd "http://10.232.$(($1 + 1)).2:2379" --etcd-ttl 2 --auto-failover; }
+
+wait_role() { # NODE ROLE [TENTHS]
+  local n r
+  for n in $(seq "${3:-200}"); do
+    r=$(status_json "$1" | jq -r .role)
+    [ "$r" = "$2" ] && return 0
+    sleep 0.1
+  done
+  fail "node $1 is $r, not $2: $("$CAIRN" repl status home --control "$(ctl "$1")")"
+}
+
+data_sum() { nbdcopy "$(client_uri "$1")" - | md5sum | cut -d' ' -f1; }
+
+t_etcd_failover() {
+  SIZE=32M nodes_up
+  etcd_up
+  need_tool nbdcopy
+  # shellcheck disable=SC2046
+  node_up 1 $(etcd_args 1)
+  # shellcheck disable=SC2046
+  node_up 2 $(etcd_args 2)
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  # A second primary is refused while the lease is held.
+  local out
+  out=$("$CAIRN" repl primary home --control "$(ctl 2)" 2>&1) && fail "two primaries under etcd"
+  expect_contains "$out" "primary elsewhere" "the lease holder is named"
+  local bs=4096 blocks seed=$((SEED + 100))
+  blocks=$(($(nbdinfo --size "$(client_uri 1)") / bs))
+  # 1. The primary dies: the secondary takes over by itself once the lease runs out.
+  rm -f "$WORK/log"
+  py "$ORACLE" write "$(client_uri 1)" "$seed" "$blocks" "$bs" 32 "$WORK/log" >"$WORK/writer.out" 2>&1 &
+  local wpid=$!
+  register pid "$wpid"
+  for n in $(seq 100); do [ -s "$WORK/log" ] && break; sleep 0.05; done
+  sleep 0.3
+  node_kill 1
+  wait "$wpid" || true
+  wait_role 2 Primary 150
+  say "node 2 took over by itself: $(status_json 2 | jq -r '[.events[] | select(.kind == "failover")] | last | .message')"
+  py "$ORACLE" check "$(client_uri 2)" "$seed" "$bs" "$WORK/log" >"$WORK/check.out" 2>&1 ||
+    fail "after the failover node 2 lacks acknowledged writes: $(cat "$WORK/check.out")"
+  say "  $(cat "$WORK/check.out")"
+  # shellcheck disable=SC2046
+  node_up 1 $(etcd_args 1)
+  wait_peer 2 Established
+  # 2. The primary is paused past its lease: the other node takes over, and the paused
+  # one, resumed, writes nothing (frozen; the new primary's epoch fences it anyway).
+  py -c 'import nbd, sys, time
+h = nbd.NBD(); h.connect_uri(sys.argv[1])
+i = 0
+while True:
+    h.pwrite(bytes([i % 251]) * 4096, (i % 64) * 4096); i += 1' "$(client_uri 2)" >/dev/null 2>&1 &
+  local zpid=$!
+  register pid "$zpid"
+  sleep 0.5
+  kill -STOP "${NPID[2]}"
+  wait_role 1 Primary 150
+  local before after
+  before=$(data_sum 1)
+  kill -CONT "${NPID[2]}"
+  sleep 2
+  after=$(data_sum 1)
+  expect_eq "$after" "$before" "node 1's data after the paused primary woke"
+  expect_contains "$(status_json 2 | jq -r .quorum)" "lost" "the old primary knows its lease is lost"
+  kill "$zpid" 2>/dev/null || true
+  "$CAIRN" repl secondary home --control "$(ctl 2)"
+  wait_peer 1 Established
+  # 3. Partition: the primary goes on alone and marks the other outdated in etcd; when
+  # the primary then dies, the outdated node does not take over.
+  link_down
+  py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b"P" * 65536, 0); h.flush(); h.shutdown()' "$(client_uri 1)"
+  expect_contains "$(status_json 1 | jq -r '[.events[].kind] | join(" ")')" outdated "node 2 marked outdated"
+  node_kill 1
+  sleep 6
+  expect_eq "$(status_json 2 | jq -r .role)" Secondary "the outdated node's role after the primary died"
+  out=$("$CAIRN" repl primary home --control "$(ctl 2)" 2>&1) && fail "an outdated node became primary"
+  expect_contains "$out" "outdated" "the refusal names the outdated mark"
+  link_up
+  # shellcheck disable=SC2046
+  node_up 1 $(etcd_args 1)
+  "$CAIRN" repl primary home --control "$(ctl 1)"
+  wait_peer 1 Established
+  "$CAIRN" repl secondary home --control "$(ctl 1)"
+  cmp -n "$(status_json 1 | jq -r .data_size)" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
+}
+
 run_test refusals t_refusals
 run_test failover t_failover
 run_test split_brain t_split_brain
+run_test etcd_failover t_etcd_failover
 finish

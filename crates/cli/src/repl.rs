@@ -138,6 +138,27 @@ pub struct UpArgs {
     /// With --primary: as `cairn repl primary --force`
     #[arg(long, requires = "primary")]
     pub force: bool,
+    /// Quorum through etcd (http://HOST:2379): the primary role is an etcd lease taken
+    /// only by compare-and-swap, and a replica the primary went on without is marked
+    /// outdated there so it cannot take over with old data
+    #[arg(long, value_name = "URL")]
+    pub etcd: Option<String>,
+    /// Seconds the primary lease outlives its last keepalive
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, requires = "etcd")]
+    pub etcd_ttl: u64,
+    /// With --etcd: a consistent secondary that is not outdated becomes primary by itself
+    /// when no primary holds the lease
+    #[arg(long, requires = "etcd")]
+    pub auto_failover: bool,
+    /// With --etcd: what a primary does with requests once its lease may be gone: freeze
+    /// (they wait until the node is made secondary) or error (EPERM at once)
+    #[arg(
+        long,
+        value_name = "freeze|error",
+        default_value = "freeze",
+        requires = "etcd"
+    )]
+    pub on_lease_loss: cairn_repl::quorum::OnLoss,
     #[command(flatten)]
     pub tls: TlsOptions,
 }
@@ -298,6 +319,16 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         al_extents: a.al_extents.max(1),
         split_brain: a.split_brain,
         peer_timeout: Duration::from_secs(a.peer_timeout.max(1)),
+        quorum: match &a.etcd {
+            Some(url) => Some(cairn_repl::quorum::Quorum {
+                etcd: cairn_cluster::Etcd::new(url)
+                    .map_err(|e| CliError::new(format!("--etcd: {e}")))?,
+                ttl: Duration::from_secs(a.etcd_ttl.max(1)),
+                auto_failover: a.auto_failover,
+                on_loss: a.on_lease_loss,
+            }),
+            None => None,
+        },
     };
     let disk = cairn_stack::leaf::open(&a.disk, false, false, Duration::from_secs(10))?;
     let meta = cairn_repl::store::Store::open(disk.clone())
@@ -358,6 +389,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         peers: peer_server.exports_handle(),
     })
     .map_err(CliError::new)?;
+    node.start_failover_watch();
 
     let control = control_path(&a.resource, a.control.as_ref());
     listen::prepare_socket_path(&control)?;
@@ -615,6 +647,9 @@ pub fn render(s: &Status) -> String {
             ""
         }
     );
+    if let Some(q) = &s.quorum {
+        let _ = writeln!(o, "  etcd: {q}");
+    }
     for p in &s.peers {
         let _ = writeln!(
             o,

@@ -216,9 +216,28 @@ impl Etcd {
     /// Creates `key` = `value` attached to `lease` only if the key does not exist
     /// (compare create_revision == 0). The only way ownership is decided.
     pub fn create_if_absent(&self, key: &[u8], value: &[u8], lease: i64) -> Result<Created> {
+        self.create_if_absent_with(key, value, lease, &[])
+    }
+
+    /// [`Etcd::create_if_absent`], in the same transaction also requiring every key of
+    /// `also_absent` not to exist (a replica marked outdated may not take the primary
+    /// role). A failure because only one of those exists reports `key` as held by
+    /// nobody (`create_revision` 0).
+    pub fn create_if_absent_with(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+        also_absent: &[&[u8]],
+    ) -> Result<Created> {
         let k = b64(key);
+        let mut compare =
+            vec![json!({"key": k, "result": "EQUAL", "target": "CREATE", "create_revision": "0"})];
+        for other in also_absent {
+            compare.push(json!({"key": b64(other), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}));
+        }
         let body = json!({
-            "compare": [{"key": k, "result": "EQUAL", "target": "CREATE", "create_revision": "0"}],
+            "compare": compare,
             "success": [{"request_put": {"key": k, "value": b64(value), "lease": lease.to_string()}}],
             "failure": [{"request_range": {"key": k}}],
         });
@@ -230,8 +249,8 @@ impl Etcd {
         let kvs = &v["responses"][0]["response_range"]["kvs"];
         match kvs.get(0) {
             Some(kv) => Ok(Created::Exists(key_value(kv)?)),
-            // Deleted between the compare and the range (its lease just expired): report
-            // it as held by nobody; the caller tries again.
+            // Deleted between the compare and the range (its lease just expired), or
+            // refused for one of `also_absent`: report it as held by nobody.
             None => Ok(Created::Exists(KeyValue {
                 value: Vec::new(),
                 create_revision: 0,
@@ -239,6 +258,18 @@ impl Etcd {
                 lease: 0,
             })),
         }
+    }
+
+    /// Sets `key` = `value` with no lease (it stays until deleted).
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.post("/v3/kv/put", &json!({"key": b64(key), "value": b64(value)}))
+            .map(|_| ())
+    }
+
+    /// Deletes `key` (absent is not an error).
+    pub fn delete(&self, key: &[u8]) -> Result<()> {
+        self.post("/v3/kv/deleterange", &json!({"key": b64(key)}))
+            .map(|_| ())
     }
 
     /// Reads a key, for display only: no decision is taken from a read.

@@ -154,12 +154,24 @@ impl Lease {
         value: &[u8],
         ttl: Duration,
     ) -> std::result::Result<Lease, LeaseError> {
+        Lease::acquire_with(etcd, key, value, ttl, &[])
+    }
+
+    /// [`Lease::acquire`], with the same transaction also requiring the keys of
+    /// `also_absent` not to exist.
+    pub fn acquire_with(
+        etcd: &Etcd,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+        also_absent: &[&[u8]],
+    ) -> std::result::Result<Lease, LeaseError> {
         let secs = ttl.as_secs().max(1);
         // Keepalives wait at most a third of the TTL for an answer.
         let etcd = etcd.clone().with_timeout(Duration::from_secs(secs) / 3);
         let sent = Instant::now();
         let (id, granted) = etcd.grant(secs)?;
-        let created = match etcd.create_if_absent(key.as_bytes(), value, id) {
+        let created = match etcd.create_if_absent_with(key.as_bytes(), value, id, also_absent) {
             Ok(c) => c,
             Err(e) => {
                 let _ = etcd.revoke(id);

@@ -18,6 +18,7 @@ pub mod bitmap;
 pub mod gen;
 pub mod meta;
 pub mod node;
+pub mod quorum;
 pub mod ranges;
 
 pub mod store;

@@ -35,8 +35,10 @@ use serde::{Deserialize, Serialize};
 use crate::al::{ActivityLog, Transaction};
 use crate::bitmap::Bitmap;
 use crate::gen::{self, Decision, Generations, NodeView, JUST_CREATED};
+use crate::quorum::{self, OnLoss, Quorum};
 use crate::ranges::RangeLocks;
 use crate::wire::{self, Hello, Request, Welcome, OPT_CAIRN_REPL};
+use cairn_cluster::{Lease, LeaseError, LeaseGuard};
 
 /// What the node keeps in its metadata superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,6 +144,9 @@ pub struct NodeConfig {
     pub split_brain: SplitBrainPolicy,
     /// How long a peer may take to answer before it is dropped.
     pub peer_timeout: Duration,
+    /// The primary role as an etcd lease, outdated replicas recorded there, and
+    /// automatic failover (quorum.rs); `None`: manual promotion only.
+    pub quorum: Option<Quorum>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,6 +215,9 @@ pub struct Peer {
     link: RwLock<Option<Arc<Client>>>,
     st: Mutex<PeerState>,
     resync_done: AtomicU64,
+    /// The primary recorded this peer as outdated in etcd (quorum.rs).
+    outdated: AtomicBool,
+    recording: Mutex<()>,
 }
 
 impl Peer {
@@ -277,6 +285,9 @@ pub struct Status {
     pub epoch: u64,
     pub generations: Generations,
     pub crashed_primary: bool,
+    /// With a quorum: the primary lease ("held, 8.1 s left", "lost: I/O frozen"), or
+    /// what a secondary does ("automatic failover on").
+    pub quorum: Option<String>,
     pub peers: Vec<PeerStatus>,
     pub events: Vec<Event>,
 }
@@ -323,6 +334,13 @@ pub struct Node {
     exports: Mutex<Option<Exports>>,
     /// Serializes role changes and connect/disconnect.
     admin: Mutex<()>,
+    /// The primary role's etcd lease, while primary with a quorum configured.
+    lease: Mutex<Option<Lease>>,
+    guard: RwLock<Option<LeaseGuard>>,
+    /// Frozen requests give up (the node is being made secondary or stopped).
+    halt: AtomicBool,
+    /// The node is shutting down for good.
+    stopped: AtomicBool,
 }
 
 impl fmt::Debug for Node {
@@ -422,6 +440,8 @@ impl Node {
                     resync: None,
                 }),
                 resync_done: AtomicU64::new(0),
+                outdated: AtomicBool::new(false),
+                recording: Mutex::new(()),
             }));
         }
         let active = meta.read_al()?;
@@ -463,6 +483,10 @@ impl Node {
             threads: Mutex::new(Vec::new()),
             exports: Mutex::new(None),
             admin: Mutex::new(()),
+            lease: Mutex::new(None),
+            guard: RwLock::new(None),
+            halt: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
         };
         if crashed {
             node.event("crashed-primary", None, "this node stopped as primary without a clean stop: its activity log's extents will be resynced".into());
@@ -578,7 +602,86 @@ impl Node {
                 format!("{}: this node is not primary", self.cfg.resource),
             ));
         }
-        Ok(())
+        self.lease_check()
+    }
+
+    /// With a quorum: Ok while the primary lease is certainly ours; after that, frozen or
+    /// refused as configured.
+    fn lease_check(&self) -> Result<()> {
+        let Some(g) = self.guard.read().unwrap_or_else(|p| p.into_inner()).clone() else {
+            return Ok(());
+        };
+        let what = self.cfg.resource.as_str();
+        if g.check(what).is_ok() {
+            return Ok(());
+        }
+        if self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze) {
+            while !self.halt.load(Ordering::SeqCst) && self.role() == Role::Primary {
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+        g.check(what)
+    }
+
+    /// With a quorum: records in etcd that `peer` misses writes, before any write it
+    /// did not get is acknowledged, so it cannot take the primary role with old data.
+    fn ensure_outdated(&self, peer: &Peer) -> Result<()> {
+        let Some(q) = &self.cfg.quorum else {
+            return Ok(());
+        };
+        if peer.outdated.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _one = peer.recording.lock().unwrap_or_else(|p| p.into_inner());
+        if peer.outdated.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let key = quorum::outdated_key(&self.cfg.resource, &peer.cfg.name);
+        loop {
+            let value = format!("{:016x} {}", self.persisted().current, self.cfg.node);
+            match q.etcd.put(key.as_bytes(), value.as_bytes()) {
+                Ok(()) => {
+                    peer.outdated.store(true, Ordering::Release);
+                    self.event(
+                        "outdated",
+                        Some(&peer.cfg.name),
+                        format!(
+                        "peer {} marked outdated in etcd: it cannot take over until it is resynced",
+                        peer.cfg.name
+                    ),
+                    );
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "{}: cannot mark {} outdated in etcd: {e}",
+                        self.cfg.resource,
+                        peer.cfg.name
+                    );
+                    self.lease_check()?;
+                    if self.halt.load(Ordering::SeqCst) {
+                        return Err(io_err(ErrorKind::Shutdown, "stopping"));
+                    }
+                    thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// The peer holds this node's data again: it may take over.
+    fn clear_outdated(&self, peer: &Peer) {
+        let Some(q) = &self.cfg.quorum else {
+            return;
+        };
+        let key = quorum::outdated_key(&self.cfg.resource, &peer.cfg.name);
+        match q.etcd.delete(key.as_bytes()) {
+            Ok(()) => peer.outdated.store(false, Ordering::Release),
+            Err(e) => tracing::warn!(
+                "{}: cannot clear {}'s outdated mark in etcd: {e}",
+                self.cfg.resource,
+                peer.cfg.name
+            ),
+        }
     }
 
     fn persist_al(&self, tx: &Transaction) -> Result<()> {
@@ -639,6 +742,7 @@ impl Node {
             .map(|(p, l)| (*p, l.as_ref().map(|l| l.start_write(buf, offset, flags))))
             .collect();
         let local = self.disk.write_at(buf, offset, flags);
+        let mut missed = Ok(());
         for (peer, st) in started {
             match st.map(cairn_nbd::client::Started::wait) {
                 Some(Ok(())) if local.is_ok() => {
@@ -649,12 +753,16 @@ impl Node {
                 Some(Err(e)) => {
                     peer.bitmap.set_bytes(offset, len);
                     self.lose(peer, &e.to_string());
+                    missed = missed.and_then(|()| self.ensure_outdated(peer));
                 }
-                None => peer.bitmap.set_bytes(offset, len),
+                None => {
+                    peer.bitmap.set_bytes(offset, len);
+                    missed = missed.and_then(|()| self.ensure_outdated(peer));
+                }
             }
         }
         self.al.end(offset, len);
-        local
+        local.and(missed)
     }
 
     fn flush(&self) -> Result<()> {
@@ -677,7 +785,9 @@ impl Node {
             Some(&peer.cfg.name),
             format!("lost peer {}: {why}", peer.cfg.name),
         );
-        if self.role() == Role::Primary {
+        // A primary whose lease ran out makes no new generation: it may not write, and
+        // its peer has taken over (a new generation there would read as split brain).
+        if self.role() == Role::Primary && !self.lease_lost() {
             let mut p = self.persisted();
             self.rotate(&mut p, &[peer.slot]);
             if let Err(e) = self.meta.save(&p) {
@@ -783,13 +893,21 @@ impl Node {
                 return Err("this node's data was never made current: the first primary of a new resource needs --force (its data becomes every peer's)".into());
             }
         }
+        // With a quorum the role is an etcd lease first: a successful transaction, never
+        // a read, decides. It is given back if anything below refuses.
+        let lease = match &self.cfg.quorum {
+            Some(q) => Some(self.take_lease(q, force)?),
+            None => None,
+        };
         let answers = self.ask_peers();
         let mut away = Vec::new();
         let mut top_epoch = self.persisted().epoch;
         for (peer, a) in &answers {
             match a {
                 Ok(w) => {
-                    if w.view.primary {
+                    // A peer that still says primary while this node holds the lease has
+                    // lost its own: its I/O is frozen and the epoch below fences it.
+                    if w.view.primary && lease.is_none() {
                         return Err(format!("peer {} is primary: make it secondary first (cairn repl secondary {} on {})", peer.cfg.name, self.cfg.resource, peer.cfg.name));
                     }
                     let (d, rule) = gen::decide(&self.view(peer), &w.view, self.tie(peer));
@@ -841,6 +959,14 @@ impl Node {
                 return Err(format!("cannot save the metadata: {e}"));
             }
         }
+        if let Some(l) = lease {
+            *self.guard.write().unwrap_or_else(|p| p.into_inner()) = Some(l.guard());
+            *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(l);
+            if force {
+                self.clear_own_outdated();
+            }
+        }
+        self.halt.store(false, Ordering::SeqCst);
         *self.role.write().unwrap_or_else(|p| p.into_inner()) = Role::Primary;
         self.stop_peers.store(false, Ordering::SeqCst);
         for peer in &self.peers {
@@ -885,6 +1011,96 @@ impl Node {
         ))
     }
 
+    /// The primary lease: created only if no primary holds it and (unless forced) this
+    /// node is not marked outdated, in one transaction.
+    fn take_lease(&self, q: &Quorum, force: bool) -> std::result::Result<Lease, String> {
+        let key = quorum::primary_key(&self.cfg.resource);
+        let mine = quorum::outdated_key(&self.cfg.resource, &self.cfg.node);
+        let also: Vec<&[u8]> = if force {
+            Vec::new()
+        } else {
+            vec![mine.as_bytes()]
+        };
+        let value = format!("{} epoch {}", self.cfg.node, self.persisted().epoch + 1);
+        match Lease::acquire_with(&q.etcd, &key, value.as_bytes(), q.ttl, &also) {
+            Ok(l) => Ok(l),
+            Err(LeaseError::Held(kv)) if kv.create_revision != 0 => Err(format!(
+                "{} is primary elsewhere: {} holds {key} (etcd lease {:x})",
+                self.cfg.resource,
+                String::from_utf8_lossy(&kv.value),
+                kv.lease
+            )),
+            Err(LeaseError::Held(_)) => Err(format!(
+                "{} on {} is marked outdated in etcd ({mine}): a primary went on without it, so its data is old; \
+                 wait for that primary, or --force to take over with this data and lose the writes it missed",
+                self.cfg.resource, self.cfg.node
+            )),
+            Err(LeaseError::Etcd(e)) => Err(format!("etcd: {e}: the primary role cannot be taken")),
+        }
+    }
+
+    fn clear_own_outdated(&self) {
+        if let Some(q) = &self.cfg.quorum {
+            let mine = quorum::outdated_key(&self.cfg.resource, &self.cfg.node);
+            if let Err(e) = q.etcd.delete(mine.as_bytes()) {
+                tracing::warn!(
+                    "{}: cannot clear this node's outdated mark: {e}",
+                    self.cfg.resource
+                );
+            }
+        }
+    }
+
+    /// With automatic failover: a consistent secondary that is not outdated takes the
+    /// primary role when no primary holds the lease. Both nodes may try at once; the
+    /// etcd transaction lets one through.
+    pub fn start_failover_watch(self: &Arc<Self>) {
+        let Some(q) = self.cfg.quorum.clone().filter(|q| q.auto_failover) else {
+            return;
+        };
+        let node = Arc::downgrade(self);
+        let period = (q.ttl / 3).max(Duration::from_millis(300));
+        let _ = thread::Builder::new()
+            .name("repl-failover".into())
+            .spawn(move || loop {
+                thread::sleep(period);
+                let Some(n) = node.upgrade() else { return };
+                if n.stopping() {
+                    return;
+                }
+                if n.role() != Role::Secondary {
+                    continue;
+                }
+                {
+                    let p = n.persisted();
+                    if !p.consistent || p.current == JUST_CREATED {
+                        continue;
+                    }
+                }
+                let key = quorum::primary_key(&n.cfg.resource);
+                // A read only to avoid pointless transactions; the transaction decides.
+                if !matches!(q.etcd.get(key.as_bytes()), Ok(None)) {
+                    continue;
+                }
+                match n.promote(false) {
+                    Ok(m) => n.event("failover", None, format!("no primary held the lease: {m}")),
+                    Err(e) => tracing::debug!("{}: failover not taken: {e}", n.cfg.resource),
+                }
+            });
+    }
+
+    fn lease_lost(&self) -> bool {
+        self.guard
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|g| g.check("").is_err())
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
     fn readd_peer_export(self: &Arc<Self>) {
         if let Some(ex) = self
             .exports
@@ -911,6 +1127,8 @@ impl Node {
                 self.cfg.resource, self.cfg.node
             ));
         }
+        // Frozen requests (a lost lease) give up now rather than hold the stop.
+        self.halt.store(true, Ordering::SeqCst);
         if let Some(ex) = self
             .exports
             .lock()
@@ -921,6 +1139,9 @@ impl Node {
             ex.clients.remove(&self.cfg.resource);
         }
         self.clean_stop().map_err(|e| e.to_string())?;
+        // Giving the lease back (revoking it) lets another node take over at once.
+        *self.guard.write().unwrap_or_else(|p| p.into_inner()) = None;
+        drop(self.lease.lock().unwrap_or_else(|p| p.into_inner()).take());
         *self.role.write().unwrap_or_else(|p| p.into_inner()) = Role::Secondary;
         self.readd_peer_export();
         self.event(
@@ -966,6 +1187,7 @@ impl Node {
 
     /// Clean shutdown of the node (`down`, SIGTERM).
     pub fn shutdown(self: &Arc<Self>) -> std::result::Result<(), String> {
+        self.stopped.store(true, Ordering::SeqCst);
         if self.role() == Role::Primary {
             self.demote()?;
         }
@@ -1014,7 +1236,20 @@ impl Node {
     fn run_peer(self: Arc<Self>, peer: &Arc<Peer>) {
         let mut backoff = Duration::from_millis(500);
         let mut last_out = Instant::now();
+        let mut told = false;
         while !self.stop_peers.load(Ordering::SeqCst) {
+            if self.lease_lost() {
+                if !told && peer.slot == 0 {
+                    self.event("lease-lost", None, format!(
+                        "{}: the primary lease in etcd is lost or expired: I/O is {}; make this node secondary",
+                        self.cfg.resource,
+                        if self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze) { "frozen" } else { "refused" }
+                    ));
+                }
+                told = true;
+                self.sleep(Duration::from_millis(200));
+                continue;
+            }
             let want = peer.state().want;
             if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
                 match self.connect_peer(peer) {
@@ -1060,6 +1295,20 @@ impl Node {
             self.cfg.resource,
             peer.cfg.name
         );
+        if w.view.primary
+            && self
+                .lease
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
+        {
+            // This node holds the etcd lease, so the peer's lease ran out: a stale
+            // primary, frozen, fenced by the epoch. Wait for it to be made secondary.
+            return Err(format!(
+                "peer {} still says primary (its etcd lease is gone); waiting for it to be made secondary",
+                peer.cfg.name
+            ));
+        }
         if w.view.primary {
             return Err(self.refuse(peer, "split-brain", Repl::SplitBrain, format!(
                 "peer {} is primary too: two primaries (split brain); make one secondary, then `cairn repl connect --discard-my-data` on it",
@@ -1153,6 +1402,7 @@ impl Node {
             s.discard_my_data = false;
         }
         if !resync {
+            self.clear_outdated(peer);
             peer.set(Conn::Connected, Repl::Established);
             self.event(
                 "connected",
@@ -1227,6 +1477,7 @@ impl Node {
                         let mut buf = vec![0u8; usize::try_from(run_bits * bm).expect("1 MiB")];
                         loop {
                             if self.stop_peers.load(Ordering::SeqCst)
+                                || self.lease_lost()
                                 || failed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
                             {
                                 return;
@@ -1312,6 +1563,7 @@ impl Node {
             self.meta.save(&p).map_err(|e| e.to_string())?;
         }
         let _ = self.write_out_bitmaps();
+        self.clear_outdated(peer);
         let secs = peer
             .state()
             .resync
@@ -1394,12 +1646,11 @@ impl Node {
             "Inconsistent"
         } else if p.current == JUST_CREATED {
             "Blank"
-        } else if role == Role::Primary {
-            "UpToDate"
-        } else if self
-            .peers
-            .iter()
-            .any(|pe| pe.state().repl == Repl::Established)
+        } else if role == Role::Primary
+            || self
+                .peers
+                .iter()
+                .any(|pe| pe.state().repl == Repl::Established)
         {
             "UpToDate"
         } else {
@@ -1418,6 +1669,7 @@ impl Node {
                 history: p.history,
             },
             crashed_primary: p.crashed_primary,
+            quorum: self.quorum_status(role),
             peers,
             events: self
                 .events
@@ -1427,6 +1679,32 @@ impl Node {
                 .cloned()
                 .collect(),
         }
+    }
+
+    fn quorum_status(&self, role: Role) -> Option<String> {
+        let q = self.cfg.quorum.as_ref()?;
+        if role == Role::Secondary {
+            return Some(if q.auto_failover {
+                "automatic failover on".into()
+            } else {
+                "manual promotion".into()
+            });
+        }
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        Some(match lease.as_ref().and_then(Lease::valid_until) {
+            Some(until) if until > Instant::now() => format!(
+                "primary lease held, {:.1} s left",
+                (until - Instant::now()).as_secs_f64()
+            ),
+            _ => format!(
+                "primary lease lost: I/O {}",
+                if q.on_loss == OnLoss::Freeze {
+                    "frozen"
+                } else {
+                    "refused"
+                }
+            ),
+        })
     }
 
     // ----- the secondary's side (target.rs calls these) -------------------------------------

@@ -274,7 +274,7 @@ impl Super {
             return Err(format!("max_peers {max_peers} is not 1 to {SLOTS}"));
         }
         let data_size = le64(b, 16);
-        if data_size == 0 || data_size % bm_block != 0 {
+        if data_size == 0 || !data_size.is_multiple_of(bm_block) {
             return Err(format!(
                 "data size {data_size} is not a positive multiple of the bitmap block"
             ));
