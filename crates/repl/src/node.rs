@@ -1394,12 +1394,11 @@ impl Node {
             "Inconsistent"
         } else if p.current == JUST_CREATED {
             "Blank"
-        } else if role == Role::Primary {
-            "UpToDate"
-        } else if self
-            .peers
-            .iter()
-            .any(|pe| pe.state().repl == Repl::Established)
+        } else if role == Role::Primary
+            || self
+                .peers
+                .iter()
+                .any(|pe| pe.state().repl == Repl::Established)
         {
             "UpToDate"
         } else {
