@@ -44,7 +44,12 @@
 //!              +8  8  bitmap_uuid  generation bitmap k started from; 0: none
 //!             +16 64  name         peer name/address hint, UTF-8, NUL padded
 //!             +80 16  reserved     0
-//!   400 108  reserved       0
+//!   400  32  fence_owner    node name of the primary admitted last (the fencing
+//!                           token's owner), UTF-8, NUL padded; empty: none yet
+//!   432   8  fence_instance that primary's process instance
+//!   440   8  fence_generation  the epoch of that token: <= fence_epoch
+//!                           (400..448 all zero: no token; a token needs a uuid)
+//!   448  60  reserved       0
 //!   508   4  checksum       CRC32C of bytes 0..508
 //!   512 ...  zero up to 4096
 //! ```
@@ -79,6 +84,8 @@ pub const DEFAULT_BM_BLOCK: u32 = 4096;
 pub const DEFAULT_AL_EXTENT: u32 = 4 << 20;
 /// Longest peer name, in bytes.
 pub const NAME_LEN: usize = 64;
+/// Longest fencing-token owner (node) name, in bytes.
+pub const OWNER_LEN: usize = 32;
 
 /// `flags`: the data is one whole generation (cleared while a resync target).
 pub const FLAG_CONSISTENT: u32 = 1;
@@ -118,8 +125,11 @@ const SLOT_BITMAP_UUID: usize = SLOT_FLAGS + 4;
 const SLOT_NAME: usize = SLOT_BITMAP_UUID + 8;
 const SLOT_RESERVED: usize = SLOT_NAME + NAME_LEN;
 const SLOT_SIZE: usize = SLOT_RESERVED + 16;
-const OFF_RESERVED2: usize = OFF_SLOTS + SLOTS * SLOT_SIZE;
-const OFF_CHECKSUM: usize = OFF_RESERVED2 + 108;
+const OFF_FENCE_OWNER: usize = OFF_SLOTS + SLOTS * SLOT_SIZE;
+const OFF_FENCE_INSTANCE: usize = OFF_FENCE_OWNER + OWNER_LEN;
+const OFF_FENCE_GENERATION: usize = OFF_FENCE_INSTANCE + 8;
+const OFF_RESERVED2: usize = OFF_FENCE_GENERATION + 8;
+const OFF_CHECKSUM: usize = OFF_RESERVED2 + 60;
 /// Where the checksum sits (the harnesses re-checksum mutated superblocks).
 pub const CHECKSUM_AT: usize = OFF_CHECKSUM;
 /// Bytes the checksum covers, checksum included.
@@ -129,7 +139,10 @@ const _: () = {
     assert!(OFF_DATA_SIZE == 56);
     assert!(OFF_SLOTS == 112);
     assert!(SLOT_SIZE == 96);
-    assert!(OFF_RESERVED2 == 400);
+    assert!(OFF_FENCE_OWNER == 400);
+    assert!(OFF_FENCE_INSTANCE == 432);
+    assert!(OFF_FENCE_GENERATION == 440);
+    assert!(OFF_RESERVED2 == 448);
     assert!(USED == 512);
     assert!(USED <= SUPER_SIZE);
     assert!(SLOTS == MAX_PEERS as usize);
@@ -337,6 +350,14 @@ pub struct Super {
     pub current: u64,
     pub history: [u64; 2],
     pub fence_epoch: u64,
+    /// The fencing token admitted last on the peer link (or stamped by this node as
+    /// primary): its owner's node name, at most [`OWNER_LEN`] bytes of UTF-8 without
+    /// NUL. The token's resource array is `uuid`. All three fence fields zero: none.
+    pub fence_owner: String,
+    /// The token owner's process instance.
+    pub fence_instance: u64,
+    /// The token's generation (epoch); never above `fence_epoch`.
+    pub fence_generation: u64,
     /// Always [`MAX_PEERS`] slots; those at `max_peers` and beyond are unused.
     pub peers: [PeerSlot; SLOTS],
 }
@@ -365,6 +386,11 @@ pub fn checksum(b: &[u8; SUPER_SIZE]) -> u32 {
 }
 
 impl Super {
+    /// A fencing token is recorded (any of the fence fields is set).
+    pub fn has_fence(&self) -> bool {
+        !self.fence_owner.is_empty() || self.fence_instance != 0 || self.fence_generation != 0
+    }
+
     pub fn has(&self, flag: u32) -> bool {
         self.flags & flag != 0
     }
@@ -462,6 +488,22 @@ impl Super {
         if self.current == JUST_CREATED && self.history != [0, 0] {
             return Err("current is JUST_CREATED but the history is not empty".into());
         }
+        if self.fence_owner.len() > OWNER_LEN || self.fence_owner.contains('\0') {
+            return Err(format!(
+                "fence_owner is longer than {OWNER_LEN} bytes or holds a NUL"
+            ));
+        }
+        if self.fence_generation > self.fence_epoch {
+            return Err(format!(
+                "fence_generation {} is above fence_epoch {}",
+                self.fence_generation, self.fence_epoch
+            ));
+        }
+        if self.has_fence() && self.uuid == [0; 16] {
+            return Err(
+                "fence_owner: a fencing token is recorded but the resource uuid is zero".into(),
+            );
+        }
         for (k, s) in self.peers.iter().enumerate() {
             let used_ok = u32::try_from(k).is_ok_and(|k| k < self.max_peers);
             if !s.in_use {
@@ -526,6 +568,11 @@ impl Super {
         put64(&mut b, OFF_HISTORY, self.history[0]);
         put64(&mut b, OFF_HISTORY + 8, self.history[1]);
         put64(&mut b, OFF_FENCE_EPOCH, self.fence_epoch);
+        let owner = self.fence_owner.as_bytes();
+        let n = owner.len().min(OWNER_LEN);
+        b[OFF_FENCE_OWNER..OFF_FENCE_OWNER + n].copy_from_slice(&owner[..n]);
+        put64(&mut b, OFF_FENCE_INSTANCE, self.fence_instance);
+        put64(&mut b, OFF_FENCE_GENERATION, self.fence_generation);
         for (k, s) in self.peers.iter().enumerate() {
             let at = OFF_SLOTS + k * SLOT_SIZE;
             put32(&mut b, at + SLOT_NODE_ID, s.node_id);
@@ -595,6 +642,14 @@ impl Super {
                 name: name.to_owned(),
             };
         }
+        let raw = &b[OFF_FENCE_OWNER..OFF_FENCE_INSTANCE];
+        let len = raw.iter().position(|&x| x == 0).unwrap_or(OWNER_LEN);
+        if raw[len..].iter().any(|&x| x != 0) {
+            return Err("fence_owner is not NUL padded".into());
+        }
+        let fence_owner = std::str::from_utf8(&raw[..len])
+            .map_err(|_| "fence_owner is not UTF-8".to_string())?
+            .to_owned();
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[OFF_UUID..OFF_NODE_ID]);
         let s = Super {
@@ -610,6 +665,9 @@ impl Super {
             current: le64(b, OFF_CURRENT),
             history: [le64(b, OFF_HISTORY), le64(b, OFF_HISTORY + 8)],
             fence_epoch: le64(b, OFF_FENCE_EPOCH),
+            fence_owner,
+            fence_instance: le64(b, OFF_FENCE_INSTANCE),
+            fence_generation: le64(b, OFF_FENCE_GENERATION),
             peers,
         };
         s.validate()?;
@@ -620,6 +678,8 @@ impl Super {
 /// What `create-md` needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CreateParams {
+    /// The resource's id; zero: not yet known (the data path records it when the
+    /// resource first runs on this device).
     pub uuid: [u8; 16],
     pub node_id: u32,
     pub max_peers: u32,
@@ -627,6 +687,9 @@ pub struct CreateParams {
     pub al_extent: u32,
     /// Up to `max_peers` slots, in slot order.
     pub peers: Vec<PeerSlot>,
+    /// Start CONSISTENT: the blank device counts as one whole generation, so replicas
+    /// created alike need no initial sync (both JUST_CREATED and consistent: in sync).
+    pub consistent: bool,
 }
 
 impl CreateParams {
@@ -639,6 +702,7 @@ impl CreateParams {
             bm_block: DEFAULT_BM_BLOCK,
             al_extent: DEFAULT_AL_EXTENT,
             peers: Vec::new(),
+            consistent: false,
         }
     }
 }
@@ -679,8 +743,8 @@ impl MetaStore {
 
     /// Writes fresh metadata: bitmaps and activity log zeroed (made durable first),
     /// then the superblock (FUA), so a crash in between leaves no superblock over
-    /// stale bitmaps. Current is JUST_CREATED, not consistent; CLEAN is set, as
-    /// nothing runs yet. Overwrites any metadata there: the caller asks first.
+    /// stale bitmaps. Current is JUST_CREATED, consistent only if the params say so;
+    /// CLEAN is set, as nothing runs yet. Overwrites any metadata there: the caller asks first.
     pub fn create(dev: &dyn BlockDevice, params: &CreateParams) -> Result<(MetaStore, Super)> {
         Self::check_device(dev)?;
         let size = dev.geometry().size;
@@ -701,7 +765,12 @@ impl MetaStore {
             uuid: params.uuid,
             node_id: params.node_id,
             max_peers: params.max_peers,
-            flags: FLAG_CLEAN,
+            flags: FLAG_CLEAN
+                | if params.consistent {
+                    FLAG_CONSISTENT
+                } else {
+                    0
+                },
             bm_block: params.bm_block,
             al_extent: params.al_extent,
             data_size: layout.data_size,
@@ -710,6 +779,9 @@ impl MetaStore {
             current: JUST_CREATED,
             history: [0, 0],
             fence_epoch: 0,
+            fence_owner: String::new(),
+            fence_instance: 0,
+            fence_generation: 0,
             peers,
         };
         sb.validate().map_err(invalid)?;
@@ -828,6 +900,55 @@ impl MetaStore {
         write_area(dev, at, bytes, words, first_word, n_words)
     }
 
+    /// Writes whole pages of peer slot `slot`'s bitmap, given as (page index, its
+    /// words): at most 512 words a page, fewer meaning the rest of the page is zero.
+    /// Bits past the last data block are written as zero. Everything is checked before
+    /// anything is written. Durable when it returns: one FUA write when the pages are
+    /// one consecutive run, otherwise one plain write per run and a flush.
+    pub fn write_bitmap_pages(
+        &self,
+        dev: &dyn BlockDevice,
+        slot: u32,
+        pages: &[(u64, &[u64])],
+    ) -> Result<()> {
+        let (at, bytes, bits) = self.slot_area(slot)?;
+        let n_pages = bytes / PAGE;
+        // Runs of consecutive pages: (first page, bytes).
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        for &(page, words) in pages {
+            if page >= n_pages {
+                return Err(Error::new(
+                    ErrorKind::OutOfRange,
+                    format!("bitmap page {page} past the {n_pages} of peer slot {slot}"),
+                ));
+            }
+            if words.len() as u64 > WORDS_PER_PAGE {
+                return Err(invalid(format!(
+                    "{} words given for a bitmap page of {WORDS_PER_PAGE}",
+                    words.len()
+                )));
+            }
+            let mut w = words.to_vec();
+            w.resize(PAGE_WORDS, 0);
+            clear_padding(&mut w, page * WORDS_PER_PAGE, bits);
+            let b = w.iter().flat_map(|x| x.to_le_bytes());
+            match runs.last_mut() {
+                Some((first, buf)) if *first + buf.len() as u64 / PAGE == page => buf.extend(b),
+                _ => runs.push((page, b.collect())),
+            }
+        }
+        match runs.as_slice() {
+            [] => Ok(()),
+            [(first, buf)] => dev.write_at(buf, at + first * PAGE, WriteFlags::FUA),
+            _ => {
+                for (first, buf) in &runs {
+                    dev.write_at(buf, at + first * PAGE, WriteFlags::NONE)?;
+                }
+                dev.flush()
+            }
+        }
+    }
+
     /// The activity log: `al_bytes / 8` words, padding bits cleared.
     pub fn read_al(&self, dev: &dyn BlockDevice) -> Result<Vec<u64>> {
         let (at, bytes, bits) = self.al_area();
@@ -850,6 +971,8 @@ impl MetaStore {
 }
 
 const WORDS_PER_PAGE: u64 = PAGE / 8;
+const PAGE_WORDS: usize = 512;
+const _: () = assert!(PAGE_WORDS as u64 == WORDS_PER_PAGE);
 
 fn read_area(dev: &dyn BlockDevice, at: u64, bytes: u64, bits: u64) -> Result<Vec<u64>> {
     let len = usize::try_from(bytes).map_err(|_| invalid("bitmap larger than memory"))?;
@@ -864,14 +987,20 @@ fn read_area(dev: &dyn BlockDevice, at: u64, bytes: u64, bits: u64) -> Result<Ve
         })
         .collect();
     // Bits past the last data block mean nothing: cleared so counts stay exact.
-    let full = usize::try_from(bits / 64).unwrap_or(usize::MAX);
-    if let Some(w) = words.get_mut(full) {
-        *w &= (1u64 << (bits % 64)).wrapping_sub(1);
-    }
-    for w in words.iter_mut().skip(full.saturating_add(1)) {
-        *w = 0;
-    }
+    clear_padding(&mut words, 0, bits);
     Ok(words)
+}
+
+/// Clears the bits at or past `bits` in `words`, the area's words from `first_word` on.
+fn clear_padding(words: &mut [u64], first_word: u64, bits: u64) {
+    for (k, w) in words.iter_mut().enumerate() {
+        let start = (first_word + k as u64).saturating_mul(64);
+        if start >= bits {
+            *w = 0;
+        } else if bits - start < 64 {
+            *w &= (1u64 << (bits - start)) - 1;
+        }
+    }
 }
 
 fn write_area(

@@ -36,6 +36,9 @@ const FIELDS: &[(usize, usize)] = &[
     (208, 4), // slot 1 node_id
     (212, 4), // slot 1 flags
     (304, 4), // slot 2 node_id
+    (104, 8), // fence_epoch
+    (432, 8), // fence_instance
+    (440, 8), // fence_generation
 ];
 
 fn hostile(rng: &mut SmallRng, width: usize) -> u64 {
@@ -63,7 +66,11 @@ fn seed_super() -> Vec<u8> {
         bitmap_uuid: 0x10,
         name: "peer-two".into(),
     });
-    let (store, sb) = MetaStore::create(&dev, &p).unwrap();
+    let (store, mut sb) = MetaStore::create(&dev, &p).unwrap();
+    sb.fence_epoch = 6;
+    sb.fence_generation = 5;
+    sb.fence_instance = 0x77;
+    sb.fence_owner = "node-a".into();
     store.write_super(&dev, &sb).unwrap();
     sb.encode().to_vec()
 }

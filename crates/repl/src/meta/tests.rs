@@ -32,6 +32,9 @@ fn sample() -> Super {
         current: 0x1234_5670,
         history: [0x1111_0000, 0],
         fence_epoch: 9,
+        fence_owner: "ü".repeat(16), // 32 bytes of UTF-8: the longest owner
+        fence_instance: 0x0123_4567_89ab_cdef,
+        fence_generation: 8,
         peers,
     }
 }
@@ -58,6 +61,10 @@ fn round_trip_and_layout_bytes() {
     assert_eq!(le32(&b, 116), SLOT_IN_USE);
     assert_eq!(le64(&b, 120), 0xabc0);
     assert_eq!(&b[128..139], b"node-b:7789");
+    assert_eq!(&b[400..432], "ü".repeat(16).as_bytes());
+    assert_eq!(le64(&b, 432), 0x0123_4567_89ab_cdef);
+    assert_eq!(le64(&b, 440), 8);
+    assert!(b[448..508].iter().all(|&x| x == 0));
     assert_eq!(le32(&b, 508), crc32c::crc32c(&b[..508]));
     assert!(b[512..].iter().all(|&x| x == 0));
     assert_eq!(Super::decode(&b).unwrap(), s);
@@ -128,7 +135,27 @@ fn each_bad_field_is_named() {
             Box::new(|c| c[OFF_SLOTS + 2 * SLOT_SIZE + 3] = 1),
             "peer slot 2",
         ),
+        (
+            Box::new(|c| c[OFF_FENCE_OWNER] = 0xff),
+            "fence_owner is not UTF-8",
+        ),
+        (
+            Box::new(|c| {
+                c[OFF_FENCE_OWNER..OFF_FENCE_INSTANCE].fill(0);
+                c[OFF_FENCE_OWNER + 31] = b'x';
+            }),
+            "fence_owner is not NUL padded",
+        ),
+        (
+            Box::new(|c| put64(c, OFF_FENCE_GENERATION, 10)),
+            "fence_generation",
+        ),
+        (
+            Box::new(|c| c[OFF_UUID..OFF_NODE_ID].fill(0)),
+            "uuid is zero",
+        ),
         (Box::new(|c| c[OFF_RESERVED2 + 5] = 1), "reserved"),
+        (Box::new(|c| c[OFF_CHECKSUM - 1] = 1), "reserved"),
         (Box::new(|c| c[4000] = 1), "not zero"),
     ];
     for (mutate, word) in cases {
@@ -153,6 +180,36 @@ fn each_bad_field_is_named() {
     s.al_offset = l.al_offset;
     s.peers[0].node_id = 0;
     assert!(s.validate().unwrap_err().contains("peer slot 1"));
+    // An owner longer than the field.
+    let mut s = sample();
+    s.fence_owner = "x".repeat(OWNER_LEN + 1);
+    assert!(s.validate().unwrap_err().contains("fence_owner"));
+}
+
+#[test]
+fn no_fence_token_and_no_uuid() {
+    let mut s = sample();
+    s.fence_owner.clear();
+    s.fence_instance = 0;
+    s.fence_generation = 0;
+    assert!(!s.has_fence());
+    s.uuid = [0; 16];
+    let b = s.encode();
+    assert!(b[400..508].iter().all(|&x| x == 0));
+    assert_eq!(Super::decode(&b).unwrap(), s);
+    // Any one fence field makes a token, which needs a uuid.
+    for set in [
+        |s: &mut Super| s.fence_owner = "a".into(),
+        |s: &mut Super| s.fence_instance = 1,
+        |s: &mut Super| s.fence_generation = 1,
+    ] {
+        let mut t = s.clone();
+        set(&mut t);
+        assert!(t.has_fence());
+        assert!(t.validate().unwrap_err().contains("uuid is zero"));
+        t.uuid = [7; 16];
+        assert_eq!(Super::decode(&t.encode()).unwrap(), t);
+    }
 }
 
 #[test]
@@ -252,6 +309,7 @@ fn create_open_write() {
     let (store, sb) = MetaStore::create(&dev, &p).unwrap();
     assert_eq!(sb.current, JUST_CREATED);
     assert!(sb.has(FLAG_CLEAN) && !sb.has(FLAG_CONSISTENT));
+    assert!(!sb.has_fence());
     let (store2, sb2) = MetaStore::open(&dev).unwrap();
     assert_eq!((store2, &sb2), (store, &sb));
     let l = *store.layout();
@@ -355,6 +413,74 @@ fn bitmap_pages_written_are_only_the_touched_ones() {
     words.fill(0);
     store.write_bitmap_range(&dev, 0, &words, 0, 0).unwrap();
     assert_eq!(store.read_bitmap(&dev, 0).unwrap()[0], u64::MAX);
+}
+
+#[test]
+fn bitmap_pages_by_index() {
+    let dev = MemDisk::new(512 * MIB);
+    let (store, _) = MetaStore::create(&dev, &CreateParams::new([1; 16], 0, 2)).unwrap();
+    let l = *store.layout();
+    let n_pages = l.bitmap_bytes / PAGE;
+    assert!(n_pages >= 4);
+    let ones = vec![u64::MAX; 512];
+    // One run (pages 1 and 2), a short page (the rest zero), then two runs.
+    store
+        .write_bitmap_pages(&dev, 1, &[(1, &ones), (2, &ones)])
+        .unwrap();
+    store.write_bitmap_pages(&dev, 1, &[(2, &[5, 6])]).unwrap();
+    let back = store.read_bitmap(&dev, 1).unwrap();
+    assert!(back[..512].iter().all(|&w| w == 0));
+    assert!(back[512..1024].iter().all(|&w| w == u64::MAX));
+    assert_eq!(&back[1024..1026], &[5, 6]);
+    assert!(back[1026..].iter().all(|&w| w == 0));
+    store
+        .write_bitmap_pages(&dev, 1, &[(0, &[1]), (3, &[3])])
+        .unwrap();
+    let back = store.read_bitmap(&dev, 1).unwrap();
+    assert_eq!((back[0], back[1536]), (1, 3));
+    assert!(store.read_bitmap(&dev, 0).unwrap().iter().all(|&w| w == 0));
+    // The last page: bits past the last data block are not written.
+    let last = n_pages - 1;
+    store.write_bitmap_pages(&dev, 0, &[(last, &ones)]).unwrap();
+    let mut raw = vec![0u8; usize::try_from(PAGE).unwrap()];
+    dev.read_at(&mut raw, l.bitmap_at(0) + last * PAGE).unwrap();
+    let set: u64 = raw.iter().map(|b| u64::from(b.count_ones())).sum();
+    assert_eq!(set, l.bits() - last * PAGE * 8);
+    // Refusals, before anything is written.
+    assert_eq!(
+        store
+            .write_bitmap_pages(&dev, 1, &[(0, &[9]), (n_pages, &[1])])
+            .unwrap_err()
+            .kind(),
+        ErrorKind::OutOfRange
+    );
+    assert_eq!(store.read_bitmap(&dev, 1).unwrap()[0], 1);
+    assert_eq!(
+        store
+            .write_bitmap_pages(&dev, 1, &[(0, &[0; 513])])
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        store
+            .write_bitmap_pages(&dev, 2, &[(0, &[1])])
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    store.write_bitmap_pages(&dev, 1, &[]).unwrap();
+}
+
+#[test]
+fn create_consistent() {
+    let dev = MemDisk::new(64 * MIB);
+    let mut p = CreateParams::new([0; 16], 0, 1);
+    p.consistent = true;
+    let (_, sb) = MetaStore::create(&dev, &p).unwrap();
+    assert!(sb.has(FLAG_CONSISTENT) && sb.has(FLAG_CLEAN));
+    assert_eq!(sb.uuid, [0; 16]);
+    assert_eq!(MetaStore::open(&dev).unwrap().1, sb);
 }
 
 #[test]
