@@ -247,8 +247,9 @@ impl Layout {
                 .and_then(|l| l.super_offset.checked_add(SUPER_SIZE_U64))
                 .unwrap_or(u64::MAX);
             format!(
-                "a device of {backing_size} bytes is too small for replication metadata \
-                 with {max_peers} peer(s): it must be at least {need} bytes"
+                "a device of {backing_size} bytes is too small: it has no room for one \
+                 activity-log extent of data and replication metadata with {max_peers} \
+                 peer(s); it must be at least {need} bytes"
             )
         };
         let Some(super_offset) = Layout::super_offset_for(backing_size) else {
