@@ -19,7 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(nbd_proto nbd_options nbd_client luks_header lvm_text lvm_label md_superblock md_ppl)
+    targets=(nbd_proto nbd_options nbd_client luks_header lvm_text lvm_label md_superblock md_ppl repl_super)
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then

@@ -201,6 +201,11 @@ t_refusals() {
   "$CAIRN" repl create-md "$SHM/plain.img" >/dev/null
   out=$("$CAIRN" repl create-md "$SHM/plain.img" 2>&1) && fail "create-md twice succeeded"
   expect_contains "$out" "already" "existing metadata is not overwritten"
+  "$CAIRN" repl create-md --force --resource work "$SHM/plain.img" >/dev/null
+  out=$("$CAIRN" repl up home --disk "$SHM/plain.img" --node a --peer b=nbd://127.0.0.1:1/home \
+    --control "$WORK/x.sock" --client-listen "unix:$WORK/x.nbd" --listen tcp:127.0.0.1:0 2>&1) &&
+    fail "up of another resource's disk succeeded"
+  expect_contains "$out" "another replicated resource" "another resource's disk is refused"
   out=$("$CAIRN" repl status home --control "$WORK/none.sock" 2>&1) && fail "status of nothing succeeded"
   expect_contains "$out" "cairn repl up" "status says what is not running"
 }

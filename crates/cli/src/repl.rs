@@ -34,7 +34,7 @@ pub const REPL_LONG: &str = "\
 A volume mirrored between machines, synchronously (DRBD's protocol C): a write is answered \
 only when the local disk and every connected peer have it. Any file or block device can be \
 the backing disk; the replication metadata (generations, an activity log and one \
-out-of-sync bitmap per peer) sits at its end, after the data (docs/replication.md).
+out-of-sync bitmap per peer) sits at its end, after the data (docs/replication-format.md).
 
 One node is primary and serves the volume over NBD; the others are secondary and take its \
 writes. A peer that is away is tracked in a bitmap and resynced from it when it comes back; \
@@ -91,6 +91,10 @@ pub struct CreateMdArgs {
     /// Write over existing replication metadata
     #[arg(long)]
     pub force: bool,
+    /// The resource this disk is for (without it, the first `cairn repl up` records
+    /// its resource); `up` of another resource is then refused
+    #[arg(long, value_name = "NAME")]
+    pub resource: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -248,6 +252,7 @@ fn create_md(a: &CreateMdArgs, global: &Global) -> Result<()> {
         bm_block: a.bitmap_block,
         al_extent: a.al_extent,
         force: a.force,
+        resource: a.resource.as_deref().map(cairn_repl::node::resource_id),
     };
     let made = cairn_repl::store::create(disk.as_ref(), &params)
         .map_err(|e| CliError::new(format!("{}: {e}", a.disk.display())))?;
@@ -255,7 +260,8 @@ fn create_md(a: &CreateMdArgs, global: &Global) -> Result<()> {
         println!(
             "{}",
             json!({"disk": a.disk, "data_size": made.data_size, "metadata_bytes": made.metadata_bytes,
-                   "max_peers": a.max_peers, "bitmap_block": a.bitmap_block, "al_extent": a.al_extent})
+                   "max_peers": a.max_peers, "bitmap_block": a.bitmap_block, "al_extent": a.al_extent,
+                   "resource": a.resource})
         );
     } else {
         println!(
@@ -268,7 +274,14 @@ fn create_md(a: &CreateMdArgs, global: &Global) -> Result<()> {
             a.bitmap_block,
             human(a.al_extent)
         );
-        println!("next: cairn repl up RESOURCE --disk {} --node NAME --peer NAME=nbd://HOST:7789/RESOURCE", a.disk.display());
+        let res = a
+            .resource
+            .as_deref()
+            .map_or_else(|| "RESOURCE".to_string(), crate::shell::shell_word);
+        println!(
+            "next: cairn repl up {res} --disk {} --node NAME --peer NAME=nbd://HOST:7789/{res}",
+            crate::shell::shell_word(&a.disk.display().to_string())
+        );
     }
     Ok(())
 }

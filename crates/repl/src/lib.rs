@@ -11,7 +11,7 @@
 //!   gen.rs    generation identifiers and the sync decision taken at connect
 //! ```
 //!
-//! docs/replication.md has the rules and every byte.
+//! docs/replication-format.md has the rules and every byte.
 
 pub mod al;
 pub mod bitmap;

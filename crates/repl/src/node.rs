@@ -74,6 +74,11 @@ pub trait MetaIo: Send + Sync + fmt::Debug {
     fn bm_block(&self) -> u64;
     fn al_extent(&self) -> u64;
     fn max_peers(&self) -> usize;
+    /// Ties the metadata to the resource `id` ([`resource_id`]): metadata of no resource
+    /// yet takes it (recorded by the next save), another resource's is refused.
+    fn bind_resource(&self, _id: [u8; 16]) -> Result<()> {
+        Ok(())
+    }
     fn load(&self) -> Result<Persisted>;
     /// Durable when it returns.
     fn save(&self, p: &Persisted) -> Result<()>;
@@ -401,6 +406,7 @@ impl Node {
                 ),
             ));
         }
+        meta.bind_resource(resource_id(&cfg.resource))?;
         let mut p = meta.load()?;
         let data_size = meta.data_size();
         let bits = data_size.div_ceil(meta.bm_block());
