@@ -1341,6 +1341,9 @@ impl Vg {
         self.record_failed(&r, &rebuild, freshest.as_ref())
             .map_err(|e| e.context(format!("LV {full}: recording the images to rebuild")))?;
         let events = self.raid_superblock(&r).map_or(1, |f| f.events);
+        array
+            .record_events(events)
+            .map_err(|e| e.context(format!("LV {full}: its bitmap")))?;
         let mut rebuilt = Vec::new();
         for i in (0..r.images.len()).filter(|&i| rebuild[i]) {
             let image = format!("{}/{}", self.meta.name, r.images[i]);
@@ -1904,12 +1907,14 @@ impl Vg {
                 format!("LV {full}: its images hold less than its {lv_bytes} bytes"),
             ));
         }
+        let mut recorded = false;
         if !ro && !ignore_failed && down.iter().any(|d| *d) {
             // As dm-raid's super_sync: the images left record the missing ones as
             // failed, so that when a missing PV returns its stale image is not read
             // until a repair rebuilds it.
             self.record_failed(r, &down, freshest.as_ref())
                 .map_err(|e| e.context(format!("LV {full}: recording failed images")))?;
+            recorded = true;
         }
         let n = images.len();
         let members: Vec<Option<Arc<dyn BlockDevice>>> = images
@@ -1950,6 +1955,13 @@ impl Vg {
             dirty = array
                 .attach_own_bitmap(devs, crate::raid::BITMAP_OFFSET, events)
                 .map_err(|e| e.context(format!("LV {full}: its bitmap")))?;
+            if recorded {
+                // The superblocks moved on (the failed images); the bitmap follows, as
+                // md writes its events with every superblock update.
+                array
+                    .record_events(self.raid_superblock(r).map_or(events, |f| f.events))
+                    .map_err(|e| e.context(format!("LV {full}: its bitmap")))?;
+            }
         }
         let array = Arc::new(array);
         let lv = LogicalVolume::raid(

@@ -122,6 +122,15 @@ impl Array {
         Ok(Some(dirty))
     }
 
+    /// For an array without superblocks whose owner keeps its own record of events
+    /// (dm-raid's superblocks): the array's events become at least `events`, and a
+    /// bitmap kept apart records them, as md's bitmap follows every superblock update.
+    pub fn record_events(&self, events: u64) -> Result<()> {
+        let mut meta = self.meta_lock();
+        meta.events = meta.events.max(events);
+        self.write_superblocks(&mut meta)
+    }
+
     /// Writes the whole bitmap area, as it is now, to `m` (FUA): a member taking a role
     /// (a spare, a re-added member, a replacement) must carry the array's bitmap.
     pub(crate) fn bitmap_init_member(&self, m: &crate::slot::Member) -> Result<()> {
