@@ -387,10 +387,51 @@ served_rebuild() {
 t_served_rebuild_raid1() { served_rebuild raid1 2 -m 1; }
 t_served_rebuild_raid10() { served_rebuild raid10 4 -m 1 -i 2 -I 64k; }
 
+# rmeta_bits FILE: the first 2 bytes of md's bitmap bits in the metadata LV at extent 0
+# of FILE (1 MiB pe_start, bitmap at 4 KiB, bits after its 256-byte header), as a number.
+rmeta_bits() {
+  py -c 'import sys
+with open(sys.argv[1], "rb") as f:
+    f.seek((1 << 20) + 4096)
+    h = f.read(512)
+assert h[:4] == b"bitm", h[:4]
+print(int.from_bytes(h[256:258], "little"))' "$1"
+}
+
+# kill -9 mid-write: the bitmap in both metadata LVs marks exactly the 2 MiB regions the
+# writes touched (md's write-intent bits, per region), and the next start resyncs those
+# regions only (4 MiB, not the LV's 32 MiB); a clean stop then leaves no bit set.
+t_unclean_stop_dirty_regions() {
+  need_tool nbdsh
+  local p=("$SHM/u0.img" "$SHM/u1.img") devs
+  truncate -s 64M "${p[@]}"
+  devs=$(IFS=,; echo "${p[*]}")
+  "$CAIRN" lvm vgcreate vgu "${p[@]}" >/dev/null
+  "$CAIRN" lvm lvcreate --type raid1 -m 1 -n r -L 32M --devices "$devs" vgu >/dev/null
+  expect_eq "$(rmeta_bits "${p[0]}")" 0 "bits after lvcreate"
+  start_cairn --lvm "$devs"
+  # Regions 1 and 5 (2 MiB each), written and never flushed; then the server dies.
+  nbdsh -u "$(unix_uri vgu/r)" -c '
+h.pwrite(b"\x11" * 4096, (2 << 20) + 4096)
+h.pwrite(b"\x55" * 8192, (10 << 20) + 65536)
+'
+  stop_cairn KILL
+  expect_eq "$(rmeta_bits "${p[0]}")" $(((1 << 1) | (1 << 5))) "bits of rmeta_0 after kill -9"
+  expect_eq "$(rmeta_bits "${p[1]}")" $(((1 << 1) | (1 << 5))) "bits of rmeta_1 after kill -9"
+  RUST_LOG=cairn_lvm=info start_cairn --lvm "$devs"
+  expect_contains "$(cat "$CAIRN_LOG")" "resyncing the 2 regions its bitmap marks" "resync of the dirty regions"
+  expect_contains "$(cat "$CAIRN_LOG")" "resynced 4194304 bytes" "bytes resynced"
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "clean stop"
+  expect_eq "$(rmeta_bits "${p[0]}")" 0 "bits after a clean stop"
+  expect_eq "$(rmeta_bits "${p[1]}")" 0 "bits of rmeta_1 after a clean stop"
+}
+
 run_test lvm-reads-cairn-raid t_lvm_reads_cairn_raid
 run_test lvconvert-repair t_lvconvert_repair
 run_test cairn-reads-lvm-raid t_cairn_reads_lvm_raid
 run_test raid10-fio-degraded t_raid10_fio_degraded
 run_test served-rebuild-raid1 t_served_rebuild_raid1
 run_test served-rebuild-raid10 t_served_rebuild_raid10
+run_test unclean-stop-dirty-regions t_unclean_stop_dirty_regions
 finish
