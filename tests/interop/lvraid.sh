@@ -286,8 +286,152 @@ t_lvconvert_repair() {
   expect_eq "$(sha256sum "${p[0]}" "${p[2]}" "${p[3]}" "${p[4]}")" "$before" "PVs after the refusal"
 }
 
+# lv_progress CTL: "done total" of the recovery an LV node of `cairn status --json` shows,
+# or "none".
+lv_progress() {
+  "$CAIRN" --json status --control "$1" 2>/dev/null | py -c '
+import json, sys
+def walk(n):
+    yield n
+    for c in n.get("children", []):
+        yield from walk(c)
+try:
+    j = json.load(sys.stdin)
+except ValueError:
+    print("none"); sys.exit()
+for e in j.get("exports", []):
+    for n in walk(e):
+        p = n.get("progress")
+        if n.get("kind") == "lv" and p and p["action"] == "recovery":
+            print(p["done_bytes"], p["total_bytes"]); sys.exit()
+print("none")'
+}
+
+# served_rebuild TYPE IMAGES -m -i: a served TYPE LV with image 1's PV missing is
+# repaired onto a spare PV through the running server (`cairn lvm lvconvert --repair
+# --control`) while fio writes and verifies (crc32c) through it; status shows the
+# rebuild's progress on the LV; 0 verify errors; then the LV read from the old images
+# only and from the new image (with the old one's PV left out) is the same.
+served_rebuild() {
+  local type=$1 n=$2 vg=vs$1 i p=() less=() spare devs ctl uri size seen=0 st out
+  shift 2
+  need_tool fio nbdinfo nbdcopy curl
+  for i in $(seq 0 "$n"); do p[$i]=$SHM/$vg-$i.img; done
+  truncate -s 64M "${p[@]}"
+  spare=${p[$n]}
+  "$CAIRN" lvm vgcreate "$vg" "${p[@]}" >/dev/null
+  "$CAIRN" lvm lvcreate --type "$type" "$@" -n r -L 32M --devices "$(IFS=,; echo "${p[*]}")" "$vg" >/dev/null
+  for i in $(seq 0 $((n - 1))); do [ "$i" = 1 ] || less+=("${p[$i]}"); done
+  ctl=$WORK/$vg.ctl
+  # Slow enough that the rebuild runs beside fio for a few seconds.
+  start_cairn --control "$ctl" --speed-limit-min 3000 --speed-limit-max 6000 \
+    --lvm "$(IFS=,; echo "${less[*]}")"
+  expect_contains "$(cat "$CAIRN_LOG")" "DEGRADED" "served degraded"
+  uri=$(unix_uri "$vg/r")
+  size=$(nbdinfo --size "$uri")
+  timeout -k 5 120 fio --name=verify --ioengine=nbd --uri="$uri" --rw=randrw --rwmixread=30 \
+    --bsrange=4k-64k --iodepth=4 --size="$size" --verify=crc32c --verify_backlog=64 \
+    --verify_fatal=1 --rate=$((size / 8)),$((size / 8)) --output-format=json \
+    --output="$WORK/$vg-fio.json" >"$WORK/$vg-fio.out" 2>&1 &
+  local fio_pid=$!
+  register pid "$fio_pid"
+  sleep 1
+  out=$("$CAIRN" lvm lvconvert --repair "$vg/r" --devices "$(IFS=,; echo "${less[*]},$spare")" \
+    --control "$ctl" 2>&1) || fail "served lvconvert --repair: $out"
+  say "$out"
+  expect_contains "$out" "r_rimage_1 moved from missing to pv$n" "the move"
+  expect_contains "$out" "rebuilding" "background rebuild"
+  for i in $(seq 600); do
+    st=$(lv_progress "$ctl")
+    case $st in
+      none) [ "$seen" -gt 0 ] && break ;;
+      *) seen=$((seen + 1)); [ "$seen" = 1 ] && say "status during the rebuild: $st of the image's bytes" ;;
+    esac
+    sleep 0.1
+  done
+  [ "$seen" -gt 1 ] || fail "status never showed the rebuild's progress on the LV"
+  "$CAIRN" status --control "$ctl" >"$WORK/$vg-status.txt" 2>&1 || true
+  # The rebuild's end is recorded in the metadata LVs: lvs through the daemon says 100%.
+  for i in $(seq 50); do
+    st=$(curl -s --unix-socket "$ctl" "http://cairn/v1/lvm/$vg" |
+      py -c 'import json,sys; print([l["sync_percent"] for l in json.load(sys.stdin)["lvs"] if l["name"]=="r"][0])')
+    [ "$st" = 100.00 ] && break
+    sleep 0.1
+  done
+  expect_eq "$st" 100.00 "Cpy%Sync after the served rebuild"
+  local status=0
+  wait "$fio_pid" || status=$?
+  [ "$status" = 0 ] || fail "fio failed ($status): $(tail -5 "$WORK/$vg-fio.out")"
+  expect_eq "$(py -c 'import json,sys; print(sum(j["error"] for j in json.load(open(sys.argv[1]))["jobs"]))' "$WORK/$vg-fio.json")" 0 "fio errors"
+  grep -qi "verify" "$WORK/$vg-fio.out" && fail "fio reported verify trouble: $(grep -i verify "$WORK/$vg-fio.out" | head -3)"
+  say "fio: $(py -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]; print(j["write"]["io_bytes"], "bytes written,", j["read"]["io_bytes"], "read and verified")' "$WORK/$vg-fio.json")"
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "cairn's exit status"
+  # Whole without the lost PV now.
+  start_cairn --read-only --lvm "$(IFS=,; echo "${less[*]},$spare")"
+  case $(cat "$CAIRN_LOG") in *DEGRADED*) fail "still degraded after the served repair: $(cat "$CAIRN_LOG")" ;; esac
+  nbdcopy "$(unix_uri "$vg/r")" "$WORK/$vg-whole"
+  stop_cairn
+  # The old images alone, then the new image in place of image 0's copy.
+  start_cairn --read-only --lvm "$(IFS=,; echo "${less[*]}")"
+  nbdcopy "$(unix_uri "$vg/r")" "$WORK/$vg-old"
+  stop_cairn
+  local others=("${less[@]:1}")
+  start_cairn --read-only --lvm "$(IFS=,; echo "${others[*]}${others[*]:+,}$spare")"
+  nbdcopy "$(unix_uri "$vg/r")" "$WORK/$vg-new"
+  stop_cairn
+  cmp "$WORK/$vg-old" "$WORK/$vg-new" || fail "the rebuilt image differs from its mirror"
+  cmp "$WORK/$vg-old" "$WORK/$vg-whole" || fail "the whole LV differs"
+}
+
+t_served_rebuild_raid1() { served_rebuild raid1 2 -m 1; }
+t_served_rebuild_raid10() { served_rebuild raid10 4 -m 1 -i 2 -I 64k; }
+
+# rmeta_bits FILE: the first 2 bytes of md's bitmap bits in the metadata LV at extent 0
+# of FILE (1 MiB pe_start, bitmap at 4 KiB, bits after its 256-byte header), as a number.
+rmeta_bits() {
+  py -c 'import sys
+with open(sys.argv[1], "rb") as f:
+    f.seek((1 << 20) + 4096)
+    h = f.read(512)
+assert h[:4] == b"bitm", h[:4]
+print(int.from_bytes(h[256:258], "little"))' "$1"
+}
+
+# kill -9 mid-write: the bitmap in both metadata LVs marks exactly the 2 MiB regions the
+# writes touched (md's write-intent bits, per region), and the next start resyncs those
+# regions only (4 MiB, not the LV's 32 MiB); a clean stop then leaves no bit set.
+t_unclean_stop_dirty_regions() {
+  need_tool nbdsh
+  local p=("$SHM/u0.img" "$SHM/u1.img") devs
+  truncate -s 64M "${p[@]}"
+  devs=$(IFS=,; echo "${p[*]}")
+  "$CAIRN" lvm vgcreate vgu "${p[@]}" >/dev/null
+  "$CAIRN" lvm lvcreate --type raid1 -m 1 -n r -L 32M --devices "$devs" vgu >/dev/null
+  expect_eq "$(rmeta_bits "${p[0]}")" 0 "bits after lvcreate"
+  start_cairn --lvm "$devs"
+  # Regions 1 and 5 (2 MiB each), written and never flushed; then the server dies.
+  nbdsh -u "$(unix_uri vgu/r)" -c '
+h.pwrite(b"\x11" * 4096, (2 << 20) + 4096)
+h.pwrite(b"\x55" * 8192, (10 << 20) + 65536)
+'
+  stop_cairn KILL
+  expect_eq "$(rmeta_bits "${p[0]}")" $(((1 << 1) | (1 << 5))) "bits of rmeta_0 after kill -9"
+  expect_eq "$(rmeta_bits "${p[1]}")" $(((1 << 1) | (1 << 5))) "bits of rmeta_1 after kill -9"
+  RUST_LOG=cairn_lvm=info start_cairn --lvm "$devs"
+  expect_contains "$(cat "$CAIRN_LOG")" "resyncing the 2 regions its bitmap marks" "resync of the dirty regions"
+  expect_contains "$(cat "$CAIRN_LOG")" "resynced 4194304 bytes" "bytes resynced"
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "clean stop"
+  expect_eq "$(rmeta_bits "${p[0]}")" 0 "bits after a clean stop"
+  expect_eq "$(rmeta_bits "${p[1]}")" 0 "bits of rmeta_1 after a clean stop"
+}
+
 run_test lvm-reads-cairn-raid t_lvm_reads_cairn_raid
 run_test lvconvert-repair t_lvconvert_repair
 run_test cairn-reads-lvm-raid t_cairn_reads_lvm_raid
 run_test raid10-fio-degraded t_raid10_fio_degraded
+run_test served-rebuild-raid1 t_served_rebuild_raid1
+run_test served-rebuild-raid10 t_served_rebuild_raid10
+run_test unclean-stop-dirty-regions t_unclean_stop_dirty_regions
 finish

@@ -569,6 +569,9 @@ fn resize(a: &LvmResizeArgs, grow: bool, global: &Global) -> Result<()> {
 
 fn lvconvert(a: &LvmLvconvertArgs, global: &Global) -> Result<()> {
     let (vgn, lvn) = vg_lv(&a.lv)?;
+    if let Some(sock) = lvconvert_daemon(a)? {
+        return lvconvert_served(a, &sock, global);
+    }
     let opened = open_pvs(&a.pvs, &a.devices, false)?;
     // PVs may be missing: that is what a repair is for.
     let mut vg = match Vg::open_with(
@@ -629,6 +632,52 @@ fn lvconvert(a: &LvmLvconvertArgs, global: &Global) -> Result<()> {
                 r.rebuilt.join(", ")
             ));
         }
+    }
+    Ok(())
+}
+
+/// The daemon serving the LV: `--control PATH`, else the live daemon that has it as an
+/// export. A served LV is repaired by its server (one writer per device).
+fn lvconvert_daemon(a: &LvmLvconvertArgs) -> Result<Option<PathBuf>> {
+    let route = format!("/v1/exports/{}", a.lv);
+    if let Some(p) = &a.control.control {
+        crate::control::get_ok(p, &route)?;
+        return Ok(Some(p.clone()));
+    }
+    Ok(crate::control::live_daemons()
+        .into_iter()
+        .find(|s| crate::control::get_ok(s, &route).is_ok()))
+}
+
+/// `lvconvert` through the daemon serving the LV: the files named are offered as room
+/// for the images that move; the rebuild runs in the daemon, shown by `cairn status`.
+fn lvconvert_served(a: &LvmLvconvertArgs, sock: &std::path::Path, global: &Global) -> Result<()> {
+    let mut files: Vec<PathBuf> = a.pvs.clone();
+    for list in &a.devices.devices {
+        files.extend(list.split(',').filter(|p| !p.is_empty()).map(PathBuf::from));
+    }
+    // The PVs that are gone cannot be named by the daemon; the others absolute.
+    let files: Vec<PathBuf> = files
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
+    let body = json!({
+        "action": "lv-repair",
+        "lv": a.lv,
+        "replace": a.replace,
+        "pvs": files,
+    });
+    let (status, v) = crate::control::request(sock, "POST", "/v1/actions", Some(&body))?;
+    if !(200..300).contains(&status) {
+        return Err(CliError::new(v["error"].as_str().map_or_else(
+            || format!("the daemon answered {status}: {v}"),
+            str::to_string,
+        )));
+    }
+    if global.json {
+        print_json(&v);
+    } else if let Some(m) = v["message"].as_str() {
+        out(&format!("  {}: {m}.", a.lv));
     }
     Ok(())
 }
@@ -1360,12 +1409,19 @@ pub struct LvmLvconvertArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    /// A served LV is repaired by the `cairn serve` serving it (found in the runtime
+    /// directory, or given here), its images rebuilt in the background
+    #[command(flatten)]
+    pub control: crate::control::ControlArgs,
 }
 
 pub(crate) const LVM_LVCONVERT_EXAMPLES: &str = "\
 Examples:
   cairn lvm lvconvert --repair vg0/r10 --devices p0,p2,p3,p4   # p1 is gone: its image moves
-  cairn lvm lvconvert --replace p1 vg0/r10 --devices p0,p1,p2,p3,p4";
+  cairn lvm lvconvert --replace p1 vg0/r10 --devices p0,p1,p2,p3,p4
+  cairn lvm lvconvert --repair vg0/r10 --devices p0,p2,p3,p4 --control /run/cairn/control.sock
+      # served: the daemon moves the image and rebuilds it while serving (cairn status)";
 
 /// `cairn lvm vgcfg-parse`.
 #[derive(Debug, Args)]

@@ -308,6 +308,14 @@ pub fn serve(
             a.manage(limits);
         }
     }
+    // RAID LVs the same way: rebuilds of repaired images (`cairn lvm lvconvert --repair`
+    // through the control socket), a resync left pending, their bitmaps' clearing.
+    let lv_arrays = cairn_stack::export::raid_lv_arrays(&opened);
+    for a in &lv_arrays {
+        if !a.capabilities().read_only {
+            a.manage(limits);
+        }
+    }
     let mut out = std::io::stdout().lock();
     // A closed stdout (`cairn serve ... | head -1`) must not stop the server.
     // One write of the whole line, so a reader that sees the newline has all of it.
@@ -338,6 +346,13 @@ pub fn serve(
             closed = Err(CliError::new(format!(
                 "{}: closing the md array failed, so it will need --force or a resync: {err}",
                 a.report().name
+            )));
+        }
+    }
+    for a in &lv_arrays {
+        if let Err(err) = a.close() {
+            closed = Err(CliError::new(format!(
+                "closing a RAID LV failed, so its bitmap may mark regions to resync: {err}"
             )));
         }
     }

@@ -172,6 +172,25 @@ pub enum Action {
     MdReplace(MdReplace),
     /// `cairn md check` / `cairn md repair`.
     MdScrub(MdScrub),
+    /// `cairn lvm lvconvert --repair | --replace PV` of a served RAID LV: the images
+    /// move, and are rebuilt in the background by the LV's running md array.
+    LvRepair(LvRepair),
+}
+
+/// A served RAID LV to repair.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LvRepair {
+    /// `VG/LV`, the export's name.
+    pub lv: String,
+    /// Move the image off this PV (a device name or PV key), as `--replace PV`;
+    /// without it, images on missing PVs move and failed ones are rebuilt.
+    #[serde(default)]
+    pub replace: Option<String>,
+    /// PVs of the VG the daemon may not hold open yet (absolute paths): room for the
+    /// images that move. PVs it holds already are taken as they are.
+    #[serde(default)]
+    pub pvs: Vec<PathBuf>,
 }
 
 /// An md array and one of its members. The array is named by its name (with or
@@ -570,6 +589,7 @@ impl Daemon {
                 };
                 self.md_change(&m.array, |a| a.replace(&m.member, with.clone(), m.force))
             }
+            Action::LvRepair(r) => self.lv_repair(&r),
             Action::MdScrub(m) => self.md_change(&m.array, |a| {
                 a.request_scrub(m.repair).map(|()| {
                     cairn_md::Change::done(format!(
@@ -677,6 +697,113 @@ impl Daemon {
                 e.to_string(),
             )),
         }
+    }
+
+    /// [`Action::LvRepair`]: the VG opened over the PVs the daemon holds and the new
+    /// ones given, the moves committed, the rebuilds handed to the LV's md array.
+    fn lv_repair(&self, r: &LvRepair) -> std::result::Result<Outcome, Response> {
+        let (vg, lv_name) = r
+            .lv
+            .split_once('/')
+            .ok_or_else(|| Response::error(422, format!("give the LV as VG/LV, not {:?}", r.lv)))?;
+        let mut list = self.exports();
+        let Some(at) = list
+            .iter()
+            .position(|e| e.name == r.lv && e.lvm().is_some_and(|l| l.array().is_some()))
+        else {
+            return Err(Response::error(
+                404,
+                format!("no RAID LV {} is served here", r.lv),
+            ));
+        };
+        let mut pvs: Vec<cairn_lvm::PvDevice> = Vec::new();
+        let mut held: Vec<PathBuf> = Vec::new();
+        for e in list.iter() {
+            let Some(l) = e.lvm().filter(|l| l.details.vg == vg) else {
+                continue;
+            };
+            for pv in &l.pvs {
+                let same = |p: &cairn_lvm::PvDevice| {
+                    std::ptr::addr_eq(Arc::as_ptr(&p.dev), Arc::as_ptr(&pv.device))
+                };
+                if !pvs.iter().any(same) {
+                    pvs.push(cairn_lvm::PvDevice::new(pv_label(pv), pv.device.clone()));
+                    held.push(pv.path.clone());
+                }
+            }
+        }
+        let mut new_pvs = Vec::new();
+        for p in &r.pvs {
+            if held.iter().any(|h| same_file(h, p)) {
+                continue;
+            }
+            let dev = open_new_member(p, self.open.remote_timeout())?;
+            let name = p.display().to_string();
+            pvs.push(cairn_lvm::PvDevice::new(name.clone(), dev.clone()));
+            new_pvs.push(OpenedExport {
+                name,
+                path: p.clone(),
+                device: dev,
+                read_only: false,
+                layer: cairn_stack::export::Layer::File,
+            });
+        }
+        let opts = cairn_lvm::OpenOptions {
+            partial: true,
+            read_only: false,
+        };
+        let err = |e: cairn_block::Error| {
+            Response::error(
+                match e.kind() {
+                    cairn_block::ErrorKind::NotFound => 404,
+                    cairn_block::ErrorKind::InvalidArgument
+                    | cairn_block::ErrorKind::NoSpace
+                    | cairn_block::ErrorKind::Unsupported => 409,
+                    _ => 500,
+                },
+                e.to_string(),
+            )
+        };
+        let mut v = cairn_lvm::Vg::open_with(pvs, opts).map_err(err)?;
+        v.set_description(format!(
+            "cairn lvm lvconvert {} {} (served)",
+            r.replace
+                .as_ref()
+                .map_or("--repair".to_string(), |p| format!("--replace {p}")),
+            r.lv
+        ));
+        let Some(layer) = list[at].lvm() else {
+            return Err(Response::error(500, "the LV export changed"));
+        };
+        let volume = layer.volume.clone();
+        let done = v
+            .lv_repair_live(lv_name, r.replace.as_deref(), &volume)
+            .map_err(err)?;
+        // The new PVs belong to the LV's stack now (status shows them under it).
+        if let cairn_stack::export::Layer::Lv(l) = &mut list[at].layer {
+            l.pvs.extend(new_pvs);
+        }
+        let mut words: Vec<String> = done
+            .moved
+            .iter()
+            .map(|(img, from, to)| format!("{vg}/{img} moved from {from} to {to}"))
+            .collect();
+        if done.rebuilt.is_empty() {
+            words.push(format!("{} is whole and in sync; nothing to repair", r.lv));
+        } else {
+            words.push(format!(
+                "rebuilding {} in the background; cairn status shows its progress",
+                done.rebuilt.join(", ")
+            ));
+        }
+        let message = words.join("; ");
+        tracing::info!("LV {}: {message}", r.lv);
+        Ok(Outcome {
+            status: 200,
+            changed: !done.rebuilt.is_empty(),
+            message,
+            export: None,
+        })
     }
 
     /// `GET /v1/lvm/VG`: the VG's report, as `cairn lvm vgs/lvs` print it, read from the

@@ -72,8 +72,9 @@ pub struct LogicalVolume {
     /// A RAID LV: md's array over the image sub-LVs does the I/O; `segments` are then
     /// the first image's (for `locate`).
     raid: Option<Arc<cairn_md::Array>>,
-    /// A RAID LV open for writing: marks its bitmaps clean when dropped.
-    write_guard: Option<crate::raid::OpenForWrite>,
+    /// A RAID LV open for writing: its metadata LVs, where a finished rebuild is
+    /// recorded (the array's bitmap lives there too).
+    raid_meta: Option<Arc<crate::raid::RaidMeta>>,
 }
 
 /// Requests at least this large overlap their pieces by PV whatever the PVs' latency.
@@ -181,7 +182,7 @@ impl LogicalVolume {
             read_only,
             latency: Latency::default(),
             raid: None,
-            write_guard: None,
+            raid_meta: None,
         })
     }
 
@@ -206,14 +207,19 @@ impl LogicalVolume {
             read_only: read_only || array.capabilities().read_only,
             latency: Latency::default(),
             raid: Some(array),
-            write_guard: None,
+            raid_meta: None,
         }
     }
 
-    /// Keeps `guard` (the bitmaps marked dirty) for as long as the LV is open.
-    pub(crate) fn with_write_guard(mut self, guard: crate::raid::OpenForWrite) -> LogicalVolume {
-        self.write_guard = Some(guard);
+    /// Keeps the metadata LVs of a RAID LV open for writing.
+    pub(crate) fn with_raid_meta(mut self, meta: Arc<crate::raid::RaidMeta>) -> LogicalVolume {
+        self.raid_meta = Some(meta);
         self
+    }
+
+    /// A RAID LV's metadata LVs, when open for writing.
+    pub(crate) fn raid_meta(&self) -> Option<&Arc<crate::raid::RaidMeta>> {
+        self.raid_meta.as_ref()
     }
 
     /// The md array doing a RAID LV's I/O (status, fail, rebuild), if it is one.
@@ -394,11 +400,6 @@ impl BlockDevice for LogicalVolume {
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check_writable()?;
         if let Some(a) = &self.raid {
-            let _dirty = self
-                .write_guard
-                .as_ref()
-                .map(|g| g.begin_write())
-                .transpose()?;
             return a.write_at(buf, offset, flags);
         }
         let pieces = self.pieces(offset, buf.len() as u64)?;
@@ -421,11 +422,7 @@ impl BlockDevice for LogicalVolume {
 
     fn flush(&self) -> Result<()> {
         if let Some(a) = &self.raid {
-            a.flush()?;
-            return match &self.write_guard {
-                Some(g) => g.flushed(),
-                None => Ok(()),
-            };
+            return a.flush();
         }
         let how = if self.latency.slow() && self.pvs.len() > 1 {
             Overlap::Each
@@ -444,11 +441,6 @@ impl BlockDevice for LogicalVolume {
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_writable()?;
         if let Some(a) = &self.raid {
-            let _dirty = self
-                .write_guard
-                .as_ref()
-                .map(|g| g.begin_write())
-                .transpose()?;
             return a.discard(offset, len);
         }
         self.for_pieces(offset, len, |dev, pv_off, _, n| dev.discard(pv_off, n))
@@ -457,11 +449,6 @@ impl BlockDevice for LogicalVolume {
     fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.check_writable()?;
         if let Some(a) = &self.raid {
-            let _dirty = self
-                .write_guard
-                .as_ref()
-                .map(|g| g.begin_write())
-                .transpose()?;
             return a.write_zeroes(offset, len, flags);
         }
         self.for_pieces(offset, len, |dev, pv_off, _, n| {

@@ -24,7 +24,7 @@
 //!   the rest of the 512-byte block zero; md bitmap (bitmap_super_t + bits) at 4096
 //! ```
 
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 use cairn_md::layout::{ArrayLayout, ParityLayout, Raid0, Raid1, Raid10};
@@ -259,19 +259,7 @@ pub fn write_rmeta(
     head[..512].copy_from_slice(&sb.encode());
     dev.write_at(&head, 0, WriteFlags::NONE)?;
     if r.region_size > 0 {
-        // md's resync_max_sectors: the array for raid10, an image otherwise.
-        let sync = if r.segtype == "raid10" {
-            lv_sectors
-        } else {
-            image_sectors
-        };
-        let chunk = u32::try_from(r.region_size.saturating_mul(512)).unwrap_or(1 << 31);
-        let bm = cairn_md::bitmap::BitmapSuper::new(
-            cairn_md::Uuid::default(),
-            Sectors(sync),
-            chunk,
-            sb.events,
-        );
+        let bm = bitmap_header(r, lv_sectors, image_sectors, sb.events);
         let area = bm.initial_area(sb.array_resync_offset != MAX_SECTOR);
         if BITMAP_OFFSET + area.len() as u64 > size {
             return Err(Error::new(
@@ -304,131 +292,92 @@ fn bitmap_header(
     cairn_md::bitmap::BitmapSuper::new(cairn_md::Uuid::default(), Sectors(sync), chunk, events)
 }
 
-/// Whether any region bit is set in the bitmap of a metadata LV (a writer did not
-/// finish cleanly: the kernel, and cairn, resync those regions).
-pub fn bitmap_dirty(
-    dev: &dyn BlockDevice,
-    r: &RaidSeg,
-    lv_sectors: u64,
-    image_sectors: u64,
-) -> Result<bool> {
-    if r.region_size == 0 {
-        return Ok(false);
-    }
-    let h = bitmap_header(r, lv_sectors, image_sectors, 0);
-    let bits = h.chunks().unwrap_or(0);
-    let bytes = bits.div_ceil(8);
-    let head = cairn_md::bitmap::HEADER_SIZE as u64;
-    let len = (head + bytes).div_ceil(512) * 512;
-    if BITMAP_OFFSET + len > dev.geometry().size {
-        return Ok(false);
-    }
-    let mut b = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    dev.read_at(&mut b, BITMAP_OFFSET)?;
-    if &b[..4] != b"bitm" {
-        return Ok(false);
-    }
-    let end = usize::try_from(head + bytes)
-        .unwrap_or(b.len())
-        .min(b.len());
-    Ok(b[usize::try_from(head).unwrap_or(0)..end]
-        .iter()
-        .any(|&x| x != 0))
+/// What a RAID LV open for writing keeps of its metadata LVs, to record in dm-raid's
+/// superblocks what md's array does: a rebuild that finishes clears its image's failed
+/// bit (events + 1), so the kernel and cairn take the image as in sync again. It hears
+/// of the array's work as an [`cairn_md::Observer`]. The write-intent bits themselves
+/// are md's bitmap, kept by the array in the same metadata LVs
+/// ([`cairn_md::Array::attach_own_bitmap`]).
+pub struct RaidMeta {
+    /// `VG/image` for each image, in `raids` order (the names the array's members carry).
+    pub(crate) images: Vec<String>,
+    /// Each image's metadata LV, where present.
+    pub(crate) rmetas: Mutex<Vec<Option<Arc<dyn BlockDevice>>>>,
+    pub(crate) label: String,
 }
 
-/// Rewrites the bitmap of a metadata LV with every region `dirty` or clean.
-pub fn write_bitmap(
-    dev: &dyn BlockDevice,
-    r: &RaidSeg,
-    lv_sectors: u64,
-    image_sectors: u64,
-    events: u64,
-    dirty: bool,
-) -> Result<()> {
-    if r.region_size == 0 {
-        return Ok(());
+impl std::fmt::Debug for RaidMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaidMeta").field("lv", &self.label).finish()
     }
-    let area = bitmap_header(r, lv_sectors, image_sectors, events).initial_area(dirty);
-    if BITMAP_OFFSET + area.len() as u64 > dev.geometry().size {
-        return Ok(());
-    }
-    dev.write_at(&area, BITMAP_OFFSET, WriteFlags::FUA)
 }
 
-/// A RAID LV open for writing keeps dm-raid's bitmaps honest, coarsely: the first write
-/// after a clean point sets every region bit (FUA, before the data is written); a flush
-/// with no write in flight clears them again after the data is durable, and so does
-/// closing the LV. A cairn that stops between the two leaves them set: the kernel, or
-/// cairn's next writable open, resyncs the LV.
-#[derive(Debug)]
-pub struct OpenForWrite {
-    pub(crate) array: Arc<cairn_md::Array>,
-    pub(crate) rmetas: Vec<Arc<dyn BlockDevice>>,
-    pub(crate) seg: RaidSeg,
-    pub(crate) lv_sectors: u64,
-    pub(crate) image_sectors: u64,
-    pub(crate) events: u64,
-    /// Whether the bitmaps on disk are dirty; writes hold it shared while they run.
-    pub(crate) dirty: RwLock<bool>,
-}
+impl RaidMeta {
+    fn rmetas(&self) -> std::sync::MutexGuard<'_, Vec<Option<Arc<dyn BlockDevice>>>> {
+        self.rmetas.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 
-impl OpenForWrite {
-    fn mark(&self, dirty: bool) -> Result<()> {
-        for d in &self.rmetas {
-            write_bitmap(
-                &**d,
-                &self.seg,
-                self.lv_sectors,
-                self.image_sectors,
-                self.events,
-                dirty,
-            )?;
+    /// Image `i` has a new metadata LV (a repair moved it).
+    pub(crate) fn set_rmeta(&self, i: usize, dev: Arc<dyn BlockDevice>) {
+        if let Some(slot) = self.rmetas().get_mut(i) {
+            *slot = Some(dev);
         }
-        if !dirty {
-            for d in &self.rmetas {
-                d.flush()?;
+    }
+
+    /// Image `i` is rebuilt: every present superblock records it in sync (its failed
+    /// bit cleared, its recovery done), events one past the freshest.
+    pub(crate) fn image_rebuilt(&self, i: usize) -> Result<()> {
+        let rmetas = self.rmetas().clone();
+        let mut sbs = Vec::new();
+        for (j, d) in rmetas.iter().enumerate() {
+            let Some(d) = d else { continue };
+            if let Some(sb) = read_rmeta(&**d)? {
+                sbs.push((j, d.clone(), sb));
             }
+        }
+        let events = sbs.iter().map(|s| s.2.events).max().unwrap_or(0) + 1;
+        for (j, d, mut sb) in sbs {
+            if i < 256 {
+                sb.failed_devices[i / 64] &= !(1 << (i % 64));
+            }
+            if j == i {
+                sb.disk_recovery_offset = MAX_SECTOR;
+            }
+            sb.array_position = u32::try_from(j).unwrap_or(u32::MAX);
+            sb.events = events;
+            d.write_at(&sb.encode(), 0, WriteFlags::FUA)?;
         }
         Ok(())
     }
+}
 
-    /// Held for the duration of one write: the bitmaps are dirty on disk meanwhile.
-    pub(crate) fn begin_write(&self) -> Result<RwLockReadGuard<'_, bool>> {
-        loop {
-            let r = self.dirty.read().unwrap_or_else(PoisonError::into_inner);
-            if *r {
-                return Ok(r);
-            }
-            drop(r);
-            let mut w = self.dirty.write().unwrap_or_else(PoisonError::into_inner);
-            if !*w {
-                self.mark(true)?;
-                *w = true;
-            }
-        }
-    }
-
-    /// After the array's flush: clean again, unless a write is running.
-    pub(crate) fn flushed(&self) -> Result<()> {
-        let Ok(mut w) = self.dirty.try_write() else {
-            return Ok(());
+impl cairn_md::Observer for RaidMeta {
+    fn md_event(&self, _array: &str, event: &cairn_md::MdEvent) {
+        let cairn_md::MdEvent::JobEnded { job, .. } = event else {
+            return;
         };
-        if *w {
-            self.mark(false)?;
-            *w = false;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for OpenForWrite {
-    fn drop(&mut self) {
-        if let Err(e) = self.array.flush() {
-            tracing::warn!("RAID LV: flush at close failed ({e}); its bitmap stays dirty");
+        if job.action != "recovery" || job.state != "finished" {
             return;
         }
-        if let Err(e) = self.flushed() {
-            tracing::warn!("RAID LV: marking the bitmap clean failed: {e}");
+        let Some(i) = job
+            .member
+            .as_ref()
+            .and_then(|m| self.images.iter().position(|n| n == m))
+        else {
+            return;
+        };
+        match self.image_rebuilt(i) {
+            Ok(()) => tracing::info!(
+                "LV {}: {} rebuilt; its metadata LVs say in sync",
+                self.label,
+                self.images[i]
+            ),
+            Err(e) => tracing::warn!(
+                "LV {}: {} rebuilt, but recording it in the metadata LVs failed: {e}; \
+                 it counts as failed at the next start",
+                self.label,
+                self.images[i]
+            ),
         }
     }
 }

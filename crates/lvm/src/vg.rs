@@ -76,6 +76,18 @@ pub struct RaidRepair {
     pub rebuilt: Vec<String>,
 }
 
+/// A repair decided and its moves committed: what remains is the rebuild.
+struct RepairPlan {
+    /// `VG/LV`.
+    full: String,
+    r: crate::meta::RaidSeg,
+    /// By image: rebuilt from the others.
+    rebuild: Vec<bool>,
+    moved: Vec<(String, String, String)>,
+    /// The freshest superblock before the repair.
+    freshest: Option<crate::raid::DmRaidSuper>,
+}
+
 /// The outcome of a change to an LV.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LvChange {
@@ -1017,19 +1029,10 @@ impl Vg {
         Ok(())
     }
 
-    /// `lvconvert --repair` (`replace` = `None`) or `lvconvert --replace PV`: images on
-    /// missing PVs, or on PV `replace` (a device name or PV key), move to other PVs of
-    /// the VG (one image per PV, as lvcreate places them; refused clearly when no PV has
-    /// room); then those images and any the superblocks record as failed are rebuilt
-    /// from the others, `progress(done, total)` bytes as it goes; then every metadata
-    /// LV says in sync again. Works with PVs missing (their PVs get lvm's `MISSING`
-    /// flag; the other PVs get the new metadata).
-    pub fn lv_repair(
-        &mut self,
-        name: &str,
-        replace: Option<&str>,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<RaidRepair> {
+    /// The first half of a repair: which images are rebuilt, and the moves of the images
+    /// off missing PVs (or PV `replace`) committed to the metadata. `None` when nothing
+    /// needs doing.
+    fn repair_plan(&mut self, name: &str, replace: Option<&str>) -> Result<Option<RepairPlan>> {
         if self.failed {
             return Err(Error::new(
                 ErrorKind::PreviousIo,
@@ -1119,11 +1122,7 @@ impl Vg {
             )));
         }
         if !rebuild.iter().any(|b| *b) {
-            return Ok(RaidRepair {
-                name: name.to_string(),
-                moved: vec![],
-                rebuilt: vec![],
-            });
+            return Ok(None);
         }
         let seg = &lv.segments[0];
         let per_image = crate::meta::image_extents(&r, seg.extent_count);
@@ -1190,6 +1189,47 @@ impl Vg {
             }
             self.commit(new)?;
         }
+        rebuild.truncate(n);
+        Ok(Some(RepairPlan {
+            full,
+            r,
+            rebuild,
+            moved,
+            freshest,
+        }))
+    }
+
+    /// `lvconvert --repair` (`replace` = `None`) or `lvconvert --replace PV`: images on
+    /// missing PVs, or on PV `replace` (a device name or PV key), move to other PVs of
+    /// the VG (one image per PV, as lvcreate places them; refused clearly when no PV has
+    /// room); then those images and any the superblocks record as failed are rebuilt
+    /// from the others, `progress(done, total)` bytes as it goes; then every metadata
+    /// LV says in sync again. Works with PVs missing (their PVs get lvm's `MISSING`
+    /// flag; the other PVs get the new metadata).
+    pub fn lv_repair(
+        &mut self,
+        name: &str,
+        replace: Option<&str>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<RaidRepair> {
+        let Some(plan) = self.repair_plan(name, replace)? else {
+            return Ok(RaidRepair {
+                name: name.to_string(),
+                moved: vec![],
+                rebuilt: vec![],
+            });
+        };
+        let RepairPlan {
+            full,
+            r,
+            mut rebuild,
+            moved,
+            freshest,
+        } = plan;
+        let n = r.images.len();
+        let lv = self.lv_meta(name)?.clone();
+        let seg = &lv.segments[0];
+        let per_image = crate::meta::image_extents(&r, seg.extent_count);
         // Rebuild: read through the array without the images being rebuilt, write
         // through the array with all of them (full stripes, so parity is computed from
         // the data, never from a stale image).
@@ -1247,6 +1287,112 @@ impl Vg {
                 .filter(|(_, b)| **b)
                 .map(|(i, _)| i.clone())
                 .collect(),
+        })
+    }
+
+    /// [`Vg::lv_repair`] for a RAID LV being served, `live` (opened for writing from
+    /// this VG, e.g. by `cairn serve`): the moves are committed the same way, then each
+    /// image to rebuild is put into `live`'s running md array, which rebuilds it in the
+    /// background while clients go on (md's speed limits once the array is managed,
+    /// progress in its [`cairn_md::Array::background`]). Until the rebuild finishes the
+    /// metadata LVs record the image as failed (a stop part-way leaves it to be repaired
+    /// again); when it finishes they record it in sync. An image being replaced that is
+    /// still in the array is failed first: the LV is degraded while its copy is rebuilt,
+    /// as an offline `--replace` reads it.
+    pub fn lv_repair_live(
+        &mut self,
+        name: &str,
+        replace: Option<&str>,
+        live: &LogicalVolume,
+    ) -> Result<RaidRepair> {
+        let full = format!("{}/{name}", self.meta.name);
+        let (Some(array), Some(meta)) = (live.array(), live.raid_meta()) else {
+            return Err(invalid(format!(
+                "LV {full}: the device given is not a RAID LV open for writing"
+            )));
+        };
+        if live.name() != full {
+            return Err(invalid(format!(
+                "LV {full}: the device given is LV {}",
+                live.name()
+            )));
+        }
+        let Some(plan) = self.repair_plan(name, replace)? else {
+            return Ok(RaidRepair {
+                name: name.to_string(),
+                moved: vec![],
+                rebuilt: vec![],
+            });
+        };
+        let RepairPlan {
+            r,
+            rebuild,
+            moved,
+            freshest,
+            ..
+        } = plan;
+        let es = self.meta.extent_size;
+        let lv = self.lv_meta(name)?.clone();
+        let seg = &lv.segments[0];
+        let per_image = crate::meta::image_extents(&r, seg.extent_count);
+        let (lv_s, img_s) = (seg.extent_count * es, per_image * es);
+        // The images being rebuilt count as failed in every superblock until they are
+        // in sync.
+        self.record_failed(&r, &rebuild, freshest.as_ref())
+            .map_err(|e| e.context(format!("LV {full}: recording the images to rebuild")))?;
+        let events = self.raid_superblock(&r).map_or(1, |f| f.events);
+        array
+            .record_events(events)
+            .map_err(|e| e.context(format!("LV {full}: its bitmap")))?;
+        let mut rebuilt = Vec::new();
+        for i in (0..r.images.len()).filter(|&i| rebuild[i]) {
+            let image = format!("{}/{}", self.meta.name, r.images[i]);
+            if array.is_up(i) || array.member(i).is_some() {
+                // Still serving (a --replace of a present PV): out first.
+                let cur = array.member_names()[i].clone().unwrap_or_default();
+                array
+                    .fail(&cur)
+                    .map_err(|e| e.context(format!("LV {full}: taking {image} out")))?;
+            }
+            let mut devs = Vec::new();
+            let mut index = BTreeMap::new();
+            let img = self
+                .open_sub(&r.images[i], &mut devs, &mut index, false)?
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Degraded,
+                        format!("LV {full}: {image} is still on a missing PV"),
+                    )
+                })?;
+            let rmeta: Option<Arc<dyn BlockDevice>> = match &r.metas[i] {
+                Some(m) => self
+                    .open_sub(m, &mut devs, &mut index, false)?
+                    .map(|d| Arc::new(d) as Arc<dyn BlockDevice>),
+                None => None,
+            };
+            if let Some(d) = &rmeta {
+                // Its superblock as the others' (it is failed until rebuilt), recovery
+                // from the start, and a bitmap header the array fills in.
+                let mut sb = crate::raid::new_super(&r, i, img_s, lv_s, true)?;
+                if let Some(f) = &freshest {
+                    sb.failed_devices = f.failed_devices;
+                }
+                sb.failed_devices[i / 64] |= 1 << (i % 64);
+                sb.events = events;
+                sb.disk_recovery_offset = 0;
+                crate::raid::write_rmeta(d, &sb, &r, lv_s, img_s)
+                    .map_err(|e| e.context(format!("LV {full}: metadata LV of {image}")))?;
+                meta.set_rmeta(i, d.clone());
+            }
+            array
+                .rebuild_into(i, Arc::new(img), image.clone(), rmeta)
+                .map_err(|e| e.context(format!("LV {full}")))?;
+            rebuilt.push(r.images[i].clone());
+        }
+        Ok(RaidRepair {
+            name: name.to_string(),
+            moved,
+            rebuilt,
         })
     }
 
@@ -1761,12 +1907,14 @@ impl Vg {
                 format!("LV {full}: its images hold less than its {lv_bytes} bytes"),
             ));
         }
+        let mut recorded = false;
         if !ro && !ignore_failed && down.iter().any(|d| *d) {
             // As dm-raid's super_sync: the images left record the missing ones as
             // failed, so that when a missing PV returns its stale image is not read
             // until a repair rebuilds it.
             self.record_failed(r, &down, freshest.as_ref())
                 .map_err(|e| e.context(format!("LV {full}: recording failed images")))?;
+            recorded = true;
         }
         let n = images.len();
         let members: Vec<Option<Arc<dyn BlockDevice>>> = images
@@ -1776,10 +1924,46 @@ impl Vg {
         for n in &notes {
             tracing::warn!("LV {full}: {n}");
         }
-        let array = Arc::new(
+        let mut array =
             cairn_md::Array::from_layout(layout, members, &vec![cairn_md::Sectors::ZERO; n])
-                .map_err(|e| e.context(format!("LV {full}")))?,
-        );
+                .map_err(|e| e.context(format!("LV {full}")))?;
+        array.set_label(format!("RAID LV {full}"));
+        let writable = !(ro || ignore_failed || array.capabilities().read_only);
+        // Open for writing: md's write-intent bitmap, kept in the metadata LVs as dm-raid
+        // keeps it. Its dirty bits say where the last writer stopped mid-way; those
+        // regions (only those) are resynced before serving.
+        let mut rmetas: Vec<Option<Arc<dyn BlockDevice>>> = vec![None; n];
+        if writable {
+            let mut mdevs = Vec::new();
+            let mut mindex = BTreeMap::new();
+            for (i, m) in r.metas.iter().enumerate() {
+                let Some(m) = m else { continue };
+                if let Some(d) = self.open_sub(m, &mut mdevs, &mut mindex, false)? {
+                    rmetas[i] = Some(Arc::new(d));
+                }
+            }
+        }
+        let events = freshest.as_ref().map_or(1, |f| f.events);
+        let mut dirty = None;
+        if writable && r.region_size > 0 {
+            // Only the images in the array carry a bitmap that means anything.
+            let devs = rmetas
+                .iter()
+                .zip(&down)
+                .map(|(d, dn)| if *dn { None } else { d.clone() })
+                .collect();
+            dirty = array
+                .attach_own_bitmap(devs, crate::raid::BITMAP_OFFSET, events)
+                .map_err(|e| e.context(format!("LV {full}: its bitmap")))?;
+            if recorded {
+                // The superblocks moved on (the failed images); the bitmap follows, as
+                // md writes its events with every superblock update.
+                array
+                    .record_events(self.raid_superblock(r).map_or(events, |f| f.events))
+                    .map_err(|e| e.context(format!("LV {full}: its bitmap")))?;
+            }
+        }
+        let array = Arc::new(array);
         let lv = LogicalVolume::raid(
             full.clone(),
             array.clone(),
@@ -1787,55 +1971,37 @@ impl Vg {
             &first_segments_lv,
             ro,
         );
-        if ro || ignore_failed || r.region_size == 0 || lv.capabilities().read_only {
+        if !writable {
             return Ok(lv);
         }
-        // Open for writing: a dirty bitmap means the last writer stopped mid-way; make
-        // the copies (or parity) agree before serving. Then writes mark the bitmaps
-        // dirty and flushes clean (raid::OpenForWrite).
-        let (lv_s, img_s) = (lv_bytes / 512, image_bytes / 512);
-        let mut rmetas: Vec<Arc<dyn BlockDevice>> = Vec::new();
-        let mut mdevs = Vec::new();
-        let mut mindex = BTreeMap::new();
-        for (i, m) in r.metas.iter().enumerate() {
-            let Some(m) = m else { continue };
-            if down.get(i).copied().unwrap_or(true) {
-                continue;
-            }
-            if let Some(d) = self.open_sub(m, &mut mdevs, &mut mindex, false)? {
-                rmetas.push(Arc::new(d));
-            }
-        }
-        let mut dirty = false;
-        for d in &rmetas {
-            dirty |= crate::raid::bitmap_dirty(&**d, r, lv_s, img_s)?;
-        }
-        if dirty {
+        if let Some(bits) = dirty.filter(|b| *b > 0) {
             if array.down_roles().is_empty() {
-                tracing::warn!("LV {full} was not closed cleanly: resyncing it");
+                tracing::warn!(
+                    "LV {full} was not closed cleanly: resyncing the {bits} regions its bitmap marks"
+                );
                 array
                     .resync()
                     .map_err(|e| e.context(format!("LV {full}: resync")))?;
+                tracing::info!("LV {full}: resynced {} bytes", array.resynced_bytes());
             } else {
                 tracing::warn!(
-                    "LV {full} was not closed cleanly and is degraded: it cannot be resynced; \
-                     copies may differ where writes were in flight"
+                    "LV {full} was not closed cleanly and is degraded: its {bits} dirty \
+                     regions cannot be resynced until it is repaired; copies may differ \
+                     where writes were in flight"
                 );
             }
         }
-        let events = freshest.as_ref().map_or(1, |f| f.events);
-        let guard = crate::raid::OpenForWrite {
-            array,
-            rmetas,
-            seg: r.clone(),
-            lv_sectors: lv_s,
-            image_sectors: img_s,
-            events,
-            dirty: std::sync::RwLock::new(dirty),
-        };
-        // The resync made the copies agree: clean until the first write.
-        guard.flushed()?;
-        Ok(lv.with_write_guard(guard))
+        let meta = Arc::new(crate::raid::RaidMeta {
+            images: r
+                .images
+                .iter()
+                .map(|i| format!("{}/{i}", self.meta.name))
+                .collect(),
+            rmetas: std::sync::Mutex::new(rmetas),
+            label: full,
+        });
+        array.observe(meta.clone());
+        Ok(lv.with_raid_meta(meta))
     }
 
     /// `vgs` + `pvs` + `lvs` in one.

@@ -377,14 +377,15 @@ fn repair_and_replace_move_images() {
     check(&*lv, &data);
 }
 
-/// A write makes the bitmaps dirty, a flush or a close clean. A writer that stopped
-/// without either (a crash) leaves them dirty, and the next writable open resyncs: the
-/// copies agree again.
+/// md's write-intent bitmap in the metadata LVs, per region (2 MiB here): a write sets
+/// the bits of the regions it touches and no others; a flush clears them once idle for
+/// the daemon sleep, a close at once. A writer that stopped without either (a crash)
+/// leaves exactly those bits, and the next writable open resyncs those regions only.
 #[test]
-fn an_unclean_close_is_resynced() {
+fn an_unclean_close_resyncs_only_the_dirty_regions() {
     let (disks, pvs) = mem_pvs(2, 64 * MIB);
     let mut vg = Vg::create("vgr", pvs.clone(), 4 * MIB).unwrap();
-    vg.lv_create_raid(&rc("r", "raid1", 2, Some(1), None))
+    vg.lv_create_raid(&rc("r", "raid1", 8, Some(1), None))
         .unwrap();
     let meta = vg.metadata().clone();
     let at = |lv: &str| {
@@ -392,40 +393,63 @@ fn an_unclean_close_is_resynced() {
         let pv = meta.pvs.iter().position(|p| p.key == a.pv).unwrap();
         (pv, meta.pvs[pv].pe_start * 512 + a.pe * 4 * MIB)
     };
-    let bitmap_byte = |m: &str| {
+    // The first two bytes of bits (16 regions of 2 MiB), after the 256-byte header.
+    let bits = |m: &str| {
         let (pv, off) = at(m);
         let mut h = vec![0u8; 512];
         disks[pv].read_at(&mut h, off + 4096).unwrap();
-        // The first byte of bits, after the 256-byte bitmap header.
-        h[256]
+        u16::from_le_bytes([h[256], h[257]])
     };
+    let region = 2 * MIB;
     let lv = vg.lv("r").unwrap();
-    assert_eq!(bitmap_byte("r_rmeta_0"), 0, "clean until written");
+    assert_eq!(bits("r_rmeta_0"), 0, "clean until written");
     lv.write_at(&[1u8; 4096], 0, WriteFlags::NONE).unwrap();
-    assert_eq!(bitmap_byte("r_rmeta_0"), 0xff, "dirty once written");
+    lv.write_at(&[1u8; 8192], 5 * region - 4096, WriteFlags::NONE)
+        .unwrap();
+    // Regions 0, 4 and 5, on both metadata LVs, before any flush.
+    assert_eq!(bits("r_rmeta_0"), 0b11_0001, "only the touched regions");
+    assert_eq!(bits("r_rmeta_1"), 0b11_0001);
     lv.flush().unwrap();
-    assert_eq!(bitmap_byte("r_rmeta_0"), 0, "clean after a flush");
+    assert_eq!(bits("r_rmeta_0"), 0b11_0001, "kept for the daemon sleep");
+    lv.array()
+        .unwrap()
+        .set_bitmap_daemon_sleep(std::time::Duration::ZERO);
+    lv.flush().unwrap();
+    assert_eq!(bits("r_rmeta_0"), 0, "clean after a flush once idle");
     let data = fill(&*lv, 7);
-    lv.write_at(&data[..4096], 0, WriteFlags::NONE).unwrap();
     drop(lv);
-    assert_eq!(bitmap_byte("r_rmeta_0"), 0, "clean after close");
-    // A "crash": a write, then the copies diverge behind the LV's back, never closed.
+    assert_eq!(bits("r_rmeta_0"), 0, "clean after close");
+    // A "crash": writes in regions 1 and 6, never flushed or closed; meanwhile the
+    // copies differ behind the LV's back in region 1 (dirty) and region 3 (clean).
     let lv = vg.lv("r").unwrap();
-    lv.write_at(&data[..4096], 0, WriteFlags::NONE).unwrap();
+    lv.write_at(&data[..4096], region, WriteFlags::NONE)
+        .unwrap();
+    lv.write_at(&data[..4096], 6 * region + 8192, WriteFlags::NONE)
+        .unwrap();
     std::mem::forget(lv);
     let (pv1, img1) = at("r_rimage_1");
-    disks[pv1]
-        .write_at(&[0x5a; 4096], img1 + 8192, WriteFlags::NONE)
-        .unwrap();
-    assert_eq!(bitmap_byte("r_rmeta_1"), 0xff);
+    for r in [1, 3] {
+        disks[pv1]
+            .write_at(&[0x5a; 4096], img1 + r * region + 8192, WriteFlags::NONE)
+            .unwrap();
+    }
+    assert_eq!(bits("r_rmeta_1"), 0b100_0010);
     drop(vg);
     let vg = Vg::open(pvs.clone()).unwrap();
     let lv = vg.lv("r").unwrap();
+    // Two regions resynced (md counts member bytes for raid1), not the LV's 32 MiB.
+    assert_eq!(lv.array().unwrap().resynced_bytes(), 2 * region);
     drop(lv);
-    // Resynced from the first copy: image 1 holds the data again.
+    // Region 1 resynced from the first copy; region 3 not looked at.
     let mut b = vec![0u8; 4096];
-    disks[pv1].read_at(&mut b, img1 + 8192).unwrap();
-    assert_eq!(&b[..], &data[8192..8192 + 4096]);
+    disks[pv1].read_at(&mut b, img1 + region + 8192).unwrap();
+    let want = usize::try_from(region + 8192).unwrap();
+    assert_eq!(&b[..], &data[want..want + 4096]);
+    disks[pv1]
+        .read_at(&mut b, img1 + 3 * region + 8192)
+        .unwrap();
+    assert_eq!(&b[..], &[0x5a; 4096][..]);
+    assert_eq!(bits("r_rmeta_0"), 0, "clean after the resync and a close");
 }
 
 /// Broken RAID metadata makes the LV unavailable with the reason, never misread.
@@ -454,5 +478,69 @@ fn broken_raid_metadata_is_named() {
         let vg = VolumeGroup::from_text(t.as_bytes()).unwrap();
         let u = vg.lv("r").unwrap().unsupported.clone().unwrap_or_default();
         assert!(u.contains(why), "{why}: {u}");
+    }
+}
+
+/// A served RAID LV repaired while open (`lv_repair_live`): the image on the lost PV
+/// moves to a free PV and md's background work rebuilds it while writes go on; the
+/// superblocks then say in sync, and the LV reads whole without the lost PV.
+#[test]
+fn repair_while_served_rebuilds_in_the_background() {
+    for (t, images, mirrors, stripes) in [("raid1", 2, 1, None), ("raid10", 4, 1, Some(2))] {
+        let (_d, pvs) = mem_pvs(images + 1, 64 * MIB);
+        let mut vg = Vg::create("vgr", pvs.clone(), 4 * MIB).unwrap();
+        vg.lv_create_raid(&rc("r", t, 4, Some(mirrors), stripes))
+            .unwrap();
+        let mut data = fill(&*vg.lv("r").unwrap(), 11);
+        drop(vg);
+        // pv1 is gone; the LV is served degraded.
+        let less: Vec<PvDevice> = [&pvs[..1], &pvs[2..]].concat();
+        let mut vg = partial(less.clone(), false);
+        let lv = vg.lv("r").unwrap();
+        let array = lv.array().unwrap().clone();
+        assert_eq!(array.down_roles(), vec![1], "{t}");
+        // 8 MiB/s over 16 MiB (raid1) or 8 MiB (raid10): running when written to.
+        array.manage(cairn_md::SpeedLimits {
+            min: 8 << 20,
+            max: 8 << 20,
+        });
+        let rep = vg.lv_repair_live("r", None, &lv).unwrap();
+        assert_eq!(rep.rebuilt, vec!["r_rimage_1".to_string()], "{t}");
+        assert_eq!(rep.moved.len(), 1, "{t}");
+        // Writes while it rebuilds.
+        let bg = array.background().unwrap();
+        assert_eq!(
+            (bg.action, bg.state.as_str()),
+            ("recovery", "running"),
+            "{t}"
+        );
+        for i in 0..16u64 {
+            let off = i * MIB + 4096;
+            let b = vec![u8::try_from(i).unwrap(); 8192];
+            lv.write_at(&b, off, WriteFlags::NONE).unwrap();
+            let o = usize::try_from(off).unwrap();
+            data[o..o + 8192].copy_from_slice(&b);
+        }
+        for _ in 0..600 {
+            if array.background().is_some_and(|b| b.state != "running") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let bg = array.background().unwrap();
+        assert_eq!(bg.state, "finished", "{t}: {bg:?}");
+        assert!(array.down_roles().is_empty(), "{t}");
+        check(&*lv, &data);
+        drop(lv);
+        drop(array);
+        drop(vg);
+        // Without the lost PV, whole: every superblock says nothing failed.
+        let vg = partial(less, true);
+        let lv = vg.lv("r").unwrap();
+        assert!(lv.array().unwrap().down_roles().is_empty(), "{t}");
+        check(&*lv, &data);
+        let r = vg.report();
+        let l = r.lvs.iter().find(|l| l.name == "r").unwrap();
+        assert_eq!(l.sync_percent.as_deref(), Some("100.00"), "{t}");
     }
 }

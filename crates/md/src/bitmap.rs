@@ -33,9 +33,10 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_block::{Error, ErrorKind, Result, WriteFlags};
+use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
 use crate::layout::{ArrayLayout, ParityLayout};
 use crate::state::Array;
@@ -50,7 +51,7 @@ pub use format::{
     BITMAP_OFFSET_1_2, BITMAP_VERSION, BITMAP_VERSION_LO, BLOCK, DEFAULT_DAEMON_SLEEP,
     DEFAULT_MIN_CHUNK, HEADER_SIZE, MAX_WRITE_BEHIND,
 };
-pub(crate) use live::{load_bitmap, Bitmap};
+pub(crate) use live::{load_bitmap, load_own_bitmap, Bitmap};
 pub use live::{BitmapInfo, Coverage};
 use live::{Done, State};
 
@@ -79,6 +80,57 @@ impl Array {
         }
     }
 
+    /// Gives an array built without superblocks ([`Array::from_layout`]) md's
+    /// write-intent bitmap kept apart from the members, as dm-raid keeps it: role `i`'s
+    /// copy at byte `at` of `devs[i]` (a RAID LV's metadata sub-LV, `at` 4096). The copies
+    /// of the roles in sync are read and OR-ed; `events` is the array's (a copy with
+    /// fewer is out of date: every bit set). From now on writes set the bits of the
+    /// regions they touch before the data goes out and flushes clear idle ones, as for
+    /// md's own bitmap. When bits are set, a resync is pending and covers only those
+    /// regions ([`Array::resync`], or the background work). Returns the bits set; `None`
+    /// when no device holds a bitmap (nothing changes then).
+    pub fn attach_own_bitmap(
+        &mut self,
+        devs: Vec<Option<Arc<dyn BlockDevice>>>,
+        at: u64,
+        events: u64,
+    ) -> Result<Option<u64>> {
+        if devs.len() != self.slots.len() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "{} bitmap devices for {} roles",
+                    devs.len(),
+                    self.slots.len()
+                ),
+            ));
+        }
+        let loaded = load_own_bitmap(&self.slots, &self.layout, devs, at, events, &self.label)?;
+        let Some((bm, stale)) = loaded else {
+            return Ok(None);
+        };
+        let dirty = bm.lock().dirty(bm.chunks);
+        {
+            let mut meta = self.meta_lock();
+            meta.events = meta.events.max(events);
+            if dirty > 0 {
+                meta.resync_pending = true;
+                meta.resync_from = crate::units::Sectors::ZERO;
+            }
+        }
+        self.install_bitmap(Some((bm, stale)));
+        Ok(Some(dirty))
+    }
+
+    /// For an array without superblocks whose owner keeps its own record of events
+    /// (dm-raid's superblocks): the array's events become at least `events`, and a
+    /// bitmap kept apart records them, as md's bitmap follows every superblock update.
+    pub fn record_events(&self, events: u64) -> Result<()> {
+        let mut meta = self.meta_lock();
+        meta.events = meta.events.max(events);
+        self.write_superblocks(&mut meta)
+    }
+
     /// Writes the whole bitmap area, as it is now, to `m` (FUA): a member taking a role
     /// (a spare, a re-added member, a replacement) must carry the array's bitmap.
     pub(crate) fn bitmap_init_member(&self, m: &crate::slot::Member) -> Result<()> {
@@ -105,13 +157,21 @@ impl Array {
         let jobs = (0..self.slots.len())
             // Members being rebuilt too: they must hold the bitmap once in sync.
             .filter(|&role| self.is_writable(role))
-            .filter_map(|role| self.slots[role].member().map(|m| (role, (role, m))))
+            .filter_map(|role| {
+                // Kept apart from the members (dm-raid): on the role's own device.
+                let dev = if bm.own.is_empty() {
+                    self.slots[role].member().map(|m| m.dev.clone())
+                } else {
+                    bm.own_device(role)
+                };
+                dev.map(|d| (role, (role, d)))
+            })
             .collect();
         let results =
-            cairn_block::overlap::fan_out(jobs, self.flush_overlap_pays(), |(role, m)| {
+            cairn_block::overlap::fan_out(jobs, self.flush_overlap_pays(), |(role, dev)| {
                 let r = blocks.iter().try_for_each(|&b| {
                     let piece = &st.area[small(b * BLOCK)..small((b + 1) * BLOCK)];
-                    m.dev.write_at(piece, bm.at + b * BLOCK, flags)
+                    dev.write_at(piece, bm.at + b * BLOCK, flags)
                 });
                 (role, r)
             });

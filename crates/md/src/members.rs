@@ -445,6 +445,75 @@ impl Array {
         Ok(sb)
     }
 
+    /// For an array without superblocks ([`Array::from_layout`], a RAID LV's images):
+    /// puts `dev` (called `name`, data from byte 0) into `role`, which must be down, and
+    /// rebuilds it from the others in the background once the array is managed
+    /// ([`Array::manage`]: md's speed limits, progress in [`Array::background`]), or at
+    /// the next [`Array::run_pending`]. Writes reach it at once. `bitmap_dev` holds the
+    /// role's copy of a bitmap kept apart from the members
+    /// ([`Array::attach_own_bitmap`]); it gets the bitmap as it is now.
+    pub fn rebuild_into(
+        &self,
+        role: usize,
+        dev: Arc<dyn BlockDevice>,
+        name: String,
+        bitmap_dev: Option<Arc<dyn BlockDevice>>,
+    ) -> Result<Change> {
+        if !self.layout_is_redundant() {
+            return Err(invalid(format!(
+                "{}: {} has no redundancy; nothing can be rebuilt",
+                self.array_label(),
+                self.identity.level
+            )));
+        }
+        if role >= self.slots.len() {
+            return Err(invalid(format!(
+                "{}: no role {role} (it has {})",
+                self.array_label(),
+                self.slots.len()
+            )));
+        }
+        if self.is_writable(role) {
+            return Ok(Change::unchanged(format!(
+                "{}: role {role} is not down; nothing to rebuild",
+                self.array_label()
+            )));
+        }
+        let need = self.member_extent_bytes();
+        if dev.geometry().size < need {
+            return Err(invalid(format!(
+                "{name} holds {} bytes; role {role} needs {need}",
+                dev.geometry().size
+            )));
+        }
+        if let Some(bm) = &self.bitmap {
+            if let (Some(slot), Some(d)) = (bm.own.get(role), bitmap_dev) {
+                let st = bm.lock();
+                d.write_at(&st.area, bm.at, WriteFlags::FUA)
+                    .map_err(|e| e.context(format!("{name}: writing the bitmap")))?;
+                *slot
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(d);
+            }
+        }
+        let member = Arc::new(Member {
+            dev,
+            name: name.clone(),
+            base: 0,
+        });
+        {
+            let mut meta = self.meta_lock();
+            self.slots[role].set_member(Some(member), 0);
+            meta.events += 1;
+            self.write_superblocks(&mut meta)?;
+        }
+        let msg = format!("{name} takes role {role}; it is rebuilt from the others");
+        tracing::info!("{}: {msg}", self.array_label());
+        self.member_added(&name, &msg);
+        self.kick();
+        Ok(Change::done(msg))
+    }
+
     /// Bytes of each member's data area the array uses.
     pub(crate) fn member_extent_bytes(&self) -> u64 {
         match &self.layout {

@@ -429,6 +429,12 @@ impl Array {
         })
     }
 
+    /// What logs and errors call the array (an array without superblocks has no name of
+    /// its own: "raid1 array" unless its owner names it, e.g. "RAID LV vg0/r").
+    pub fn set_label(&mut self, label: String) {
+        self.label = label;
+    }
+
     /// The placement maths in use.
     pub fn layout(&self) -> &ArrayLayout {
         &self.layout
@@ -679,6 +685,12 @@ impl Array {
             ));
         }
         meta.utime = now();
+        if !meta.sbs.iter().any(Option::is_some) && meta.spares.is_empty() {
+            // An array without superblocks (from_layout): only a bitmap kept apart
+            // records the events.
+            self.bitmap_write_events(meta.events);
+            return Ok(());
+        }
         for _ in 0..=self.slots.len() {
             self.bitmap_write_events(meta.events);
             let roles = self.current_dev_roles(meta);

@@ -41,6 +41,8 @@ fn below(e: &OpenedExport) -> Node {
             Node {
                 data_offset: lv.first_byte,
                 lv: Some(d.clone()),
+                // A RAID LV's rebuild or resync, as an md array's shows.
+                progress: lv.array().and_then(|a| progress(a)),
                 children: lv.pvs.iter().map(below).collect(),
                 ..Node::new(
                     NodeKind::Lv,
@@ -162,16 +164,7 @@ fn md_node(array: &cairn_md::Array) -> Node {
                 member: b.member,
             }),
         }),
-        progress: array
-            .background()
-            .filter(|b| b.state == "running")
-            .map(|b| Progress {
-                action: b.action.into(),
-                member: b.member.clone(),
-                done_bytes: b.done_bytes,
-                total_bytes: b.total_bytes,
-                bytes_per_sec: b.bytes_per_sec,
-            }),
+        progress: progress(array),
         children,
         ..Node::new(
             NodeKind::Md,
@@ -182,6 +175,20 @@ fn md_node(array: &cairn_md::Array) -> Node {
             g.into(),
         )
     }
+}
+
+/// The array's background work while it runs.
+fn progress(array: &cairn_md::Array) -> Option<Progress> {
+    array
+        .background()
+        .filter(|b| b.state == "running")
+        .map(|b| Progress {
+            action: b.action.into(),
+            member: b.member.clone(),
+            done_bytes: b.done_bytes,
+            total_bytes: b.total_bytes,
+            bytes_per_sec: b.bytes_per_sec,
+        })
 }
 
 /// The NBD description of an export: its stack from the top, e.g. "LV vg0/home over

@@ -143,6 +143,15 @@ impl OpenedExport {
     }
 }
 
+/// The md arrays of the RAID LVs among `exports` (not in [`all_arrays`]: they have no
+/// superblocks, UUID or name of their own; the LV is what names them).
+pub fn raid_lv_arrays(exports: &[OpenedExport]) -> Vec<Arc<cairn_md::Array>> {
+    exports
+        .iter()
+        .filter_map(|e| e.lvm().and_then(LvLayer::array).cloned())
+        .collect()
+}
+
 /// Every md array behind `exports`, each once (LVs of one VG share their PVs).
 pub fn all_arrays(exports: &[OpenedExport]) -> Vec<Arc<cairn_md::Array>> {
     let mut out: Vec<Arc<cairn_md::Array>> = Vec::new();
@@ -349,6 +358,16 @@ pub struct LvLayer {
     pub pvs: Vec<OpenedExport>,
     /// Byte offset of the LV's first byte on its first PV.
     pub first_byte: u64,
+    /// The LV as opened: a RAID LV's md array (its rebuilds, resync and progress) is
+    /// reached through it.
+    pub volume: Arc<cairn_lvm::LogicalVolume>,
+}
+
+impl LvLayer {
+    /// The md array of a RAID LV.
+    pub fn array(&self) -> Option<&Arc<cairn_md::Array>> {
+        self.volume.array()
+    }
 }
 
 #[cfg(test)]

@@ -207,7 +207,7 @@ pub fn open_vg_exports(
                 .collect::<Vec<_>>()
                 .join(" "),
         };
-        let device: Arc<dyn BlockDevice> = lv;
+        let device: Arc<dyn BlockDevice> = lv.clone();
         out.push(OpenedExport {
             name: format!("{vg_name}/{}", lv_report.name),
             path: stacks[used.first().copied().unwrap_or(0)].path.clone(),
@@ -217,6 +217,7 @@ pub fn open_vg_exports(
                 details,
                 pvs: used.iter().map(|&i| stacks[i].clone()).collect(),
                 first_byte: first,
+                volume: lv,
             }),
         });
     }

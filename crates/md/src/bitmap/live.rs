@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
 
-use cairn_block::{Error, ErrorKind, Result};
+use cairn_block::{BlockDevice, Error, ErrorKind, Result};
 
 use crate::bitmap::format::{corrupt, set_bit, state, test_bit, BitmapSuper, BLOCK, HEADER_SIZE};
 use crate::layout::ArrayLayout;
@@ -94,11 +94,24 @@ pub(crate) struct Bitmap {
     pub(crate) coverage: Coverage,
     pub(crate) daemon_sleep_ms: AtomicU64,
     pub(crate) state: Mutex<State>,
+    /// Where each role's copy lives when not on the member itself (dm-raid keeps it in
+    /// a metadata device beside each image): by role, `None` for a role without one.
+    /// Empty for md arrays, whose bitmap is on the members.
+    pub(crate) own: Vec<RwLock<Option<Arc<dyn BlockDevice>>>>,
 }
 
 impl Bitmap {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The device holding `role`'s copy when the bitmap is not on the members.
+    pub(crate) fn own_device(&self, role: usize) -> Option<Arc<dyn BlockDevice>> {
+        self.own
+            .get(role)?
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -174,6 +187,21 @@ pub(crate) fn load_bitmap(
             .map_err(|e| e.context(format!("{}: reading the bitmap", m.name)))?;
         images.push((bsb, area));
     }
+    from_images(images, at, coverage, covered, events, label, Vec::new())
+}
+
+/// The running bitmap from the copies read (`images`, header and area each): the one
+/// with the most events, with the bits of every copy of the same shape OR-ed in; every
+/// bit set when it is out of date (`events` is the array's). Returns whether it was.
+fn from_images(
+    images: Vec<(BitmapSuper, Vec<u8>)>,
+    at: u64,
+    coverage: Coverage,
+    covered: crate::units::Sectors,
+    events: u64,
+    label: &str,
+    own: Vec<RwLock<Option<Arc<dyn BlockDevice>>>>,
+) -> Result<Option<(Bitmap, bool)>> {
     let Some(best) = images.iter().map(|(s, _)| s.events).max() else {
         return Ok(None);
     };
@@ -235,9 +263,72 @@ pub(crate) fn load_bitmap(
             coverage,
             daemon_sleep_ms: AtomicU64::new(u64::from(bsb.daemon_sleep) * 1000),
             state: Mutex::new(st),
+            own,
         },
         stale,
     )))
+}
+
+/// Reads a bitmap kept apart from the members, as dm-raid keeps it: role `i`'s copy at
+/// byte `at` of `devs[i]` (roles without a device, or not in sync, are not read; their
+/// copies are written from now on when they get a device). The uuid must be zero (dm-raid
+/// arrays have none). `covered` is what the bits must span: array sectors for RAID10,
+/// member sectors otherwise. Nothing is written.
+pub(crate) fn load_own_bitmap(
+    slots: &[Slot],
+    layout: &ArrayLayout,
+    devs: Vec<Option<Arc<dyn BlockDevice>>>,
+    at: u64,
+    events: u64,
+    label: &str,
+) -> Result<Option<(Bitmap, bool)>> {
+    let (coverage, covered) = match layout {
+        ArrayLayout::Raid10(l) => (Coverage::Array, l.array_sectors()),
+        ArrayLayout::Raid1(l) => (Coverage::Member, l.array_sectors()),
+        ArrayLayout::Parity(l) => (
+            Coverage::Member,
+            crate::units::Sectors(l.stripes() * l.chunk().0),
+        ),
+        ArrayLayout::Linear(_) | ArrayLayout::Raid0(_) => return Ok(None),
+    };
+    let mut images = Vec::new();
+    for (role, d) in devs.iter().enumerate() {
+        let Some(d) = d else { continue };
+        let in_sync = slots.get(role).is_some_and(|s| {
+            s.has_member() && s.synced.load(std::sync::atomic::Ordering::Acquire) == u64::MAX
+        });
+        if !in_sync {
+            continue;
+        }
+        let name = format!("{label}: bitmap of role {role}");
+        let mut head = vec![0u8; small(BLOCK)];
+        d.read_at(&mut head, at)
+            .map_err(|e| e.context(format!("{name}: reading")))?;
+        // dm-raid writes it at the first activation; until then there is none.
+        if head[..4] != crate::bitmap::format::BITMAP_MAGIC.to_le_bytes() {
+            continue;
+        }
+        let bsb = BitmapSuper::parse(&head, &name)?;
+        if bsb.uuid != crate::ondisk::Uuid::default() {
+            return Err(corrupt(
+                &name,
+                format!("UUID {} where none belongs", bsb.uuid),
+            ));
+        }
+        let len = bsb.area_bytes().expect("checked by parse");
+        if at + len > d.geometry().size {
+            return Err(corrupt(
+                &name,
+                format!("{len} bitmap bytes at byte {at} do not fit the device"),
+            ));
+        }
+        let mut area = vec![0u8; small(len)];
+        d.read_at(&mut area, at)
+            .map_err(|e| e.context(format!("{name}: reading")))?;
+        images.push((bsb, area));
+    }
+    let own = devs.into_iter().map(RwLock::new).collect();
+    from_images(images, at, coverage, covered, events, label, own)
 }
 
 impl State {
