@@ -187,6 +187,22 @@ t_split_brain() {
   cmp -n "$data" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ after the resolution"
 }
 
+t_protocol_a() {
+  need_tool nbdcopy
+  SIZE=32M nodes_up
+  node_up 1 --protocol A
+  node_up 2
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  random_file "$WORK/data" 24M
+  nbdcopy "$WORK/data" "$(client_uri 1)"
+  # A clean stop drains what is still on its way to the peer.
+  "$CAIRN" repl secondary home --control "$(ctl 1)"
+  expect_eq "$(status_json 1 | jq -r '.peers[0].out_of_sync_bytes')" 0 "out of sync after protocol A writes"
+  cmp -n "$(status_json 1 | jq -r .data_size)" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
+  cmp -n $((24 << 20)) "$WORK/data" "$SHM/n2.img" || fail "the peer lacks the data"
+}
+
 t_refusals() {
   need_tool jq
   truncate -s 4K "$SHM/tiny.img"
@@ -329,5 +345,6 @@ while True:
 run_test refusals t_refusals
 run_test failover t_failover
 run_test split_brain t_split_brain
+run_test protocol_a t_protocol_a
 run_test etcd_failover t_etcd_failover
 finish

@@ -125,6 +125,11 @@ pub struct UpArgs {
     /// decides), discard-zero-changes, discard-least-changes, discard-secondary
     #[arg(long, default_value = "disconnect")]
     pub split_brain: SplitBrainPolicy,
+    /// C: a write is answered when every connected replica has it (synchronous); A:
+    /// when the local disk has it and the peer's copy is sent (asynchronous: the last
+    /// writes before a crash of the primary may be missing on the peer that takes over)
+    #[arg(long, default_value = "C", value_name = "C|A")]
+    pub protocol: Protocol,
     /// Resync speed limit in MiB/s; 0 is unlimited
     #[arg(long, default_value_t = 0)]
     pub resync_rate: u64,
@@ -327,7 +332,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         resource: a.resource.clone(),
         node: a.node.clone(),
         peers,
-        protocol: Protocol::C,
+        protocol: a.protocol,
         resync_rate: a.resync_rate.saturating_mul(1 << 20),
         al_extents: a.al_extents.max(1),
         split_brain: a.split_brain,

@@ -1860,6 +1860,32 @@ pub struct Started<'a> {
 impl Started<'_> {
     /// Waits for every reply; the first error is returned once all are in.
     pub fn wait(self) -> cairn_block::Result<()> {
+        let client = self.client;
+        self.detach().wait(client)
+    }
+
+    /// The same requests, no longer tied to the borrow of the client: another thread
+    /// may wait for them ([`Detached::wait`] with the same client).
+    pub fn detach(self) -> Detached {
+        Detached {
+            pending: self.pending,
+            flush_after: self.flush_after,
+        }
+    }
+}
+
+/// [`Started`] requests handed to another thread.
+#[derive(Debug)]
+#[must_use = "a started request is only known done after wait()"]
+pub struct Detached {
+    pending: Vec<Result<Pending>>,
+    flush_after: bool,
+}
+
+impl Detached {
+    /// Waits for every reply; the first error is returned once all are in. `client` is
+    /// the one the requests were started on.
+    pub fn wait(self, client: &Client) -> cairn_block::Result<()> {
         let mut first = None;
         for p in self.pending {
             if let Err(e) = p.and_then(Pending::wait) {
@@ -1871,7 +1897,7 @@ impl Started<'_> {
         }
         // After every piece is answered: the flush must cover them all.
         if self.flush_after {
-            self.client.call(CMD_FLUSH, 0, 0, 0, &[])?;
+            client.call(CMD_FLUSH, 0, 0, 0, &[])?;
         }
         Ok(())
     }

@@ -36,9 +36,11 @@ use crate::al::{ActivityLog, Transaction};
 use crate::bitmap::Bitmap;
 use crate::gen::{self, Decision, Generations, NodeView, JUST_CREATED};
 use crate::quorum::{self, OnLoss, Quorum};
-use crate::ranges::RangeLocks;
+use crate::ranges::{OwnedRangeGuard, RangeLocks};
 use crate::wire::{self, Hello, Request, Welcome, OPT_CAIRN_REPL};
 use cairn_cluster::{Lease, LeaseError, LeaseGuard};
+use cairn_nbd::client::Detached;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 /// What the node keeps in its metadata superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,9 +95,40 @@ pub trait MetaIo: Send + Sync + fmt::Debug {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Protocol {
-    /// A write is answered when the local disk and every connected peer have it.
+    /// Asynchronous: a write is answered when the local disk has it and the peer's copy
+    /// is on its way. The risk: writes acknowledged (flushed or not) in the last moments
+    /// before the primary dies may be missing on the peer that takes over.
+    A,
+    /// Synchronous: a write is answered when the local disk and every connected peer
+    /// have it (durably, for FUA writes and flushes).
     C,
 }
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "C" | "c" => Ok(Protocol::C),
+            "A" | "a" => Ok(Protocol::A),
+            _ => Err(format!(
+                "{s:?}: expected C (synchronous) or A (asynchronous)"
+            )),
+        }
+    }
+}
+
+/// A protocol-A write whose peers have not answered yet: the completion thread waits for
+/// them, then gives back the activity-log count and the range.
+struct AsyncJob {
+    offset: u64,
+    len: u64,
+    peers: Vec<(Arc<Peer>, Arc<Client>, Detached)>,
+    _range: OwnedRangeGuard,
+}
+
+/// Protocol-A writes waiting for their peers at most: beyond it, writers wait, so a slow
+/// peer holds a bounded backlog.
+const ASYNC_BACKLOG: usize = 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -330,8 +363,10 @@ pub struct Node {
     p: Mutex<Persisted>,
     role: RwLock<Role>,
     al: ActivityLog,
-    locks: RangeLocks,
+    locks: Arc<RangeLocks>,
     peers: Vec<Arc<Peer>>,
+    /// Protocol A: where writes hand their peers' answers to the completion thread.
+    async_tx: Mutex<Option<SyncSender<AsyncJob>>>,
     events: Mutex<VecDeque<Event>>,
     /// Set to stop the peer threads of a primary (demotion, shutdown).
     stop_peers: AtomicBool,
@@ -482,7 +517,8 @@ impl Node {
             meta,
             p: Mutex::new(p),
             role: RwLock::new(Role::Secondary),
-            locks: RangeLocks::default(),
+            locks: Arc::new(RangeLocks::default()),
+            async_tx: Mutex::new(None),
             peers,
             events: Mutex::new(VecDeque::new()),
             stop_peers: AtomicBool::new(false),
@@ -738,7 +774,7 @@ impl Node {
     fn write(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check_primary()?;
         let len = buf.len() as u64;
-        let _range = self.locks.lock(offset, len);
+        let range = self.locks.lock_owned(offset, len);
         self.al.begin(offset, len, |tx| self.persist_al(tx))?;
         let links: Vec<(&Arc<Peer>, Option<Arc<Client>>)> =
             self.peers.iter().map(|p| (p, p.link())).collect();
@@ -749,6 +785,38 @@ impl Node {
             .collect();
         let local = self.disk.write_at(buf, offset, flags);
         let mut missed = Ok(());
+        if self.cfg.protocol == Protocol::A && local.is_ok() {
+            let tx = self
+                .async_tx
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(tx) = tx {
+                let mut peers = Vec::new();
+                for ((peer, st), (_, link)) in started.into_iter().zip(&links) {
+                    match (st, link) {
+                        (Some(st), Some(l)) => {
+                            peers.push(((*peer).clone(), l.clone(), st.detach()))
+                        }
+                        _ => {
+                            peer.bitmap.set_bytes(offset, len);
+                            missed = missed.and_then(|()| self.ensure_outdated(peer));
+                        }
+                    }
+                }
+                // Blocks while the backlog is full.
+                let job = AsyncJob {
+                    offset,
+                    len,
+                    peers,
+                    _range: range,
+                };
+                if let Err(back) = tx.send(job) {
+                    self.complete(back.0);
+                }
+                return missed;
+            }
+        }
         for (peer, st) in started {
             match st.map(cairn_nbd::client::Started::wait) {
                 Some(Ok(())) if local.is_ok() => {
@@ -768,7 +836,34 @@ impl Node {
             }
         }
         self.al.end(offset, len);
+        drop(range);
         local.and(missed)
+    }
+
+    /// Protocol A: the peers' answers to one write, after it was acknowledged.
+    fn complete(&self, job: AsyncJob) {
+        for (peer, client, d) in job.peers {
+            match d.wait(&client) {
+                Ok(()) => {
+                    let (a, b) = peer.bitmap.inside(job.offset, job.len);
+                    peer.bitmap.clear(a, b);
+                }
+                Err(e) => {
+                    peer.bitmap.set_bytes(job.offset, job.len);
+                    self.lose(&peer, &e.to_string());
+                    if let Err(e) = self.ensure_outdated(&peer) {
+                        tracing::error!("{}: {}: {e}", self.cfg.resource, peer.cfg.name);
+                    }
+                }
+            }
+        }
+        self.al.end(job.offset, job.len);
+    }
+
+    fn run_completions(self: Arc<Self>, rx: Receiver<AsyncJob>) {
+        for job in rx {
+            self.complete(job);
+        }
     }
 
     fn flush(&self) -> Result<()> {
@@ -975,6 +1070,19 @@ impl Node {
         self.halt.store(false, Ordering::SeqCst);
         *self.role.write().unwrap_or_else(|p| p.into_inner()) = Role::Primary;
         self.stop_peers.store(false, Ordering::SeqCst);
+        if self.cfg.protocol == Protocol::A {
+            let (tx, rx) = sync_channel(ASYNC_BACKLOG);
+            *self.async_tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+            let node = self.clone();
+            let h = thread::Builder::new()
+                .name("repl-async".into())
+                .spawn(move || node.run_completions(rx))
+                .map_err(|e| e.to_string())?;
+            self.threads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(h);
+        }
         for peer in &self.peers {
             peer.set(Conn::Connecting, Repl::Off);
             let (node, peer) = (self.clone(), peer.clone());
@@ -1164,6 +1272,13 @@ impl Node {
     /// Stops the peer threads, flushes every replica, writes the bitmaps out and clears
     /// the activity log: after this, nothing is in flight anywhere.
     fn clean_stop(&self) -> Result<()> {
+        // Protocol A: the completion thread drains what is in flight and ends.
+        drop(
+            self.async_tx
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         self.stop_peers.store(true, Ordering::SeqCst);
         let threads: Vec<_> = self
             .threads

@@ -7,7 +7,7 @@
 //! there (what DRBD's ordering by "dagtags" prevents). Holding the range for the whole
 //! request, on every replica, rules both out. Requests that do not overlap never wait.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 #[derive(Debug, Default)]
 pub struct RangeLocks {
@@ -34,6 +34,27 @@ impl RangeLocks {
         RangeGuard { locks: self, range }
     }
 
+    /// [`RangeLocks::lock`], held by a guard that owns its share of the locks, so it can
+    /// be released on another thread (protocol A releases it when the peer answers).
+    pub fn lock_owned(self: &Arc<Self>, offset: u64, len: u64) -> OwnedRangeGuard {
+        let g = self.lock(offset, len);
+        let range = g.range;
+        std::mem::forget(g);
+        OwnedRangeGuard {
+            locks: self.clone(),
+            range,
+        }
+    }
+
+    fn release(&self, range: (u64, u64)) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = held.iter().position(|r| *r == range) {
+            held.swap_remove(i);
+        }
+        drop(held);
+        self.freed.notify_all();
+    }
+
     /// Ranges held now.
     pub fn held(&self) -> usize {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -42,12 +63,20 @@ impl RangeLocks {
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut held = self.locks.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = held.iter().position(|r| *r == self.range) {
-            held.swap_remove(i);
-        }
-        drop(held);
-        self.locks.freed.notify_all();
+        self.locks.release(self.range);
+    }
+}
+
+/// A held range that owns its share of the locks; released on drop.
+#[derive(Debug)]
+pub struct OwnedRangeGuard {
+    locks: Arc<RangeLocks>,
+    range: (u64, u64),
+}
+
+impl Drop for OwnedRangeGuard {
+    fn drop(&mut self) {
+        self.locks.release(self.range);
     }
 }
 
