@@ -55,9 +55,18 @@ for i in $(seq 100); do [ -S "$W/plain.sock" ] && break; sleep 0.1; done
 fio_run() { # URI NAME ARGS...
   local uri=$1 name=$2
   shift 2
+  # fio prints a line of its own on stdout before the JSON: read the JSON from a file.
   fio --name="$name" --ioengine=nbd --uri="$uri" --size="$DATA" --runtime="$RUNTIME" \
-    --time_based --output-format=json "$@" 2>/dev/null
+    --time_based --output-format=json --output="$W/$name.json" "$@" >/dev/null 2>&1
+  cat "$W/$name.json"
 }
+# The link's own cost: an NBD server that throws the data away (nbdkit's null plugin) on
+# the same loopback: its QD1 write+fsync latency is one round trip, its 1M throughput the
+# link's capacity as this machine's two cores see it.
+nbdkit -f -U "$W/null.sock" null size="$DATA" >"$W/null.log" 2>&1 &
+PIDS+=($!)
+for i in $(seq 100); do [ -S "$W/null.sock" ] && break; sleep 0.1; done
+null="nbd+unix:///?socket=$W/null.sock"
 repl="nbd+unix:///home?socket=$W/a.nbd"
 plain="nbd+unix:///home?socket=$W/plain.sock"
 iops() { jq '.jobs[0].write.iops | floor'; }
@@ -69,9 +78,15 @@ rl=$(fio_run "$repl" rl --rw=randwrite --bs=4k --iodepth=1 --fsync=1 | lat)
 pl=$(fio_run "$plain" pl --rw=randwrite --bs=4k --iodepth=1 --fsync=1 | lat)
 rs=$(fio_run "$repl" rs --rw=write --bs=1M --iodepth=8 | bw)
 ps=$(fio_run "$plain" ps --rw=write --bs=1M --iodepth=8 | bw)
+nl=$(fio_run "$null" nl --rw=randwrite --bs=4k --iodepth=1 --fsync=1 | lat)
+ns=$(fio_run "$null" ns --rw=write --bs=1M --iodepth=8 | bw)
+link=$((ns < ps ? ns : ps))
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
 printf '%-36s %12s %12s %8s\n' "job (loopback, /dev/shm)" replicated unreplicated ratio
 printf '%-36s %12s %12s %8s\n' "4k randwrite QD32 (IOPS)" "$r4" "$p4" "$(ratio "$r4" "$p4")"
 printf '%-36s %12s %12s %8s\n' "4k write+fsync QD1 (us, mean)" "$rl" "$pl" "+$((rl - pl))"
 printf '%-36s %12s %12s %8s\n' "1M seq write QD8 (MB/s)" "$rs" "$ps" "$(ratio "$rs" "$ps")"
+echo "link anchors (nbdkit null on the same loopback): QD1 write+fsync ${nl} us (one round trip), 1M QD8 ${ns} MB/s"
+echo "goals: QD1 replicated <= unreplicated + round trip + 10% = $(awk -v p="$pl" -v n="$nl" 'BEGIN { printf "%d", (p + n) * 1.1 }') us: $rl us;" \
+  "1M >= 0.9 x min(local, link) = $((link * 9 / 10)) MB/s: $rs MB/s"
 echo "initial full resync: $RESYNC"
