@@ -203,6 +203,68 @@ t_protocol_a() {
   cmp -n $((24 << 20)) "$WORK/data" "$SHM/n2.img" || fail "the peer lacks the data"
 }
 
+# Three nodes on loopback (the protocol, not the network, is under test here): the
+# primary loses one peer and keeps the other; the one that stayed is still in sync
+# afterwards (it took the primary's new generation), the one that left is resynced from
+# the bitmap alone.
+t_three_nodes() {
+  need_tool nbdcopy
+  local n base=$((20000 + RANDOM % 20000))
+  for n in a b c; do
+    "$CAIRN" repl create-md --max-peers 2 --size 64M "$SHM/3$n.img" >/dev/null
+  done
+  up3() { # NAME PORT PEER PEERPORT PEER PEERPORT
+    "$CAIRN" repl up home --disk "$SHM/3$1.img" --node "$1" --listen "tcp:127.0.0.1:$2" \
+      --peer "$3=nbd://127.0.0.1:$4/home" --peer "$5=nbd://127.0.0.1:$6/home" --peer-timeout 2 \
+      --client-listen "unix:$WORK/3$1.nbd" --control "$WORK/3$1.sock" >>"$WORK/3$1.log" 2>&1 &
+    register pid $!
+    eval "P3$1=$!"
+    for n in $(seq 100); do [ -S "$WORK/3$1.sock" ] && return 0; sleep 0.1; done
+    fail "node $1 did not start: $(cat "$WORK/3$1.log")"
+  }
+  up3 a $base b $((base + 1)) c $((base + 2))
+  up3 b $((base + 1)) a $base c $((base + 2))
+  up3 c $((base + 2)) a $base b $((base + 1))
+  st() { "$CAIRN" --json repl status home --control "$WORK/3$1.sock"; }
+  wait3() { # NODE PEER-INDEX STATE
+    for n in $(seq 200); do
+      [ "$(st "$1" | jq -r ".peers[$2].replication")" = "$3" ] && return 0
+      sleep 0.1
+    done
+    fail "node $1 peer $2 is not $3: $("$CAIRN" repl status home --control "$WORK/3$1.sock")"
+  }
+  "$CAIRN" repl primary home --force --control "$WORK/3a.sock"
+  wait3 a 0 Established
+  wait3 a 1 Established
+  random_file "$WORK/s1" 8M
+  nbdcopy "$WORK/s1" "nbd+unix:///home?socket=$WORK/3a.nbd"
+  # shellcheck disable=SC2154
+  kill -KILL "$P3c"
+  random_file "$WORK/s2" 8M
+  nbdcopy "$WORK/s2" "nbd+unix:///home?socket=$WORK/3a.nbd"
+  expect_eq "$(st a | jq -r '.peers[0].replication')" Established "b after c left"
+  up3 c $((base + 2)) a $base b $((base + 1))
+  wait3 a 1 Established
+  local msg
+  msg=$(st a | jq -r '[.events[] | select(.kind == "resync-started")] | last | .message')
+  say "c back: $msg"
+  expect_contains "$msg" "bitmap resync to c" "c resynced from the bitmap"
+  expect_eq "$(st a | jq -r '.peers[0].out_of_sync_bytes')" 0 "b out of sync"
+  "$CAIRN" repl secondary home --control "$WORK/3a.sock"
+  # b never left: the next handshake finds it in sync (no resync at all).
+  "$CAIRN" repl primary home --control "$WORK/3a.sock"
+  wait3 a 0 Established
+  wait3 a 1 Established
+  # Resyncs: the initial full ones of b and c, c's return; none after the new promotion.
+  expect_eq "$(st a | jq '[.events[] | select(.kind == "resync-started")] | length')" 3 \
+    "resyncs started"
+  "$CAIRN" repl secondary home --control "$WORK/3a.sock"
+  local data
+  data=$(st a | jq -r .data_size)
+  cmp -n "$data" "$SHM/3a.img" "$SHM/3b.img" || fail "a and b differ"
+  cmp -n "$data" "$SHM/3a.img" "$SHM/3c.img" || fail "a and c differ"
+}
+
 t_refusals() {
   need_tool jq
   truncate -s 4K "$SHM/tiny.img"
@@ -346,5 +408,6 @@ run_test refusals t_refusals
 run_test failover t_failover
 run_test split_brain t_split_brain
 run_test protocol_a t_protocol_a
+run_test three_nodes t_three_nodes
 run_test etcd_failover t_etcd_failover
 finish

@@ -894,10 +894,42 @@ impl Node {
             if let Err(e) = self.meta.save(&p) {
                 tracing::error!("{}: cannot save the new generation: {e}", self.cfg.resource);
             }
+            drop(p);
+            let others: Vec<&Arc<Peer>> = self
+                .peers
+                .iter()
+                .filter(|o| {
+                    o.slot != peer.slot && o.link().is_some() && o.state().repl == Repl::Established
+                })
+                .collect();
+            self.announce_current(&others);
         }
-        if let Some(old) = old {
-            if let Ok(c) = Arc::try_unwrap(old) {
-                drop(c);
+        drop(old);
+    }
+
+    /// Peers still in sync take the primary's new current generation (it changed because
+    /// another peer went away), so their next handshake finds them in sync rather than
+    /// behind.
+    fn announce_current(&self, peers: &[&Arc<Peer>]) {
+        if peers.is_empty() {
+            return;
+        }
+        let gens = {
+            let p = self.persisted();
+            Generations {
+                current: p.current,
+                bitmap: 0,
+                history: p.history,
+            }
+        };
+        for other in peers {
+            let req = Request::Adopt {
+                node: self.cfg.node.clone(),
+                gens,
+            };
+            if let Err(e) = other.request(&req, self.cfg.peer_timeout) {
+                // It may have missed writes since: treat it as gone.
+                self.lose(other, &format!("could not take the new generation: {e}"));
             }
         }
     }
@@ -1002,6 +1034,8 @@ impl Node {
         };
         let answers = self.ask_peers();
         let mut away = Vec::new();
+        let mut rotated = false;
+        let mut in_sync = Vec::new();
         let mut top_epoch = self.persisted().epoch;
         for (peer, a) in &answers {
             match a {
@@ -1016,6 +1050,9 @@ impl Node {
                         return Err(format!("peer {} has newer data ({rule:?}): promote it instead, or use --force to make this node's data win", peer.cfg.name));
                     }
                     top_epoch = top_epoch.max(w.epoch);
+                    if d == Decision::InSync {
+                        in_sync.push(peer.slot);
+                    }
                 }
                 Err(e) => {
                     tracing::info!(
@@ -1050,6 +1087,7 @@ impl Node {
                 p.consistent = true;
             } else if !away.is_empty() {
                 self.rotate(&mut p, &away);
+                rotated = true;
             }
             p.epoch = top_epoch + 1;
             p.fence = Some(self.token(p.epoch));
@@ -1059,6 +1097,14 @@ impl Node {
                 self.readd_peer_export();
                 return Err(format!("cannot save the metadata: {e}"));
             }
+        }
+        if rotated {
+            let reached: Vec<&Arc<Peer>> = answers
+                .iter()
+                .filter(|(p, _)| in_sync.contains(&p.slot))
+                .map(|(p, _)| p)
+                .collect();
+            self.announce_current(&reached);
         }
         if let Some(l) = lease {
             *self.guard.write().unwrap_or_else(|p| p.into_inner()) = Some(l.guard());
@@ -1495,7 +1541,8 @@ impl Node {
         // refuses whoever held the old one.
         let epoch = {
             let mut p = self.persisted();
-            if w.epoch >= p.epoch {
+            // Equal epochs are ours only if the peer admitted this node under it.
+            if w.epoch > p.epoch || (w.epoch == p.epoch && w.fenced_by != self.cfg.node) {
                 p.epoch = w.epoch + 1;
                 p.fence = Some(self.token(p.epoch));
                 self.meta.save(&p).map_err(|e| e.to_string())?;
@@ -1873,8 +1920,18 @@ impl Node {
                 ),
             );
         }
-        let epoch = self.persisted().epoch;
+        let (epoch, fenced_by) = {
+            let p = self.persisted();
+            (
+                p.epoch,
+                p.fence
+                    .as_ref()
+                    .map(|t| t.owner.node.clone())
+                    .unwrap_or_default(),
+            )
+        };
         Ok(Welcome {
+            fenced_by,
             node: self.cfg.node.clone(),
             view: me,
             epoch,

@@ -79,6 +79,9 @@ pub struct Welcome {
     pub decision: Decision,
     /// The receiver's operator said `connect --discard-my-data`: it will be a target.
     pub discard_my_data: bool,
+    /// The node whose epoch the receiver admitted last ("" for none).
+    #[serde(default)]
+    pub fenced_by: String,
 }
 
 /// Parses a request, bounded: the server has already bounded its length.
