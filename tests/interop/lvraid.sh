@@ -427,6 +427,106 @@ h.pwrite(b"\x55" * 8192, (10 << 20) + 65536)
   expect_eq "$(rmeta_bits "${p[1]}")" 0 "bits of rmeta_1 after a clean stop"
 }
 
+# image_at VG IMAGE DEVS: "FILE OFFSET" of the first byte of the sub-LV IMAGE (one
+# segment on one PV), from cairn's VG report (pe_start, extent size, seg_pe_ranges).
+image_at() {
+  "$CAIRN" --json lvm vgs --devices "$3" | py -c '
+import json, sys
+r = json.load(sys.stdin)
+lv = [l for l in r["lvs"] if l["name"] == sys.argv[1]][0]
+pv, ext = lv["segments"][0]["seg_pe_ranges"].split(":")
+start = int(ext.split("-")[0])
+pe = [p for p in r["pvs"] if p["name"] == pv][0]["pe_start"]
+print(pv, pe + start * r["extent_size"])' "$2"
+}
+
+# bytes_at FILE OFFSET LEN: sha256 of LEN bytes of FILE at OFFSET.
+bytes_at() {
+  py -c 'import hashlib, sys
+with open(sys.argv[1], "rb") as f:
+    f.seek(int(sys.argv[2])); print(hashlib.sha256(f.read(int(sys.argv[3]))).hexdigest())' "$@"
+}
+
+# Scrub of a served raid1 LV (lvchange --syncaction through the control socket): one
+# 4 KiB block of image 1 corrupted in its PV file; check finds 8 sectors and writes
+# nothing; lvs (SyncAction, Mismatches), status and /v1/arrays show it, an event says
+# so; repair makes the images agree again (the first copy, which holds the data); a
+# check while fio writes and verifies through NBD finds nothing and fio sees 0 errors.
+t_served_scrub_raid1() {
+  need_tool nbdcopy curl fio
+  local p=("$SHM/s0.img" "$SHM/s1.img") devs ctl out rc i0 i1 f0 o0 f1 o1 bad st
+  truncate -s 64M "${p[@]}"
+  devs=$(IFS=,; echo "${p[*]}")
+  "$CAIRN" lvm vgcreate vgs "${p[@]}" >/dev/null
+  "$CAIRN" lvm lvcreate --type raid1 -m 1 -n r -L 16M --devices "$devs" vgs >/dev/null
+  random_file "$WORK/s-data" 16M
+  start_cairn --lvm "$devs"
+  nbdcopy "$WORK/s-data" "$(unix_uri vgs/r)"
+  stop_cairn
+  read -r f0 o0 < <(image_at vgs r_rimage_0 "$devs")
+  read -r f1 o1 < <(image_at vgs r_rimage_1 "$devs")
+  expect_eq "$(bytes_at "$f0" "$o0" $((16 << 20)))" "$(bytes_at "$f1" "$o1" $((16 << 20)))" "the images before"
+  bad=$((o1 + (5 << 20) + 4096))
+  py -c 'import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(int(sys.argv[2])); f.write(b"\xab" * 4096)' "$f1" "$bad"
+  ctl=$WORK/vgs.ctl
+  # Slow enough (16 MiB at 4 MB/s) that a check runs beside fio for a few seconds.
+  start_cairn --control "$ctl" --speed-limit-min 2000 --speed-limit-max 4000 --lvm "$devs"
+  rc=0; out=$("$CAIRN" lvm lvchange --syncaction check vgs/r --wait --control "$ctl" 2>&1) || rc=$?
+  say "$out"
+  expect_eq "$rc" 1 "check's exit status with a mismatch"
+  expect_contains "$out" "8 mismatched sectors" "check's count"
+  expect_contains "$out" "5246976" "the mismatch's LV offset"
+  expect_eq "$(bytes_at "$f1" "$bad" 4096)" "$(py -c 'import hashlib; print(hashlib.sha256(b"\xab" * 4096).hexdigest())')" "the bad block after check"
+  "$CAIRN" lvm lvs --devices "$devs" --control "$ctl" | tee "$WORK/s-lvs.txt"
+  expect_contains "$(cat "$WORK/s-lvs.txt")" "Mismatches" "lvs column"
+  st=$("$CAIRN" --json lvm lvs --devices "$devs" --control "$ctl" | py -c 'import json,sys
+l = [l for l in json.load(sys.stdin)["lvs"] if l["name"] == "r"][0]
+print(l["raid_sync_action"], l["raid_mismatch_count"])')
+  expect_eq "$st" "idle 8" "lvs raid_sync_action raid_mismatch_count"
+  st=$("$CAIRN" --json status --control "$ctl" | py -c 'import json,sys
+def walk(n):
+    yield n
+    for c in n.get("children", []): yield from walk(c)
+print([n["lv"]["mismatch_sectors"] for e in json.load(sys.stdin)["exports"] for n in walk(e) if n.get("kind") == "lv"][0])')
+  expect_eq "$st" 8 "status: the LV node's mismatch_sectors"
+  st=$(curl -s --unix-socket "$ctl" http://cairn/v1/arrays | py -c 'import json,sys
+print([(a["kind"], a["scrub"]["mismatch_sectors"]) for a in json.load(sys.stdin)["arrays"] if a["name"] == "vgs/r"])')
+  expect_eq "$st" "[('raid-lv', 8)]" "/v1/arrays"
+  expect_contains "$(curl -s --unix-socket "$ctl" http://cairn/v1/events)" "RAID LV vgs/r: a scrub found 8 mismatched sectors" "the MismatchesFound event"
+  rc=0; out=$("$CAIRN" lvm lvchange --syncaction repair vgs/r --wait --control "$ctl" 2>&1) || rc=$?
+  say "$out"
+  expect_eq "$rc" 1 "repair's exit status (mismatches found, and repaired)"
+  expect_contains "$out" "repaired" "repair's words"
+  "$CAIRN" lvm lvchange --syncaction check vgs/r --wait --control "$ctl" >/dev/null ||
+    fail "a check after the repair still finds mismatches"
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "clean stop"
+  i0=$(bytes_at "$f0" "$o0" $((16 << 20)))
+  i1=$(bytes_at "$f1" "$o1" $((16 << 20)))
+  expect_eq "$i1" "$i0" "image 1 after the repair"
+  expect_eq "$i0" "$(sha256sum <"$WORK/s-data" | cut -d' ' -f1)" "the images against the data written"
+  # A check while fio writes and verifies through NBD: no false mismatch, no fio error.
+  start_cairn --control "$ctl" --speed-limit-min 2000 --speed-limit-max 4000 --lvm "$devs"
+  timeout -k 5 60 fio --name=verify --ioengine=nbd --uri="$(unix_uri vgs/r)" --rw=randrw \
+    --rwmixread=30 --bsrange=4k-64k --iodepth=4 --size=4M --verify=crc32c --verify_backlog=64 \
+    --verify_fatal=1 --rate=1m,1m --output-format=json --output="$WORK/s-fio.json" \
+    >"$WORK/s-fio.out" 2>&1 &
+  local fio_pid=$! status=0
+  register pid "$fio_pid"
+  sleep 0.5
+  out=$("$CAIRN" lvm lvchange --syncaction check vgs/r --wait --control "$ctl" 2>&1) ||
+    fail "check during fio: $out"
+  say "during fio: $out"
+  kill -0 "$fio_pid" 2>/dev/null || say "note: fio ended before the check did"
+  wait "$fio_pid" || status=$?
+  [ "$status" = 0 ] || fail "fio failed ($status): $(tail -5 "$WORK/s-fio.out")"
+  expect_eq "$(py -c 'import json,sys; print(sum(j["error"] for j in json.load(open(sys.argv[1]))["jobs"]))' "$WORK/s-fio.json")" 0 "fio errors"
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "clean stop after fio"
+}
+
 run_test lvm-reads-cairn-raid t_lvm_reads_cairn_raid
 run_test lvconvert-repair t_lvconvert_repair
 run_test cairn-reads-lvm-raid t_cairn_reads_lvm_raid
@@ -434,4 +534,5 @@ run_test raid10-fio-degraded t_raid10_fio_degraded
 run_test served-rebuild-raid1 t_served_rebuild_raid1
 run_test served-rebuild-raid10 t_served_rebuild_raid10
 run_test unclean-stop-dirty-regions t_unclean_stop_dirty_regions
+run_test served-scrub-raid1 t_served_scrub_raid1
 finish

@@ -44,6 +44,7 @@ pub fn run(cmd: LvmCommand, global: &Global) -> Result<()> {
         LvmCommand::Lvrename(a) => lvrename(&a, global),
         LvmCommand::Lvremove(a) => lvremove(&a, global),
         LvmCommand::Lvconvert(a) => lvconvert(&a, global),
+        LvmCommand::Lvchange(a) => lvchange(&a, global),
         LvmCommand::VgcfgParse(a) => vgcfg_parse(&a, global),
     }
 }
@@ -636,11 +637,41 @@ fn lvconvert(a: &LvmLvconvertArgs, global: &Global) -> Result<()> {
     Ok(())
 }
 
-/// The daemon serving the LV: `--control PATH`, else the live daemon that has it as an
-/// export. A served LV is repaired by its server (one writer per device).
+/// `lvchange --syncaction check|repair VG/LV`: md's scrub of a served RAID LV, run by
+/// the server serving it (its array is there; the PVs are open for writing there).
+fn lvchange(a: &LvmLvchangeArgs, global: &Global) -> Result<()> {
+    vg_lv(&a.lv)?;
+    let repair = match a.syncaction.as_str() {
+        "check" => false,
+        "repair" => true,
+        other => {
+            return Err(CliError::new(format!(
+                "--syncaction {other}: cairn offers check and repair (lvm's \
+                 idle/frozen/resync/recover are the kernel's to run)"
+            )))
+        }
+    };
+    let Some(sock) = lv_daemon(&a.control, &a.lv)? else {
+        return Err(CliError::new(format!(
+            "{} is not served by a running cairn serve here: a RAID LV's check or repair \
+             runs in the server that serves it (cairn serve --lvm ..., then this command, \
+             or give its --control PATH)",
+            a.lv
+        )));
+    };
+    let body = json!({"action": "lv-scrub", "lv": a.lv, "repair": repair});
+    crate::md_manage::scrub_through(&sock, &body, &a.lv, repair, a.wait, global)
+}
+
 fn lvconvert_daemon(a: &LvmLvconvertArgs) -> Result<Option<PathBuf>> {
-    let route = format!("/v1/exports/{}", a.lv);
-    if let Some(p) = &a.control.control {
+    lv_daemon(&a.control, &a.lv)
+}
+
+/// The daemon serving the LV: `--control PATH`, else the live daemon that has it as an
+/// export. A served LV is repaired and scrubbed by its server (one writer per device).
+fn lv_daemon(control: &crate::control::ControlArgs, lv: &str) -> Result<Option<PathBuf>> {
+    let route = format!("/v1/exports/{lv}");
+    if let Some(p) = &control.control {
         crate::control::get_ok(p, &route)?;
         return Ok(Some(p.clone()));
     }
@@ -758,7 +789,11 @@ fn report_from_daemon(a: &LvmReportArgs) -> Option<VgReport> {
     if given.is_empty() {
         return None;
     }
-    for sock in crate::control::live_daemons() {
+    let socks = match &a.control.control {
+        Some(p) => vec![p.clone()],
+        None => crate::control::live_daemons(),
+    };
+    for sock in socks {
         let Ok(status) = crate::control::get_ok(&sock, "/v1/status") else {
             continue;
         };
@@ -1020,6 +1055,24 @@ fn lvs(a: &LvmReportArgs, global: &Global) -> Result<()> {
             }
         }
     }
+    // lvm's SyncAction and Mismatches (-o +raid_sync_action,raid_mismatch_count): only
+    // a server running the LVs knows them, so only a report from one has them.
+    if r.lvs.iter().any(|l| l.raid_sync_action.is_some()) {
+        head.extend(["SyncAction", "Mismatches"]);
+        right.extend([false, true]);
+        let mut i = 0;
+        for l in &r.lvs {
+            for _ in &l.segments {
+                rows[i].push(l.raid_sync_action.clone().unwrap_or_default());
+                rows[i].push(
+                    l.raid_mismatch_count
+                        .map(|n| n.to_string())
+                        .unwrap_or_default(),
+                );
+                i += 1;
+            }
+        }
+    }
     table(&head, &rows, &right);
     Ok(())
 }
@@ -1162,6 +1215,10 @@ pub enum LvmCommand {
     /// from the other images with progress
     #[command(after_help = LVM_LVCONVERT_EXAMPLES)]
     Lvconvert(LvmLvconvertArgs),
+    /// Check or repair a served RAID LV (--syncaction check|repair): md's scrub, its
+    /// progress in cairn status, the mismatches in lvs
+    #[command(after_help = LVM_LVCHANGE_EXAMPLES)]
+    Lvchange(LvmLvchangeArgs),
     /// Parse a metadata text (vgcfgbackup output, or `pvck --dump metadata`) and print
     /// it as cairn reads it
     #[command(hide = true)]
@@ -1226,6 +1283,12 @@ pub struct LvmReportArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    /// Ask this `cairn serve` for the report when it serves the VG (default: any
+    /// daemon in the runtime directory); a served RAID LV's report then has its
+    /// SyncAction and Mismatches
+    #[command(flatten)]
+    pub control: crate::control::ControlArgs,
 }
 
 /// `cairn lvm vgcreate`.
@@ -1422,6 +1485,36 @@ Examples:
   cairn lvm lvconvert --replace p1 vg0/r10 --devices p0,p1,p2,p3,p4
   cairn lvm lvconvert --repair vg0/r10 --devices p0,p2,p3,p4 --control /run/cairn/control.sock
       # served: the daemon moves the image and rebuilds it while serving (cairn status)";
+
+/// `cairn lvm lvchange`.
+#[derive(Debug, Args)]
+pub struct LvmLvchangeArgs {
+    /// The RAID LV as VG/LV
+    #[arg(value_name = "VG/LV")]
+    pub lv: String,
+
+    /// check: read every image and compare the copies (RAID1/10) or the parity
+    /// (RAID4/5/6) with the data, writing nothing; repair: also make them agree (md's
+    /// rules, docs/md-scrub.md)
+    #[arg(long, value_name = "check|repair")]
+    pub syncaction: String,
+
+    /// Follow the scrub until it ends and print the mismatches; exit 1 when any (or a
+    /// read error) were found
+    #[arg(short, long)]
+    pub wait: bool,
+
+    /// The `cairn serve` serving the LV (found in the runtime directory, or given here)
+    #[command(flatten)]
+    pub control: crate::control::ControlArgs,
+}
+
+pub(crate) const LVM_LVCHANGE_EXAMPLES: &str = "\
+Examples:
+  cairn lvm lvchange --syncaction check vg0/r1 --wait   # scrub and print the mismatches
+  cairn lvm lvchange --syncaction repair vg0/r1
+  cairn lvm lvs --devices p0,p1     # SyncAction and Mismatches of the served RAID LVs
+  cairn status                      # the scrub's progress on the LV";
 
 /// `cairn lvm vgcfg-parse`.
 #[derive(Debug, Args)]

@@ -289,26 +289,40 @@ fn wait_jobs(path: &Path, route: &str, array: &str, before: u64) -> Result<()> {
 pub fn scrub(a: &MdScrubArgs, repair: bool, global: &Global) -> Result<()> {
     let body = json!({"action": "md-scrub", "array": a.array, "repair": repair});
     let path = daemon_for(&a.control, &a.array)?;
-    act(&path, &body, global, a.wait)?;
-    if !a.wait {
+    scrub_through(&path, &body, &a.array, repair, a.wait, global)
+}
+
+/// Starts the scrub `body` asks the daemon on `path` for; with `wait`, follows
+/// `/v1/arrays/ARRAY` until it ends, prints the report, and fails when it found
+/// mismatches or read errors. Also `cairn lvm lvchange --syncaction` (ARRAY `VG/LV`).
+pub(crate) fn scrub_through(
+    path: &Path,
+    body: &Value,
+    array: &str,
+    repair: bool,
+    wait: bool,
+    global: &Global,
+) -> Result<()> {
+    act(path, body, global, wait)?;
+    if !wait {
         return Ok(());
     }
-    let route = format!("/v1/arrays/{}", a.array);
+    let route = format!("/v1/arrays/{array}");
     let action = if repair { "repair" } else { "check" };
-    let bar = crate::tty::Progress::bytes(&a.array);
+    let bar = crate::tty::Progress::bytes(array);
     let report = loop {
         std::thread::sleep(Duration::from_millis(200));
-        let v = control::get_ok(&path, &route)?;
+        let v = control::get_ok(path, &route)?;
         let bg = &v["background"];
         let mine = bg["action"].as_str() == Some(action);
         let state = bg["state"].as_str().unwrap_or("");
         if mine && state == "running" {
             let done = bg["done_bytes"].as_u64().unwrap_or(0);
             let total = bg["total_bytes"].as_u64().unwrap_or(0).max(1);
-            bar.update(&format!("{action} of {}", a.array), done, total);
+            bar.update(&format!("{action} of {array}"), done, total);
         }
         if mine && state.starts_with("failed") {
-            return Err(CliError::new(format!("{action} of {}: {state}", a.array)));
+            return Err(CliError::new(format!("{action} of {}: {state}", array)));
         }
         if mine && state != "running" && v["scrub"]["complete"] == json!(true) {
             bar.clear();
@@ -317,21 +331,21 @@ pub fn scrub(a: &MdScrubArgs, repair: bool, global: &Global) -> Result<()> {
         if mine && state == "stopped" {
             return Err(CliError::new(format!(
                 "{action} of {} stopped before the end (the server is stopping)",
-                a.array
+                array
             )));
         }
     };
     if global.json {
         println!("{report}");
     } else {
-        print!("{}", scrub_text(&a.array, action, &report));
+        print!("{}", scrub_text(array, action, &report));
     }
     let mism = report["mismatch_sectors"].as_u64().unwrap_or(0);
     let errs = report["read_errors"].as_u64().unwrap_or(0);
     if mism > 0 || errs > 0 {
         return Err(CliError::new(format!(
             "{action} of {}: {mism} mismatched sectors, {errs} read errors{}",
-            a.array,
+            array,
             if repair { " (repaired)" } else { "" }
         )));
     }

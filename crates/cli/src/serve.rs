@@ -127,6 +127,7 @@ pub fn open_options(args: &ServeArgs) -> Options {
         force: args.force,
         stripe_cache: Some(args.server.stripe_cache()),
         remote_timeout: Some(std::time::Duration::from_secs(args.member_timeout)),
+        speed_limits: Some(args.server.speed_limits()),
         hooks: crate::hooks::hooks(true),
     }
 }
@@ -243,6 +244,7 @@ pub fn serve(
     let api_open = Options {
         stripe_cache: Some(opts.stripe_cache()),
         remote_timeout: extras.remote_timeout,
+        speed_limits: Some(opts.speed_limits()),
         hooks: crate::hooks::hooks(false),
         ..Options::default()
     };
@@ -349,7 +351,8 @@ pub fn serve(
             )));
         }
     }
-    for a in &lv_arrays {
+    // The RAID LVs served now: those added through the API too, not those removed.
+    for a in &operator.daemon.raid_lv_arrays() {
         if let Err(err) = a.close() {
             closed = Err(CliError::new(format!(
                 "closing a RAID LV failed, so its bitmap may mark regions to resync: {err}"

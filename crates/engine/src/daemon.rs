@@ -90,6 +90,9 @@ impl Daemon {
                     seen.push(a);
                 }
             }
+            if let Some(a) = e.lvm().and_then(|l| l.array()) {
+                MdEvents::register_lv(a, &e.name, &events, true);
+            }
         }
         Daemon {
             exports: Mutex::new(exports),
@@ -101,6 +104,12 @@ impl Daemon {
             metrics: at.metrics,
             started: SystemTime::now(),
         }
+    }
+
+    /// The md arrays of the RAID LVs served now (opened at the start or added since);
+    /// the server closes them at its stop.
+    pub fn raid_lv_arrays(&self) -> Vec<Arc<cairn_md::Array>> {
+        self.lv_arrays().into_iter().map(|(_, a)| a).collect()
     }
 
     /// The metrics listener's address, when there is one.
@@ -175,6 +184,19 @@ pub enum Action {
     /// `cairn lvm lvconvert --repair | --replace PV` of a served RAID LV: the images
     /// move, and are rebuilt in the background by the LV's running md array.
     LvRepair(LvRepair),
+    /// `cairn lvm lvchange --syncaction check|repair` of a served RAID LV: md's scrub
+    /// in the LV's running array.
+    LvScrub(LvScrub),
+}
+
+/// A served RAID LV to check (or repair).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LvScrub {
+    /// `VG/LV`, the export's name.
+    pub lv: String,
+    #[serde(default)]
+    pub repair: bool,
 }
 
 /// A served RAID LV to repair.
@@ -513,6 +535,14 @@ impl Daemon {
             },
             ["v1", "arrays"] => only(&["GET"], &|| Response::json(200, &self.arrays_view())),
             ["v1", "lvm", vg] => only(&["GET"], &|| self.lvm_view(vg)),
+            // A RAID LV's array is named VG/LV, as its export.
+            ["v1", "arrays", vg, lv] => only(&["GET"], &|| {
+                let name = format!("{vg}/{lv}");
+                match self.find_lv_array(&name) {
+                    Ok(a) => Response::json(200, &lv_array_view(&name, &a)),
+                    Err(resp) => resp,
+                }
+            }),
             ["v1", "arrays", name] => only(&["GET"], &|| {
                 let v = self.arrays_view();
                 let hit = self.find_array(name).map(|a| a.uuid().to_string());
@@ -590,6 +620,26 @@ impl Daemon {
                 self.md_change(&m.array, |a| a.replace(&m.member, with.clone(), m.force))
             }
             Action::LvRepair(r) => self.lv_repair(&r),
+            Action::LvScrub(r) => {
+                let a = self.find_lv_array(&r.lv)?;
+                let what = if r.repair { "repair" } else { "check" };
+                match a.request_scrub(r.repair) {
+                    Ok(()) => {
+                        let message = format!(
+                            "{what} started; follow it with cairn status, the result with \
+                             cairn lvm lvchange --syncaction {what} --wait"
+                        );
+                        tracing::info!("LV {}: {message}", r.lv);
+                        Ok(Outcome {
+                            status: 200,
+                            changed: true,
+                            message,
+                            export: None,
+                        })
+                    }
+                    Err(e) => Err(Response::error(409, format!("LV {}: {e}", r.lv))),
+                }
+            }
             Action::MdScrub(m) => self.md_change(&m.array, |a| {
                 a.request_scrub(m.repair).map(|()| {
                     cairn_md::Change::done(format!(
@@ -629,6 +679,34 @@ impl Daemon {
             }
         }
         out
+    }
+
+    /// The RAID LVs being served, each with its md array: (`VG/LV`, array).
+    fn lv_arrays(&self) -> Vec<(String, Arc<cairn_md::Array>)> {
+        self.exports()
+            .iter()
+            .filter_map(|e| Some((e.name.clone(), e.lvm()?.array()?.clone())))
+            .collect()
+    }
+
+    /// The array of the served RAID LV `lv` (`VG/LV`), or a 404 that lists them.
+    fn find_lv_array(&self, lv: &str) -> std::result::Result<Arc<cairn_md::Array>, Response> {
+        let lvs = self.lv_arrays();
+        if let Some((_, a)) = lvs.iter().find(|(n, _)| n == lv) {
+            return Ok(a.clone());
+        }
+        let names: Vec<&str> = lvs.iter().map(|(n, _)| n.as_str()).collect();
+        Err(Response::error(
+            404,
+            format!(
+                "no RAID LV {lv} is served here; the RAID LVs are: {}",
+                if names.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    names.join(", ")
+                }
+            ),
+        ))
     }
 
     /// The array `who` names (its name, with or without `host:`, its UUID, or an
@@ -833,18 +911,38 @@ impl Daemon {
             read_only: true,
         };
         match cairn_lvm::Vg::open_with(pvs, opts) {
-            Ok(v) => Response::json(200, &v.report()),
+            Ok(v) => {
+                // What only the runner of a RAID LV's array knows: its sync action and
+                // the last scrub's mismatches (lvs -o +raid_sync_action,raid_mismatch_count).
+                let mut r = v.report();
+                let running = self.lv_arrays();
+                for l in &mut r.lvs {
+                    let full = format!("{vg}/{}", l.name);
+                    if let Some((_, a)) = running.iter().find(|(n, _)| *n == full) {
+                        l.raid_sync_action = Some(raid_sync_action(a).to_string());
+                        l.raid_mismatch_count = Some(
+                            a.last_scrub()
+                                .filter(|s| s.complete)
+                                .map_or(0, |s| s.mismatch_sectors),
+                        );
+                    }
+                }
+                Response::json(200, &r)
+            }
             Err(e) => Response::error(500, format!("VG {vg}: {e}")),
         }
     }
 
-    /// `GET /v1/arrays`: each md array's report, background work and last scrub.
+    /// `GET /v1/arrays`: each md array's report, background work and last scrub; then
+    /// each served RAID LV's array the same way (`"kind": "raid-lv"`, named `VG/LV`,
+    /// no UUID: it has no md superblocks).
     fn arrays_view(&self) -> serde_json::Value {
-        let list: Vec<serde_json::Value> = self
+        let mut list: Vec<serde_json::Value> = self
             .md_arrays()
             .into_iter()
             .map(|(name, a, exports)| {
                 json!({
+                    "kind": "md",
                     "name": name,
                     "uuid": a.uuid().to_string(),
                     "exports": exports,
@@ -854,6 +952,11 @@ impl Daemon {
                 })
             })
             .collect();
+        list.extend(
+            self.lv_arrays()
+                .into_iter()
+                .map(|(name, a)| lv_array_view(&name, &a)),
+        );
         json!({ "arrays": list })
     }
 
@@ -1020,6 +1123,15 @@ impl Daemon {
                     seen.push(a);
                 }
             }
+            // A RAID LV added now is run as one opened at the start: its rebuilds (a
+            // served lvconvert --repair), a pending resync, its bitmap's clearing, scrubs.
+            if let Some(a) = e.lvm().and_then(|l| l.array()) {
+                MdEvents::register_lv(a, &e.name, &self.events, false);
+                if let (Some(limits), false) = (self.open.speed_limits, a.capabilities().read_only)
+                {
+                    a.manage(limits);
+                }
+            }
         }
         for (e, message) in opened.iter().zip(&messages) {
             self.events.emit(EventSpec {
@@ -1062,6 +1174,16 @@ impl Daemon {
         };
         // Outside the lock: this waits for the export's connections to finish.
         let closed = self.nbd.remove(name).map_or(0, |r| r.connections);
+        // A RAID LV's array is the daemon's to close (its bitmap clean, its background
+        // work stopped); the server's stop closes only the LVs still served.
+        if let Some(a) = removed.lvm().and_then(|l| l.array()) {
+            if let Err(e) = a.close() {
+                tracing::warn!(
+                    "LV {name}: closing its array failed, so its bitmap may mark regions \
+                     to resync: {e}"
+                );
+            }
+        }
         let message = format!(
             "export {name:?} removed ({}); {closed} client connection{} closed",
             removed.path.display(),
@@ -1080,6 +1202,32 @@ impl Daemon {
             message,
             export: None,
         })
+    }
+}
+
+/// A RAID LV's array in `/v1/arrays`.
+fn lv_array_view(name: &str, a: &cairn_md::Array) -> serde_json::Value {
+    json!({
+        "kind": "raid-lv",
+        "name": name,
+        "exports": [name],
+        "detail": a.report(),
+        "background": a.background(),
+        "scrub": a.last_scrub(),
+    })
+}
+
+/// lvm's `raid_sync_action` for an md array's background work.
+fn raid_sync_action(a: &cairn_md::Array) -> &'static str {
+    match a.background().filter(|b| b.state == "running") {
+        None => "idle",
+        Some(b) => match b.action {
+            "recovery" | "replace" => "recover",
+            "resync" => "resync",
+            "check" => "check",
+            "repair" => "repair",
+            _ => "idle",
+        },
     }
 }
 

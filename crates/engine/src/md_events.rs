@@ -25,6 +25,8 @@ pub struct MdEvents {
     events: Arc<Events>,
     /// The export the array is served under (the first, when several share it).
     export: String,
+    /// A RAID LV's array has no name of its own: events name the LV (`VG/LV`).
+    lv: Option<String>,
     /// Jobs already told as started: the first look and the push may both see one.
     started: Mutex<BTreeSet<u64>>,
 }
@@ -34,9 +36,26 @@ impl MdEvents {
     /// already so: at the daemon's start (`first`) a degraded array and faulty members,
     /// and always a job already running.
     pub fn register(array: &Arc<Array>, export: &str, events: &Arc<Events>, first: bool) {
+        Self::register_as(array, export, None, events, first);
+    }
+
+    /// [`MdEvents::register`] for the array of the RAID LV served as export `lv`
+    /// (`VG/LV`): its events name the LV.
+    pub fn register_lv(array: &Arc<Array>, lv: &str, events: &Arc<Events>, first: bool) {
+        Self::register_as(array, lv, Some(lv), events, first);
+    }
+
+    fn register_as(
+        array: &Arc<Array>,
+        export: &str,
+        lv: Option<&str>,
+        events: &Arc<Events>,
+        first: bool,
+    ) {
         let sink = Arc::new(MdEvents {
             events: events.clone(),
             export: export.to_string(),
+            lv: lv.map(str::to_string),
             started: Mutex::new(BTreeSet::new()),
         });
         array.observe(sink.clone());
@@ -78,10 +97,19 @@ impl MdEvents {
 
     /// The events one change of `array` makes.
     pub fn specs(&self, array: &str, e: &MdEvent) -> Vec<EventSpec> {
+        // How messages name the array: quoted, and in a phrase.
+        let (quoted, plain, device) = match &self.lv {
+            Some(lv) => (format!("RAID LV {lv}"), format!("RAID LV {lv}"), lv.clone()),
+            None => (
+                format!("md array {array:?}"),
+                format!("md array {array}"),
+                array.to_string(),
+            ),
+        };
         let spec = |event: &'static str, member: Option<&str>, message: String| EventSpec {
             event,
             export: Some(self.export.clone()),
-            device: Some(array.to_string()),
+            device: Some(device.clone()),
             member: member.map(str::to_string),
             message,
         };
@@ -91,25 +119,22 @@ impl MdEvents {
             } => vec![spec(
                 events::FAIL,
                 Some(member),
-                format!(
-                    "member {member} of md array {array} is faulty: {}",
-                    failure.reason
-                ),
+                format!("member {member} of {plain} is faulty: {}", failure.reason),
             )],
             MdEvent::Degraded { state } => vec![spec(
                 events::DEGRADED_ARRAY,
                 None,
-                format!("md array {array:?} is degraded ({state})"),
+                format!("{quoted} is degraded ({state})"),
             )],
             MdEvent::MemberAdded { member, message } => vec![spec(
                 events::MEMBER_ADDED,
                 Some(member),
-                format!("md array {array:?}: {message}"),
+                format!("{quoted}: {message}"),
             )],
             MdEvent::MemberRemoved { member } => vec![spec(
                 events::MEMBER_REMOVED,
                 Some(member),
-                format!("member {member} removed from md array {array}"),
+                format!("member {member} removed from {plain}"),
             )],
             MdEvent::JobStarted(job) => {
                 let new = self
@@ -123,13 +148,13 @@ impl MdEvents {
                 vec![spec(
                     events::REBUILD_STARTED,
                     None,
-                    format!("md array {array:?}: {} started", job.action),
+                    format!("{quoted}: {} started", job.action),
                 )]
             }
             MdEvent::JobProgress { job, percent } => vec![spec(
                 events::rebuild_nn(*percent),
                 None,
-                format!("md array {array:?}: {} {percent}% done", job.action),
+                format!("{quoted}: {} {percent}% done", job.action),
             )],
             MdEvent::JobEnded {
                 job,
@@ -138,7 +163,7 @@ impl MdEvents {
                 let mut out = vec![spec(
                     events::REBUILD_FINISHED,
                     None,
-                    format!("md array {array:?}: {} {}", job.action, job.state),
+                    format!("{quoted}: {} {}", job.action, job.state),
                 )];
                 // A rebuilt spare (or a replacement) is in sync now.
                 if job.state == "finished" && matches!(job.action, "recovery" | "replace") {
@@ -146,14 +171,14 @@ impl MdEvents {
                     out.push(spec(
                         events::SPARE_ACTIVE,
                         job.member.as_deref(),
-                        format!("member {m} of md array {array} is in sync"),
+                        format!("member {m} of {plain} is in sync"),
                     ));
                 }
                 if let Some(x) = mismatch_sectors.filter(|&x| x > 0) {
                     out.push(spec(
                         events::MISMATCHES_FOUND,
                         None,
-                        format!("md array {array:?}: a scrub found {x} mismatched sectors"),
+                        format!("{quoted}: a scrub found {x} mismatched sectors"),
                     ));
                 }
                 out
@@ -210,6 +235,29 @@ mod tests {
             all[0].message.contains("marked faulty by the operator"),
             "{}",
             all[0].message
+        );
+    }
+
+    #[test]
+    fn a_raid_lv_s_events_name_the_lv() {
+        let (a, _m) = raid5();
+        let ev = Events::new(64, None);
+        MdEvents::register_lv(&a, "vg0/r", &ev, true);
+        a.fail("d1.img").unwrap();
+        let all = ev.since(0);
+        assert_eq!(all[0].event, "Fail");
+        assert_eq!(all[0].device.as_deref(), Some("vg0/r"));
+        assert_eq!(all[0].export.as_deref(), Some("vg0/r"));
+        assert!(
+            all[0]
+                .message
+                .starts_with("member d1.img of RAID LV vg0/r is faulty"),
+            "{}",
+            all[0].message
+        );
+        assert_eq!(
+            all[1].message,
+            "RAID LV vg0/r is degraded (clean, degraded)"
         );
     }
 

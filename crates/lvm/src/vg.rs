@@ -164,6 +164,15 @@ pub struct LvReport {
     /// LVs or when no superblock can be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_percent: Option<String>,
+    /// RAID LVs a running server holds: its md array's background work as lvm names it
+    /// (`raid_sync_action`: "idle", "resync", "recover", "check", "repair"). `None` in
+    /// a report read from the PVs alone: only the array's runner knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raid_sync_action: Option<String>,
+    /// RAID LVs a running server holds: mismatched sectors its last finished check or
+    /// repair found (lvm's `raid_mismatch_count`, md's mismatch_cnt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raid_mismatch_count: Option<u64>,
 }
 
 /// One valid metadata copy found on a PV.
@@ -2054,6 +2063,8 @@ impl Vg {
                 writable: l.writable(),
                 unavailable: l.unsupported.clone(),
                 sync_percent: self.sync_percent(l).map(|p| format!("{p:.2}")),
+                raid_sync_action: None,
+                raid_mismatch_count: None,
                 segments: l
                     .segments
                     .iter()

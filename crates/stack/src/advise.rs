@@ -593,6 +593,7 @@ mod tests {
             stripe_size: stripe_k * 1024,
             seg_pe_ranges: ranges.into(),
             segtype: String::new(),
+            mismatch_sectors: None,
         });
         n
     }

@@ -6,7 +6,8 @@ use cairn_block::BlockDevice;
 
 use crate::export::{Layer, OpenedExport};
 use crate::node::{
-    JobSummary, LuksDetails, MdDetails, MemberFailure, Node, NodeKind, NodeState, Progress,
+    JobSummary, LuksDetails, LvDetails, MdDetails, MemberFailure, Node, NodeKind, NodeState,
+    Progress,
 };
 
 /// Active, or read-only for an export served read-only.
@@ -38,10 +39,19 @@ fn below(e: &OpenedExport) -> Node {
         Layer::Lv(lv) => {
             let d = &lv.details;
             let name = format!("{}/{}", d.vg, d.lv);
+            // A RAID LV's last scrub, as an md array's shows it.
+            let mismatch_sectors = lv
+                .array()
+                .and_then(|a| a.last_scrub())
+                .filter(|s| s.complete)
+                .map(|s| s.mismatch_sectors);
             Node {
                 data_offset: lv.first_byte,
-                lv: Some(d.clone()),
-                // A RAID LV's rebuild or resync, as an md array's shows.
+                lv: Some(LvDetails {
+                    mismatch_sectors,
+                    ..d.clone()
+                }),
+                // A RAID LV's rebuild, resync or scrub, as an md array's shows.
                 progress: lv.array().and_then(|a| progress(a)),
                 children: lv.pvs.iter().map(below).collect(),
                 ..Node::new(

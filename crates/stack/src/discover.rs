@@ -68,6 +68,7 @@ impl ScanOptions {
             force: self.force,
             stripe_cache: Some(self.stripe_cache),
             remote_timeout: None,
+            speed_limits: None,
             hooks: self.hooks.clone(),
         }
     }

@@ -57,6 +57,9 @@ pub struct Options {
     /// How long a remote member (an NBD URI) may take to answer before it counts as
     /// failed; `None`: [`crate::leaf::DEFAULT_REMOTE_TIMEOUT`].
     pub remote_timeout: Option<std::time::Duration>,
+    /// The pace of background work (rebuilds, resync, scrubs) of the RAID LVs a server
+    /// opens while it runs; `None`: they run none (what a one-off command wants).
+    pub speed_limits: Option<cairn_md::SpeedLimits>,
     pub hooks: Hooks,
 }
 

@@ -206,6 +206,7 @@ pub fn open_vg_exports(
                 .map(|s| s.seg_pe_ranges.clone())
                 .collect::<Vec<_>>()
                 .join(" "),
+            mismatch_sectors: None,
         };
         let device: Arc<dyn BlockDevice> = lv.clone();
         out.push(OpenedExport {

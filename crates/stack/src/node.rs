@@ -376,6 +376,10 @@ pub struct LvDetails {
     /// "mirror"); empty when not known. For RAID types `stripes` counts data stripes.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub segtype: String,
+    /// A RAID LV's last finished check or repair: mismatched sectors found (lvm's
+    /// `raid_mismatch_count`, md's mismatch_cnt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mismatch_sectors: Option<u64>,
 }
 
 /// Background work: resync, rebuild, scrub.
