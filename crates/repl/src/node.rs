@@ -40,6 +40,12 @@ use crate::ranges::RangeLocks;
 use crate::wire::{self, Hello, Request, Welcome, OPT_CAIRN_REPL};
 use cairn_cluster::{Lease, LeaseError, LeaseGuard};
 
+// Online verify and invalidate live in their own file, as a child module so they reach
+// the node's fields as resync does.
+#[path = "verify.rs"]
+mod verify;
+pub use verify::{block_digests, VerifyStatus};
+
 /// What the node keeps in its metadata superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Persisted {
@@ -308,6 +314,9 @@ pub struct PeerStatus {
     pub resync: Option<Progress>,
     pub last_error: Option<String>,
     pub since: u64,
+    /// The online verify against this peer: running, or the last one's result.
+    #[serde(default)]
+    pub verify: Option<VerifyStatus>,
 }
 
 /// Where the node's two faces are served.
@@ -346,6 +355,8 @@ pub struct Node {
     halt: AtomicBool,
     /// The node is shutting down for good.
     stopped: AtomicBool,
+    /// Online verify runs and the invalidation mark (verify.rs).
+    vx: verify::Shared,
 }
 
 impl fmt::Debug for Node {
@@ -493,6 +504,7 @@ impl Node {
             guard: RwLock::new(None),
             halt: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            vx: verify::Shared::default(),
         };
         if crashed {
             node.event("crashed-primary", None, "this node stopped as primary without a clean stop: its activity log's extents will be resynced".into());
@@ -1645,6 +1657,7 @@ impl Node {
                         .since
                         .duration_since(SystemTime::UNIX_EPOCH)
                         .map_or(0, |d| d.as_secs()),
+                    verify: self.vx.status(&peer.cfg.name),
                 }
             })
             .collect();
@@ -1796,6 +1809,7 @@ impl Node {
 
     pub(crate) fn sync_start(&self, node: &str, full: bool) -> std::result::Result<(), String> {
         self.require_secondary()?;
+        self.vx.admit_sync_start(full)?;
         let peer = self
             .peer_named(node)
             .ok_or_else(|| format!("{node:?} is not a peer"))?;
@@ -1821,6 +1835,7 @@ impl Node {
         source: &Generations,
     ) -> std::result::Result<(), String> {
         self.require_secondary()?;
+        self.vx.admit_sync_done()?;
         let peer = self
             .peer_named(node)
             .ok_or_else(|| format!("{node:?} is not a peer"))?;
