@@ -662,7 +662,7 @@ fn verify(a: &VerifyArgs, global: &Global) -> Result<()> {
             failed.push(format!("verify against {}: {e}", p.name));
         } else if !global.json {
             println!(
-                "verify against {}: {} blocks checked in {:.1} s, {} out of sync",
+                "verify against {}: {} blocks checked in {:.2} s, {} out of sync",
                 p.name, r.blocks_checked, r.secs, r.out_of_sync_blocks
             );
         }
@@ -822,7 +822,7 @@ fn render_verify(v: &cairn_repl::node::VerifyStatus) -> String {
             v.out_of_sync_blocks
         ),
         None => format!(
-            "last verify: {} blocks checked in {:.1} s, {} out of sync",
+            "last verify: {} blocks checked in {:.2} s, {} out of sync",
             v.blocks_checked, v.secs, v.out_of_sync_blocks
         ),
     }

@@ -444,7 +444,7 @@ impl Node {
             "verify-done",
             Some(name),
             format!(
-                "verify against {name} done: {checked} blocks checked in {secs:.1} s, {found} out of sync{then}"
+                "verify against {name} done: {checked} blocks checked in {secs:.2} s, {found} out of sync{then}"
             ),
         );
         if found > 0 && run.resync {
@@ -529,7 +529,12 @@ impl Node {
         {
             let mut p = self.persisted();
             let before = p.clone();
+            // meta.rs keeps a just-created node's history and bitmap bases empty.
             p.current = JUST_CREATED;
+            p.history = [0, 0];
+            for slot in &mut p.peers {
+                slot.bitmap_uuid = 0;
+            }
             p.consistent = false;
             if let Err(e) = self.meta.save(&p) {
                 *p = before;
@@ -634,6 +639,81 @@ mod tests {
         }
         // A data area that ends mid-block: its last, short block.
         assert_eq!(digest_range(8192, 1000, bm, 9192), Ok(1));
+    }
+
+    fn node(disk: &Arc<dyn BlockDevice>) -> Arc<Node> {
+        use crate::node::{NodeConfig, PeerConfig, Protocol, SplitBrainPolicy};
+        use cairn_nbd::client::ClientOptions;
+        use std::time::Duration;
+        let cfg = NodeConfig {
+            resource: "home".into(),
+            node: "b".into(),
+            peers: vec![PeerConfig {
+                name: "a".into(),
+                opts: ClientOptions::new(
+                    cairn_nbd::Listen::Tcp("127.0.0.1:1".parse().unwrap()),
+                    "home",
+                ),
+            }],
+            protocol: Protocol::C,
+            resync_rate: 0,
+            al_extents: 4,
+            split_brain: SplitBrainPolicy::Disconnect,
+            peer_timeout: Duration::from_secs(1),
+            quorum: None,
+        };
+        let meta = crate::store::Store::open(disk.clone()).unwrap();
+        Node::open(cfg, disk.clone(), Box::new(meta)).unwrap()
+    }
+
+    #[test]
+    fn a_secondary_answers_digests_and_invalidates_for_good() {
+        let disk: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(16 << 20));
+        let params = crate::store::CreateParams {
+            max_peers: 1,
+            bm_block: 4096,
+            al_extent: 1 << 20,
+            force: false,
+            resource: None,
+        };
+        crate::store::create(disk.as_ref(), &params).unwrap();
+        disk.write_at(&[7u8; 4096], 8192, WriteFlags::NONE).unwrap();
+        let n = node(&disk);
+        // Digests: a known peer's, bounded, equal to the local computation.
+        let d = n.digests("a", 0, 4 * 4096).unwrap();
+        let want: Vec<u8> = block_digests(disk.as_ref(), 0, 4 * 4096, 4096)
+            .unwrap()
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(d, want);
+        assert!(n.digests("z", 0, 4096).is_err(), "a stranger's request");
+        assert!(n.digests("a", 0, 1 << 30).is_err(), "beyond the data");
+        assert!(n
+            .verify(None, false)
+            .unwrap_err()
+            .contains("runs on the primary"));
+        // Invalidate: blank and inconsistent, on disk too; only a full resync admitted.
+        let gens = crate::gen::Generations {
+            current: 0x1000,
+            bitmap: 0,
+            history: [0x2000, 0],
+        };
+        n.adopt("a", &gens).unwrap();
+        n.invalidate().unwrap();
+        let st = n.status();
+        assert_eq!(st.disk, "Inconsistent");
+        assert_eq!(st.generations.current, JUST_CREATED);
+        assert!(n.sync_start("a", false).is_err());
+        assert!(n.sync_done("a", &st.generations).is_err());
+        drop(n);
+        let n = node(&disk);
+        let p = n.persisted().clone();
+        assert_eq!(
+            (p.current, p.history, p.consistent),
+            (JUST_CREATED, [0, 0], false)
+        );
+        n.sync_start("a", true).unwrap();
     }
 
     #[test]
