@@ -6,6 +6,7 @@
 //!                            data area + the replication handshake; clients: the volume
 //!                            while primary) and a control socket
 //!   cairn repl primary|secondary|connect|disconnect|status|down RES ─> the control socket
+//!   cairn repl verify|invalidate RES ─> the control socket (online verify, invalidate)
 //! ```
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -70,6 +71,24 @@ pub enum ReplCommand {
     Status(StatusArgs),
     /// Stop a running resource cleanly (as SIGTERM to `cairn repl up`)
     Down(CtlArgs),
+    /// On the primary, while it serves: compare every block with the peers' by digest;
+    /// blocks that differ are marked out of sync (resynced at the next connect)
+    Verify(VerifyArgs),
+    /// On a secondary: give this node's data up; the primary resyncs all of it
+    Invalidate(CtlArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub peer: PeerArgs,
+    /// Resync the blocks found out of sync when the verify is done (the peer is
+    /// reconnected); without it they stay marked until the next connect
+    #[arg(long)]
+    pub resync: bool,
+    /// Wait until the verify is done and print its result
+    #[arg(long)]
+    pub wait: bool,
 }
 
 #[derive(Debug, Args)]
@@ -233,6 +252,8 @@ pub fn run(cmd: ReplCommand, global: &Global) -> Result<()> {
         }
         ReplCommand::Status(a) => status(&a, global),
         ReplCommand::Down(a) => ctl(&a, json!({"cmd": "down"}), global),
+        ReplCommand::Verify(a) => verify(&a, global),
+        ReplCommand::Invalidate(a) => ctl(&a, json!({"cmd": "invalidate"}), global),
     }
 }
 
@@ -537,6 +558,8 @@ fn serve_control(node: &Arc<Node>, conn: UnixStream) -> bool {
                 "secondary" => node.demote(),
                 "connect" => node.set_connect(peer, true, flag("discard_my_data")),
                 "disconnect" => node.set_connect(peer, false, false),
+                "verify" => node.verify(peer, flag("resync")),
+                "invalidate" => node.invalidate(),
                 "down" => {
                     down = true;
                     Ok("stopping".into())
@@ -592,6 +615,67 @@ fn ctl(a: &CtlArgs, req: Value, global: &Global) -> Result<()> {
                 .unwrap_or("the resource refused")
                 .to_string(),
         ))
+    }
+}
+
+/// `verify`: started through the control socket; with --wait, the status is polled until
+/// every run is done.
+fn verify(a: &VerifyArgs, global: &Global) -> Result<()> {
+    let ctl_args = &a.peer.ctl;
+    let req = json!({"cmd": "verify", "peer": a.peer.peer, "resync": a.resync});
+    if !a.wait {
+        return ctl(ctl_args, req, global);
+    }
+    let path = control_path(&ctl_args.resource, ctl_args.control.as_ref());
+    let v = call(&path, &req)?;
+    if v.get("ok").and_then(Value::as_bool) != Some(true) {
+        return Err(CliError::new(
+            v.get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("the resource refused")
+                .to_string(),
+        ));
+    }
+    let status = loop {
+        thread::sleep(Duration::from_millis(200));
+        let v = call(&path, &json!({"cmd": "status"}))?;
+        let s: Status = serde_json::from_value(v.get("status").cloned().unwrap_or(Value::Null))
+            .map_err(|e| CliError::new(format!("malformed status: {e}")))?;
+        if !s
+            .peers
+            .iter()
+            .any(|p| p.verify.as_ref().is_some_and(|r| r.running))
+        {
+            break s;
+        }
+    };
+    let mut failed = Vec::new();
+    let chosen = status
+        .peers
+        .iter()
+        .filter(|p| a.peer.peer.as_ref().is_none_or(|n| *n == p.name));
+    if global.json {
+        let runs: Vec<Value> = chosen
+            .clone()
+            .map(|p| json!({"peer": p.name, "verify": p.verify}))
+            .collect();
+        println!("{}", json!({"ok": true, "verify": runs}));
+    }
+    for p in chosen {
+        let Some(r) = &p.verify else { continue };
+        if let Some(e) = &r.error {
+            failed.push(format!("verify against {}: {e}", p.name));
+        } else if !global.json {
+            println!(
+                "verify against {}: {} blocks checked in {:.2} s, {} out of sync",
+                p.name, r.blocks_checked, r.secs, r.out_of_sync_blocks
+            );
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::new(failed.join("; ")))
     }
 }
 
@@ -703,6 +787,9 @@ pub fn render(s: &Status) -> String {
                     .unwrap_or_else(|| "finish time unknown".into())
             );
         }
+        if let Some(v) = &p.verify {
+            let _ = writeln!(o, "    {}", render_verify(v));
+        }
         if let Some(e) = &p.last_error {
             let _ = writeln!(o, "    last error: {e}");
         }
@@ -711,4 +798,37 @@ pub fn render(s: &Status) -> String {
         let _ = writeln!(o, "  event {}: {}", e.kind, e.message);
     }
     o
+}
+
+fn render_verify(v: &cairn_repl::node::VerifyStatus) -> String {
+    if v.running {
+        #[allow(clippy::cast_precision_loss)]
+        let pct = if v.total_bytes == 0 {
+            100.0
+        } else {
+            v.done_bytes as f64 * 100.0 / v.total_bytes as f64
+        };
+        return format!(
+            "verify {pct:.1}% ({} of {})  {}/s  {}  {} out of sync so far",
+            human(v.done_bytes),
+            human(v.total_bytes),
+            human(v.bytes_per_sec),
+            v.eta_secs
+                .map(|e| format!("finish in {}:{:02}", e / 60, e % 60))
+                .unwrap_or_else(|| "finish time unknown".into()),
+            v.out_of_sync_blocks
+        );
+    }
+    match &v.error {
+        Some(e) => format!(
+            "last verify stopped after {} of {}: {e} ({} out of sync found)",
+            human(v.done_bytes),
+            human(v.total_bytes),
+            v.out_of_sync_blocks
+        ),
+        None => format!(
+            "last verify: {} blocks checked in {:.2} s, {} out of sync",
+            v.blocks_checked, v.secs, v.out_of_sync_blocks
+        ),
+    }
 }

@@ -42,6 +42,12 @@ use cairn_cluster::{Lease, LeaseError, LeaseGuard};
 use cairn_nbd::client::Detached;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
+// Online verify and invalidate live in their own file, as a child module so they reach
+// the node's fields as resync does.
+#[path = "verify.rs"]
+mod verify;
+pub use verify::{block_digests, VerifyStatus};
+
 /// What the node keeps in its metadata superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Persisted {
@@ -341,6 +347,9 @@ pub struct PeerStatus {
     pub resync: Option<Progress>,
     pub last_error: Option<String>,
     pub since: u64,
+    /// The online verify against this peer: running, or the last one's result.
+    #[serde(default)]
+    pub verify: Option<VerifyStatus>,
 }
 
 /// Where the node's two faces are served.
@@ -381,6 +390,8 @@ pub struct Node {
     halt: AtomicBool,
     /// The node is shutting down for good.
     stopped: AtomicBool,
+    /// Online verify runs and the invalidation mark (verify.rs).
+    vx: verify::Shared,
 }
 
 impl fmt::Debug for Node {
@@ -529,6 +540,7 @@ impl Node {
             guard: RwLock::new(None),
             halt: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            vx: verify::Shared::default(),
         };
         if crashed {
             node.event("crashed-primary", None, "this node stopped as primary without a clean stop: its activity log's extents will be resynced".into());
@@ -1807,6 +1819,7 @@ impl Node {
                         .since
                         .duration_since(SystemTime::UNIX_EPOCH)
                         .map_or(0, |d| d.as_secs()),
+                    verify: self.vx.status(&peer.cfg.name),
                 }
             })
             .collect();
@@ -1968,6 +1981,7 @@ impl Node {
 
     pub(crate) fn sync_start(&self, node: &str, full: bool) -> std::result::Result<(), String> {
         self.require_secondary()?;
+        self.vx.admit_sync_start(full)?;
         let peer = self
             .peer_named(node)
             .ok_or_else(|| format!("{node:?} is not a peer"))?;
@@ -1993,6 +2007,7 @@ impl Node {
         source: &Generations,
     ) -> std::result::Result<(), String> {
         self.require_secondary()?;
+        self.vx.admit_sync_done()?;
         let peer = self
             .peer_named(node)
             .ok_or_else(|| format!("{node:?} is not a peer"))?;

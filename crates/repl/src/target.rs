@@ -55,6 +55,11 @@ impl OptionHandler for Target {
                 node.sync_done(&from, &gens).map(|()| Vec::new())
             }
             Request::Adopt { node: from, gens } => node.adopt(&from, &gens).map(|()| Vec::new()),
+            Request::Digest {
+                node: from,
+                offset,
+                len,
+            } => node.digests(&from, offset, len),
         };
         match r {
             Ok(d) => (REP_ACK, d),

@@ -10,6 +10,8 @@
 //!   SyncStart {full}                    ──>    marks its data inconsistent (persisted)
 //!   SyncDone {gens}                     ──>    takes the primary's generation, consistent
 //!   Adopt {gens}                        ──>    (in sync, connected) takes a new current
+//!   Digest {offset, len}                ──>    (online verify) one 8-byte digest per
+//!                                       <──    bitmap block of the range (verify.rs)
 //! ```
 //!
 //! Every message is small (bounded by the NBD option limits, 64 KiB each way); the data
@@ -26,6 +28,9 @@ pub const OPT_CAIRN_REPL: u32 = 0x4352_4E52;
 
 /// Bitmap words one `Bitmap` answer carries at most (32 KiB of the 64 KiB limit).
 pub const BITMAP_WORDS_PER_REPLY: usize = 4096;
+
+/// Digests one `Digest` answer carries at most: 8 bytes each, 32 KiB of the 64 KiB limit.
+pub const DIGESTS_PER_REPLY: u64 = 4096;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "op", rename_all = "kebab-case")]
@@ -48,6 +53,15 @@ pub enum Request {
     Adopt {
         node: String,
         gens: Generations,
+    },
+    /// Online verify: the digest of each bitmap block of `[offset, offset + len)` of the
+    /// receiver's data area, 8 bytes little-endian each (verify.rs `block_digests`). The
+    /// range starts on a bitmap block and ends on one or at the end of the data, and
+    /// holds at most [`DIGESTS_PER_REPLY`] blocks.
+    Digest {
+        node: String,
+        offset: u64,
+        len: u64,
     },
 }
 
@@ -104,5 +118,12 @@ mod tests {
         };
         let text = serde_json::to_vec(&r).unwrap();
         assert_eq!(parse_request(&text).unwrap(), r);
+        let d = Request::Digest {
+            node: "a".into(),
+            offset: 1 << 20,
+            len: 4096,
+        };
+        let text = serde_json::to_vec(&d).unwrap();
+        assert_eq!(parse_request(&text).unwrap(), d);
     }
 }
