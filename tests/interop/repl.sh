@@ -265,6 +265,32 @@ t_three_nodes() {
   cmp -n "$data" "$SHM/3a.img" "$SHM/3c.img" || fail "a and c differ"
 }
 
+# `cairn status` shows replicated resources (no `cairn serve` running), and --metrics
+# serves their gauges.
+t_status() {
+  need_tool curl jq
+  mkdir -m 700 -p "$WORK/xdg"
+  "$CAIRN" repl create-md --size 16M "$SHM/st.img" >/dev/null
+  XDG_RUNTIME_DIR=$WORK/xdg "$CAIRN" repl up home --disk "$SHM/st.img" --node a \
+    --listen tcp:127.0.0.1:0 --peer b=nbd://127.0.0.1:9/home --metrics "unix:$WORK/m.sock" \
+    >"$WORK/st.log" 2>&1 &
+  register pid $!
+  local n
+  for n in $(seq 100); do [ -S "$WORK/xdg/cairn/repl-home.sock" ] && break; sleep 0.1; done
+  XDG_RUNTIME_DIR=$WORK/xdg "$CAIRN" repl primary home --force
+  local text
+  text=$(XDG_RUNTIME_DIR=$WORK/xdg "$CAIRN" status)
+  expect_contains "$text" "replicated resources" "cairn status names them"
+  expect_contains "$text" "home on a: Primary" "cairn status shows the resource"
+  expect_contains "$text" "peer b" "cairn status shows the peer"
+  expect_eq "$(XDG_RUNTIME_DIR=$WORK/xdg "$CAIRN" --json status | jq -r '.replicated[0].role')" Primary "status --json"
+  local m
+  m=$(curl -s --unix-socket "$WORK/m.sock" http://cairn/metrics)
+  expect_contains "$m" 'cairn_repl_primary{resource="home",node="a"} 1' "metrics: role"
+  expect_contains "$m" 'cairn_repl_peer_connected{resource="home",node="a",peer="b"} 0' "metrics: peer"
+  XDG_RUNTIME_DIR=$WORK/xdg "$CAIRN" repl down home
+}
+
 t_refusals() {
   need_tool jq
   truncate -s 4K "$SHM/tiny.img"
@@ -405,6 +431,7 @@ while True:
 }
 
 run_test refusals t_refusals
+run_test status t_status
 run_test failover t_failover
 run_test split_brain t_split_brain
 run_test protocol_a t_protocol_a

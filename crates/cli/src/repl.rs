@@ -140,6 +140,10 @@ pub struct UpArgs {
     /// The control socket [default: RUNDIR/repl-RES.sock]
     #[arg(long)]
     pub control: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (tcp:HOST:PORT, HOST:PORT or
+    /// unix:PATH): role, connection, out-of-sync bytes, resync progress, split brain
+    #[arg(long, value_name = "ADDR", value_parser = crate::daemon::parse_metrics_addr)]
+    pub metrics: Option<Listen>,
     /// What to do when split brain is found: disconnect (the default: the operator
     /// decides), discard-zero-changes, discard-least-changes, discard-secondary
     #[arg(long, default_value = "disconnect")]
@@ -429,6 +433,10 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
     })
     .map_err(CliError::new)?;
     node.start_failover_watch();
+    let _metrics_file = match &a.metrics {
+        Some(addr) => Some(serve_metrics(&node, addr)?),
+        None => None,
+    };
 
     let control = control_path(&a.resource, a.control.as_ref());
     listen::prepare_socket_path(&control)?;
@@ -526,6 +534,35 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
             a.resource
         ))
     })
+}
+
+/// The `--metrics` listener; its socket file (if any) is removed when the value drops.
+fn serve_metrics(node: &Arc<Node>, addr: &Listen) -> Result<Option<RemoveOnDrop>> {
+    use cairn_engine::http::{self, Handler, Request, Response};
+    let mut file = None;
+    let l = match addr {
+        Listen::Tcp(a) => http::bind_tcp(*a),
+        Listen::Unix(p) => {
+            listen::prepare_socket_path(p)?;
+            file = Some(RemoveOnDrop(p.clone()));
+            http::bind_unix(p, 0o600)
+        }
+    }
+    .map_err(|e| CliError::new(format!("--metrics {addr}: cannot listen: {e}")))?;
+    let weak = Arc::downgrade(node);
+    let h: Handler = Arc::new(move |r: &Request| match (r.path.as_str(), weak.upgrade()) {
+        ("/metrics", Some(n)) if r.method == "GET" => Response::text(
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            cairn_repl::metrics::prometheus(&n.status()),
+        ),
+        ("/metrics", Some(_)) => Response::method_not_allowed(&r.method, &r.path, &["GET"]),
+        ("/metrics", None) => Response::error(503, "the resource is stopping"),
+        _ => Response::error(404, format!("no such route: {}; use GET /metrics", r.path)),
+    });
+    http::spawn(l, "repl-metrics", h)
+        .map_err(|e| CliError::new(format!("cannot start the metrics thread: {e}")))?;
+    Ok(file)
 }
 
 struct RemoveOnDrop(PathBuf);
@@ -679,38 +716,61 @@ fn verify(a: &VerifyArgs, global: &Global) -> Result<()> {
     }
 }
 
+/// The control sockets of the resources running on this host (RUNDIR/repl-*.sock).
+pub fn local_sockets() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(listen::runtime_dir())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("repl-") && n.ends_with(".sock"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The status of each resource behind `paths` (JSON as the control socket gives it).
+pub fn statuses(paths: &[PathBuf]) -> Result<Vec<Value>> {
+    paths
+        .iter()
+        .map(|p| {
+            call(p, &json!({"cmd": "status"}))
+                .map(|v| v.get("status").cloned().unwrap_or(Value::Null))
+        })
+        .collect()
+}
+
+/// Text for statuses as [`statuses`] returns them.
+pub fn render_all(all: &[Value]) -> Result<String> {
+    let mut o = String::new();
+    for s in all {
+        let s: Status = serde_json::from_value(s.clone())
+            .map_err(|e| CliError::new(format!("malformed status: {e}")))?;
+        o.push_str(&render(&s));
+    }
+    Ok(o)
+}
+
 fn status(a: &StatusArgs, global: &Global) -> Result<()> {
     let paths: Vec<PathBuf> = match &a.resource {
         Some(r) => vec![control_path(r, a.control.as_ref())],
         None => {
-            let dir = listen::runtime_dir();
-            let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-                .map(|rd| {
-                    rd.flatten()
-                        .map(|e| e.path())
-                        .filter(|p| {
-                            p.file_name()
-                                .and_then(|n| n.to_str())
-                                .is_some_and(|n| n.starts_with("repl-") && n.ends_with(".sock"))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            v.sort();
+            let v = local_sockets();
             if v.is_empty() {
                 return Err(CliError::new(format!(
                     "no replicated resource runs here (no repl-*.sock in {})",
-                    dir.display()
+                    listen::runtime_dir().display()
                 )));
             }
             v
         }
     };
-    let mut all = Vec::new();
-    for p in &paths {
-        let v = call(p, &json!({"cmd": "status"}))?;
-        all.push(v.get("status").cloned().unwrap_or(Value::Null));
-    }
+    let all = statuses(&paths)?;
     if global.json {
         println!(
             "{}",
@@ -722,11 +782,7 @@ fn status(a: &StatusArgs, global: &Global) -> Result<()> {
         );
         return Ok(());
     }
-    for s in all {
-        let s: Status = serde_json::from_value(s)
-            .map_err(|e| CliError::new(format!("malformed status: {e}")))?;
-        print!("{}", render(&s));
-    }
+    print!("{}", render_all(&all)?);
     Ok(())
 }
 

@@ -33,22 +33,54 @@ const BAR: usize = 20;
 
 pub fn run(args: StatusArgs, global: &Global) -> Result<()> {
     let path = control::resolve(args.control.control.as_deref())?;
+    // Replicated resources run in processes of their own (`cairn repl up`): shown too,
+    // unless one daemon was named.
+    let repl_socks = if args.control.control.is_none() {
+        crate::repl::local_sockets()
+    } else {
+        Vec::new()
+    };
     let tty = std::io::stdout().is_terminal();
     let mut first = true;
     loop {
-        let doc = control::get_ok(&path, "/v1/status")?;
+        let doc = match control::get_ok(&path, "/v1/status") {
+            Ok(d) => Some(d),
+            Err(_) if !repl_socks.is_empty() => None,
+            Err(e) => return Err(e),
+        };
+        // A socket left by a killed process answers nothing: skip it.
+        let repl: Vec<serde_json::Value> = repl_socks
+            .iter()
+            .filter_map(|p| crate::repl::statuses(std::slice::from_ref(p)).ok())
+            .flatten()
+            .collect();
         let text = if global.json {
+            let mut doc = doc.unwrap_or_else(|| serde_json::json!({}));
+            if !repl.is_empty() {
+                doc["replicated"] = serde_json::Value::Array(repl);
+            }
             let mut s = serde_json::to_string(&doc).unwrap_or_default();
             s.push('\n');
             s
         } else {
             // Whose tree this is: with several daemons on a machine, it matters.
-            format!(
-                "cairn serve, PID {}, control socket {}\n{}",
-                doc["pid"],
-                path.display(),
-                render(&doc, tty)?
-            )
+            let mut t = match &doc {
+                Some(doc) => format!(
+                    "cairn serve, PID {}, control socket {}\n{}",
+                    doc["pid"],
+                    path.display(),
+                    render(doc, tty)?
+                ),
+                None => String::new(),
+            };
+            if !repl.is_empty() {
+                if !t.is_empty() {
+                    t.push('\n');
+                }
+                t.push_str("replicated resources (cairn repl)\n");
+                t.push_str(&crate::repl::render_all(&repl)?);
+            }
+            t
         };
         let mut out = std::io::stdout().lock();
         let _ = match (args.watch.is_some(), tty, first) {

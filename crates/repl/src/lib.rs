@@ -17,6 +17,7 @@ pub mod al;
 pub mod bitmap;
 pub mod gen;
 pub mod meta;
+pub mod metrics;
 pub mod node;
 pub mod quorum;
 pub mod ranges;
