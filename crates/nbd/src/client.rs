@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cairn_block::{BlockDevice, Capabilities, ErrorKind, Extent, Geometry, Support, WriteFlags};
 
@@ -295,6 +295,9 @@ struct Wire {
     socket: Option<Socket>,
     /// The TLS session after STARTTLS (its timeouts replace the socket's).
     tls: Option<Arc<TlsConn>>,
+    /// The read timeout to restore once the next message starts arriving, while a
+    /// pipeline's reader waits with a shorter one ([`Wire::shorten_read_timeout`]).
+    restore_read_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for Wire {
@@ -310,7 +313,8 @@ impl Wire {
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
         self.reader.read_exact(buf).map_err(Error::from)
     }
-    /// Reads a message header; a clean EOF before its first byte is [`Error::Closed`].
+    /// Reads a message header; a clean EOF before its first byte is [`Error::Closed`], a
+    /// read timeout before it is `Error::Io` (nothing consumed: the stream is intact).
     fn read_header(&mut self, buf: &mut [u8]) -> Result<()> {
         let mut done = 0;
         while done < buf.len() {
@@ -321,15 +325,35 @@ impl Wire {
                         "connection closed in the middle of a header".into(),
                     ))
                 }
-                Ok(n) => done += n,
+                Ok(n) => {
+                    done += n;
+                    // The rest of the message gets the whole timeout.
+                    if let Some(t) = self.restore_read_timeout.take() {
+                        self.set_read_timeout(t);
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::ConnectionReset && done == 0 => {
                     return Err(Error::Closed)
                 }
+                Err(e) if done > 0 => return Err(mid_message(Error::Io(e))),
                 Err(e) => return Err(Error::Io(e)),
             }
         }
         Ok(())
+    }
+    fn set_read_timeout(&self, t: Duration) {
+        if let Some(c) = &self.tls {
+            c.set_read_timeout(Some(t));
+        } else if let Some(s) = &self.socket {
+            let _ = s.set_read_timeout(Some(t.max(Duration::from_millis(1))));
+        }
+    }
+    /// The next wait for a message's first byte ends after `t` instead of `normal`; the
+    /// message's first bytes bring `normal` back.
+    fn shorten_read_timeout(&mut self, t: Duration, normal: Duration) {
+        self.restore_read_timeout = Some(normal);
+        self.set_read_timeout(t);
     }
     fn read_vec(&mut self, len: u32) -> Result<Vec<u8>> {
         let mut v = vec![0u8; usize::try_from(len).map_err(|_| Error::Protocol("length".into()))?];
@@ -342,6 +366,24 @@ impl Wire {
         }
         self.writer.flush()?;
         Ok(())
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// A read timeout after part of a message was read: unlike one before a message, the
+/// stream cannot be resumed.
+fn mid_message(e: Error) -> Error {
+    match e {
+        Error::Io(io) if is_timeout(&io) => {
+            Error::Protocol(format!("the server stopped in the middle of a reply: {io}"))
+        }
+        e => e,
     }
 }
 
@@ -578,6 +620,7 @@ impl Handshake {
             writer: BufWriter::with_capacity(64 << 10, writer),
             socket,
             tls: None,
+            restore_read_timeout: None,
         };
         let mut hello = [0u8; 18];
         wire.read_header(&mut hello)?;
@@ -934,6 +977,8 @@ struct InFlight {
     flags: u16,
     offset: u64,
     length: u32,
+    /// When it was sent: a pipeline's read timeout counts from here.
+    sent: Instant,
 }
 
 /// One structured reply chunk, as received (payload omitted).
@@ -1095,6 +1140,7 @@ impl Connection {
                     flags: req.flags,
                     offset: req.offset,
                     length: req.length,
+                    sent: Instant::now(),
                 },
             );
         }
@@ -1183,6 +1229,7 @@ impl Connection {
             STRUCTURED_REPLY_MAGIC => self.recv_chunk(),
             m => Err(Error::Protocol(format!("reply magic {m:#010x}"))),
         }
+        .map_err(mid_message)
     }
 
     fn take_in_flight(&mut self, cookie: u64) -> Result<InFlight> {
@@ -1683,14 +1730,23 @@ impl PipeShared {
                     }
                 }
                 Ok(None) => {}
-                // The read timeout with nothing in flight: an idle connection, not a
-                // server that fails to answer. Nothing of a message was consumed (a
-                // partial reply keeps its request in flight).
-                Err(Error::Io(e))
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) && conn.flights().is_empty() => {}
+                // A read timeout before a message's first byte (one in the middle is a
+                // protocol error, see `mid_message`): nothing was consumed. The server
+                // failed to answer only if a request has waited the whole timeout: the
+                // read may have started long before the request was sent (an idle
+                // connection), and then the request gets the rest of its time.
+                Err(Error::Io(e)) if is_timeout(&e) => {
+                    let oldest = conn.flights().values().map(|f| f.sent).min();
+                    let Some(sent) = oldest else { continue };
+                    let Some(limit) = conn.timeout else {
+                        break Error::Io(e);
+                    };
+                    let waited = sent.elapsed();
+                    if waited >= limit {
+                        break Error::Io(e);
+                    }
+                    conn.wire.shorten_read_timeout(limit - waited, limit);
+                }
                 Err(e) => break e,
             }
         };
@@ -1737,6 +1793,7 @@ impl Pipeline {
                     flags,
                     offset,
                     length,
+                    sent: Instant::now(),
                 },
             );
         let mut req = RawRequest::new(kind, flags, offset, length);

@@ -573,6 +573,11 @@ impl TlsConn {
         self.write_timeout.store(millis(t), Ordering::Relaxed);
     }
 
+    /// The read timeout alone (a pipeline's reader thread; senders keep theirs).
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) {
+        self.read_timeout.store(millis(t), Ordering::Relaxed);
+    }
+
     fn lock(&self) -> MutexGuard<'_, SslStream<FdIo>> {
         self.ssl.lock().unwrap_or_else(|p| p.into_inner())
     }

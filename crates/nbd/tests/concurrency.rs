@@ -469,3 +469,63 @@ fn a_shared_client_against_nbdkit() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The server answers every write after 200 ms; the client's timeout is 500 ms.
+fn slow_writes_server() -> (TestServer, Arc<HookDisk>) {
+    let disk = HookDisk::new(MemDisk::new(4 << 20));
+    *disk.write_delay.lock().unwrap() = Duration::from_millis(200);
+    let disk = Arc::new(disk);
+    let srv = TestServer::start(vec![export("d", disk.clone())]);
+    (srv, disk)
+}
+
+fn client_with_timeout(srv: &TestServer, timeout: Duration) -> Client {
+    let mut opts = ClientOptions::new(srv.tcp.clone(), "d");
+    opts.connections = 1;
+    opts.timeout = Some(timeout);
+    Client::connect(&opts).expect("connect")
+}
+
+#[test]
+fn a_request_sent_on_an_idle_pipeline_gets_the_whole_timeout() {
+    // The reader's wait for a reply starts when the connection goes idle, not when a
+    // request is sent: a write sent 0.9 s into an idle period meets a read timeout
+    // (0.5 s, started after the previous reply) 0.1 s later. It must not fail: the
+    // server answers 0.2 s after it was sent, well within the timeout.
+    let (srv, _disk) = slow_writes_server();
+    let client = client_with_timeout(&srv, Duration::from_millis(500));
+    for i in 0..3u8 {
+        std::thread::sleep(Duration::from_millis(900));
+        let t = Instant::now();
+        client
+            .write_at(&[i; BLOCK], 0, cairn_block::WriteFlags::NONE)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "write {i}, answered in 200 ms, failed after {:?}: {e}",
+                    t.elapsed()
+                )
+            });
+    }
+}
+
+#[test]
+fn a_request_the_server_does_not_answer_fails_after_the_timeout_from_its_sending() {
+    let (srv, disk) = slow_writes_server();
+    let client = client_with_timeout(&srv, Duration::from_millis(500));
+    client
+        .write_at(&[1; BLOCK], 0, cairn_block::WriteFlags::NONE)
+        .expect("a write answered in time");
+    *disk.write_delay.lock().unwrap() = Duration::from_millis(1500);
+    std::thread::sleep(Duration::from_millis(900));
+    let t = Instant::now();
+    let r = client.write_at(&[2; BLOCK], 0, cairn_block::WriteFlags::NONE);
+    let took = t.elapsed();
+    assert!(
+        r.is_err(),
+        "a write answered after 1.5 s succeeded with a 500 ms timeout"
+    );
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_millis(900),
+        "the write failed after {took:?}, not after the 500 ms timeout"
+    );
+}
