@@ -1548,17 +1548,16 @@ impl Node {
                 self.cfg.peer_timeout,
             )?;
         }
-        // A peer that was primary since (a resolved split brain) admitted a higher epoch
-        // than ours: this primary takes the next one, so the peer's gate admits it and
-        // refuses whoever held the old one.
+        // Every data connection takes a new epoch, above any the peer admitted (a node
+        // that was primary since, after a split brain, has a higher one). The peer's
+        // gate then refuses whatever an earlier connection of this node still has queued
+        // there, so a write that timed out cannot land after the resync wrote newer
+        // data over the same blocks.
         let epoch = {
             let mut p = self.persisted();
-            // Equal epochs are ours only if the peer admitted this node under it.
-            if w.epoch > p.epoch || (w.epoch == p.epoch && w.fenced_by != self.cfg.node) {
-                p.epoch = w.epoch + 1;
-                p.fence = Some(self.token(p.epoch));
-                self.meta.save(&p).map_err(|e| e.to_string())?;
-            }
+            p.epoch = p.epoch.max(w.epoch) + 1;
+            p.fence = Some(self.token(p.epoch));
+            self.meta.save(&p).map_err(|e| e.to_string())?;
             p.epoch
         };
         let mut opts = peer.cfg.opts.clone();
