@@ -59,7 +59,7 @@ node_up() {
   shift
   ip netns exec "${NS[$i]}" "$CAIRN" -v repl up home --disk "$SHM/n$i.img" --node "${NAME[$i]}" \
     --listen "tcp:${IP[$i]}:7789" --insecure-no-tls --peer-timeout 3 --al-extents 4 \
-    --peer "${NAME[$o]}=nbd://${IP[$o]}:7789/home" --client-listen "unix:$WORK/n$i.nbd" \
+    --peer "${NAME[$o]}=${PEER_SCHEME:-nbd}://${IP[$o]}:7789/home${PEER_QUERY:-}" --client-listen "unix:$WORK/n$i.nbd" \
     --control "$(ctl "$i")" "$@" >>"$WORK/n$i.log" 2>&1 &
   NPID[$i]=$!
   register pid "${NPID[$i]}"
@@ -291,6 +291,62 @@ t_status() {
   XDG_RUNTIME_DIR=$WORK/xdg "$CAIRN" repl down home
 }
 
+# Replication over TLS (PSK): the data connection and the handshake go through STARTTLS;
+# a node with the wrong key is refused and says so.
+t_tls() {
+  need_tool psktool nbdcopy
+  SIZE=32M nodes_up
+  psktool -u repl -p "$WORK/keys.psk" >/dev/null 2>&1
+  psktool -u repl -p "$WORK/wrong.psk" >/dev/null 2>&1
+  PEER_SCHEME=nbds PEER_QUERY="?tls-psk-file=$WORK/keys.psk&tls-username=repl" \
+    node_up 1 --tls-psk "$WORK/keys.psk"
+  PEER_SCHEME=nbds PEER_QUERY="?tls-psk-file=$WORK/keys.psk&tls-username=repl" \
+    node_up 2 --tls-psk "$WORK/keys.psk"
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  random_file "$WORK/data" 8M
+  nbdcopy "$WORK/data" "$(client_uri 1)"
+  "$CAIRN" repl secondary home --control "$(ctl 1)"
+  cmp -n $((8 << 20)) "$WORK/data" "$SHM/n2.img" || fail "the peer lacks the data sent over TLS"
+  # A plaintext client gets nothing from a TLS-required replication listener.
+  ip netns exec "${NS[1]}" nbdinfo --list "nbd://${IP[2]}:7789" >"$WORK/plain.out" 2>&1 &&
+    fail "the replication listener answered in plaintext: $(cat "$WORK/plain.out")"
+  # The wrong key: node 1 restarted with it cannot connect and says why.
+  "$CAIRN" repl down home --control "$(ctl 1)"
+  wait "${NPID[1]}" 2>/dev/null || true
+  PEER_SCHEME=nbds PEER_QUERY="?tls-psk-file=$WORK/wrong.psk&tls-username=repl" \
+    node_up 1 --tls-psk "$WORK/wrong.psk"
+  "$CAIRN" repl primary home --control "$(ctl 1)"
+  local n e=""
+  for n in $(seq 100); do
+    e=$(status_json 1 | jq -r '.peers[0].last_error // ""')
+    [ -n "$e" ] && break
+    sleep 0.1
+  done
+  expect_contains "$e" "TLS" "the wrong key is reported as a TLS failure"
+  expect_eq "$(status_json 1 | jq -r '.peers[0].connection')" Connecting "not connected with the wrong key"
+}
+
+# --split-brain discard-zero-changes: the side that changed nothing while apart takes the
+# other's data, without the operator.
+t_split_brain_policy() {
+  nodes_up
+  node_up 1 --split-brain discard-zero-changes
+  node_up 2 --split-brain discard-zero-changes
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 2 Established
+  link_down
+  py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b"A" * 65536, 0); h.flush(); h.shutdown()' "$(client_uri 1)"
+  "$CAIRN" repl primary home --control "$(ctl 2)"
+  "$CAIRN" repl secondary home --control "$(ctl 2)"
+  link_up
+  wait_peer 1 Established
+  expect_contains "$(status_json 1 | jq -r '[.events[] | select(.kind == "split-brain")] | last | .message')" \
+    "resolved" "the split brain was resolved by the policy"
+  "$CAIRN" repl secondary home --control "$(ctl 1)"
+  cmp -n "$(status_json 1 | jq -r .data_size)" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
+}
+
 t_refusals() {
   need_tool jq
   truncate -s 4K "$SHM/tiny.img"
@@ -436,5 +492,7 @@ run_test failover t_failover
 run_test split_brain t_split_brain
 run_test protocol_a t_protocol_a
 run_test three_nodes t_three_nodes
+run_test tls t_tls
+run_test split_brain_policy t_split_brain_policy
 run_test etcd_failover t_etcd_failover
 finish
