@@ -347,6 +347,50 @@ t_split_brain_policy() {
   cmp -n "$(status_json 1 | jq -r .data_size)" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
 }
 
+# The resource from a config file (DRBD's resource-file shape): both nodes read the same
+# file and pick themselves by --node.
+t_config() {
+  need_tool nbdcopy
+  SIZE=32M nodes_up
+  cat >"$WORK/repl.toml" <<EOF
+[[resource]]
+name = "home"
+protocol = "C"
+split_brain = "disconnect"
+peer_timeout = 3
+insecure_no_tls = true
+
+[[resource.node]]
+name = "a"
+address = "${IP[1]}:7789"
+disk = "$SHM/n1.img"
+
+[[resource.node]]
+name = "b"
+address = "${IP[2]}:7789"
+disk = "$SHM/n2.img"
+EOF
+  local i
+  for i in 1 2; do
+    ip netns exec "${NS[$i]}" "$CAIRN" repl up home --config "$WORK/repl.toml" --node "${NAME[$i]}" \
+      --client-listen "unix:$WORK/n$i.nbd" --control "$(ctl "$i")" >>"$WORK/n$i.log" 2>&1 &
+    NPID[$i]=$!
+    register pid "${NPID[$i]}"
+  done
+  for i in $(seq 100); do [ -S "$(ctl 1)" ] && [ -S "$(ctl 2)" ] && break; sleep 0.1; done
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  random_file "$WORK/data" 4M
+  nbdcopy "$WORK/data" "$(client_uri 1)"
+  "$CAIRN" repl secondary home --control "$(ctl 1)"
+  cmp -n $((4 << 20)) "$WORK/data" "$SHM/n2.img" || fail "b lacks the data"
+  local out
+  out=$("$CAIRN" repl up nope --config "$WORK/repl.toml" --node a 2>&1) && fail "an unknown resource started"
+  expect_contains "$out" 'no resource "nope"' "an unknown resource is named"
+  out=$("$CAIRN" repl up home --config "$WORK/repl.toml" --node zz 2>&1) && fail "an unknown node started"
+  expect_contains "$out" "has no node" "an unknown node is named"
+}
+
 t_refusals() {
   need_tool jq
   truncate -s 4K "$SHM/tiny.img"
@@ -494,5 +538,6 @@ run_test protocol_a t_protocol_a
 run_test three_nodes t_three_nodes
 run_test tls t_tls
 run_test split_brain_policy t_split_brain_policy
+run_test config t_config
 run_test etcd_failover t_etcd_failover
 finish

@@ -116,19 +116,25 @@ pub struct CreateMdArgs {
     pub resource: Option<String>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct UpArgs {
     /// The resource's name: the same on every node
     pub resource: String,
+    /// The resource as a config file defines it (a `[[resource]]` table with one
+    /// `[[resource.node]]` per node, as DRBD's resource files do; docs/replication.md):
+    /// disk, addresses, peers, protocol, policies, TLS and etcd come from there
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// The backing disk, with metadata from `cairn repl create-md`
     #[arg(long)]
-    pub disk: PathBuf,
-    /// This node's name, as its peers call it in their --peer
+    pub disk: Option<PathBuf>,
+    /// This node's name, as its peers call it in their --peer [default with --config:
+    /// the host name]
     #[arg(long)]
-    pub node: String,
+    pub node: Option<String>,
     /// A peer: NAME=URI of its replication listener and this resource
     /// (nbd://HOST:PORT/RES, nbds://... with TLS); repeat for more peers
-    #[arg(long = "peer", value_name = "NAME=URI", required = true)]
+    #[arg(long = "peer", value_name = "NAME=URI")]
     pub peers: Vec<String>,
     /// Where peers reach this node [default: tcp:127.0.0.1:7789]
     #[arg(long, value_name = "LISTEN")]
@@ -347,7 +353,162 @@ fn parse_peer(s: &str, tls: &TlsOptions) -> Result<PeerConfig> {
     })
 }
 
+/// A config file of replicated resources.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    resource: Vec<ResourceDef>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourceDef {
+    name: String,
+    /// The backing disk on every node (a node's own `disk` wins).
+    disk: Option<PathBuf>,
+    protocol: Option<String>,
+    split_brain: Option<String>,
+    /// MiB/s.
+    resync_rate: Option<u64>,
+    al_extents: Option<usize>,
+    /// Seconds.
+    peer_timeout: Option<u64>,
+    /// A psktool file every node holds: replication is then TLS-only.
+    tls_psk: Option<PathBuf>,
+    tls_username: Option<String>,
+    /// Plaintext between nodes off loopback: anyone who reaches the port reads and writes
+    /// the volume (as `--insecure-no-tls`).
+    insecure_no_tls: Option<bool>,
+    etcd: Option<String>,
+    etcd_ttl: Option<u64>,
+    auto_failover: Option<bool>,
+    on_lease_loss: Option<String>,
+    node: Vec<NodeDef>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeDef {
+    name: String,
+    /// IP:PORT where the other nodes reach this one.
+    address: String,
+    disk: Option<PathBuf>,
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
+/// The command line with what `--config` says filled in, checked to be complete.
+fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
+    let mut r = a.clone();
+    if let Some(path) = &a.config {
+        let shown = path.display();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::new(format!("--config {shown}: {e}")))?;
+        let f: ConfigFile =
+            toml::from_str(&text).map_err(|e| CliError::new(format!("{shown}: {e}")))?;
+        let res = f
+            .resource
+            .iter()
+            .find(|x| x.name == a.resource)
+            .ok_or_else(|| {
+                let names: Vec<&str> = f.resource.iter().map(|x| x.name.as_str()).collect();
+                CliError::new(format!(
+                    "{shown} defines no resource {:?} (it has: {})",
+                    a.resource,
+                    names.join(", ")
+                ))
+            })?;
+        let me = a.node.clone().or_else(hostname).ok_or_else(|| {
+            CliError::new("name this node with --node (the host name is unknown)")
+        })?;
+        let mine = res.node.iter().find(|n| n.name == me).ok_or_else(|| {
+            let names: Vec<&str> = res.node.iter().map(|n| n.name.as_str()).collect();
+            CliError::new(format!(
+                "resource {} in {shown} has no node {me:?} (its nodes: {}); pass --node NAME",
+                res.name,
+                names.join(", ")
+            ))
+        })?;
+        if !a.peers.is_empty() {
+            return Err(CliError::new(format!(
+                "--peer and --config: {shown} lists the peers; drop one"
+            )));
+        }
+        r.node = Some(me.clone());
+        if r.disk.is_none() {
+            r.disk = mine.disk.clone().or_else(|| res.disk.clone());
+        }
+        if r.listen.is_none() {
+            let addr = mine.address.parse().map_err(|e| {
+                CliError::new(format!(
+                    "{shown}: node {}'s address {:?}: {e} (expected IP:PORT)",
+                    mine.name, mine.address
+                ))
+            })?;
+            r.listen = Some(Listen::Tcp(addr));
+        }
+        let (scheme, query) = match &res.tls_psk {
+            Some(psk) => {
+                r.tls.tls_psk = Some(psk.clone());
+                (
+                    "nbds",
+                    format!(
+                        "?tls-psk-file={}&tls-username={}",
+                        psk.display(),
+                        res.tls_username.as_deref().unwrap_or("cairn")
+                    ),
+                )
+            }
+            None => ("nbd", String::new()),
+        };
+        r.peers = res
+            .node
+            .iter()
+            .filter(|n| n.name != me)
+            .map(|n| format!("{}={scheme}://{}/{}{query}", n.name, n.address, res.name))
+            .collect();
+        let bad = |what: &str, e: String| CliError::new(format!("{shown}: {what}: {e}"));
+        if let Some(v) = &res.protocol {
+            r.protocol = v.parse().map_err(|e| bad("protocol", e))?;
+        }
+        if let Some(v) = &res.split_brain {
+            r.split_brain = v.parse().map_err(|e| bad("split_brain", e))?;
+        }
+        if let Some(v) = &res.on_lease_loss {
+            r.on_lease_loss = v.parse().map_err(|e| bad("on_lease_loss", e))?;
+        }
+        r.tls.insecure_no_tls |= res.insecure_no_tls.unwrap_or(false);
+        r.resync_rate = res.resync_rate.unwrap_or(r.resync_rate);
+        r.al_extents = res.al_extents.unwrap_or(r.al_extents);
+        r.peer_timeout = res.peer_timeout.unwrap_or(r.peer_timeout);
+        r.etcd = res.etcd.clone().or(r.etcd);
+        r.etcd_ttl = res.etcd_ttl.unwrap_or(r.etcd_ttl);
+        r.auto_failover = res.auto_failover.unwrap_or(r.auto_failover);
+    }
+    if r.disk.is_none() {
+        return Err(CliError::new("--disk DISK is needed (or --config FILE)"));
+    }
+    if r.node.is_none() {
+        return Err(CliError::new("--node NAME is needed (or --config FILE)"));
+    }
+    if r.peers.is_empty() {
+        return Err(CliError::new(
+            "at least one --peer NAME=URI is needed (or --config FILE)",
+        ));
+    }
+    Ok(r)
+}
+
 fn up(a: &UpArgs, global: &Global) -> Result<()> {
+    let a = &resolve_up(a)?;
+    let disk_path = a.disk.clone().expect("checked by resolve_up");
+    let node_name = a.node.clone().expect("checked by resolve_up");
     let peers = a
         .peers
         .iter()
@@ -355,7 +516,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let cfg = NodeConfig {
         resource: a.resource.clone(),
-        node: a.node.clone(),
+        node: node_name.clone(),
         peers,
         protocol: a.protocol,
         resync_rate: a.resync_rate.saturating_mul(1 << 20),
@@ -373,9 +534,9 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
             None => None,
         },
     };
-    let disk = cairn_stack::leaf::open(&a.disk, false, false, Duration::from_secs(10))?;
+    let disk = cairn_stack::leaf::open(&disk_path, false, false, Duration::from_secs(10))?;
     let meta = cairn_repl::store::Store::open(disk.clone())
-        .map_err(|e| CliError::new(format!("{}: {e}", a.disk.display())))?;
+        .map_err(|e| CliError::new(format!("{}: {e}", disk_path.display())))?;
     let node = Node::open(cfg, disk, Box::new(meta))
         .map_err(|e| CliError::new(format!("{}: {e}", a.resource)))?;
 
@@ -496,7 +657,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         .map_err(|e| CliError::new(e.to_string()))?;
 
     let announce = json!({
-        "resource": a.resource, "node": a.node,
+        "resource": a.resource, "node": node_name,
         "peers_listen": peer_addr.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "clients_listen": client_addr.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "client_uri": client_addr.first().map(|l| l.uri(&a.resource)),
@@ -508,7 +669,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         println!(
             "cairn repl: {} on node {} (secondary); peers reach it at {}; clients at {} while primary; control {}",
             a.resource,
-            a.node,
+            node_name,
             peer_addr.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
             client_addr.first().map(|l| l.uri(&a.resource)).unwrap_or_default(),
             control.display()
