@@ -352,6 +352,31 @@ pub struct PeerStatus {
     pub verify: Option<VerifyStatus>,
 }
 
+impl NodeConfig {
+    /// A configuration for tests: resource `resource`, this node `node`, one peer `peer`
+    /// at an address nobody answers on, protocol C, no quorum.
+    #[cfg(test)]
+    pub(crate) fn for_tests(resource: &str, node: &str, peer: &str) -> NodeConfig {
+        NodeConfig {
+            resource: resource.into(),
+            node: node.into(),
+            peers: vec![PeerConfig {
+                name: peer.into(),
+                opts: ClientOptions::new(
+                    cairn_nbd::Listen::Tcp("127.0.0.1:9".parse().expect("literal")),
+                    resource,
+                ),
+            }],
+            protocol: Protocol::C,
+            resync_rate: 0,
+            al_extents: 4,
+            split_brain: SplitBrainPolicy::Disconnect,
+            peer_timeout: Duration::from_secs(1),
+            quorum: None,
+        }
+    }
+}
+
 /// Where the node's two faces are served.
 #[derive(Debug, Clone)]
 pub struct Exports {

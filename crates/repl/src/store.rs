@@ -415,26 +415,8 @@ mod tests {
 
     #[test]
     fn node_open_binds_the_resource() {
-        use crate::node::{Node, NodeConfig, PeerConfig, Protocol, SplitBrainPolicy};
-        use cairn_nbd::client::ClientOptions;
-        use std::time::Duration;
-        let cfg = |resource: &str| NodeConfig {
-            resource: resource.into(),
-            node: "a".into(),
-            peers: vec![PeerConfig {
-                name: "b".into(),
-                opts: ClientOptions::new(
-                    cairn_nbd::Listen::Tcp("127.0.0.1:9".parse().unwrap()),
-                    resource,
-                ),
-            }],
-            protocol: Protocol::C,
-            resync_rate: 0,
-            al_extents: 4,
-            split_brain: SplitBrainPolicy::Disconnect,
-            peer_timeout: Duration::from_secs(1),
-            quorum: None,
-        };
+        use crate::node::{Node, NodeConfig};
+        let cfg = |resource: &str| NodeConfig::for_tests(resource, "a", "b");
         let dev: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(64 << 20));
         create(dev.as_ref(), &params(false)).unwrap();
         let meta = Box::new(Store::open(dev.clone()).unwrap());

@@ -642,26 +642,8 @@ mod tests {
     }
 
     fn node(disk: &Arc<dyn BlockDevice>) -> Arc<Node> {
-        use crate::node::{NodeConfig, PeerConfig, Protocol, SplitBrainPolicy};
-        use cairn_nbd::client::ClientOptions;
-        use std::time::Duration;
-        let cfg = NodeConfig {
-            resource: "home".into(),
-            node: "b".into(),
-            peers: vec![PeerConfig {
-                name: "a".into(),
-                opts: ClientOptions::new(
-                    cairn_nbd::Listen::Tcp("127.0.0.1:1".parse().unwrap()),
-                    "home",
-                ),
-            }],
-            protocol: Protocol::C,
-            resync_rate: 0,
-            al_extents: 4,
-            split_brain: SplitBrainPolicy::Disconnect,
-            peer_timeout: Duration::from_secs(1),
-            quorum: None,
-        };
+        use crate::node::NodeConfig;
+        let cfg = NodeConfig::for_tests("home", "b", "a");
         let meta = crate::store::Store::open(disk.clone()).unwrap();
         Node::open(cfg, disk.clone(), Box::new(meta)).unwrap()
     }
