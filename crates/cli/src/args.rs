@@ -29,6 +29,8 @@ Examples:
   cairn serve --md d0.img,d1.img,d2.img,d3.img:data   # the RAID6 above, exported as \"data\"
   cairn luks format --md d0.img,d1.img,d2.img,d3.img  # encrypt the array (asks a passphrase)
   cairn serve --md d0.img,d1.img,d2.img,d3.img:data --luks   # ... and serve it decrypted
+  cairn repl up home --config /etc/cairn/repl.toml   # mirror a disk between machines
+                                        # (docs/replication.md; `cairn repl --help`)
   nbdinfo nbd://127.0.0.1:10809/vm1     # look at an export from another shell
 
 Run `cairn COMMAND --help` for details on each command.";

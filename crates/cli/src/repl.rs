@@ -40,7 +40,10 @@ out-of-sync bitmap per peer) sits at its end, after the data (docs/replication-f
 One node is primary and serves the volume over NBD; the others are secondary and take its \
 writes. A peer that is away is tracked in a bitmap and resynced from it when it comes back; \
 two nodes that both wrote while apart (split brain) are detected on both sides and stay \
-apart until the operator, or a --split-brain policy, says whose changes go.";
+apart until the operator, or a --split-brain policy, says whose changes go. `--protocol A` answers writes once the local \
+disk has them (faster, but the last writes before a crash of the primary may be missing on \
+the peer). With `--etcd`, the primary role is an etcd lease and a secondary can take over by \
+itself (`--auto-failover`). docs/replication.md has the whole story.";
 
 const REPL_EXAMPLES: &str = "\
 Examples (two hosts, a and b):
