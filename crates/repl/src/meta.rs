@@ -17,13 +17,13 @@
 //!   external, metadata device:
 //!   0              max_peers × bitmap_bytes   one out-of-sync bitmap per peer slot
 //!   al_offset      al_bytes             activity log
-//!   ...            unused gap (zero after create)
+//!   ...            unused gap (not written)
 //!   super_offset   4096                 superblock: the last whole 4 KiB of the device
 //! ```
 //!
-//! The metadata sits at the end so the data area starts at byte 0: the backing device
-//! of a node that has left the resource holds the volume as it was, readable without
-//! cairn. `super_offset` is the (metadata) device size rounded down to 4 KiB, minus
+//! Internal metadata sits at the end so the data area starts at byte 0: the backing
+//! device of a node that has left the resource holds the volume as it was, readable
+//! without cairn (external metadata leaves the data device all data). `super_offset` is the (metadata) device size rounded down to 4 KiB, minus
 //! 4096; the other offsets follow from `data_size` and the EXTERNAL flag (see
 //! [`Layout`]), and the superblock records them so a reader can check the derivation.
 //!
