@@ -6,13 +6,14 @@
 //!   bytes ─ first 4096, zero padded ─┬─> Super::decode as is
 //!                                    └─ fix the CRC32C ─> Super::decode ─> encode ─>
 //!                                       decode again (must round-trip), layout maths
+//!                                       (internal and external)
 //! ```
 //!
 //! A random mutation almost never keeps the checksum right, so the harness recomputes it
 //! and the mutations reach the field validation. Every input must give a superblock or
 //! an error: never a panic.
 
-use cairn_repl::meta::{checksum, Layout, Super, CHECKSUM_AT, SUPER_SIZE};
+use cairn_repl::meta::{checksum, Layout, Super, CHECKSUM_AT, FLAG_EXTERNAL, SUPER_SIZE};
 
 /// Recomputes the checksum over bytes `0..508`.
 pub fn fix_checksum(b: &mut [u8; SUPER_SIZE]) {
@@ -44,6 +45,19 @@ pub fn repl_super(data: &[u8]) {
                 l.bytes_of_bit(u64::MAX),
                 l.bits_of_extent(u64::MAX),
             );
+        }
+        // And external metadata for the recorded data size: it must derive the recorded
+        // offsets when the superblock says EXTERNAL.
+        let need = Layout::external_meta_size(s.data_size, s.bm_block, s.al_extent, s.max_peers);
+        if let Ok(need) = need {
+            let l = Layout::external(s.data_size, need, s.bm_block, s.al_extent, s.max_peers)
+                .expect("the size external_meta_size gives fits");
+            if s.has(FLAG_EXTERNAL) {
+                assert_eq!(
+                    (l.bitmap_offset, l.al_offset),
+                    (s.bitmap_offset, s.al_offset)
+                );
+            }
         }
     }
 }

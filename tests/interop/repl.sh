@@ -36,8 +36,10 @@ nodes_up() {
   ip -n "${NS[2]}" addr add "${IP[2]}/24" dev "${TAG}y"
   link_up
   for i in 1 2; do
-    rm -f "$SHM/n$i.img" "$WORK/n$i.log"
-    "$CAIRN" repl create-md --size "${SIZE:-64M}" "$SHM/n$i.img" >/dev/null
+    rm -f "$SHM/n$i.img" "$SHM/n$i.meta" "$WORK/n$i.log"
+    # shellcheck disable=SC2086
+    "$CAIRN" repl create-md --size "${SIZE:-64M}" "$SHM/n$i.img" \
+      ${EXTERNAL_META:+--meta-disk "$SHM/n$i.meta"} >/dev/null
   done
 }
 
@@ -54,10 +56,13 @@ ctl() { echo "$WORK/n$1.sock"; }
 client_uri() { printf 'nbd+unix:///home?socket=%s' "$WORK/n$1.nbd"; }
 
 # node_up I [ARGS]: `cairn repl up` for node I in its namespace; sets NPID[I].
+# EXTERNAL_META=1 (here and for nodes_up): the metadata on $SHM/nI.meta.
 node_up() {
   local i=$1 o=$((3 - $1))
   shift
-  ip netns exec "${NS[$i]}" "$CAIRN" -v repl up home --disk "$SHM/n$i.img" --node "${NAME[$i]}" \
+  # shellcheck disable=SC2086
+  ip netns exec "${NS[$i]}" "$CAIRN" -v repl up home --disk "$SHM/n$i.img" \
+    ${EXTERNAL_META:+--meta-disk "$SHM/n$i.meta"} --node "${NAME[$i]}" \
     --listen "tcp:${IP[$i]}:7789" --insecure-no-tls --peer-timeout 3 --al-extents 4 \
     --peer "${NAME[$o]}=${PEER_SCHEME:-nbd}://${IP[$o]}:7789/home${PEER_QUERY:-}" --client-listen "unix:$WORK/n$i.nbd" \
     --control "$(ctl "$i")" "$@" >>"$WORK/n$i.log" 2>&1 &
@@ -530,6 +535,80 @@ while True:
   cmp -n "$(status_json 1 | jq -r .data_size)" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
 }
 
+# External metadata (DRBD's meta-disk): each node's disk file is all data, the metadata
+# on a file of its own that create-md makes at the size it needs.
+t_external_meta() {
+  need_tool nbdcopy
+  EXTERNAL_META=1 SIZE=32M nodes_up
+  local i out
+  for i in 1 2; do
+    # One page of bitmap, one of activity log, the superblock.
+    expect_eq "$(stat -c %s "$SHM/n$i.meta")" 12288 "node $i's metadata file size"
+  done
+  EXTERNAL_META=1 node_up 1
+  EXTERNAL_META=1 node_up 2
+  expect_eq "$(status_json 1 | jq -r .data_size)" $((32 << 20)) "the data size (the whole disk)"
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  wait_peer 2 Established
+  random_file "$WORK/data" 32M
+  nbdcopy "$WORK/data" "$(client_uri 1)"
+  "$CAIRN" repl secondary home --control "$(ctl 1)"
+  for i in $(seq 100); do
+    [ "$(status_json 1 | jq -r '.peers[0].out_of_sync_bytes')" = 0 ] && break
+    sleep 0.1
+  done
+  expect_eq "$(status_json 1 | jq -r '.peers[0].out_of_sync_bytes')" 0 "out of sync"
+  cmp "$SHM/n1.img" "$SHM/n2.img" || fail "the data files differ"
+  cmp "$WORK/data" "$SHM/n2.img" || fail "the peer's data file is not what was written"
+  # Stopped cleanly, both come back from their metadata files: the same generation, so
+  # node b becomes primary without --force and nothing is resynced; the fencing epoch
+  # goes on from the one recorded.
+  local e1
+  e1=$(status_json 1 | jq -r .epoch)
+  for i in 1 2; do
+    "$CAIRN" repl down home --control "$(ctl "$i")"
+    wait "${NPID[$i]}" || fail "node $i did not stop cleanly: $(tail -5 "$WORK/n$i.log")"
+  done
+  EXTERNAL_META=1 node_up 1
+  EXTERNAL_META=1 node_up 2
+  expect_eq "$(status_json 2 | jq -r .disk)" Consistent "node 2's disk after the restart"
+  "$CAIRN" repl primary home --control "$(ctl 2)"
+  wait_peer 2 Established
+  wait_peer 1 Established
+  expect_eq "$(status_json 1 | jq -r .disk)" UpToDate "node 1's disk, connected again"
+  expect_eq "$(status_json 2 | jq '[.events[] | select(.kind == "resync-started")] | length')" 0 \
+    "resyncs after the restart"
+  local e2
+  e2=$(status_json 2 | jq -r .epoch)
+  [ "$e2" -gt "$e1" ] || fail "fencing epoch $e2 after the restart, not above the $e1 before it"
+  "$CAIRN" repl secondary home --control "$(ctl 2)"
+  for i in 1 2; do
+    "$CAIRN" repl down home --control "$(ctl "$i")"
+    wait "${NPID[$i]}" || true
+  done
+  cmp "$SHM/n1.img" "$SHM/n2.img" || fail "the data files differ after the restart"
+  # Refusals: the metadata file as a plain disk, a data disk that shrank, no metadata.
+  local up=("$CAIRN" repl up home --node a --peer b=nbd://127.0.0.1:1/home --control "$WORK/x.sock"
+    --client-listen "unix:$WORK/x.nbd" --listen tcp:127.0.0.1:0)
+  out=$("${up[@]}" --disk "$SHM/n1.meta" 2>&1) && fail "up on a metadata file as its disk succeeded"
+  expect_contains "$out" "--meta-disk" "a metadata file given as --disk is named"
+  cp "$SHM/n1.img" "$SHM/shrunk.img"
+  truncate -s 31M "$SHM/shrunk.img"
+  out=$("${up[@]}" --disk "$SHM/shrunk.img" --meta-disk "$SHM/n1.meta" 2>&1) &&
+    fail "up on a shrunk data disk succeeded"
+  expect_contains "$out" "the data device has $((31 << 20)) bytes, but its external metadata records $((32 << 20))" \
+    "the shrunk data disk is refused with its sizes"
+  truncate -s 1M "$SHM/empty.meta"
+  out=$("${up[@]}" --disk "$SHM/n1.img" --meta-disk "$SHM/empty.meta" 2>&1) &&
+    fail "up on an empty metadata file succeeded"
+  expect_contains "$out" "create-md DISK --meta-disk META" "the missing metadata is named with its fix"
+  truncate -s 4K "$SHM/small.meta"
+  out=$("$CAIRN" repl create-md "$SHM/n1.img" --meta-disk "$SHM/small.meta" 2>&1) &&
+    fail "create-md on too small a metadata file succeeded"
+  expect_contains "$out" "at least 12288 bytes" "too small a metadata file is named with the size it needs"
+}
+
 run_test refusals t_refusals
 run_test status t_status
 run_test failover t_failover
@@ -540,4 +619,5 @@ run_test tls t_tls
 run_test split_brain_policy t_split_brain_policy
 run_test config t_config
 run_test etcd_failover t_etcd_failover
+run_test external_meta t_external_meta
 finish

@@ -35,7 +35,8 @@ pub const REPL_LONG: &str = "\
 A volume mirrored between machines, synchronously (DRBD's protocol C): a write is answered \
 only when the local disk and every connected peer have it. Any file or block device can be \
 the backing disk; the replication metadata (generations, an activity log and one \
-out-of-sync bitmap per peer) sits at its end, after the data (docs/replication-format.md).
+out-of-sync bitmap per peer) sits at its end, after the data, or on a metadata disk of its \
+own with --meta-disk (the data is then the whole disk; docs/replication-format.md).
 
 One node is primary and serves the volume over NBD; the others are secondary and take its \
 writes. A peer that is away is tracked in a bitmap and resynced from it when it comes back; \
@@ -57,7 +58,8 @@ Examples (two hosts, a and b):
 
 #[derive(Debug, Subcommand)]
 pub enum ReplCommand {
-    /// Write empty replication metadata at the end of a disk (data keeps the rest)
+    /// Write empty replication metadata at the end of a disk (data keeps the rest), or
+    /// on a metadata disk of its own (--meta-disk: the data is the whole disk)
     CreateMd(CreateMdArgs),
     /// Run a resource on this node (foreground): secondary until `cairn repl primary`
     #[command(after_help = REPL_EXAMPLES)]
@@ -96,8 +98,14 @@ pub struct VerifyArgs {
 
 #[derive(Debug, Args)]
 pub struct CreateMdArgs {
-    /// The backing disk (file or block device); its end holds the metadata
+    /// The backing disk (file or block device); its end holds the metadata, unless
+    /// --meta-disk is given
     pub disk: PathBuf,
+    /// External metadata: on this device (file, block device or NBD URI) instead of at
+    /// the end of DISK, which is then all data (DRBD's `meta-disk`). A file that does
+    /// not exist is created, sparse, with the size the metadata needs
+    #[arg(long, value_name = "META")]
+    pub meta_disk: Option<PathBuf>,
     /// Peers this node will replicate to (room for one bitmap each)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=3))]
     pub max_peers: u32,
@@ -131,6 +139,10 @@ pub struct UpArgs {
     /// The backing disk, with metadata from `cairn repl create-md`
     #[arg(long)]
     pub disk: Option<PathBuf>,
+    /// The metadata disk, when the metadata is external (`create-md --meta-disk`): the
+    /// whole --disk is then data; `internal` is the default (at the end of --disk)
+    #[arg(long, value_name = "META")]
+    pub meta_disk: Option<PathBuf>,
     /// This node's name, as its peers call it in their --peer [default with --config:
     /// the host name]
     #[arg(long)]
@@ -285,7 +297,6 @@ fn create_md(a: &CreateMdArgs, global: &Global) -> Result<()> {
                 .map_err(|e| CliError::new(format!("cannot size {}: {e}", a.disk.display())))?;
         }
     }
-    let disk = cairn_stack::leaf::open(&a.disk, false, false, Duration::from_secs(10))?;
     let params = cairn_repl::store::CreateParams {
         max_peers: a.max_peers,
         bm_block: a.bitmap_block,
@@ -293,14 +304,43 @@ fn create_md(a: &CreateMdArgs, global: &Global) -> Result<()> {
         force: a.force,
         resource: a.resource.as_deref().map(cairn_repl::node::resource_id),
     };
-    let made = cairn_repl::store::create(disk.as_ref(), &params)
-        .map_err(|e| CliError::new(format!("{}: {e}", a.disk.display())))?;
+    let meta_disk = a.meta_disk.as_ref().filter(|m| !is_internal(m));
+    let made = match meta_disk {
+        None => {
+            let disk = cairn_stack::leaf::open(&a.disk, false, false, Duration::from_secs(10))?;
+            cairn_repl::store::create(disk.as_ref(), &params)
+                .map_err(|e| CliError::new(format!("{}: {e}", a.disk.display())))?
+        }
+        Some(meta_path) => create_md_external(a, meta_path, &params)?,
+    };
     if global.json {
         println!(
             "{}",
-            json!({"disk": a.disk, "data_size": made.data_size, "metadata_bytes": made.metadata_bytes,
+            json!({"disk": a.disk, "meta_disk": meta_disk, "data_size": made.data_size,
+                   "metadata_bytes": made.metadata_bytes,
                    "max_peers": a.max_peers, "bitmap_block": a.bitmap_block, "al_extent": a.al_extent,
                    "resource": a.resource})
+        );
+    } else if let Some(meta_path) = meta_disk {
+        println!(
+            "{}: replication metadata written ({} used: {} peer bitmap{} of {}-byte blocks, {} activity-log extents) for {} of data, all of {}",
+            meta_path.display(),
+            human(made.metadata_bytes),
+            a.max_peers,
+            if a.max_peers == 1 { "" } else { "s" },
+            a.bitmap_block,
+            human(a.al_extent),
+            human(made.data_size),
+            a.disk.display(),
+        );
+        let res = a
+            .resource
+            .as_deref()
+            .map_or_else(|| "RESOURCE".to_string(), crate::shell::shell_word);
+        println!(
+            "next: cairn repl up {res} --disk {} --meta-disk {} --node NAME --peer NAME=nbd://HOST:7789/{res}",
+            crate::shell::shell_word(&a.disk.display().to_string()),
+            crate::shell::shell_word(&meta_path.display().to_string())
         );
     } else {
         println!(
@@ -323,6 +363,53 @@ fn create_md(a: &CreateMdArgs, global: &Global) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--meta-disk internal` (or `meta_disk = "internal"`): DRBD's word for the default.
+fn is_internal(p: &Path) -> bool {
+    p.as_os_str() == "internal"
+}
+
+/// Refuses one device given as both the data and the metadata disk.
+fn check_distinct(disk: &Path, meta: &Path) -> Result<()> {
+    let same = disk == meta
+        || matches!(
+            (std::fs::canonicalize(disk), std::fs::canonicalize(meta)),
+            (Ok(a), Ok(b)) if a == b
+        );
+    if same {
+        return Err(CliError::new(format!(
+            "{} is both the data disk and the metadata disk; without --meta-disk the \
+             metadata goes at the end of the data disk",
+            disk.display()
+        )));
+    }
+    Ok(())
+}
+
+/// `create-md DISK --meta-disk META`: META gets the metadata for all of DISK. A META
+/// file that does not exist is created sparse, with the size the metadata needs.
+fn create_md_external(
+    a: &CreateMdArgs,
+    meta_path: &Path,
+    params: &cairn_repl::store::CreateParams,
+) -> Result<cairn_repl::store::Created> {
+    check_distinct(&a.disk, meta_path)?;
+    let disk = cairn_stack::leaf::open(&a.disk, true, false, Duration::from_secs(10))?;
+    let data_bytes = cairn_block::BlockDevice::geometry(disk.as_ref()).size;
+    let need = cairn_repl::store::external_meta_size(data_bytes, params)
+        .map_err(|e| CliError::new(format!("{}: {e}", a.disk.display())))?;
+    let shown = meta_path.display();
+    if !cairn_stack::leaf::is_remote(meta_path) && !meta_path.exists() {
+        let f = std::fs::File::create_new(meta_path)
+            .map_err(|e| CliError::new(format!("cannot create {shown}: {e}")))?;
+        f.set_len(need)
+            .map_err(|e| CliError::new(format!("cannot size {shown}: {e}")))?;
+        tracing::info!("{shown}: created, {need} bytes (sparse)");
+    }
+    let meta = cairn_stack::leaf::open(meta_path, false, false, Duration::from_secs(10))?;
+    cairn_repl::store::create_external(disk.as_ref(), meta.as_ref(), params)
+        .map_err(|e| CliError::new(format!("{shown}: {e}")))
 }
 
 fn human(b: u64) -> String {
@@ -370,6 +457,9 @@ struct ResourceDef {
     name: String,
     /// The backing disk on every node (a node's own `disk` wins).
     disk: Option<PathBuf>,
+    /// The metadata disk on every node (a node's own `meta_disk` wins); "internal" or
+    /// none: at the end of `disk`.
+    meta_disk: Option<PathBuf>,
     protocol: Option<String>,
     split_brain: Option<String>,
     /// MiB/s.
@@ -397,6 +487,7 @@ struct NodeDef {
     /// IP:PORT where the other nodes reach this one.
     address: String,
     disk: Option<PathBuf>,
+    meta_disk: Option<PathBuf>,
 }
 
 fn hostname() -> Option<String> {
@@ -446,6 +537,9 @@ fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
         r.node = Some(me.clone());
         if r.disk.is_none() {
             r.disk = mine.disk.clone().or_else(|| res.disk.clone());
+        }
+        if r.meta_disk.is_none() {
+            r.meta_disk = mine.meta_disk.clone().or_else(|| res.meta_disk.clone());
         }
         if r.listen.is_none() {
             let addr = mine.address.parse().map_err(|e| {
@@ -538,8 +632,22 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         },
     };
     let disk = cairn_stack::leaf::open(&disk_path, false, false, Duration::from_secs(10))?;
-    let meta = cairn_repl::store::Store::open(disk.clone())
-        .map_err(|e| CliError::new(format!("{}: {e}", disk_path.display())))?;
+    let meta = match a.meta_disk.as_ref().filter(|m| !is_internal(m)) {
+        None => cairn_repl::store::Store::open(disk.clone())
+            .map_err(|e| CliError::new(format!("{}: {e}", disk_path.display())))?,
+        Some(meta_path) => {
+            check_distinct(&disk_path, meta_path)?;
+            let meta_dev =
+                cairn_stack::leaf::open(meta_path, false, false, Duration::from_secs(10))?;
+            cairn_repl::store::Store::open_external(disk.as_ref(), meta_dev).map_err(|e| {
+                CliError::new(format!(
+                    "{} with metadata on {}: {e}",
+                    disk_path.display(),
+                    meta_path.display()
+                ))
+            })?
+        }
+    };
     let node = Node::open(cfg, disk, Box::new(meta))
         .map_err(|e| CliError::new(format!("{}: {e}", a.resource)))?;
 

@@ -1,20 +1,31 @@
-//! Internal replication metadata at the end of the backing device, byte for byte
-//! (docs/replication-format.md says the same).
+//! Replication metadata, byte for byte (docs/replication-format.md says the same):
+//! internal (at the end of the backing device, after the data) or external (on a
+//! metadata device of its own, DRBD's `meta-disk /dev/X`; the data is the whole data
+//! device).
 //!
 //! ```text
-//!   backing device:
+//!   internal, backing device:
 //!   0 ............ data_size            replicated data (what clients see)
 //!   bitmap_offset  max_peers × bitmap_bytes   one out-of-sync bitmap per peer slot
 //!   al_offset      al_bytes             activity log
 //!   ...            unused gap (< one bitmap step; zero after create)
 //!   super_offset   4096                 superblock: the last whole 4 KiB of the device
+//!
+//!   external, data device:
+//!   0 ............ data_size            replicated data: the whole device, rounded
+//!                                       down to bm_block
+//!   external, metadata device:
+//!   0              max_peers × bitmap_bytes   one out-of-sync bitmap per peer slot
+//!   al_offset      al_bytes             activity log
+//!   ...            unused gap (not written)
+//!   super_offset   4096                 superblock: the last whole 4 KiB of the device
 //! ```
 //!
-//! The metadata sits at the end so the data area starts at byte 0: the backing device
-//! of a node that has left the resource holds the volume as it was, readable without
-//! cairn. `super_offset` is the device size rounded down to 4 KiB, minus 4096; the other
-//! offsets follow from `data_size` (see [`Layout`]), and the superblock records them so
-//! a reader can check the derivation.
+//! Internal metadata sits at the end so the data area starts at byte 0: the backing
+//! device of a node that has left the resource holds the volume as it was, readable
+//! without cairn (external metadata leaves the data device all data). `super_offset` is the (metadata) device size rounded down to 4 KiB, minus
+//! 4096; the other offsets follow from `data_size` and the EXTERNAL flag (see
+//! [`Layout`]), and the superblock records them so a reader can check the derivation.
 //!
 //! Superblock, little-endian:
 //!
@@ -26,12 +37,13 @@
 //!    16  16  resource uuid
 //!    32   4  node_id        this node, 0..=max_peers
 //!    36   4  max_peers      1..=3
-//!    40   4  flags          bit 0 CONSISTENT, 1 PRIMARY, 2 CLEAN, 3 CRASHED_PRIMARY; others 0
+//!    40   4  flags          bit 0 CONSISTENT, 1 PRIMARY, 2 CLEAN, 3 CRASHED_PRIMARY,
+//!                           4 EXTERNAL (fixed at create); others 0
 //!    44   4  bm_block       bytes of data per bitmap bit: power of two, >= 4096
 //!    48   4  al_extent      bytes of data per activity-log bit: power of two, multiple of bm_block
 //!    52   4  reserved       0
 //!    56   8  data_size      bytes, a multiple of bm_block, > 0
-//!    64   8  bitmap_offset  = data_size
+//!    64   8  bitmap_offset  = data_size (internal), 0 (external)
 //!    72   8  al_offset      = bitmap_offset + max_peers × bitmap_bytes
 //!    80   8  current        generation id (gen.rs); JUST_CREATED (4) after create
 //!    88   8  history[0]     newest older generation; 0: none
@@ -97,7 +109,11 @@ pub const FLAG_CLEAN: u32 = 4;
 /// to a peer. Kept apart from PRIMARY because the node restarts as secondary (clearing
 /// PRIMARY) and the fact must survive until a resync accounts for it.
 pub const FLAG_CRASHED_PRIMARY: u32 = 8;
-const KNOWN_FLAGS: u32 = FLAG_CONSISTENT | FLAG_PRIMARY | FLAG_CLEAN | FLAG_CRASHED_PRIMARY;
+/// `flags`: the metadata is external: it lives on a device of its own (bitmaps from
+/// byte 0), and the data is a whole other device. Written by create, never changed.
+pub const FLAG_EXTERNAL: u32 = 16;
+const KNOWN_FLAGS: u32 =
+    FLAG_CONSISTENT | FLAG_PRIMARY | FLAG_CLEAN | FLAG_CRASHED_PRIMARY | FLAG_EXTERNAL;
 
 /// Peer slot `flags`: the slot describes a peer.
 pub const SLOT_IN_USE: u32 = 1;
@@ -149,10 +165,14 @@ const _: () = {
     assert!(SUPER_SIZE as u64 == SUPER_SIZE_U64);
 };
 
-/// Where everything is on one backing device.
+/// Where everything is: on one backing device (internal), or the data on a data device
+/// and the rest on a metadata device (external). Offsets are on the device that holds
+/// the metadata.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
-    /// Bytes of replicated data, from byte 0.
+    /// The metadata is on a device of its own.
+    pub external: bool,
+    /// Bytes of replicated data, from byte 0 (of the data device, when external).
     pub data_size: u64,
     pub bitmap_offset: u64,
     /// Bytes of one peer's bitmap (a multiple of 4096).
@@ -193,21 +213,26 @@ fn check_params(bm_block: u32, al_extent: u32, max_peers: u32) -> std::result::R
 
 impl Layout {
     /// The layout for a data area of `data_size` bytes; `None` if an offset overflows.
-    /// `super_offset` is left at the end of the metadata; [`Layout::internal`] and
+    /// The bitmaps start at `data_size` (internal) or at 0 (external). `super_offset` is
+    /// left at the end of the metadata; [`Layout::internal`], [`Layout::external`] and
     /// [`MetaStore::open`] put it at the end of the device.
     fn from_data_size(
         data_size: u64,
+        external: bool,
         bm_block: u32,
         al_extent: u32,
         max_peers: u32,
     ) -> Option<Layout> {
         let bitmap_bytes = area_bytes(data_size, u64::from(bm_block))?;
         let al_bytes = area_bytes(data_size, u64::from(al_extent))?;
-        let al_offset = data_size.checked_add(bitmap_bytes.checked_mul(u64::from(max_peers))?)?;
+        let bitmap_offset = if external { 0 } else { data_size };
+        let al_offset =
+            bitmap_offset.checked_add(bitmap_bytes.checked_mul(u64::from(max_peers))?)?;
         let end = al_offset.checked_add(al_bytes)?;
         Some(Layout {
+            external,
             data_size,
-            bitmap_offset: data_size,
+            bitmap_offset,
             bitmap_bytes,
             al_offset,
             al_bytes,
@@ -238,12 +263,12 @@ impl Layout {
         let fits = |blocks: u64, limit: u64| {
             blocks
                 .checked_mul(bm)
-                .and_then(|d| Layout::from_data_size(d, bm_block, al_extent, max_peers))
+                .and_then(|d| Layout::from_data_size(d, false, bm_block, al_extent, max_peers))
                 .is_some_and(|l| l.super_offset <= limit)
         };
         let min_data = u64::from(al_extent);
         let too_small = || {
-            let need = Layout::from_data_size(min_data, bm_block, al_extent, max_peers)
+            let need = Layout::from_data_size(min_data, false, bm_block, al_extent, max_peers)
                 .and_then(|l| l.super_offset.checked_add(SUPER_SIZE_U64))
                 .unwrap_or(u64::MAX);
             format!(
@@ -270,10 +295,60 @@ impl Layout {
         if data_size < min_data {
             return Err(too_small());
         }
-        let mut l = Layout::from_data_size(data_size, bm_block, al_extent, max_peers)
+        let mut l = Layout::from_data_size(data_size, false, bm_block, al_extent, max_peers)
             .ok_or_else(too_small)?;
         l.super_offset = super_offset;
         Ok(l)
+    }
+
+    /// Bytes an external metadata device needs for a data device of `data_bytes` bytes:
+    /// the bitmaps and the activity log, then the 4 KiB superblock.
+    pub fn external_meta_size(
+        data_bytes: u64,
+        bm_block: u32,
+        al_extent: u32,
+        max_peers: u32,
+    ) -> std::result::Result<u64, String> {
+        check_params(bm_block, al_extent, max_peers)?;
+        let data_size = data_bytes / u64::from(bm_block) * u64::from(bm_block);
+        Layout::from_data_size(data_size, true, bm_block, al_extent, max_peers)
+            .and_then(|l| l.super_offset.checked_add(SUPER_SIZE_U64))
+            .ok_or_else(|| format!("a data device of {data_bytes} bytes is too large"))
+    }
+
+    /// External metadata: the data is the whole data device of `data_bytes` bytes,
+    /// rounded down to `bm_block`; the bitmaps start at byte 0 of the metadata device of
+    /// `meta_size` bytes, the activity log follows, the superblock is its last whole
+    /// 4 KiB. Refuses (saying how big it must be) a metadata device too small for that.
+    pub fn external(
+        data_bytes: u64,
+        meta_size: u64,
+        bm_block: u32,
+        al_extent: u32,
+        max_peers: u32,
+    ) -> std::result::Result<Layout, String> {
+        check_params(bm_block, al_extent, max_peers)?;
+        let bm = u64::from(bm_block);
+        let data_size = data_bytes / bm * bm;
+        if data_size == 0 {
+            return Err(format!(
+                "a data device of {data_bytes} bytes is smaller than one bitmap block \
+                 ({bm_block} bytes)"
+            ));
+        }
+        let need = Layout::external_meta_size(data_size, bm_block, al_extent, max_peers)?;
+        let mut l = Layout::from_data_size(data_size, true, bm_block, al_extent, max_peers)
+            .ok_or_else(|| format!("a data device of {data_bytes} bytes is too large"))?;
+        match Layout::super_offset_for(meta_size) {
+            Some(at) if l.super_offset <= at => {
+                l.super_offset = at;
+                Ok(l)
+            }
+            _ => Err(format!(
+                "a metadata device of {meta_size} bytes is too small for {data_size} bytes \
+                 of data with {max_peers} peer(s): it must be at least {need} bytes"
+            )),
+        }
     }
 
     /// Bits in one bitmap: data blocks of `bm_block` bytes.
@@ -443,6 +518,7 @@ impl Super {
         }
         Layout::from_data_size(
             self.data_size,
+            self.has(FLAG_EXTERNAL),
             self.bm_block,
             self.al_extent,
             self.max_peers,
@@ -457,10 +533,17 @@ impl Super {
         }
         let l = self.derived()?;
         if self.bitmap_offset != l.bitmap_offset {
-            return Err(format!(
-                "bitmap_offset {} is not data_size {}",
-                self.bitmap_offset, l.bitmap_offset
-            ));
+            return Err(if l.external {
+                format!(
+                    "bitmap_offset {} is not 0 (the metadata is external)",
+                    self.bitmap_offset
+                )
+            } else {
+                format!(
+                    "bitmap_offset {} is not data_size {}",
+                    self.bitmap_offset, l.bitmap_offset
+                )
+            });
         }
         if self.al_offset != l.al_offset {
             return Err(format!(
@@ -742,15 +825,44 @@ impl MetaStore {
         Ok(())
     }
 
-    /// Writes fresh metadata: bitmaps and activity log zeroed (made durable first),
-    /// then the superblock (FUA), so a crash in between leaves no superblock over
-    /// stale bitmaps. Current is JUST_CREATED, consistent only if the params say so;
-    /// CLEAN is set, as nothing runs yet. Overwrites any metadata there: the caller asks first.
+    /// Writes fresh internal metadata at the end of `dev`: bitmaps and activity log
+    /// zeroed (made durable first), then the superblock (FUA), so a crash in between
+    /// leaves no superblock over stale bitmaps. Current is JUST_CREATED, consistent only
+    /// if the params say so; CLEAN is set, as nothing runs yet. Overwrites any metadata
+    /// there: the caller asks first.
     pub fn create(dev: &dyn BlockDevice, params: &CreateParams) -> Result<(MetaStore, Super)> {
         Self::check_device(dev)?;
         let size = dev.geometry().size;
         let layout = Layout::internal(size, params.bm_block, params.al_extent, params.max_peers)
             .map_err(invalid)?;
+        Self::write_fresh(dev, layout, params)
+    }
+
+    /// As [`MetaStore::create`], but external: the metadata goes on `meta`, for a data
+    /// device of `data_bytes` bytes (all of it data, rounded down to `bm_block`). The
+    /// superblock records EXTERNAL and the data size.
+    pub fn create_external(
+        meta: &dyn BlockDevice,
+        data_bytes: u64,
+        params: &CreateParams,
+    ) -> Result<(MetaStore, Super)> {
+        Self::check_device(meta)?;
+        let layout = Layout::external(
+            data_bytes,
+            meta.geometry().size,
+            params.bm_block,
+            params.al_extent,
+            params.max_peers,
+        )
+        .map_err(invalid)?;
+        Self::write_fresh(meta, layout, params)
+    }
+
+    fn write_fresh(
+        dev: &dyn BlockDevice,
+        layout: Layout,
+        params: &CreateParams,
+    ) -> Result<(MetaStore, Super)> {
         if params.peers.len() > usize::try_from(params.max_peers).unwrap_or(SLOTS) {
             return Err(invalid(format!(
                 "{} peers given but max_peers is {}",
@@ -771,7 +883,8 @@ impl MetaStore {
                     FLAG_CONSISTENT
                 } else {
                     0
-                },
+                }
+                | if layout.external { FLAG_EXTERNAL } else { 0 },
             bm_block: params.bm_block,
             al_extent: params.al_extent,
             data_size: layout.data_size,
@@ -799,7 +912,10 @@ impl MetaStore {
         Ok((store, sb))
     }
 
-    /// Reads and checks the metadata at the end of `dev`.
+    /// Reads and checks the metadata at the end of `dev`, internal or external (the
+    /// superblock says which: [`Layout::external`]). For internal metadata the recorded
+    /// data size must be what the device's size gives; the size of an external one's
+    /// data device is the caller's to check.
     pub fn open(dev: &dyn BlockDevice) -> Result<(MetaStore, Super)> {
         Self::check_device(dev)?;
         let size = dev.geometry().size;
@@ -822,6 +938,17 @@ impl MetaStore {
                 format!("damaged replication superblock: {m}"),
             )
         })?;
+        if sb.has(FLAG_EXTERNAL) {
+            let want =
+                Layout::external(sb.data_size, size, sb.bm_block, sb.al_extent, sb.max_peers)
+                    .map_err(|m| {
+                        Error::new(
+                            ErrorKind::Corrupt,
+                            format!("external replication metadata does not fit its device: {m}"),
+                        )
+                    })?;
+            return Ok((MetaStore { layout: want }, sb));
+        }
         let want =
             Layout::internal(size, sb.bm_block, sb.al_extent, sb.max_peers).map_err(|m| {
                 Error::new(
@@ -848,9 +975,19 @@ impl MetaStore {
         sb.validate()
             .map_err(|m| invalid(format!("refusing to write a replication superblock: {m}")))?;
         let l = &self.layout;
-        if (sb.data_size, sb.bm_block, sb.al_extent, sb.max_peers)
-            != (l.data_size, l.bm_block, l.al_extent, l.max_peers)
-        {
+        if (
+            sb.has(FLAG_EXTERNAL),
+            sb.data_size,
+            sb.bm_block,
+            sb.al_extent,
+            sb.max_peers,
+        ) != (
+            l.external,
+            l.data_size,
+            l.bm_block,
+            l.al_extent,
+            l.max_peers,
+        ) {
             return Err(invalid(
                 "replication superblock does not match the device's layout",
             ));

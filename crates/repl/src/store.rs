@@ -1,6 +1,10 @@
-//! The node's metadata on its backing device, as [`MetaIo`]: a thin adapter over
-//! meta.rs, which owns the format (docs/replication-format.md). This file encodes
-//! nothing; it maps the data path's [`Persisted`] to and from [`meta::Super`]:
+//! The node's metadata, as [`MetaIo`]: a thin adapter over meta.rs, which owns the
+//! format (docs/replication-format.md). The metadata is internal (at the end of the
+//! backing device: [`Store::open`]) or external (on a metadata device of its own, the
+//! data being the whole data device: [`Store::open_external`]); either way the data
+//! path writes the data to the device it is given and the metadata through this. This
+//! file encodes nothing; it maps the data path's [`Persisted`] to and from
+//! [`meta::Super`]:
 //!
 //! ```text
 //!   Persisted                         meta::Super
@@ -40,6 +44,8 @@ pub struct CreateParams {
 #[derive(Clone, Copy, Debug)]
 pub struct Created {
     pub data_size: u64,
+    /// Internal: the bytes after the data. External: the bytes of the metadata device
+    /// the metadata uses (bitmaps, activity log, superblock).
     pub metadata_bytes: u64,
 }
 
@@ -51,11 +57,9 @@ fn hex(id: &[u8; 16]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// `create-md`: fresh metadata (meta.rs zeroes the bitmaps and the log, then writes the
-/// superblock), consistent and just created. Refuses a device that has metadata,
-/// valid or damaged, unless `force`.
-pub fn create(dev: &dyn BlockDevice, p: &CreateParams) -> Result<Created> {
-    if !p.force {
+/// Refuses (unless `force`) a device that has metadata, valid or damaged.
+fn refuse_existing(dev: &dyn BlockDevice, force: bool) -> Result<()> {
+    if !force {
         match MetaStore::open(dev) {
             Ok(_) => {
                 return Err(Error::new(
@@ -73,6 +77,11 @@ pub fn create(dev: &dyn BlockDevice, p: &CreateParams) -> Result<Created> {
             Err(e) => return Err(e),
         }
     }
+    Ok(())
+}
+
+/// meta.rs's create parameters: consistent and just created.
+fn meta_params(p: &CreateParams) -> Result<meta::CreateParams> {
     let bm_block = u32::try_from(p.bm_block)
         .map_err(|_| invalid(format!("bitmap block {} is too large", p.bm_block)))?;
     let al_extent = u32::try_from(p.al_extent)
@@ -81,7 +90,15 @@ pub fn create(dev: &dyn BlockDevice, p: &CreateParams) -> Result<Created> {
     params.bm_block = bm_block;
     params.al_extent = al_extent;
     params.consistent = true;
-    let (store, _) = MetaStore::create(dev, &params)?;
+    Ok(params)
+}
+
+/// `create-md`: fresh internal metadata at the end of `dev` (meta.rs zeroes the bitmaps
+/// and the log, then writes the superblock), consistent and just created. Refuses a
+/// device that has metadata, valid or damaged, unless `force`.
+pub fn create(dev: &dyn BlockDevice, p: &CreateParams) -> Result<Created> {
+    refuse_existing(dev, p.force)?;
+    let (store, _) = MetaStore::create(dev, &meta_params(p)?)?;
     let data_size = store.layout().data_size;
     Ok(Created {
         data_size,
@@ -89,9 +106,36 @@ pub fn create(dev: &dyn BlockDevice, p: &CreateParams) -> Result<Created> {
     })
 }
 
+/// Bytes a metadata device needs at least for external metadata over a data device of
+/// `data_bytes` bytes (`create-md --meta-disk` sizes a new file with it).
+pub fn external_meta_size(data_bytes: u64, p: &CreateParams) -> Result<u64> {
+    let m = meta_params(p)?;
+    Layout::external_meta_size(data_bytes, m.bm_block, m.al_extent, m.max_peers).map_err(invalid)
+}
+
+/// `create-md --meta-disk`: fresh external metadata on `meta` for the whole of `data`
+/// (its size rounded down to the bitmap block), consistent and just created. The data
+/// device is not written. Refuses a metadata device that has metadata, valid or
+/// damaged, unless `force`; one too small is refused with the size it needs.
+pub fn create_external(
+    data: &dyn BlockDevice,
+    meta: &dyn BlockDevice,
+    p: &CreateParams,
+) -> Result<Created> {
+    refuse_existing(meta, p.force)?;
+    let (store, _) = MetaStore::create_external(meta, data.geometry().size, &meta_params(p)?)?;
+    let l = store.layout();
+    Ok(Created {
+        data_size: l.data_size,
+        metadata_bytes: l.al_offset + l.al_bytes + meta::SUPER_SIZE as u64,
+    })
+}
+
 /// The metadata of an opened backing device.
 #[derive(Debug)]
 pub struct Store {
+    /// The device holding the metadata: the backing device (internal) or the metadata
+    /// device (external).
     dev: Arc<dyn BlockDevice>,
     meta: MetaStore,
     /// The superblock as last read or written: what a save keeps of it (uuid, node id,
@@ -100,11 +144,66 @@ pub struct Store {
 }
 
 impl Store {
+    /// Internal metadata: at the end of `dev`, the data before it.
     pub fn open(dev: Arc<dyn BlockDevice>) -> Result<Store> {
         let (meta, sb) = MetaStore::open(dev.as_ref())?;
+        if sb.has(meta::FLAG_EXTERNAL) {
+            return Err(invalid(format!(
+                "this device holds external replication metadata (for {} bytes of data on \
+                 another device): give it as --meta-disk, with the data device as --disk",
+                sb.data_size
+            )));
+        }
         Ok(Store {
             dev,
             meta,
+            last: Mutex::new(sb),
+        })
+    }
+
+    /// External metadata on `meta` for the data on `data` (the data path writes the
+    /// data there, from byte 0). Refuses a data device smaller than the data size the
+    /// metadata records (it shrank, or is not the one the metadata was created for); a
+    /// larger one is used up to that size.
+    pub fn open_external(data: &dyn BlockDevice, meta: Arc<dyn BlockDevice>) -> Result<Store> {
+        let (m, sb) = MetaStore::open(meta.as_ref()).map_err(|e| {
+            if e.kind() == ErrorKind::NotFound {
+                Error::new(
+                    ErrorKind::NotFound,
+                    "no cairn replication metadata at the end of the metadata device \
+                     (create it with cairn repl create-md DISK --meta-disk META)",
+                )
+            } else {
+                e
+            }
+        })?;
+        if !sb.has(meta::FLAG_EXTERNAL) {
+            return Err(invalid(
+                "the metadata device holds internal replication metadata (its own data \
+                 before it), not external: give it as --disk without --meta-disk, or \
+                 write external metadata over it with create-md --meta-disk --force",
+            ));
+        }
+        let have = data.geometry().size;
+        if have < sb.data_size {
+            return Err(invalid(format!(
+                "the data device has {have} bytes, but its external metadata records {} \
+                 bytes of data ({} bytes missing): the data device shrank, or is not the \
+                 one this metadata was created for",
+                sb.data_size,
+                sb.data_size - have
+            )));
+        }
+        if have - sb.data_size >= u64::from(sb.bm_block) {
+            tracing::warn!(
+                "the data device has {have} bytes; its external metadata records {} bytes \
+                 of data: the rest is not replicated",
+                sb.data_size
+            );
+        }
+        Ok(Store {
+            dev: meta,
+            meta: m,
             last: Mutex::new(sb),
         })
     }
@@ -462,6 +561,152 @@ mod tests {
         assert_eq!(words[..512], page[..]);
         assert_eq!(words[512], 7);
         assert!(st.read_bitmap(0).unwrap().iter().all(|&w| w == 0));
+    }
+
+    #[test]
+    fn external_create_open_save_load() {
+        let data_bytes = (48 << 20) + 1024;
+        let data: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(data_bytes));
+        data.write_at(&vec![0xab; 1 << 20], 47 << 20, WriteFlags::NONE)
+            .unwrap();
+        let need = external_meta_size(data_bytes, &params(false)).unwrap();
+        // 2 bitmaps of 12288 bits (one page each), 48 extents of 1 MiB (one page), super.
+        assert_eq!(need, 4 * 4096);
+        let e =
+            create_external(data.as_ref(), &MemDisk::new(need - 1), &params(false)).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("at least {need} bytes")),
+            "{e}"
+        );
+        let meta: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(need));
+        let c = create_external(data.as_ref(), meta.as_ref(), &params(false)).unwrap();
+        assert_eq!((c.data_size, c.metadata_bytes), (48 << 20, need));
+        // The data device is not written: its last bytes are data too.
+        let mut tail = vec![0u8; 4096];
+        data.read_at(&mut tail, (48 << 20) - 4096).unwrap();
+        assert!(tail.iter().all(|&b| b == 0xab));
+        let e = create_external(data.as_ref(), meta.as_ref(), &params(false)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Busy);
+
+        let st = Store::open_external(data.as_ref(), meta.clone()).unwrap();
+        assert_eq!(st.data_size(), 48 << 20);
+        assert!(st.layout().external);
+        assert_eq!(st.layout().bitmap_offset, 0);
+        let mut p = st.load().unwrap();
+        assert!(p.consistent);
+        st.bind_resource(resource_id("home")).unwrap();
+        p.epoch = 5;
+        p.peers[0] = Slot {
+            name: "b".into(),
+            bitmap_uuid: 0x10,
+        };
+        st.save(&p).unwrap();
+        st.write_al(&[0, 47]).unwrap();
+        let again = Store::open_external(data.as_ref(), meta.clone()).unwrap();
+        assert_eq!(again.load().unwrap(), p);
+        assert_eq!(again.read_al().unwrap(), vec![0, 47]);
+        // The superblock is the metadata device's last 4 KiB and says EXTERNAL.
+        let (_, sb) = MetaStore::open(meta.as_ref()).unwrap();
+        assert!(sb.has(meta::FLAG_EXTERNAL));
+        assert_eq!(sb.uuid, resource_id("home"));
+        // A larger data device is used up to the recorded size.
+        let bigger = MemDisk::new(64 << 20);
+        assert_eq!(
+            Store::open_external(&bigger, meta.clone())
+                .unwrap()
+                .data_size(),
+            48 << 20
+        );
+    }
+
+    #[test]
+    fn external_refusals_are_named() {
+        let data: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(32 << 20));
+        let meta: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(1 << 20));
+        // No metadata yet: create-md with --meta-disk is named.
+        let e = Store::open_external(data.as_ref(), meta.clone()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert!(
+            e.to_string()
+                .contains("cairn repl create-md DISK --meta-disk META"),
+            "{e}"
+        );
+        create_external(data.as_ref(), meta.as_ref(), &params(false)).unwrap();
+        // The data device shrank.
+        let shrunk = MemDisk::new((32 << 20) - 8192);
+        let e = Store::open_external(&shrunk, meta.clone()).unwrap_err();
+        assert!(
+            e.to_string().starts_with(&format!(
+                "the data device has {} bytes, but its external metadata records {} bytes of \
+                 data (8192 bytes missing): the data device shrank, or is not the one this \
+                 metadata was created for",
+                (32 << 20) - 8192,
+                32 << 20
+            )),
+            "{e}"
+        );
+        // The metadata device given as an internal disk, and an internal disk given as
+        // a metadata device.
+        let e = Store::open(meta.clone()).unwrap_err();
+        assert!(e.to_string().contains("--meta-disk"), "{e}");
+        let internal: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(64 << 20));
+        create(internal.as_ref(), &params(false)).unwrap();
+        let e = Store::open_external(data.as_ref(), internal.clone()).unwrap_err();
+        assert!(
+            e.to_string().contains("internal replication metadata"),
+            "{e}"
+        );
+        // --force turns it into external metadata.
+        create_external(data.as_ref(), internal.as_ref(), &params(true)).unwrap();
+        Store::open_external(data.as_ref(), internal).unwrap();
+        // Damaged external metadata is Corrupt, and create needs --force over it.
+        let mut b = vec![0u8; 4096];
+        meta.read_at(&mut b, (1 << 20) - 4096).unwrap();
+        b[100] ^= 1;
+        meta.write_at(&b, (1 << 20) - 4096, WriteFlags::NONE)
+            .unwrap();
+        assert_eq!(
+            Store::open_external(data.as_ref(), meta.clone())
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Corrupt
+        );
+        let e = create_external(data.as_ref(), meta.as_ref(), &params(false)).unwrap_err();
+        assert!(e.to_string().contains("damaged"), "{e}");
+    }
+
+    #[test]
+    fn node_runs_on_external_metadata() {
+        use crate::node::{Node, NodeConfig, PeerConfig, Protocol, SplitBrainPolicy};
+        use cairn_nbd::client::ClientOptions;
+        use std::time::Duration;
+        let data: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(16 << 20));
+        let meta: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(1 << 20));
+        create_external(data.as_ref(), meta.as_ref(), &params(false)).unwrap();
+        let cfg = NodeConfig {
+            resource: "home".into(),
+            node: "a".into(),
+            peers: vec![PeerConfig {
+                name: "b".into(),
+                opts: ClientOptions::new(
+                    cairn_nbd::Listen::Tcp("127.0.0.1:9".parse().unwrap()),
+                    "home",
+                ),
+            }],
+            protocol: Protocol::C,
+            resync_rate: 0,
+            al_extents: 4,
+            split_brain: SplitBrainPolicy::Disconnect,
+            peer_timeout: Duration::from_secs(1),
+            quorum: None,
+        };
+        let st = Box::new(Store::open_external(data.as_ref(), meta.clone()).unwrap());
+        let node = Node::open(cfg, data.clone(), st).unwrap();
+        assert_eq!(node.data_size(), 16 << 20, "the whole data device");
+        drop(node);
+        let (_, sb) = MetaStore::open(meta.as_ref()).unwrap();
+        assert_eq!(sb.uuid, resource_id("home"));
+        assert_eq!(sb.peers[0].name, "b");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The replication fuzz harness of `fuzz/` (`fuzz/repl_harness.rs`) on stable Rust:
-//! seeded mutations of a real superblock (bit flips, hostile values in every field,
-//! truncation) plus plain random bytes. The harness fixes the checksum up, so the
+//! seeded mutations of real superblocks, internal and external (bit flips, hostile
+//! values in every field, truncation) plus plain random bytes. The harness fixes the checksum up, so the
 //! mutations reach the validators; none may panic, and every superblock accepted must
 //! encode back to the same bytes.
 //!
@@ -57,8 +57,10 @@ fn hostile(rng: &mut SmallRng, width: usize) -> u64 {
     }
 }
 
-fn seed_super() -> Vec<u8> {
-    let dev = MemDisk::new(256 << 20);
+/// A real superblock: internal (on a 256 MiB device), or external (on a 1 MiB metadata
+/// device for 256 MiB of data).
+fn seed_super(external: bool) -> Vec<u8> {
+    let dev = MemDisk::new(if external { 1 << 20 } else { 256 << 20 });
     let mut p = CreateParams::new(*b"0123456789abcdef", 0, 3);
     p.peers.push(PeerSlot {
         in_use: true,
@@ -66,7 +68,11 @@ fn seed_super() -> Vec<u8> {
         bitmap_uuid: 0x10,
         name: "peer-two".into(),
     });
-    let (store, mut sb) = MetaStore::create(&dev, &p).unwrap();
+    let (store, mut sb) = if external {
+        MetaStore::create_external(&dev, 256 << 20, &p).unwrap()
+    } else {
+        MetaStore::create(&dev, &p).unwrap()
+    };
     sb.fence_epoch = 6;
     sb.fence_generation = 5;
     sb.fence_instance = 0x77;
@@ -83,10 +89,12 @@ fn repl_super_mutations_never_panic() {
         .unwrap_or_else(rand::random::<u64>);
     eprintln!("CAIRN_SEED={seed}");
     let mut rng = SmallRng::seed_from_u64(seed);
-    let good = seed_super();
-    harness::repl_super(&good);
-    for _ in 0..20_000 {
-        let mut b = good.clone();
+    let good = [seed_super(false), seed_super(true)];
+    for g in &good {
+        harness::repl_super(g);
+    }
+    for round in 0..20_000 {
+        let mut b = good[round % 2].clone();
         match rng.gen_range(0..4) {
             0 => {
                 for _ in 0..rng.gen_range(1..8) {

@@ -90,7 +90,7 @@ fn each_bad_field_is_named() {
         (Box::new(|c| put32(c, OFF_MAX_PEERS, 0)), "max_peers"),
         (Box::new(|c| put32(c, OFF_MAX_PEERS, 4)), "max_peers"),
         (Box::new(|c| put32(c, OFF_NODE_ID, 3)), "node_id"),
-        (Box::new(|c| put32(c, OFF_FLAGS, 16)), "flags"),
+        (Box::new(|c| put32(c, OFF_FLAGS, 32)), "flags"),
         (Box::new(|c| put32(c, OFF_BM_BLOCK, 2048)), "bm_block"),
         (Box::new(|c| put32(c, OFF_BM_BLOCK, 12288)), "bm_block"),
         (Box::new(|c| put32(c, OFF_AL_EXTENT, 3 << 20)), "al_extent"),
@@ -256,7 +256,8 @@ fn layout_internal_fits_and_is_maximal() {
         assert!(l.al_offset + l.al_bytes <= l.super_offset);
         assert_eq!(l.super_offset, size / 4096 * 4096 - 4096);
         // One more block would not fit.
-        let more = Layout::from_data_size(l.data_size + u64::from(bm), bm, al, peers).unwrap();
+        let more =
+            Layout::from_data_size(l.data_size + u64::from(bm), false, bm, al, peers).unwrap();
         assert!(more.super_offset > l.super_offset, "{size}");
     }
     let e = Layout::internal(4 * MIB, 4096, 4 << 20, 1).unwrap_err();
@@ -500,4 +501,157 @@ fn create_refuses_bad_params() {
     let small = MemDisk::new(MIB);
     let e = MetaStore::create(&small, &CreateParams::new([0; 16], 0, 1)).unwrap_err();
     assert!(e.to_string().contains("too small"), "{e}");
+}
+
+/// An external superblock (data on a device of its own) with the sample's state.
+fn sample_external() -> Super {
+    let l = Layout::external(64 * MIB + 123, MIB, 4096, 4 << 20, 2).unwrap();
+    let mut s = sample();
+    s.flags |= FLAG_EXTERNAL;
+    s.data_size = l.data_size;
+    s.bitmap_offset = l.bitmap_offset;
+    s.al_offset = l.al_offset;
+    s
+}
+
+#[test]
+fn layout_external_derivation() {
+    // 64 MiB of data, 4 KiB blocks: 16384 bits = 2048 bytes, one page a peer; 16 extents
+    // of 4 MiB: one page of log; then the superblock.
+    let l = Layout::external(64 * MIB + 123, MIB, 4096, 4 << 20, 2).unwrap();
+    assert!(l.external);
+    assert_eq!(
+        l.data_size,
+        64 * MIB,
+        "the whole device, rounded down to bm_block"
+    );
+    assert_eq!((l.bitmap_offset, l.bitmap_bytes), (0, 4096));
+    assert_eq!((l.al_offset, l.al_bytes), (8192, 4096));
+    assert_eq!(l.super_offset, MIB - 4096, "the last whole 4 KiB");
+    assert_eq!(
+        Layout::external_meta_size(64 * MIB + 123, 4096, 4 << 20, 2),
+        Ok(16384)
+    );
+    let tight = Layout::external(64 * MIB, 16384, 4096, 4 << 20, 2).unwrap();
+    assert_eq!(tight.super_offset, 12288);
+    assert_eq!(tight.al_offset + tight.al_bytes, tight.super_offset);
+    // A partial last page of the metadata device does not count.
+    let e = Layout::external(64 * MIB, 16384 + 4095 - 4096, 4096, 4 << 20, 2).unwrap_err();
+    assert!(e.contains("must be at least 16384 bytes"), "{e}");
+    // Big: 1 TiB of data, 3 peers, 64 KiB blocks.
+    let l = Layout::external(1 << 40, 1 << 30, 65536, 1 << 26, 3).unwrap();
+    assert_eq!(l.bitmap_bytes, (1 << 24) / 8);
+    assert_eq!(l.al_offset, 3 * l.bitmap_bytes);
+    assert_eq!(
+        Layout::external_meta_size(1 << 40, 65536, 1 << 26, 3).unwrap(),
+        l.al_offset + l.al_bytes + 4096
+    );
+    // Refusals: no whole bitmap block of data, bad parameters, overflow.
+    let e = Layout::external(4095, MIB, 4096, 4 << 20, 1).unwrap_err();
+    assert!(e.contains("smaller than one bitmap block"), "{e}");
+    assert!(Layout::external(64 * MIB, MIB, 4096, 4 << 20, 4)
+        .unwrap_err()
+        .contains("max_peers"));
+    // The largest data device: the metadata still fits a device of u64::MAX bytes.
+    let l = Layout::external(u64::MAX, u64::MAX, 4096, 4096, 3).unwrap();
+    assert_eq!(l.data_size, u64::MAX / 4096 * 4096);
+    assert!(l.al_offset + l.al_bytes <= l.super_offset);
+    // The derivation the superblock records.
+    let s = sample_external();
+    assert_eq!(s.derived().unwrap().bitmap_offset, 0);
+    assert_eq!(s.derived().unwrap().al_offset, s.al_offset);
+}
+
+#[test]
+fn external_round_trip_and_flips() {
+    let s = sample_external();
+    let b = s.encode();
+    assert_eq!(le32(&b, 40), FLAG_CONSISTENT | FLAG_PRIMARY | FLAG_EXTERNAL);
+    assert_eq!(le64(&b, 56), 64 * MIB);
+    assert_eq!((le64(&b, 64), le64(&b, 72)), (0, 8192));
+    assert_eq!(Super::decode(&b).unwrap(), s);
+    for i in 0..SUPER_SIZE * 8 {
+        let mut c = b;
+        c[i / 8] ^= 1 << (i % 8);
+        assert!(Super::decode(&c).is_err(), "bit {i}");
+    }
+    // The flag and the offsets must agree, with the checksum right: internal offsets
+    // under EXTERNAL, external ones without it.
+    let mut c = b;
+    put32(&mut c, OFF_FLAGS, FLAG_CONSISTENT);
+    let e = Super::decode(&fix(c)).unwrap_err();
+    assert!(e.contains("bitmap_offset 0 is not data_size"), "{e}");
+    let mut c = sample().encode();
+    put32(&mut c, OFF_FLAGS, FLAG_EXTERNAL);
+    let e = Super::decode(&fix(c)).unwrap_err();
+    assert!(e.contains("is not 0 (the metadata is external)"), "{e}");
+    let mut c = b;
+    put64(&mut c, OFF_AL_OFFSET, 4096);
+    assert!(Super::decode(&fix(c)).unwrap_err().contains("al_offset"));
+    let mut c = b;
+    put64(&mut c, OFF_DATA_SIZE, 64 * MIB + 4096 * 4096 * 8);
+    assert!(Super::decode(&fix(c)).unwrap_err().contains("al_offset"));
+}
+
+#[test]
+fn create_open_external() {
+    let data_bytes = 100 * MIB + 5;
+    let meta = MemDisk::new(MIB);
+    meta.write_at(&vec![0xff; 64 << 10], 0, WriteFlags::NONE)
+        .unwrap();
+    let (store, sb) =
+        MetaStore::create_external(&meta, data_bytes, &CreateParams::new([3; 16], 0, 3)).unwrap();
+    let l = *store.layout();
+    assert!(sb.has(FLAG_EXTERNAL) && sb.has(FLAG_CLEAN));
+    assert_eq!((sb.data_size, l.data_size), (100 * MIB, 100 * MIB));
+    assert_eq!((sb.bitmap_offset, l.bitmap_offset), (0, 0));
+    assert_eq!(l.super_offset, MIB - 4096);
+    let (again, sb2) = MetaStore::open(&meta).unwrap();
+    assert_eq!((again, &sb2), (store, &sb));
+    for slot in 0..3 {
+        assert!(store
+            .read_bitmap(&meta, slot)
+            .unwrap()
+            .iter()
+            .all(|&w| w == 0));
+    }
+    // Bitmap pages land from byte 0 of the metadata device.
+    store.write_bitmap_pages(&meta, 0, &[(0, &[0xf0])]).unwrap();
+    let mut raw = [0u8; 8];
+    meta.read_at(&mut raw, 0).unwrap();
+    assert_eq!(u64::from_le_bytes(raw), 0xf0);
+    store.write_al(&meta, &vec![1; 512], 0, 512).unwrap();
+    meta.read_at(&mut raw, l.al_offset).unwrap();
+    assert_eq!(u64::from_le_bytes(raw), 1);
+    // A superblock that changed kind does not match the layout.
+    let mut bad = sb.clone();
+    bad.set(FLAG_EXTERNAL, false);
+    assert!(store.write_super(&meta, &bad).is_err());
+    let mut s = sb.clone();
+    s.fence_epoch = 3;
+    store.write_super(&meta, &s).unwrap();
+    assert_eq!(MetaStore::open(&meta).unwrap().1, s);
+
+    // Too small a metadata device: refused with the size it needs.
+    let need = Layout::external_meta_size(data_bytes, 4096, 4 << 20, 3).unwrap();
+    let small = MemDisk::new(need - 4096);
+    let e = MetaStore::create_external(&small, data_bytes, &CreateParams::new([3; 16], 0, 3))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(&format!("at least {need} bytes")),
+        "{e}"
+    );
+    MetaStore::create_external(
+        &MemDisk::new(need),
+        data_bytes,
+        &CreateParams::new([3; 16], 0, 3),
+    )
+    .unwrap();
+    // The superblock copied to a metadata device too small for its data: corrupt.
+    let copy = MemDisk::new(need - 4096);
+    copy.write_at(&s.encode(), need - 8192, WriteFlags::NONE)
+        .unwrap();
+    let e = MetaStore::open(&copy).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt);
+    assert!(e.to_string().contains("does not fit"), "{e}");
 }
