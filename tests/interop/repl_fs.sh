@@ -17,69 +17,9 @@
 
 TAG=rf$$
 IP=([1]=10.233.1.1 [2]=10.233.1.2)
-NAME=([1]=a [2]=b)
 PEER_TIMEOUT=3
 
-nodes_up() {
-  need_root
-  need_tool ip nbdinfo jq timeout
-  py -c 'import nbd' 2>/dev/null || skip "python3-libnbd (the nbd module) is missing"
-  NS=([1]=${TAG}a [2]=${TAG}b)
-  local i
-  for i in 1 2; do
-    ip netns add "${NS[$i]}" || fail "ip netns add ${NS[$i]}"
-    register netns "${NS[$i]}"
-    ip -n "${NS[$i]}" link set lo up
-  done
-  ip link add "${TAG}x" netns "${NS[1]}" type veth peer name "${TAG}y" netns "${NS[2]}" ||
-    fail "veth pair"
-  ip -n "${NS[1]}" addr add "${IP[1]}/24" dev "${TAG}x"
-  ip -n "${NS[2]}" addr add "${IP[2]}/24" dev "${TAG}y"
-  ip -n "${NS[1]}" link set "${TAG}x" up
-  ip -n "${NS[2]}" link set "${TAG}y" up
-  for i in 1 2; do
-    rm -f "$SHM/n$i.img" "$WORK/n$i.log"
-    "$CAIRN" repl create-md --size "${SIZE:-64M}" "$SHM/n$i.img" >/dev/null
-    DISK[$i]=$SHM/n$i.img
-  done
-}
-
-ctl() { echo "$WORK/n$1.sock"; }
-client_uri() { printf 'nbd+unix:///home?socket=%s' "$WORK/n$1.nbd"; }
-
-# node_up I [ARGS]: `cairn repl up` for node I (on DISK[I]) in its namespace; sets NPID[I].
-node_up() {
-  local i=$1 o=$((3 - $1))
-  shift
-  ip netns exec "${NS[$i]}" "$CAIRN" -v repl up home --disk "${DISK[$i]}" --node "${NAME[$i]}" \
-    --listen "tcp:${IP[$i]}:7789" --insecure-no-tls --peer-timeout "$PEER_TIMEOUT" --al-extents 4 \
-    --peer "${NAME[$o]}=nbd://${IP[$o]}:7789/home" --client-listen "unix:$WORK/n$i.nbd" \
-    --control "$(ctl "$i")" "$@" >>"$WORK/n$i.log" 2>&1 &
-  NPID[$i]=$!
-  register pid "${NPID[$i]}"
-  local n
-  for n in $(seq 100); do
-    [ -S "$(ctl "$i")" ] && "$CAIRN" repl status home --control "$(ctl "$i")" >/dev/null 2>&1 && return 0
-    kill -0 "${NPID[$i]}" 2>/dev/null || fail "node $i exited: $(tail -5 "$WORK/n$i.log")"
-    sleep 0.1
-  done
-  fail "node $i does not answer: $(tail -5 "$WORK/n$i.log")"
-}
-
-status_json() { timeout -k 2 10 "$CAIRN" --json repl status home --control "$(ctl "$1")"; }
-status_text() { timeout -k 2 10 "$CAIRN" repl status home --control "$(ctl "$1")" 2>&1; }
-peer_field() { status_json "$1" | jq -r ".peers[0].$2"; }
-
-# wait_peer I STATE [TENTHS]: node I sees its peer in replication state STATE.
-wait_peer() {
-  local n s
-  for n in $(seq "${3:-300}"); do
-    s=$(peer_field "$1" replication)
-    [ "$s" = "$2" ] && return 0
-    sleep 0.1
-  done
-  fail "node $1: peer is $s, not $2: $(status_text "$1")"
-}
+. "$INTEROP_DIR/repl_lib.sh"
 
 # attach N URI: nbdfuse exposes URI as $WORK/fuseN/nbd, a loop device on it; sets LOOP.
 # Everything is registered for cleanup (lib.sh unwinds loop before fuse before pid).

@@ -9,79 +9,12 @@
 
 TAG=rv$$
 IP=([1]=10.233.1.1 [2]=10.233.1.2)
-NAME=([1]=a [2]=b)
+
+SIZE=${SIZE:-32M}
+. "$INTEROP_DIR/repl_lib.sh"
 BS=4096
 
-# --- helpers (from repl.sh) ------------------------------------------------------------
 
-nodes_up() {
-  need_root
-  need_tool ip jq cmp
-  py -c 'import nbd' 2>/dev/null || skip "python3-libnbd (the nbd module) is missing"
-  NS=([1]=${TAG}a [2]=${TAG}b)
-  local i
-  for i in 1 2; do
-    ip netns add "${NS[$i]}" || fail "ip netns add ${NS[$i]}"
-    register netns "${NS[$i]}"
-    ip -n "${NS[$i]}" link set lo up
-  done
-  ip link add "${TAG}x" netns "${NS[1]}" type veth peer name "${TAG}y" netns "${NS[2]}" ||
-    fail "veth pair"
-  ip -n "${NS[1]}" addr add "${IP[1]}/24" dev "${TAG}x"
-  ip -n "${NS[2]}" addr add "${IP[2]}/24" dev "${TAG}y"
-  ip -n "${NS[1]}" link set "${TAG}x" up
-  ip -n "${NS[2]}" link set "${TAG}y" up
-  for i in 1 2; do
-    rm -f "$SHM/n$i.img" "$WORK/n$i.log"
-    "$CAIRN" repl create-md --size "${SIZE:-32M}" "$SHM/n$i.img" >/dev/null
-  done
-}
-
-ctl() { echo "$WORK/n$1.sock"; }
-client_uri() { printf 'nbd+unix:///home?socket=%s' "$WORK/n$1.nbd"; }
-
-# node_up I [ARGS]: `cairn repl up` for node I in its namespace; sets NPID[I].
-node_up() {
-  local i=$1 o=$((3 - $1))
-  shift
-  ip netns exec "${NS[$i]}" "$CAIRN" -v repl up home --disk "$SHM/n$i.img" --node "${NAME[$i]}" \
-    --listen "tcp:${IP[$i]}:7789" --insecure-no-tls --peer-timeout 3 \
-    --peer "${NAME[$o]}=nbd://${IP[$o]}:7789/home" --client-listen "unix:$WORK/n$i.nbd" \
-    --control "$(ctl "$i")" "$@" >>"$WORK/n$i.log" 2>&1 &
-  NPID[$i]=$!
-  register pid "${NPID[$i]}"
-  local n
-  for n in $(seq 100); do
-    [ -S "$(ctl "$i")" ] && "$CAIRN" repl status home --control "$(ctl "$i")" >/dev/null 2>&1 && return 0
-    kill -0 "${NPID[$i]}" 2>/dev/null || fail "node $i exited: $(tail -5 "$WORK/n$i.log")"
-    sleep 0.1
-  done
-  fail "node $i does not answer: $(tail -5 "$WORK/n$i.log")"
-}
-
-node_down() {
-  "$CAIRN" repl down home --control "$(ctl "$1")" >/dev/null
-  wait "${NPID[$1]}" 2>/dev/null || true
-}
-
-status_json() { "$CAIRN" --json repl status home --control "$(ctl "$1")"; }
-repl() { local i=$1; shift; "$CAIRN" repl "$@" home --control "$(ctl "$i")"; }
-
-# wait_peer I STATE [TENTHS]: node I sees its peer in replication state STATE.
-wait_peer() {
-  local n s
-  for n in $(seq "${3:-300}"); do
-    s=$(status_json "$1" | jq -r '.peers[0].replication')
-    [ "$s" = "$2" ] && return 0
-    sleep 0.1
-  done
-  fail "node $1: peer is $s, not $2: $("$CAIRN" repl status home --control "$(ctl "$1")")"
-}
-
-# last_event I KIND: the message of node I's last event of KIND.
-last_event() {
-  status_json "$1" | jq -r --arg k "$2" '[.events[] | select(.kind == $k)] | last | .message // ""'
-}
 
 # wait_event I KIND NEEDLE: node I's last KIND event contains NEEDLE.
 wait_event() {
