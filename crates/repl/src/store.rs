@@ -677,29 +677,11 @@ mod tests {
 
     #[test]
     fn node_runs_on_external_metadata() {
-        use crate::node::{Node, NodeConfig, PeerConfig, Protocol, SplitBrainPolicy};
-        use cairn_nbd::client::ClientOptions;
-        use std::time::Duration;
+        use crate::node::{Node, NodeConfig};
         let data: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(16 << 20));
         let meta: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(1 << 20));
         create_external(data.as_ref(), meta.as_ref(), &params(false)).unwrap();
-        let cfg = NodeConfig {
-            resource: "home".into(),
-            node: "a".into(),
-            peers: vec![PeerConfig {
-                name: "b".into(),
-                opts: ClientOptions::new(
-                    cairn_nbd::Listen::Tcp("127.0.0.1:9".parse().unwrap()),
-                    "home",
-                ),
-            }],
-            protocol: Protocol::C,
-            resync_rate: 0,
-            al_extents: 4,
-            split_brain: SplitBrainPolicy::Disconnect,
-            peer_timeout: Duration::from_secs(1),
-            quorum: None,
-        };
+        let cfg = NodeConfig::for_tests("home", "a", "b");
         let st = Box::new(Store::open_external(data.as_ref(), meta.clone()).unwrap());
         let node = Node::open(cfg, data.clone(), st).unwrap();
         assert_eq!(node.data_size(), 16 << 20, "the whole data device");
