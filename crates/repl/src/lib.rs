@@ -1,17 +1,23 @@
 //! cairn between machines: one volume mirrored to its peers, as DRBD does.
 //!
 //! ```text
-//!   primary node                                      secondary node
-//!   clients ─ NBD ─> Replicated (device.rs)           target.rs: a cairn NBD server over
-//!                     ├─ local backing device          the data area, fenced by the
-//!                     └─ peers (peer.rs) ── NBD ──────> primary's epoch, answering the
-//!                         writes at once (protocol C)   replication option (handshake)
-//!   meta.rs   internal metadata at the end of the backing device: superblock,
-//!             activity log, one out-of-sync bitmap per peer
-//!   gen.rs    generation identifiers and the sync decision taken at connect
+//!   primary node                                        secondary node
+//!   clients ─ NBD ─> node::Volume (node.rs)             target.rs: the peer-facing NBD
+//!                     ├─ the local backing device         server's option handler and
+//!                     └─ per peer (sync.rs): a cairn ───> fence store; the data area as
+//!                        NBD client, writes sent at        an export; secondary.rs answers
+//!                        once (protocol C; A: answered     the handshake (wire.rs)
+//!                        in the background), resync
+//!   ranges.rs  range locks: overlapping writes and resync copies in one order everywhere
+//!   al.rs      the activity log;  bitmap.rs  the per-peer out-of-sync bitmaps in memory
+//!   gen.rs     generation identifiers and the sync decision taken at connect
+//!   meta.rs    the metadata on disk (internal at the end of the backing device, or
+//!              external); store.rs  the node's view of it (MetaIo)
+//!   quorum.rs  the primary role as an etcd lease, outdated peers, automatic failover
+//!   verify.rs  online verify (digests) and invalidate;  metrics.rs  Prometheus gauges
 //! ```
 //!
-//! docs/replication-format.md has the rules and every byte.
+//! docs/replication.md is the user's guide; docs/replication-format.md has every byte.
 
 pub mod al;
 pub mod bitmap;

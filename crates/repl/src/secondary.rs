@@ -1,0 +1,217 @@
+//! The secondary's side of the handshake (target.rs calls these): the welcome and its
+//! sync decision, the bitmap, the start and end of a resync, new generations, and the
+//! fence store of the peer-facing export. A child of node.rs, so it sees the node's state.
+
+use super::*;
+
+impl Node {
+    pub(crate) fn peer_named(&self, name: &str) -> Option<&Arc<Peer>> {
+        self.peers.iter().find(|p| p.cfg.name == name)
+    }
+
+    pub(crate) fn welcome(&self, h: &Hello) -> std::result::Result<Welcome, String> {
+        if h.resource != self.cfg.resource {
+            return Err(format!(
+                "this node serves resource {:?}, not {:?}",
+                self.cfg.resource, h.resource
+            ));
+        }
+        let peer = self.peer_named(&h.node).ok_or_else(|| {
+            format!(
+                "{:?} is not a peer of {} on {}",
+                h.node, self.cfg.resource, self.cfg.node
+            )
+        })?;
+        if h.data_size != self.data_size || h.bm_block != self.meta.bm_block() {
+            return Err(format!(
+                "the data areas differ: {} holds {} bytes in {}-byte bitmap blocks, this node {} in {}",
+                h.node, h.data_size, h.bm_block, self.data_size, self.meta.bm_block()
+            ));
+        }
+        let me = self.view(peer);
+        let (decision, rule) = gen::decide(&me, &h.view, self.tie(peer));
+        let discard = peer.state().discard_my_data;
+        if let Decision::SplitBrain { .. } = decision {
+            peer.set(Conn::StandAlone, Repl::SplitBrain);
+            self.event(
+                "split-brain",
+                Some(&h.node),
+                format!(
+                    "split brain with {} ({rule:?}): this node changed {} KiB since they parted{}",
+                    h.node,
+                    peer.bitmap.count() * self.meta.bm_block() / 1024,
+                    if discard {
+                        "; discarding this node's changes as the operator said"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+        }
+        let (epoch, fenced_by) = {
+            let p = self.persisted();
+            (
+                p.epoch,
+                p.fence
+                    .as_ref()
+                    .map(|t| t.owner.node.clone())
+                    .unwrap_or_default(),
+            )
+        };
+        Ok(Welcome {
+            fenced_by,
+            node: self.cfg.node.clone(),
+            view: me,
+            epoch,
+            changes: peer.bitmap.count(),
+            decision,
+            discard_my_data: discard,
+        })
+    }
+
+    pub(crate) fn bitmap_words(
+        &self,
+        node: &str,
+        first: usize,
+        n: usize,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let peer = self
+            .peer_named(node)
+            .ok_or_else(|| format!("{node:?} is not a peer"))?;
+        let words = peer
+            .bitmap
+            .words(first, n.min(wire::BITMAP_WORDS_PER_REPLY));
+        Ok(words.iter().flat_map(|w| w.to_le_bytes()).collect())
+    }
+
+    pub(super) fn require_secondary(&self) -> std::result::Result<(), String> {
+        if self.role() == Role::Primary {
+            return Err(format!(
+                "{} is primary on {}: it takes no data from another primary",
+                self.cfg.resource, self.cfg.node
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn sync_start(&self, node: &str, full: bool) -> std::result::Result<(), String> {
+        self.require_secondary()?;
+        self.vx.admit_sync_start(full)?;
+        let peer = self
+            .peer_named(node)
+            .ok_or_else(|| format!("{node:?} is not a peer"))?;
+        let mut p = self.persisted();
+        p.consistent = false;
+        self.meta.save(&p).map_err(|e| e.to_string())?;
+        drop(p);
+        peer.set(Conn::Connected, Repl::SyncTarget);
+        self.event(
+            "resync-started",
+            Some(node),
+            format!(
+                "{} resync from {node} started",
+                if full { "full" } else { "bitmap" }
+            ),
+        );
+        Ok(())
+    }
+
+    pub(crate) fn sync_done(
+        &self,
+        node: &str,
+        source: &Generations,
+    ) -> std::result::Result<(), String> {
+        self.require_secondary()?;
+        self.vx.admit_sync_done()?;
+        let peer = self
+            .peer_named(node)
+            .ok_or_else(|| format!("{node:?} is not a peer"))?;
+        self.disk.flush().map_err(|e| e.to_string())?;
+        let mut p = self.persisted();
+        let mut g = Generations {
+            current: p.current,
+            bitmap: p.peers[peer.slot].bitmap_uuid,
+            history: p.history,
+        };
+        g.sync_finished_target(source);
+        p.current = g.current;
+        p.history = g.history;
+        p.peers[peer.slot].bitmap_uuid = 0;
+        p.consistent = true;
+        p.crashed_primary = false;
+        peer.bitmap.clear(0, peer.bitmap.bits());
+        self.meta.save(&p).map_err(|e| e.to_string())?;
+        drop(p);
+        self.write_out_bitmaps().map_err(|e| e.to_string())?;
+        peer.state().discard_my_data = false;
+        peer.set(Conn::Connected, Repl::Established);
+        self.event(
+            "resync-done",
+            Some(node),
+            format!("resync from {node} done: this node holds its data"),
+        );
+        Ok(())
+    }
+
+    pub(crate) fn adopt(
+        &self,
+        node: &str,
+        source: &Generations,
+    ) -> std::result::Result<(), String> {
+        self.require_secondary()?;
+        self.peer_named(node)
+            .ok_or_else(|| format!("{node:?} is not a peer"))?;
+        let mut p = self.persisted();
+        p.current = source.current;
+        p.history = source.history;
+        self.meta.save(&p).map_err(|e| e.to_string())
+    }
+
+    // The fence store of the peer-facing export.
+
+    pub(crate) fn fence_load(&self) -> Option<FenceToken> {
+        let p = self.persisted();
+        Some(p.fence.clone().unwrap_or_else(|| FenceToken {
+            array: self.uuid,
+            generation: 0,
+            owner: OwnerId {
+                node: String::new(),
+                instance: 0,
+            },
+        }))
+    }
+
+    pub(crate) fn fence_store(&self, token: &FenceToken) -> Result<()> {
+        if self.role() == Role::Primary {
+            return Err(io_err(ErrorKind::ReadOnly, "this node is primary"));
+        }
+        if token.array != self.uuid {
+            return Err(io_err(
+                ErrorKind::InvalidArgument,
+                "the token names another resource",
+            ));
+        }
+        let mut p = self.persisted();
+        p.epoch = p.epoch.max(token.generation);
+        p.fence = Some(token.clone());
+        self.meta.save(&p)?;
+        drop(p);
+        if let Some(peer) = self.peer_named(&token.owner.node) {
+            let mut s = peer.state();
+            if s.repl == Repl::Off || s.repl == Repl::SplitBrain {
+                s.conn = Conn::Connected;
+                s.repl = Repl::Established;
+                s.since = SystemTime::now();
+            }
+        }
+        self.event(
+            "connected",
+            Some(&token.owner.node),
+            format!(
+                "primary {} admitted (epoch {})",
+                token.owner.node, token.generation
+            ),
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,372 @@
+//! A primary's thread per peer: handshake, the sync decision, the data connection, and
+//! the resync of what the peer's bitmap marks (in disk order, four copies in flight,
+//! paced by `--resync-rate`). A child of node.rs, so it sees the node's state.
+
+use super::*;
+
+impl Node {
+    pub(super) fn run_peer(self: Arc<Self>, peer: &Arc<Peer>) {
+        let mut backoff = Duration::from_millis(500);
+        let mut last_out = Instant::now();
+        let mut told = false;
+        while !self.stop_peers.load(Ordering::SeqCst) {
+            if self.lease_lost() {
+                if !told && peer.slot == 0 {
+                    self.event("lease-lost", None, format!(
+                        "{}: the primary lease in etcd is lost or expired: I/O is {}; make this node secondary",
+                        self.cfg.resource,
+                        if self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze) { "frozen" } else { "refused" }
+                    ));
+                }
+                told = true;
+                self.sleep(Duration::from_millis(200));
+                continue;
+            }
+            let want = peer.state().want;
+            if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
+                match self.connect_peer(peer) {
+                    Ok(()) => backoff = Duration::from_millis(500),
+                    Err(e) => {
+                        peer.state().last_error = Some(e.clone());
+                        tracing::debug!("{}: {}: {e}", self.cfg.resource, peer.cfg.name);
+                        self.sleep(backoff);
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            } else {
+                self.sleep(Duration::from_millis(200));
+            }
+            if last_out.elapsed() > Duration::from_secs(5) {
+                let _ = self.write_out_bitmaps();
+                last_out = Instant::now();
+            }
+        }
+    }
+
+    fn sleep(&self, d: Duration) {
+        let end = Instant::now() + d;
+        while Instant::now() < end && !self.stop_peers.load(Ordering::SeqCst) {
+            thread::sleep(Duration::from_millis(20).min(d));
+        }
+    }
+
+    fn refuse(&self, peer: &Peer, kind: &'static str, repl: Repl, msg: String) -> String {
+        peer.set(Conn::StandAlone, repl);
+        peer.state().want = false;
+        self.event(kind, Some(&peer.cfg.name), msg.clone());
+        msg
+    }
+
+    /// Handshake, decision, data connection, resync.
+    fn connect_peer(&self, peer: &Arc<Peer>) -> std::result::Result<(), String> {
+        let w = self.hello(peer)?;
+        let me = self.view(peer);
+        let (decision, rule) = gen::decide(&me, &w.view, self.tie(peer));
+        tracing::info!(
+            "{}: {}: decision {decision:?} ({rule:?})",
+            self.cfg.resource,
+            peer.cfg.name
+        );
+        if w.view.primary
+            && self
+                .lease
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
+        {
+            // This node holds the etcd lease, so the peer's lease ran out: a stale
+            // primary, frozen, fenced by the epoch. Wait for it to be made secondary.
+            return Err(format!(
+                "peer {} still says primary (its etcd lease is gone); waiting for it to be made secondary",
+                peer.cfg.name
+            ));
+        }
+        if w.view.primary {
+            return Err(self.refuse(peer, "split-brain", Repl::SplitBrain, format!(
+                "peer {} is primary too: two primaries (split brain); make one secondary, then `cairn repl connect --discard-my-data` on it",
+                peer.cfg.name
+            )));
+        }
+        let mine = peer.bitmap.count();
+        let full = match decision {
+            Decision::InSync | Decision::SourceBitmap => false,
+            Decision::SourceFull => true,
+            Decision::TargetBitmap | Decision::TargetFull => {
+                return Err(self.refuse(peer, "refused", Repl::Off, format!(
+                    "peer {} has newer data than this primary ({rule:?}); refusing to overwrite it: make this node secondary and promote {}",
+                    peer.cfg.name, peer.cfg.name
+                )))
+            }
+            Decision::Unrelated => {
+                return Err(self.refuse(peer, "refused", Repl::Off, format!(
+                    "peer {} holds unrelated data (no common generation); refusing to connect", peer.cfg.name
+                )))
+            }
+            Decision::SplitBrain { full } => {
+                let ok = w.discard_my_data
+                    || match self.cfg.split_brain {
+                        SplitBrainPolicy::Disconnect => false,
+                        SplitBrainPolicy::DiscardZeroChanges => w.changes == 0,
+                        SplitBrainPolicy::DiscardLeastChanges => w.changes <= mine,
+                        SplitBrainPolicy::DiscardSecondary => !w.view.primary,
+                    };
+                let msg = format!(
+                    "split brain with {}: this node changed {} KiB, the peer {} KiB since they parted",
+                    peer.cfg.name,
+                    mine * self.meta.bm_block() / 1024,
+                    w.changes * self.meta.bm_block() / 1024
+                );
+                if !ok {
+                    return Err(self.refuse(peer, "split-brain", Repl::SplitBrain, format!(
+                        "{msg}; staying disconnected (resolve with `cairn repl connect --discard-my-data` on the node whose changes are to go, or --split-brain)"
+                    )));
+                }
+                self.event("split-brain", Some(&peer.cfg.name), format!("{msg}; resolved: the peer's changes are discarded"));
+                full
+            }
+        };
+        let resync = full || decision != Decision::InSync || mine > 0;
+        if resync && !full && decision != Decision::InSync {
+            self.fetch_peer_bitmap(peer)?;
+        }
+        if full {
+            peer.bitmap.set_all();
+        }
+        if resync {
+            peer.request(
+                &Request::SyncStart {
+                    node: self.cfg.node.clone(),
+                    full,
+                },
+                self.cfg.peer_timeout,
+            )?;
+        }
+        // Every data connection takes a new epoch, above any the peer admitted (a node
+        // that was primary since, after a split brain, has a higher one). The peer's
+        // gate then refuses whatever an earlier connection of this node still has queued
+        // there, so a write that timed out cannot land after the resync wrote newer
+        // data over the same blocks.
+        let epoch = {
+            let mut p = self.persisted();
+            p.epoch = p.epoch.max(w.epoch) + 1;
+            p.fence = Some(self.token(p.epoch));
+            self.meta.save(&p).map_err(|e| e.to_string())?;
+            p.epoch
+        };
+        let mut opts = peer.cfg.opts.clone();
+        opts.fence = Some(self.token(epoch));
+        opts.timeout = Some(self.cfg.peer_timeout);
+        opts.meta_base_allocation = false;
+        let client = Client::connect(&opts)
+            .map_err(|e| format!("data connection to {}: {e}", peer.cfg.name))?;
+        if client.size() < self.data_size {
+            return Err(format!(
+                "peer {}'s data area is {} bytes, smaller than this node's {}",
+                peer.cfg.name,
+                client.size(),
+                self.data_size
+            ));
+        }
+        *peer.link.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(client));
+        {
+            let mut s = peer.state();
+            s.last_error = None;
+            s.discard_my_data = false;
+        }
+        if !resync {
+            self.clear_outdated(peer);
+            peer.set(Conn::Connected, Repl::Established);
+            self.event(
+                "connected",
+                Some(&peer.cfg.name),
+                format!("connected to {} (in sync)", peer.cfg.name),
+            );
+            return Ok(());
+        }
+        peer.set(Conn::Connected, Repl::SyncSource);
+        self.event(
+            "resync-started",
+            Some(&peer.cfg.name),
+            format!(
+                "{} resync to {} started: {} bytes",
+                if full { "full" } else { "bitmap" },
+                peer.cfg.name,
+                peer.bitmap.count_bytes(self.data_size)
+            ),
+        );
+        self.resync(peer, full)
+    }
+
+    fn fetch_peer_bitmap(&self, peer: &Peer) -> std::result::Result<(), String> {
+        let total = peer.bitmap.word_count();
+        let mut first = 0;
+        while first < total {
+            let n = (total - first).min(wire::BITMAP_WORDS_PER_REPLY);
+            let data = peer.request(
+                &Request::Bitmap {
+                    node: self.cfg.node.clone(),
+                    first_word: first,
+                    words: n,
+                },
+                self.cfg.peer_timeout,
+            )?;
+            if data.len() != n * 8 {
+                return Err(format!(
+                    "{}: bitmap answer of {} bytes, expected {}",
+                    peer.cfg.name,
+                    data.len(),
+                    n * 8
+                ));
+            }
+            let words: Vec<u64> = data
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            peer.bitmap.merge_words(first, &words);
+            first += n;
+        }
+        Ok(())
+    }
+
+    /// Copies every block the peer's bitmap marks, in disk order, several at once; then
+    /// tells the peer it holds this node's generation.
+    fn resync(&self, peer: &Arc<Peer>, full: bool) -> std::result::Result<(), String> {
+        let bm = self.meta.bm_block();
+        let run_bits = ((1u64 << 20) / bm).max(1);
+        let total = peer.bitmap.count_bytes(self.data_size);
+        peer.resync_done.store(0, Ordering::Relaxed);
+        peer.state().resync = Some(ResyncCounters {
+            total,
+            started: Instant::now(),
+            full,
+        });
+        let failed: Mutex<Option<String>> = Mutex::new(None);
+        loop {
+            let cursor = Mutex::new(0u64);
+            thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        let mut buf = vec![0u8; usize::try_from(run_bits * bm).expect("1 MiB")];
+                        loop {
+                            if self.stop_peers.load(Ordering::SeqCst)
+                                || self.lease_lost()
+                                || failed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+                            {
+                                return;
+                            }
+                            let run = {
+                                let mut c = cursor.lock().unwrap_or_else(|p| p.into_inner());
+                                let r = peer.bitmap.next_run(*c, run_bits);
+                                if let Some((_, end)) = r {
+                                    *c = end;
+                                }
+                                r
+                            };
+                            let Some((a, b)) = run else { return };
+                            let off = a * bm;
+                            let len = (b * bm).min(self.data_size) - off;
+                            let n = usize::try_from(len).expect("<= 1 MiB");
+                            let r = (|| -> Result<()> {
+                                let Some(link) = peer.link() else {
+                                    return Err(io_err(ErrorKind::Gone, "the peer is gone"));
+                                };
+                                let _range = self.locks.lock(off, len);
+                                self.disk.read_at(&mut buf[..n], off)?;
+                                link.write_at(&buf[..n], off, WriteFlags::NONE)?;
+                                peer.bitmap.clear(a, b);
+                                Ok(())
+                            })();
+                            if let Err(e) = r {
+                                *failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some(e.to_string());
+                                return;
+                            }
+                            let done = peer.resync_done.fetch_add(len, Ordering::Relaxed) + len;
+                            self.pace(peer, done);
+                        }
+                    });
+                }
+            });
+            if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                self.lose(peer, &format!("resync: {e}"));
+                peer.state().resync = None;
+                return Err(e);
+            }
+            if self.stop_peers.load(Ordering::SeqCst) {
+                peer.state().resync = None;
+                return Err("stopped".into());
+            }
+            if peer.bitmap.count() == 0 {
+                break;
+            }
+        }
+        let link = peer.link().ok_or("the peer is gone")?;
+        if let Err(e) = link.flush() {
+            self.lose(peer, &e.to_string());
+            return Err(e.to_string());
+        }
+        // The peer now holds this generation: it says so on disk first.
+        let gens = {
+            let p = self.persisted();
+            Generations {
+                current: p.current,
+                bitmap: p.peers[peer.slot].bitmap_uuid,
+                history: p.history,
+            }
+        };
+        peer.request(
+            &Request::SyncDone {
+                node: self.cfg.node.clone(),
+                gens,
+            },
+            self.cfg.peer_timeout,
+        )?;
+        {
+            let mut p = self.persisted();
+            let mut g = Generations {
+                current: p.current,
+                bitmap: p.peers[peer.slot].bitmap_uuid,
+                history: p.history,
+            };
+            g.sync_finished_source();
+            p.history = g.history;
+            p.peers[peer.slot].bitmap_uuid = g.bitmap;
+            p.crashed_primary = false;
+            self.meta.save(&p).map_err(|e| e.to_string())?;
+        }
+        let _ = self.write_out_bitmaps();
+        self.clear_outdated(peer);
+        let secs = peer
+            .state()
+            .resync
+            .take()
+            .map_or(0.0, |r| r.started.elapsed().as_secs_f64());
+        peer.set(Conn::Connected, Repl::Established);
+        let done = peer.resync_done.load(Ordering::Relaxed);
+        self.event(
+            "resync-done",
+            Some(&peer.cfg.name),
+            format!(
+                "resync to {} done: {done} bytes in {secs:.1} s",
+                peer.cfg.name
+            ),
+        );
+        Ok(())
+    }
+
+    /// Sleeps as long as the resync is ahead of its rate.
+    fn pace(&self, peer: &Peer, done: u64) {
+        if self.cfg.resync_rate == 0 {
+            return;
+        }
+        let Some(started) = peer.state().resync.as_ref().map(|r| r.started) else {
+            return;
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let due = Duration::from_secs_f64(done as f64 / self.cfg.resync_rate as f64);
+        let el = started.elapsed();
+        if due > el {
+            thread::sleep(due - el);
+        }
+    }
+}
