@@ -321,6 +321,39 @@ EOF
   expect_contains "$out" "has no node" "an unknown node is named"
 }
 
+# Any cairn stack can be the backing disk: here each node's is an md RAID1 of two files,
+# given as the control API's JSON spec.
+t_stack() {
+  need_tool nbdcopy
+  nodes_up
+  local i
+  for i in 1 2; do
+    "$CAIRN" md create --level 1 --raid-devices 2 --size 32M --name "m$i" \
+      "$SHM/m$i-0.img" "$SHM/m$i-1.img" >/dev/null
+    DISK[$i]="{\"md\": [\"$SHM/m$i-0.img\", \"$SHM/m$i-1.img\"]}"
+    "$CAIRN" repl create-md "${DISK[$i]}" >/dev/null
+  done
+  node_up 1
+  node_up 2
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  random_file "$WORK/data" 4M
+  nbdcopy "$WORK/data" "$(client_uri 1)"
+  "$CAIRN" repl secondary home --control "$(ctl 1)"
+  "$CAIRN" repl primary home --control "$(ctl 2)"
+  nbdcopy "$(client_uri 2)" "$WORK/back"
+  cmp -n $((4 << 20)) "$WORK/back" "$WORK/data" || fail "node 2's RAID1 does not hold what node 1 wrote"
+  "$CAIRN" repl secondary home --control "$(ctl 2)"
+  for i in 1 2; do "$CAIRN" repl down home --control "$(ctl "$i")" >/dev/null; done
+  sleep 1
+  # Both arrays were stopped cleanly: mdadm says so.
+  need_tool mdadm
+  for i in 1 2; do
+    mdadm --examine "$SHM/m$i-0.img" | grep -q "State : clean" || fail "array $i not clean: $(mdadm --examine "$SHM/m$i-0.img")"
+  done
+  DISK=()
+}
+
 t_refusals() {
   need_tool jq
   truncate -s 4K "$SHM/tiny.img"
@@ -543,6 +576,7 @@ run_test three_nodes t_three_nodes
 run_test tls t_tls
 run_test split_brain_policy t_split_brain_policy
 run_test config t_config
+run_test stack t_stack
 run_test etcd_failover t_etcd_failover
 run_test external_meta t_external_meta
 finish

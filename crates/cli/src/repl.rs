@@ -98,8 +98,9 @@ pub struct VerifyArgs {
 
 #[derive(Debug, Args)]
 pub struct CreateMdArgs {
-    /// The backing disk (file or block device); its end holds the metadata, unless
-    /// --meta-disk is given
+    /// The backing disk: a file, a block device, an NBD URI, or any cairn stack as JSON
+    /// (`{"md": ["d0.img", "d1.img"]}`, `{"lv": {"on": [...], "name": "VG/LV"}}`, ...);
+    /// its end holds the metadata, unless --meta-disk is given
     pub disk: PathBuf,
     /// External metadata: on this device (file, block device or NBD URI) instead of at
     /// the end of DISK, which is then all data (DRBD's `meta-disk`). A file that does
@@ -136,7 +137,8 @@ pub struct UpArgs {
     /// disk, addresses, peers, protocol, policies, TLS and etcd come from there
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// The backing disk, with metadata from `cairn repl create-md`
+    /// The backing disk, with metadata from `cairn repl create-md`: a file, a block
+    /// device, an NBD URI, or a cairn stack as JSON (see `cairn repl create-md --help`)
     #[arg(long)]
     pub disk: Option<PathBuf>,
     /// The metadata disk, when the metadata is external (`create-md --meta-disk`): the
@@ -307,8 +309,8 @@ fn create_md(a: &CreateMdArgs, global: &Global) -> Result<()> {
     let meta_disk = a.meta_disk.as_ref().filter(|m| !is_internal(m));
     let made = match meta_disk {
         None => {
-            let disk = cairn_stack::leaf::open(&a.disk, false, false, Duration::from_secs(10))?;
-            cairn_repl::store::create(disk.as_ref(), &params)
+            let disk = open_backing(&a.disk, false, "repl")?;
+            cairn_repl::store::create(disk.dev.as_ref(), &params)
                 .map_err(|e| CliError::new(format!("{}: {e}", a.disk.display())))?
         }
         Some(meta_path) => create_md_external(a, meta_path, &params)?,
@@ -395,7 +397,8 @@ fn create_md_external(
     params: &cairn_repl::store::CreateParams,
 ) -> Result<cairn_repl::store::Created> {
     check_distinct(&a.disk, meta_path)?;
-    let disk = cairn_stack::leaf::open(&a.disk, true, false, Duration::from_secs(10))?;
+    let backing = open_backing(&a.disk, true, "repl")?;
+    let disk = backing.dev.clone();
     let data_bytes = cairn_block::BlockDevice::geometry(disk.as_ref()).size;
     let need = cairn_repl::store::external_meta_size(data_bytes, params)
         .map_err(|e| CliError::new(format!("{}: {e}", a.disk.display())))?;
@@ -488,6 +491,54 @@ struct NodeDef {
     address: String,
     disk: Option<PathBuf>,
     meta_disk: Option<PathBuf>,
+}
+
+/// The backing device of a resource: a file, a block device, an NBD URI, or any cairn
+/// stack given as the control API's JSON spec (`{"md": ["d0.img", ...]}`,
+/// `{"luks": {"on": ..., "key_file": ...}}`, `{"lv": {"on": [...], "name": "VG/LV"}}`).
+/// A stack is closed (its md arrays marked clean) when this drops.
+struct Backing {
+    dev: Arc<dyn cairn_block::BlockDevice>,
+    stack: Option<cairn_stack::OpenedExport>,
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        if let Some(e) = &self.stack {
+            e.close();
+        }
+    }
+}
+
+fn open_backing(what: &Path, read_only: bool, name: &str) -> Result<Backing> {
+    let text = what.to_string_lossy();
+    if !text.trim_start().starts_with('{') {
+        let dev = cairn_stack::leaf::open(what, read_only, false, Duration::from_secs(10))?;
+        return Ok(Backing { dev, stack: None });
+    }
+    let spec: cairn_stack::Spec = serde_json::from_str(&text).map_err(|e| {
+        CliError::new(format!(
+            "{text}: not a stack spec ({e}); e.g. {{\"md\": [\"d0.img\", \"d1.img\"]}}"
+        ))
+    })?;
+    let opts = cairn_stack::Options {
+        read_only,
+        hooks: crate::hooks::hooks(true),
+        ..cairn_stack::Options::default()
+    };
+    let mut keys = cairn_stack::Keys::new(None, None, opts.hooks.prompt.clone());
+    let e = cairn_stack::open_one(&spec, Some(name), &opts, &mut keys)?;
+    if !read_only {
+        // Arrays under a replicated volume run their own background work (resync after
+        // an unclean stop, rebuilds onto spares), as under `cairn serve`.
+        for a in cairn_stack::export::all_arrays(std::slice::from_ref(&e)) {
+            a.manage(cairn_md::SpeedLimits::default());
+        }
+    }
+    Ok(Backing {
+        dev: e.device.clone(),
+        stack: Some(e),
+    })
 }
 
 fn hostname() -> Option<String> {
@@ -631,7 +682,8 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
             None => None,
         },
     };
-    let disk = cairn_stack::leaf::open(&disk_path, false, false, Duration::from_secs(10))?;
+    let backing = open_backing(&disk_path, false, &a.resource)?;
+    let disk = backing.dev.clone();
     let meta = match a.meta_disk.as_ref().filter(|m| !is_internal(m)) {
         None => cairn_repl::store::Store::open(disk.clone())
             .map_err(|e| CliError::new(format!("{}: {e}", disk_path.display())))?,
