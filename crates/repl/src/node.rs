@@ -1618,3 +1618,87 @@ impl BlockDevice for DataArea {
         self.disk.flush()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{create, CreateParams, Store};
+    use cairn_block::MemDisk;
+
+    fn fresh() -> Arc<dyn BlockDevice> {
+        let dev: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(64 << 20));
+        let p = CreateParams {
+            max_peers: 1,
+            bm_block: 4096,
+            al_extent: 1 << 20,
+            force: false,
+            resource: None,
+        };
+        create(dev.as_ref(), &p).unwrap();
+        dev
+    }
+
+    fn open(dev: &Arc<dyn BlockDevice>) -> Arc<Node> {
+        let meta = Box::new(Store::open(dev.clone()).unwrap());
+        Node::open(NodeConfig::for_tests("home", "a", "b"), dev.clone(), meta).unwrap()
+    }
+
+    #[test]
+    fn a_crashed_primary_marks_its_activity_log_out_of_sync_and_clears_it() {
+        let dev = fresh();
+        {
+            let st = Store::open(dev.clone()).unwrap();
+            let mut p = st.load().unwrap();
+            p.current = 0x1000;
+            p.primary = true;
+            st.save(&p).unwrap();
+            st.write_al(&[2, 5]).unwrap();
+        }
+        let node = open(&dev);
+        let s = node.status();
+        assert!(s.crashed_primary, "the crash is remembered");
+        assert_eq!(s.role, Role::Secondary, "a node always starts secondary");
+        // Exactly the two 1 MiB extents, no more.
+        assert_eq!(s.peers[0].out_of_sync_bytes, 2 << 20);
+        let peer = &node.peers[0];
+        assert!(peer.bitmap.get((2 << 20) / 4096) && peer.bitmap.get((6 << 20) / 4096 - 1));
+        assert!(!peer.bitmap.get((3 << 20) / 4096));
+        drop(node);
+        // On disk: the log is empty, PRIMARY is off, CRASHED_PRIMARY and the bits stay.
+        let st = Store::open(dev.clone()).unwrap();
+        assert!(st.read_al().unwrap().is_empty());
+        let p = st.load().unwrap();
+        assert!(!p.primary && p.crashed_primary);
+        let again = open(&dev);
+        assert_eq!(again.status().peers[0].out_of_sync_bytes, 2 << 20);
+    }
+
+    #[test]
+    fn blank_data_needs_force_and_an_unreachable_peer_gets_a_bitmap_base() {
+        let dev = fresh();
+        let node = open(&dev);
+        let e = node.promote(false).unwrap_err();
+        assert!(e.contains("--force"), "{e}");
+        node.promote(true).unwrap();
+        let s = node.status();
+        assert_eq!(s.role, Role::Primary);
+        assert_eq!(s.epoch, 1);
+        // The peer (nobody listens at its address) missed the start: a write marks it.
+        let vol = Volume(node.clone());
+        vol.write_at(&[7u8; 8192], 1 << 20, WriteFlags::NONE)
+            .unwrap();
+        assert_eq!(node.status().peers[0].out_of_sync_bytes, 8192);
+        node.demote().unwrap();
+        assert!(
+            vol.write_at(&[7u8; 4096], 0, WriteFlags::NONE).is_err(),
+            "a secondary refuses writes"
+        );
+        // The next promotion, still alone, takes a new generation and epoch.
+        let before = node.status().generations.current;
+        node.promote(false).unwrap();
+        let s = node.status();
+        assert_ne!(s.generations.current, before);
+        assert_eq!(s.epoch, 2);
+        node.demote().unwrap();
+    }
+}
