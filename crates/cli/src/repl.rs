@@ -778,6 +778,13 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
     let ctl_listener = UnixListener::bind(&control)
         .map_err(|e| CliError::new(format!("cannot listen on {}: {e}", control.display())))?;
     let _ctl_cleanup = RemoveOnDrop(control.clone());
+    // Whoever reaches the socket can promote, demote and stop the resource: owner only,
+    // as `cairn serve`'s control socket.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| CliError::new(format!("cannot restrict {}: {e}", control.display())))?;
+    }
 
     let peer_addr = peer_listeners.addresses();
     let client_addr = client_listeners.addresses();
