@@ -541,13 +541,6 @@ fn open_backing(what: &Path, read_only: bool, name: &str) -> Result<Backing> {
     })
 }
 
-fn hostname() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-}
-
 /// The command line with what `--config` says filled in, checked to be complete.
 fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
     let mut r = a.clone();
@@ -569,9 +562,10 @@ fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
                     names.join(", ")
                 ))
             })?;
-        let me = a.node.clone().or_else(hostname).ok_or_else(|| {
-            CliError::new("name this node with --node (the host name is unknown)")
-        })?;
+        let me = a
+            .node
+            .clone()
+            .unwrap_or_else(cairn_cluster::owner::host_name);
         let mine = res.node.iter().find(|n| n.name == me).ok_or_else(|| {
             let names: Vec<&str> = res.node.iter().map(|n| n.name.as_str()).collect();
             CliError::new(format!(
@@ -806,11 +800,17 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         thread::Builder::new()
             .name("repl-control".into())
             .spawn(move || {
+                // A thread per request: a client that stops sending or reading holds its
+                // own thread (10 s at most), never the next operator's command.
                 for conn in ctl_listener.incoming().flatten() {
-                    let down = serve_control(&node, conn);
-                    if down {
-                        let _ = stop_tx.send(());
-                    }
+                    let (node, stop_tx) = (node.clone(), stop_tx.clone());
+                    let _ = thread::Builder::new()
+                        .name("repl-ctl".into())
+                        .spawn(move || {
+                            if serve_control(&node, conn) {
+                                let _ = stop_tx.send(());
+                            }
+                        });
                 }
             })
             .map_err(|e| CliError::new(e.to_string()))?;
@@ -905,7 +905,9 @@ impl Drop for RemoveOnDrop {
 
 /// One control request and its answer; true when it asked the node to go down.
 fn serve_control(node: &Arc<Node>, conn: UnixStream) -> bool {
+    // A client that stops sending or reading is dropped after 10 s.
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
     let mut line = String::new();
     let Ok(writer) = conn.try_clone() else {
         return false;

@@ -465,6 +465,13 @@ impl Node {
         disk: Arc<dyn BlockDevice>,
         meta: Box<dyn MetaIo>,
     ) -> Result<Arc<Node>> {
+        // The node's name travels in the fencing token: the same limits apply.
+        OwnerId::new(cfg.node.clone(), 0).map_err(|e| {
+            io_err(
+                ErrorKind::InvalidArgument,
+                format!("node name {:?}: {e}", cfg.node),
+            )
+        })?;
         if cfg.peers.is_empty() {
             return Err(io_err(
                 ErrorKind::InvalidArgument,
