@@ -61,6 +61,42 @@ fn a_slow_request_does_not_hold_back_later_replies() {
     }
 }
 
+/// A device the server has learned is fast has its requests run on the connection's
+/// reader (no hand-off); when it turns slow, the server goes back to keeping requests in
+/// flight after a sample or two, instead of answering one slow request at a time.
+#[test]
+fn a_fast_device_that_turns_slow_gets_its_requests_overlapped_again() {
+    let disk = Arc::new(HookDisk::new(MemDisk::new(4 << 20)));
+    let srv = TestServer::start_with(ServerConfig::new(vec![export("d", disk.clone())]));
+    let addr = &srv.addrs()[0];
+    let mut c = open(addr, "d", true, false);
+    // Fast: hundreds of reads from memory.
+    for i in 0..400u64 {
+        c.read_vec((i % 64) * 4096, 4096, 0).expect("fast read");
+    }
+    const SLOW: Duration = Duration::from_millis(50);
+    const N: u64 = 16;
+    *disk.read_delay.lock().unwrap() = Some((0..4 << 20, SLOW));
+    let t0 = Instant::now();
+    let cookies: Vec<u64> = (0..N)
+        .map(|i| c.submit_read(i * 4096, 4096, 0).expect("slow read"))
+        .collect();
+    let mut got = HashSet::new();
+    for _ in 0..N {
+        let r = c.recv().expect("reply");
+        assert!(r.is_ok(), "{r:?}");
+        got.insert(r.cookie);
+    }
+    let took = t0.elapsed();
+    assert_eq!(got, cookies.into_iter().collect::<HashSet<_>>());
+    // One at a time would take N x 50 ms = 800 ms; at most a few run on the reader
+    // before the estimate crosses the line, then the rest overlap.
+    assert!(
+        took < SLOW * 8,
+        "{N} slow reads took {took:?}: the server did not overlap them"
+    );
+}
+
 /// Sends `ops` with at most `window` in flight, returns replies by cookie, and checks that
 /// every cookie got exactly one reply.
 fn pipeline(

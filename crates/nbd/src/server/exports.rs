@@ -16,6 +16,9 @@ pub(super) struct ExportEntry {
     pub(super) geometry: cairn_block::Geometry,
     /// The newest owner generation (fence.rs), when the server enforces them.
     pub(super) gate: super::fence::Gate,
+    /// What each class of request costs on the device: decides whether the reader runs
+    /// it or the pool does (dispatch.rs).
+    pub(super) costs: super::dispatch::Costs,
 }
 
 impl ExportEntry {
@@ -65,6 +68,7 @@ impl ExportEntry {
             flags,
             export,
             gate: super::fence::Gate::default(),
+            costs: super::dispatch::Costs::default(),
         }
     }
 }

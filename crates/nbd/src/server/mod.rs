@@ -4,14 +4,15 @@
 //!   accept thread ── poll(listeners) ──> one thread per connection (accept.rs)
 //!                                             │ handshake (handshake.rs)
 //!   reader: header (+ payload) → check → running slot + buffer budget → submit
-//!                                             │
+//!                                             │ (or run it here when cheap: dispatch.rs)
 //!   shared pool (pool.rs): device I/O → lock the connection's writer → whole reply
 //! ```
 //!
 //! A connection's thread reads and checks requests and hands them to a worker pool the
 //! whole server shares, so one connection has up to `threads_per_connection` requests
-//! running and their replies go out in the order they finish (transmission.rs). With one
-//! request per connection, the reader runs it itself. Requests are validated here, once
+//! running and their replies go out in the order they finish (transmission.rs). Requests
+//! of a kind the export serves faster than a hand-off costs (the page cache), and every
+//! request when a connection runs one at a time, the reader runs itself. Requests are validated here, once
 //! (`check_io` and the flag rules of proto.md); the device below only asserts. A bad
 //! request gets the protocol's error and the connection goes on; only a broken stream
 //! (bad magic, EOF) or DISC ends it. The exports and what they advertise live in
@@ -27,6 +28,7 @@
 
 mod accept;
 mod budget;
+mod dispatch;
 mod exports;
 mod fence;
 mod handshake;

@@ -203,10 +203,15 @@ pub(super) fn serve_connection(
         let mut buf = t.spare_buffer();
         match t.read_request(&mut reader, &mut buf) {
             Incoming::Stop => break,
-            // One request at a time: the reader runs it itself, which saves a hand-off
-            // (a futex wake and a context switch) per request where requests take
-            // microseconds (the page cache on a small machine).
-            Incoming::Request(req, verdict, holds) if shared.threads == 1 => {
+            // The reader runs the request itself when the connection runs one request
+            // at a time, when the request will be refused anyway, and when requests
+            // like it take less than a hand-off to the pool costs (dispatch.rs): that
+            // saves a futex wake and a context switch on each side.
+            Incoming::Request(req, verdict, holds)
+                if shared.threads == 1
+                    || verdict.is_err()
+                    || t.export.costs.inline(req.kind, req.length) =>
+            {
                 t.answer(&req, verdict, buf, holds);
             }
             Incoming::Request(req, verdict, holds) => {
@@ -233,17 +238,23 @@ pub(super) fn serve_connection(
 }
 
 impl Transmission {
-    /// Runs one request on a pool worker and sends its reply.
+    /// Runs one request (on a pool worker or the reader) and sends its reply.
     fn answer(&self, req: &Request, verdict: Result<(), Failure>, mut buf: Vec<u8>, holds: Holds) {
         let result = verdict.and_then(|()| {
             // Held while the request runs: a new owner's admission waits for it.
             let _pass = self.fence_check(req)?;
-            catch_unwind(AssertUnwindSafe(|| self.execute(req, &mut buf))).unwrap_or_else(|_| {
-                Err(Failure::new(
-                    EIO,
-                    format!("{}: internal error", command_name(req.kind)),
-                ))
-            })
+            let start = Instant::now();
+            let r = catch_unwind(AssertUnwindSafe(|| self.execute(req, &mut buf)))
+                .unwrap_or_else(|_| {
+                    Err(Failure::new(
+                        EIO,
+                        format!("{}: internal error", command_name(req.kind)),
+                    ))
+                });
+            self.export
+                .costs
+                .record(req.kind, req.length, start.elapsed());
+            r
         });
         if let Err(e) = self.send_reply(req, result, &buf) {
             if !self.closing.swap(true, Ordering::AcqRel) {
