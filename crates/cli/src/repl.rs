@@ -1191,14 +1191,15 @@ pub fn render(s: &Status) -> String {
             let fill = ((pct / 100.0) * width as f64) as usize;
             let _ = writeln!(
                 o,
-                "    {} resync [{}{}] {pct:.1}%  {}/s  {}",
+                "    {} resync [{}{}] {pct:.1}%  {}/s  {}  ({})",
                 if r.full { "full" } else { "bitmap" },
                 "#".repeat(fill.min(width)),
                 "-".repeat(width - fill.min(width)),
                 human(r.bytes_per_sec),
                 r.eta_secs
                     .map(|e| format!("finish in {}:{:02}", e / 60, e % 60))
-                    .unwrap_or_else(|| "finish time unknown".into())
+                    .unwrap_or_else(|| "finish time unknown".into()),
+                render_target(r.target_bytes_per_sec, r.throttled)
             );
         }
         if let Some(v) = &p.verify {
@@ -1223,14 +1224,15 @@ fn render_verify(v: &cairn_repl::node::VerifyStatus) -> String {
             v.done_bytes as f64 * 100.0 / v.total_bytes as f64
         };
         return format!(
-            "verify {pct:.1}% ({} of {})  {}/s  {}  {} out of sync so far",
+            "verify {pct:.1}% ({} of {})  {}/s  {}  {} out of sync so far  ({})",
             human(v.done_bytes),
             human(v.total_bytes),
             human(v.bytes_per_sec),
             v.eta_secs
                 .map(|e| format!("finish in {}:{:02}", e / 60, e % 60))
                 .unwrap_or_else(|| "finish time unknown".into()),
-            v.out_of_sync_blocks
+            v.out_of_sync_blocks,
+            render_target(v.target_bytes_per_sec, v.throttled)
         );
     }
     match &v.error {
@@ -1244,5 +1246,55 @@ fn render_verify(v: &cairn_repl::node::VerifyStatus) -> String {
             "last verify: {} blocks checked in {:.2} s, {} out of sync",
             v.blocks_checked, v.secs, v.out_of_sync_blocks
         ),
+    }
+}
+
+/// The rate controller's target, as the resync and verify lines show it.
+fn render_target(target: Option<u64>, throttled: bool) -> String {
+    match (target, throttled) {
+        (Some(t), true) => format!("held at {}/s: application I/O", human(t)),
+        (Some(t), false) => format!("rate limit {}/s", human(t)),
+        (None, _) => "no rate limit".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(resync: Value) -> Status {
+        serde_json::from_value(json!({
+            "resource": "home", "node": "a", "role": "Primary", "disk": "UpToDate",
+            "data_size": 1u64 << 30, "epoch": 1,
+            "generations": {"current": 1, "bitmap": 0, "history": [0, 0]},
+            "crashed_primary": false, "quorum": null,
+            "peers": [{"name": "b", "address": "tcp:10.0.0.2:7789", "connection": "Connected",
+                       "replication": "SyncSource", "out_of_sync_bytes": 1u64 << 29,
+                       "peer_changes": null, "resync": resync, "last_error": null, "since": 0}],
+            "events": []
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_resync_line_shows_the_rate_controller() {
+        let r = json!({"total_bytes": 1u64 << 30, "done_bytes": 1u64 << 29,
+                       "bytes_per_sec": 1u64 << 25, "eta_secs": 16, "full": true,
+                       "target_bytes_per_sec": 1u64 << 25, "throttled": true});
+        let text = render(&status(r));
+        assert!(
+            text.contains("finish in 0:16  (held at 32 MiB/s: application I/O)"),
+            "{text}"
+        );
+        // A status from a node without the controller (no such fields) still reads.
+        let old = json!({"total_bytes": 1u64 << 30, "done_bytes": 1u64 << 29,
+                         "bytes_per_sec": 1u64 << 25, "eta_secs": 16, "full": true});
+        let s = status(old);
+        assert_eq!(s.resync_limits, cairn_repl::rate::RateLimits::default());
+        assert!(render(&s).contains("(no rate limit)"));
+        assert_eq!(
+            render_target(Some(200 << 20), false),
+            "rate limit 200 MiB/s"
+        );
     }
 }
