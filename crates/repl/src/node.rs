@@ -1717,6 +1717,10 @@ mod tests {
         vol.write_at(&[7u8; 8192], 1 << 20, WriteFlags::NONE)
             .unwrap();
         assert_eq!(node.status().peers[0].out_of_sync_bytes, 8192);
+        // Application I/O is counted for the rate controller (rate.rs).
+        let mut buf = [0u8; 4096];
+        vol.read_at(&mut buf, 0).unwrap();
+        assert_eq!(node.app_io.load(Ordering::Relaxed), 2);
         node.demote().unwrap();
         assert!(
             vol.write_at(&[7u8; 4096], 0, WriteFlags::NONE).is_err(),

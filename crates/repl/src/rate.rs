@@ -117,10 +117,6 @@ impl Controller {
         }
     }
 
-    pub fn limits(&self) -> RateLimits {
-        self.limits
-    }
-
     /// The target as of the last look.
     pub fn target(&self) -> Target {
         self.target
@@ -224,10 +220,6 @@ impl Pacer {
     pub fn target(&self, app: &AtomicU64) -> Target {
         self.ctl()
             .observe(Instant::now(), app.load(Ordering::Relaxed))
-    }
-
-    pub fn limits(&self) -> RateLimits {
-        self.ctl().limits()
     }
 }
 
