@@ -289,6 +289,8 @@ protocol = "C"
 split_brain = "disconnect"
 peer_timeout = 3
 insecure_no_tls = true
+resync_rate = 100
+resync_min_rate = 16
 
 [[resource.node]]
 name = "a"
@@ -308,6 +310,8 @@ EOF
     register pid "${NPID[$i]}"
   done
   for i in $(seq 100); do [ -S "$(ctl 1)" ] && [ -S "$(ctl 2)" ] && break; sleep 0.1; done
+  expect_eq "$(status_json 1 | jq -r '.resync_limits | "\(.min_bytes_per_sec) \(.max_bytes_per_sec)"')" \
+    "$((16 << 20)) $((100 << 20))" "the rate limits from the file"
   "$CAIRN" repl primary home --force --control "$(ctl 1)"
   wait_peer 1 Established
   random_file "$WORK/data" 4M
@@ -352,6 +356,89 @@ t_stack() {
     mdadm --examine "$SHM/m$i-0.img" | grep -q "State : clean" || fail "array $i not clean: $(mdadm --examine "$SHM/m$i-0.img")"
   done
   DISK=()
+}
+
+# wait_json I FILTER VALUE [TENTHS]: node I's status --json gives VALUE for the jq FILTER.
+wait_json() {
+  local n v
+  for n in $(seq "${4:-100}"); do
+    v=$(status_json "$1" | jq -r "$2")
+    [ "$v" = "$3" ] && return 0
+    sleep 0.1
+  done
+  fail "node $1: $2 is $v, not $3: $(status_text "$1")"
+}
+
+# app_writer I: random 4 KiB writes to node I's volume until killed; sets WPID.
+app_writer() {
+  py -c 'import nbd, os, random, sys
+h = nbd.NBD(); h.connect_uri(sys.argv[1])
+blocks = h.get_size() // 4096
+while True: h.pwrite(os.urandom(4096), random.randrange(blocks) * 4096)' "$(client_uri "$1")" \
+    >"$WORK/writer.out" 2>&1 &
+  WPID=$!
+  register pid "$WPID"
+}
+stop_writer() {
+  stop_tree "$WPID"
+  wait "$WPID" 2>/dev/null || true
+}
+
+# The rate controller: resync and verify run at --resync-rate (3 MiB/s here) while the
+# application is idle and at --resync-min-rate (1 MiB/s) while it writes. A full sync
+# under a writer reports itself throttled at the minimum (status --json, the text, the
+# metrics); the writer stopped, unthrottled at the maximum; it completes and the replicas
+# are equal. The same for an online verify. Only states are checked, never a speed.
+t_rate() {
+  need_tool curl
+  SIZE=32M nodes_up
+  node_up 1 --resync-rate 3 --resync-min-rate 1 --metrics "unix:$WORK/m1.sock"
+  node_up 2
+  local min=$((1 << 20)) max=$((3 << 20)) m r
+  expect_eq "$(status_json 1 | jq -r '.resync_limits | "\(.min_bytes_per_sec) \(.max_bytes_per_sec)"')" \
+    "$min $max" "the rate limits in status"
+  metrics() { curl -s --unix-socket "$WORK/m1.sock" http://cairn/metrics; }
+  local g='{resource="home",node="a",peer="b"}'
+  repl 1 primary --force >/dev/null
+  app_writer 1
+  # 1. The full sync, under the writer: throttled, at the minimum.
+  wait_json 1 '.peers[0].resync.throttled' true
+  r=$(status_json 1 | jq -c '.peers[0].resync')
+  say "resync under a writer: $r"
+  expect_eq "$(jq -r .target_bytes_per_sec <<<"$r")" $min "the throttled resync's target"
+  expect_contains "$(status_text 1)" "(held at 1 MiB/s: application I/O)" "status text of the throttled resync"
+  m=$(metrics)
+  expect_contains "$m" "cairn_repl_peer_resync_throttled$g 1" "metrics: the resync throttled"
+  expect_contains "$m" "cairn_repl_peer_resync_target_bytes_per_second$g $min" "metrics: the throttled target"
+  # The writer stops: the maximum, while the resync still runs (32 MiB at 3 MiB/s).
+  stop_writer
+  wait_json 1 '.peers[0].resync.throttled' false
+  r=$(status_json 1 | jq -c '.peers[0].resync')
+  say "resync, the writer stopped: $r"
+  expect_eq "$(jq -r .target_bytes_per_sec <<<"$r")" $max "the idle resync's target"
+  expect_contains "$(status_text 1)" "(rate limit 3 MiB/s)" "status text of the idle resync"
+  m=$(metrics)
+  expect_contains "$m" "cairn_repl_peer_resync_throttled$g 0" "metrics: the resync not throttled"
+  expect_contains "$m" "cairn_repl_peer_resync_target_bytes_per_second$g $max" "metrics: the idle target"
+  wait_peer 1 Established 600
+  say "  $(last_event 1 resync-done)"
+  wait_peer 2 Established
+  # 2. An online verify, paced the same way.
+  app_writer 1
+  repl 1 verify >/dev/null
+  wait_json 1 '.peers[0].verify | "\(.running) \(.throttled)"' "true true"
+  expect_eq "$(status_json 1 | jq -r '.peers[0].verify.target_bytes_per_sec')" $min "the throttled verify's target"
+  expect_contains "$(metrics)" "cairn_repl_peer_verify_throttled$g 1" "metrics: the verify throttled"
+  stop_writer
+  wait_json 1 '.peers[0].verify | "\(.running) \(.throttled)"' "true false"
+  expect_eq "$(status_json 1 | jq -r '.peers[0].verify.target_bytes_per_sec')" $max "the idle verify's target"
+  wait_json 1 '.peers[0].verify.running' false 600
+  r=$(status_json 1 | jq -c '.peers[0].verify')
+  say "verify: $r"
+  expect_eq "$(jq -r '"\(.out_of_sync_blocks) \(.error)"' <<<"$r")" "0 null" "the verify's result"
+  # The replicas are equal.
+  repl 1 secondary >/dev/null
+  cmp -n "$(status_json 1 | jq -r .data_size)" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
 }
 
 t_refusals() {
@@ -569,6 +656,7 @@ t_external_meta() {
 
 run_test refusals t_refusals
 run_test status t_status
+run_test rate t_rate
 run_test failover t_failover
 run_test split_brain t_split_brain
 run_test protocol_a t_protocol_a

@@ -14,6 +14,8 @@
 //!   meta.rs    the metadata on disk (internal at the end of the backing device, or
 //!              external); store.rs  the node's view of it (MetaIo)
 //!   quorum.rs  the primary role as an etcd lease, outdated peers, automatic failover
+//!   rate.rs    the resync/verify rate controller: the maximum when the application is
+//!              idle, the minimum while it does I/O
 //!   verify.rs  online verify (digests) and invalidate;  metrics.rs  Prometheus gauges
 //! ```
 //!
@@ -27,6 +29,7 @@ pub mod metrics;
 pub mod node;
 pub mod quorum;
 pub mod ranges;
+pub mod rate;
 
 pub mod store;
 pub mod target;

@@ -1,5 +1,6 @@
 //! A resource's status as Prometheus text (`cairn repl up --metrics`): gauges a dashboard
-//! or an alert can use (role, connection, out-of-sync bytes, resync progress, split brain).
+//! or an alert can use (role, connection, out-of-sync bytes, resync progress and the rate
+//! controller's target, split brain).
 
 use std::fmt::Write as _;
 
@@ -19,7 +20,7 @@ pub fn prometheus(s: &Status) -> String {
         esc(&s.resource),
         esc(&s.node)
     );
-    let mut gauge = |name: &str, help: &str, rows: &[(String, u64)]| {
+    let mut gauge = |name: &str, help: &str, rows: &[(String, Value)]| {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge");
         for (labels, v) in rows {
             let _ = writeln!(o, "{name}{{{labels}}} {v}");
@@ -28,24 +29,37 @@ pub fn prometheus(s: &Status) -> String {
     gauge(
         "cairn_repl_primary",
         "1 while this node is primary",
-        &[(node.clone(), u64::from(s.role == Role::Primary))],
+        &[(node.clone(), Value::from(s.role == Role::Primary))],
     );
     gauge(
         "cairn_repl_up_to_date",
         "1 while this node's disk is UpToDate",
-        &[(node.clone(), u64::from(s.disk == "UpToDate"))],
+        &[(node.clone(), Value::from(s.disk == "UpToDate"))],
     );
     gauge(
         "cairn_repl_epoch",
         "the fencing epoch this node knows",
-        &[(node.clone(), s.epoch)],
+        &[(node.clone(), Value::N(s.epoch))],
     );
     gauge(
         "cairn_repl_data_bytes",
         "bytes of replicated data",
-        &[(node.clone(), s.data_size)],
+        &[(node.clone(), Value::N(s.data_size))],
     );
-    let per = |f: &dyn Fn(&crate::node::PeerStatus) -> u64| -> Vec<(String, u64)> {
+    gauge(
+        "cairn_repl_resync_min_bytes_per_second",
+        "the rate resync and verify keep while the application does I/O (--resync-min-rate)",
+        &[(node.clone(), Value::N(s.resync_limits.min_bytes_per_sec))],
+    );
+    gauge(
+        "cairn_repl_resync_max_bytes_per_second",
+        "the rate resync and verify run at when the application is idle (--resync-rate; +Inf: unlimited)",
+        &[(
+            node.clone(),
+            Value::rate(Some(s.resync_limits.max_bytes_per_sec).filter(|m| *m > 0)),
+        )],
+    );
+    let per = |f: &dyn Fn(&crate::node::PeerStatus) -> Value| -> Vec<(String, Value)> {
         s.peers
             .iter()
             .map(|p| (format!("{node},peer=\"{}\"", esc(&p.name)), f(p)))
@@ -54,37 +68,162 @@ pub fn prometheus(s: &Status) -> String {
     gauge(
         "cairn_repl_peer_connected",
         "1 while the peer is connected",
-        &per(&|p| u64::from(p.connection == Conn::Connected)),
+        &per(&|p| Value::from(p.connection == Conn::Connected)),
     );
     gauge(
         "cairn_repl_peer_in_sync",
         "1 while the peer is connected and in sync",
-        &per(&|p| u64::from(p.replication == Repl::Established && p.out_of_sync_bytes == 0)),
+        &per(&|p| Value::from(p.replication == Repl::Established && p.out_of_sync_bytes == 0)),
     );
     gauge(
         "cairn_repl_peer_split_brain",
         "1 while split brain with the peer is unresolved",
-        &per(&|p| u64::from(p.replication == Repl::SplitBrain)),
+        &per(&|p| Value::from(p.replication == Repl::SplitBrain)),
     );
     gauge(
         "cairn_repl_peer_out_of_sync_bytes",
         "bytes the peer lacks (its bitmap)",
-        &per(&|p| p.out_of_sync_bytes),
+        &per(&|p| Value::N(p.out_of_sync_bytes)),
     );
     gauge(
         "cairn_repl_peer_resync_done_bytes",
         "bytes copied by the running resync",
-        &per(&|p| p.resync.as_ref().map_or(0, |r| r.done_bytes)),
+        &per(&|p| Value::N(p.resync.as_ref().map_or(0, |r| r.done_bytes))),
     );
     gauge(
         "cairn_repl_peer_resync_total_bytes",
         "bytes the running resync copies in all",
-        &per(&|p| p.resync.as_ref().map_or(0, |r| r.total_bytes)),
+        &per(&|p| Value::N(p.resync.as_ref().map_or(0, |r| r.total_bytes))),
     );
     gauge(
         "cairn_repl_peer_resync_bytes_per_second",
         "speed of the running resync",
-        &per(&|p| p.resync.as_ref().map_or(0, |r| r.bytes_per_sec)),
+        &per(&|p| Value::N(p.resync.as_ref().map_or(0, |r| r.bytes_per_sec))),
+    );
+    gauge(
+        "cairn_repl_peer_resync_target_bytes_per_second",
+        "the rate the controller paces the running resync to (+Inf: unlimited; 0: no resync runs)",
+        &per(&|p| {
+            p.resync
+                .as_ref()
+                .map_or(Value::N(0), |r| Value::rate(r.target_bytes_per_sec))
+        }),
+    );
+    gauge(
+        "cairn_repl_peer_resync_throttled",
+        "1 while application I/O holds the running resync at the minimum rate",
+        &per(&|p| Value::from(p.resync.as_ref().is_some_and(|r| r.throttled))),
+    );
+    let verifying = |p: &crate::node::PeerStatus| p.verify.as_ref().filter(|v| v.running).cloned();
+    gauge(
+        "cairn_repl_peer_verify_target_bytes_per_second",
+        "the rate the controller paces the running online verify to (+Inf: unlimited; 0: no verify runs)",
+        &per(&|p| verifying(p).map_or(Value::N(0), |v| Value::rate(v.target_bytes_per_sec))),
+    );
+    gauge(
+        "cairn_repl_peer_verify_throttled",
+        "1 while application I/O holds the running online verify at the minimum rate",
+        &per(&|p| Value::from(verifying(p).is_some_and(|v| v.throttled))),
     );
     o
+}
+
+/// A sample's value: a count, or +Inf for a rate without a limit.
+enum Value {
+    N(u64),
+    Inf,
+}
+
+impl Value {
+    fn rate(r: Option<u64>) -> Value {
+        r.map_or(Value::Inf, Value::N)
+    }
+}
+
+impl From<bool> for Value {
+    fn from(b: bool) -> Value {
+        Value::N(u64::from(b))
+    }
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::N(n) => write!(f, "{n}"),
+            Value::Inf => f.write_str("+Inf"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gen::Generations;
+    use crate::node::{PeerStatus, Progress};
+    use crate::rate::RateLimits;
+
+    #[test]
+    fn the_rate_controller_is_in_the_gauges() {
+        let progress = |target, throttled| Progress {
+            total_bytes: 100,
+            done_bytes: 40,
+            bytes_per_sec: 10,
+            eta_secs: Some(6),
+            full: true,
+            target_bytes_per_sec: target,
+            throttled,
+        };
+        let peer = |name: &str, resync| PeerStatus {
+            name: name.into(),
+            address: "tcp:10.0.0.2:7789".into(),
+            connection: Conn::Connected,
+            replication: Repl::SyncSource,
+            out_of_sync_bytes: 60,
+            peer_changes: None,
+            resync,
+            last_error: None,
+            since: 0,
+            verify: None,
+        };
+        let s = Status {
+            resource: "home".into(),
+            node: "a".into(),
+            role: Role::Primary,
+            disk: "UpToDate".into(),
+            data_size: 100,
+            epoch: 3,
+            generations: Generations {
+                current: 1,
+                bitmap: 0,
+                history: [0, 0],
+            },
+            crashed_primary: false,
+            quorum: None,
+            resync_limits: RateLimits {
+                min_bytes_per_sec: 1 << 20,
+                max_bytes_per_sec: 0,
+            },
+            peers: vec![
+                peer("b", Some(progress(Some(1 << 20), true))),
+                peer("c", Some(progress(None, false))),
+                peer("d", None),
+            ],
+            events: Vec::new(),
+        };
+        let m = prometheus(&s);
+        let n = r#"resource="home",node="a""#;
+        for line in [
+            format!("cairn_repl_resync_min_bytes_per_second{{{n}}} 1048576"),
+            format!("cairn_repl_resync_max_bytes_per_second{{{n}}} +Inf"),
+            format!("cairn_repl_peer_resync_target_bytes_per_second{{{n},peer=\"b\"}} 1048576"),
+            format!("cairn_repl_peer_resync_throttled{{{n},peer=\"b\"}} 1"),
+            format!("cairn_repl_peer_resync_target_bytes_per_second{{{n},peer=\"c\"}} +Inf"),
+            format!("cairn_repl_peer_resync_throttled{{{n},peer=\"c\"}} 0"),
+            format!("cairn_repl_peer_resync_target_bytes_per_second{{{n},peer=\"d\"}} 0"),
+            format!("cairn_repl_peer_verify_throttled{{{n},peer=\"b\"}} 0"),
+            format!("cairn_repl_primary{{{n}}} 1"),
+        ] {
+            assert!(m.lines().any(|l| l == line), "{line} not in\n{m}");
+        }
+    }
 }

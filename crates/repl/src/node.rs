@@ -37,6 +37,7 @@ use crate::bitmap::Bitmap;
 use crate::gen::{self, Decision, Generations, NodeView, JUST_CREATED};
 use crate::quorum::{self, OnLoss, Quorum};
 use crate::ranges::{OwnedRangeGuard, RangeLocks};
+use crate::rate::{Pacer, RateLimits};
 use crate::wire::{self, Hello, Request, Welcome, OPT_CAIRN_REPL};
 use cairn_cluster::{Lease, LeaseError, LeaseGuard};
 use cairn_nbd::client::Detached;
@@ -185,8 +186,9 @@ pub struct NodeConfig {
     pub node: String,
     pub peers: Vec<PeerConfig>,
     pub protocol: Protocol,
-    /// Resync bytes per second; 0: as fast as it goes.
-    pub resync_rate: u64,
+    /// How fast resync and online verify copy and compare: the maximum while the
+    /// application is idle, the minimum while it does I/O (rate.rs).
+    pub resync: RateLimits,
     /// Extents the activity log holds.
     pub al_extents: usize,
     pub split_brain: SplitBrainPolicy,
@@ -230,6 +232,12 @@ pub struct Progress {
     pub bytes_per_sec: u64,
     pub eta_secs: Option<u64>,
     pub full: bool,
+    /// The rate the controller paces the resync to now (bytes/s); `None`: unlimited.
+    #[serde(default)]
+    pub target_bytes_per_sec: Option<u64>,
+    /// Application I/O holds the resync at the minimum rate.
+    #[serde(default)]
+    pub throttled: bool,
 }
 
 #[derive(Debug)]
@@ -252,6 +260,7 @@ struct ResyncCounters {
     total: u64,
     started: Instant,
     full: bool,
+    pacer: Arc<Pacer>,
 }
 
 /// One configured peer.
@@ -336,6 +345,9 @@ pub struct Status {
     /// With a quorum: the primary lease ("held, 8.1 s left", "lost: I/O frozen"), or
     /// what a secondary does ("automatic failover on").
     pub quorum: Option<String>,
+    /// `--resync-min-rate` and `--resync-rate`, in bytes per second.
+    #[serde(default)]
+    pub resync_limits: RateLimits,
     pub peers: Vec<PeerStatus>,
     pub events: Vec<Event>,
 }
@@ -372,7 +384,7 @@ impl NodeConfig {
                 ),
             }],
             protocol: Protocol::C,
-            resync_rate: 0,
+            resync: RateLimits::default(),
             al_extents: 4,
             split_brain: SplitBrainPolicy::Disconnect,
             peer_timeout: Duration::from_secs(1),
@@ -421,6 +433,9 @@ pub struct Node {
     stopped: AtomicBool,
     /// Online verify runs and the invalidation mark (verify.rs).
     vx: verify::Shared,
+    /// Application reads and writes so far: the rate controller (rate.rs) slows resync
+    /// and verify to their minimum while it moves.
+    app_io: AtomicU64,
 }
 
 impl fmt::Debug for Node {
@@ -577,6 +592,7 @@ impl Node {
             halt: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             vx: verify::Shared::default(),
+            app_io: AtomicU64::new(0),
         };
         if crashed {
             node.event("crashed-primary", None, "this node stopped as primary without a clean stop: its activity log's extents will be resynced".into());
@@ -821,6 +837,7 @@ impl Node {
 
     fn write(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check_primary()?;
+        self.app_io.fetch_add(1, Ordering::Relaxed);
         let len = buf.len() as u64;
         let range = self.locks.lock_owned(offset, len);
         self.al.begin(offset, len, |tx| self.persist_al(tx))?;
@@ -1466,12 +1483,15 @@ impl Node {
                         clippy::cast_precision_loss
                     )]
                     let rate = (done as f64 / el) as u64;
+                    let target = r.pacer.target(&self.app_io);
                     Progress {
                         total_bytes: r.total.max(done + oos),
                         done_bytes: done,
                         bytes_per_sec: rate,
                         eta_secs: (rate > 0).then(|| oos / rate),
                         full: r.full,
+                        target_bytes_per_sec: target.bytes_per_sec,
+                        throttled: target.throttled,
                     }
                 });
                 PeerStatus {
@@ -1487,7 +1507,7 @@ impl Node {
                         .since
                         .duration_since(SystemTime::UNIX_EPOCH)
                         .map_or(0, |d| d.as_secs()),
-                    verify: self.vx.status(&peer.cfg.name),
+                    verify: self.vx.status(&peer.cfg.name, &self.app_io),
                 }
             })
             .collect();
@@ -1519,6 +1539,7 @@ impl Node {
             },
             crashed_primary: p.crashed_primary,
             quorum: self.quorum_status(role),
+            resync_limits: self.cfg.resync,
             peers,
             events: self
                 .events
@@ -1582,6 +1603,7 @@ impl BlockDevice for Volume {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.0.check_primary()?;
+        self.0.app_io.fetch_add(1, Ordering::Relaxed);
         self.0.disk.read_at(buf, offset)
     }
 
@@ -1695,6 +1717,10 @@ mod tests {
         vol.write_at(&[7u8; 8192], 1 << 20, WriteFlags::NONE)
             .unwrap();
         assert_eq!(node.status().peers[0].out_of_sync_bytes, 8192);
+        // Application I/O is counted for the rate controller (rate.rs).
+        let mut buf = [0u8; 4096];
+        vol.read_at(&mut buf, 0).unwrap();
+        assert_eq!(node.app_io.load(Ordering::Relaxed), 2);
         node.demote().unwrap();
         assert!(
             vol.write_at(&[7u8; 4096], 0, WriteFlags::NONE).is_err(),

@@ -1,6 +1,8 @@
 //! A primary's thread per peer: handshake, the sync decision, the data connection, and
 //! the resync of what the peer's bitmap marks (in disk order, four copies in flight,
-//! paced by `--resync-rate`). A child of node.rs, so it sees the node's state.
+//! paced by the rate controller of rate.rs: `--resync-rate` while the application is
+//! idle, `--resync-min-rate` while it does I/O). A child of node.rs, so it sees the
+//! node's state.
 
 use super::*;
 
@@ -240,12 +242,16 @@ impl Node {
         let run_bits = ((1u64 << 20) / bm).max(1);
         let total = peer.bitmap.count_bytes(self.data_size);
         peer.resync_done.store(0, Ordering::Relaxed);
+        let failed: Mutex<Option<String>> = Mutex::new(None);
+        let pacer = Arc::new(Pacer::new(self.cfg.resync, &self.app_io));
         peer.state().resync = Some(ResyncCounters {
             total,
             started: Instant::now(),
             full,
+            pacer: pacer.clone(),
         });
-        let failed: Mutex<Option<String>> = Mutex::new(None);
+        let stopping =
+            || self.stop_peers.load(Ordering::SeqCst) || self.lease_lost() || failed_now(&failed);
         loop {
             let cursor = Mutex::new(0u64);
             thread::scope(|s| {
@@ -253,10 +259,7 @@ impl Node {
                     s.spawn(|| {
                         let mut buf = vec![0u8; usize::try_from(run_bits * bm).expect("1 MiB")];
                         loop {
-                            if self.stop_peers.load(Ordering::SeqCst)
-                                || self.lease_lost()
-                                || failed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-                            {
+                            if stopping() {
                                 return;
                             }
                             let run = {
@@ -271,6 +274,11 @@ impl Node {
                             let off = a * bm;
                             let len = (b * bm).min(self.data_size) - off;
                             let n = usize::try_from(len).expect("<= 1 MiB");
+                            // Waits holding no range, so application writes go on.
+                            pacer.admit(len, &self.app_io, stopping);
+                            if stopping() {
+                                return;
+                            }
                             let r = (|| -> Result<()> {
                                 let Some(link) = peer.link() else {
                                     return Err(io_err(ErrorKind::Gone, "the peer is gone"));
@@ -286,8 +294,7 @@ impl Node {
                                     Some(e.to_string());
                                 return;
                             }
-                            let done = peer.resync_done.fetch_add(len, Ordering::Relaxed) + len;
-                            self.pace(peer, done);
+                            peer.resync_done.fetch_add(len, Ordering::Relaxed);
                         }
                     });
                 }
@@ -358,20 +365,8 @@ impl Node {
         );
         Ok(())
     }
+}
 
-    /// Sleeps as long as the resync is ahead of its rate.
-    fn pace(&self, peer: &Peer, done: u64) {
-        if self.cfg.resync_rate == 0 {
-            return;
-        }
-        let Some(started) = peer.state().resync.as_ref().map(|r| r.started) else {
-            return;
-        };
-        #[allow(clippy::cast_precision_loss)]
-        let due = Duration::from_secs_f64(done as f64 / self.cfg.resync_rate as f64);
-        let el = started.elapsed();
-        if due > el {
-            thread::sleep(due - el);
-        }
-    }
+fn failed_now(failed: &Mutex<Option<String>>) -> bool {
+    failed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
 }

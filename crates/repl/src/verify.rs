@@ -2,6 +2,7 @@
 //!
 //! ```text
 //!   primary (verify_run, 4 ranges in flight, handed out in disk order)   secondary
+//!     wait for the rate controller (rate.rs: the resync's limits), holding nothing
 //!     hold the range [off, off+len) (RangeLocks): no application write
 //!     and no resync copy of it is in flight anywhere
 //!     read it here, one digest per bitmap block
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Conn, Node, Peer, Repl, Role};
 use crate::gen::JUST_CREATED;
+use crate::rate::{Pacer, RateLimits};
 use crate::wire::{Request, DIGESTS_PER_REPLY};
 
 /// Bytes read at once, and the most a verify request covers when bitmap blocks are
@@ -187,6 +189,13 @@ pub struct VerifyStatus {
     pub error: Option<String>,
     /// `--resync`: the marked blocks are resynced when the verify is done.
     pub resync: bool,
+    /// While it runs: the rate the controller paces it to (bytes/s); `None`: unlimited
+    /// (or not running).
+    #[serde(default)]
+    pub target_bytes_per_sec: Option<u64>,
+    /// While it runs: application I/O holds it at the minimum rate.
+    #[serde(default)]
+    pub throttled: bool,
 }
 
 #[derive(Debug)]
@@ -199,6 +208,7 @@ struct Run {
     found: AtomicU64,
     /// Set when the run ended: its seconds and its error.
     end: Mutex<Option<(f64, Option<String>)>>,
+    pacer: Pacer,
 }
 
 /// The node's verify runs (the last one per peer) and its invalidation mark.
@@ -217,7 +227,13 @@ impl Shared {
     }
 
     /// A new run against `peer`, replacing the last one's result; `None` while one runs.
-    fn begin(&self, peer: &str, total: u64, resync: bool) -> Option<Arc<Run>> {
+    fn begin(
+        &self,
+        peer: &str,
+        total: u64,
+        resync: bool,
+        pace: (RateLimits, &AtomicU64),
+    ) -> Option<Arc<Run>> {
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, r)) = runs.iter().find(|(n, _)| n == peer) {
             if r.end.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
@@ -233,12 +249,14 @@ impl Shared {
             checked: AtomicU64::new(0),
             found: AtomicU64::new(0),
             end: Mutex::new(None),
+            pacer: Pacer::new(pace.0, pace.1),
         });
         runs.push((peer.to_string(), run.clone()));
         Some(run)
     }
 
-    pub(super) fn status(&self, peer: &str) -> Option<VerifyStatus> {
+    /// `app`: the node's application I/O counter, for the controller's target.
+    pub(super) fn status(&self, peer: &str, app: &AtomicU64) -> Option<VerifyStatus> {
         let run = self.run(peer)?;
         let end = run.end.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let done = run.done.load(Ordering::Relaxed);
@@ -251,6 +269,7 @@ impl Shared {
             clippy::cast_precision_loss
         )]
         let rate = (done as f64 / secs.max(0.001)) as u64;
+        let target = end.is_none().then(|| run.pacer.target(app));
         Some(VerifyStatus {
             running: end.is_none(),
             total_bytes: run.total,
@@ -262,6 +281,8 @@ impl Shared {
             secs,
             error: end.and_then(|e| e.1),
             resync: run.resync,
+            target_bytes_per_sec: target.and_then(|t| t.bytes_per_sec),
+            throttled: target.is_some_and(|t| t.throttled),
         })
     }
 
@@ -323,7 +344,8 @@ impl Node {
                 ));
                 continue;
             }
-            let Some(run) = self.vx.begin(&name, self.data_size, resync) else {
+            let pace = (self.cfg.resync, &self.app_io);
+            let Some(run) = self.vx.begin(&name, self.data_size, resync, pace) else {
                 skipped.push(format!("a verify against {name} is running"));
                 continue;
             };
@@ -367,20 +389,22 @@ impl Node {
     }
 
     /// Compares every bitmap block with `peer`, in disk order, [`IN_FLIGHT`] ranges at
-    /// once; marks the differing ones in its bitmap.
+    /// once, paced by the rate controller; marks the differing ones in its bitmap.
     fn verify_run(&self, peer: &Arc<Peer>, run: &Run) {
         let bm = self.meta.bm_block();
         let step = (PIECE / bm).clamp(1, DIGESTS_PER_REPLY);
         let bits = peer.bitmap.bits();
         let cursor = Mutex::new(0u64);
         let failed: Mutex<Option<String>> = Mutex::new(None);
+        let demoted = || self.stop_peers.load(Ordering::SeqCst) || self.lease_lost();
+        let stopping = || demoted() || failed.lock().unwrap_or_else(|p| p.into_inner()).is_some();
         thread::scope(|s| {
             for _ in 0..IN_FLIGHT {
                 s.spawn(|| loop {
                     if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
                         return;
                     }
-                    if self.stop_peers.load(Ordering::SeqCst) || self.lease_lost() {
+                    if demoted() {
                         *failed.lock().unwrap_or_else(|p| p.into_inner()) =
                             Some("this node stopped being primary".into());
                         return;
@@ -397,6 +421,11 @@ impl Node {
                     let b = (a + step).min(bits);
                     let off = a * bm;
                     let len = (b * bm).min(self.data_size) - off;
+                    // Waits holding no range; a stop is seen at the top of the loop.
+                    run.pacer.admit(len, &self.app_io, stopping);
+                    if stopping() {
+                        continue;
+                    }
                     match self.verify_range(peer, off, len) {
                         Ok(diff) => {
                             for i in &diff {
@@ -713,25 +742,36 @@ mod tests {
     #[test]
     fn one_run_per_peer_and_its_result_stays() {
         let s = Shared::default();
-        let r = s.begin("b", 100, false).unwrap();
+        let app = AtomicU64::new(0);
+        let pace = (RateLimits::default(), &app);
+        let r = s.begin("b", 100, false, pace).unwrap();
         assert!(
-            s.begin("b", 100, false).is_none(),
+            s.begin("b", 100, false, pace).is_none(),
             "two runs against one peer"
         );
-        assert!(s.begin("c", 100, false).is_some());
+        assert!(s.begin("c", 100, false, pace).is_some());
         r.done.store(100, Ordering::Relaxed);
         r.found.store(2, Ordering::Relaxed);
-        let st = s.status("b").unwrap();
+        let st = s.status("b", &app).unwrap();
         assert!(st.running);
+        assert_eq!((st.target_bytes_per_sec, st.throttled), (None, false));
+        app.fetch_add(1, Ordering::Relaxed);
+        let st = s.status("b", &app).unwrap();
+        assert_eq!(
+            (st.target_bytes_per_sec, st.throttled),
+            (Some(RateLimits::default().min_bytes_per_sec), true),
+            "application I/O throttles a running verify"
+        );
         *r.end.lock().unwrap() = Some((1.5, None));
-        let st = s.status("b").unwrap();
+        let st = s.status("b", &app).unwrap();
         assert!(!st.running);
+        assert_eq!((st.target_bytes_per_sec, st.throttled), (None, false));
         assert_eq!(
             (st.out_of_sync_blocks, st.done_bytes, st.eta_secs),
             (2, 100, None)
         );
-        assert!(s.begin("b", 100, true).is_some());
-        assert!(s.status("b").unwrap().resync);
-        assert!(s.status("nobody").is_none());
+        assert!(s.begin("b", 100, true, pace).is_some());
+        assert!(s.status("b", &app).unwrap().resync);
+        assert!(s.status("nobody", &app).is_none());
     }
 }
