@@ -142,6 +142,9 @@ pub struct Extent {
     pub zero: bool,
 }
 
+/// Called once with the result of a write started by [`BlockDevice::write_then`].
+pub type WriteDone = Box<dyn FnOnce(Result<()>) + Send>;
+
 /// A block device: the one trait every cairn layer implements.
 ///
 /// Offsets and lengths are bytes, multiples of `geometry().logical_block_size`, inside
@@ -158,6 +161,21 @@ pub trait BlockDevice: Send + Sync + Debug {
 
     /// Writes `buf` at `offset`; with FUA the data is durable on return.
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()>;
+
+    /// Starts the write of `buf` at `offset` and calls `done` with its result once it is
+    /// complete: perhaps on another thread, perhaps before this returns, always exactly
+    /// once. When this returns, `buf` is no longer used. The write counts as completed
+    /// (for [`BlockDevice::flush`], and for FUA's durability) when `done` is called, not
+    /// before.
+    ///
+    /// The default writes with [`BlockDevice::write_at`] and then calls `done` on the
+    /// calling thread. A device whose writes wait on something other than this CPU (a
+    /// replica's acknowledgement over the network) overrides it, so the caller's thread is
+    /// free while it waits: the NBD server then answers the request from the thread that
+    /// sees the write complete, with no thread of its own blocked per request.
+    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        done(self.write_at(buf, offset, flags));
+    }
 
     /// Makes every write that completed before this call durable.
     fn flush(&self) -> Result<()> {
@@ -287,6 +305,9 @@ macro_rules! forward_block_device {
             }
             fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
                 (**self).write_at(buf, offset, flags)
+            }
+            fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+                (**self).write_then(buf, offset, flags, done)
             }
             fn flush(&self) -> Result<()> {
                 (**self).flush()

@@ -30,7 +30,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cairn_block::{BlockDevice, Capabilities, ErrorKind, Extent, Geometry, Support, WriteFlags};
+use cairn_block::{
+    BlockDevice, Capabilities, ErrorKind, Extent, Geometry, Support, WriteDone, WriteFlags,
+};
 
 use crate::proto::*;
 use crate::server::Listen;
@@ -1627,9 +1629,31 @@ struct PipeSender {
     next_cookie: u64,
 }
 
+/// Who takes a reply: a thread waiting on a channel, or a function the reader thread
+/// calls.
+enum Waiter {
+    Channel(SyncSender<Result<Reply>>),
+    Call(ReplyFn),
+}
+
+/// Called once, on the pipeline's reader thread, with the reply to a request sent by
+/// [`Pipeline::submit_then`] (or with the error that ended the connection).
+pub type ReplyFn = Box<dyn FnOnce(Result<Reply>) + Send>;
+
+impl Waiter {
+    fn deliver(self, r: Result<Reply>) {
+        match self {
+            Waiter::Channel(tx) => {
+                let _ = tx.send(r);
+            }
+            Waiter::Call(f) => f(r),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Waiters {
-    by_cookie: HashMap<u64, SyncSender<Result<Reply>>>,
+    by_cookie: HashMap<u64, Waiter>,
     /// Why the connection is unusable, once it is ([`Error::Closed`] after a clean
     /// close).
     broken: Option<Error>,
@@ -1725,8 +1749,9 @@ impl PipeShared {
         let end = loop {
             match conn.recv_one() {
                 Ok(Some(r)) => {
-                    if let Some(tx) = self.waiters().by_cookie.remove(&r.cookie) {
-                        let _ = tx.send(Ok(r));
+                    let w = self.waiters().by_cookie.remove(&r.cookie);
+                    if let Some(w) = w {
+                        w.deliver(Ok(r));
                     }
                 }
                 Ok(None) => {}
@@ -1750,11 +1775,17 @@ impl PipeShared {
                 Err(e) => break e,
             }
         };
-        let mut w = self.waiters();
-        for (_, tx) in w.by_cookie.drain() {
-            let _ = tx.send(Err(again(&end)));
+        // Every later submit sees the connection broken (under the same lock as the
+        // drain, so no waiter slips in between); the waiters hear it outside the lock.
+        let waiting: Vec<(Waiter, Error)> = {
+            let mut w = self.waiters();
+            let all = w.by_cookie.drain().map(|(_, w)| (w, again(&end))).collect();
+            w.broken = Some(end);
+            all
+        };
+        for (w, e) in waiting {
+            w.deliver(Err(e));
         }
-        w.broken = Some(end);
     }
 }
 
@@ -1770,6 +1801,36 @@ impl Pipeline {
         payload: &[u8],
     ) -> Result<Pending> {
         let (tx, rx) = sync_channel(1);
+        self.send(kind, flags, offset, length, payload, Waiter::Channel(tx))?;
+        Ok(Pending { rx })
+    }
+
+    /// Sends a request; the pipeline's reader thread calls `then` with its reply (an
+    /// error reply is `Ok` with its error set: [`Reply::result`] tells). `then` runs on
+    /// the reader thread, so it must be short and must not wait for another reply of
+    /// this pipeline. `Err` here means the request did not leave and `then` will not be
+    /// called; otherwise `then` is called exactly once.
+    pub fn submit_then(
+        &self,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+        then: ReplyFn,
+    ) -> Result<()> {
+        self.send(kind, flags, offset, length, payload, Waiter::Call(then))
+    }
+
+    fn send(
+        &self,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+        waiter: Waiter,
+    ) -> Result<()> {
         let mut s = self.shared.sender.lock().unwrap_or_else(|p| p.into_inner());
         let cookie = s.next_cookie;
         s.next_cookie = s.next_cookie.wrapping_add(1).max(1);
@@ -1780,7 +1841,7 @@ impl Pipeline {
             if let Some(e) = &w.broken {
                 return Err(again(e));
             }
-            w.by_cookie.insert(cookie, tx);
+            w.by_cookie.insert(cookie, waiter);
         }
         self.shared
             .in_flight
@@ -1806,7 +1867,7 @@ impl Pipeline {
         if let Err(e) = sent {
             // Part of a request may be on the wire: the stream is lost. The reader sees
             // the end and fails everything in flight.
-            self.shared.waiters().by_cookie.remove(&cookie);
+            let ours = self.shared.waiters().by_cookie.remove(&cookie);
             self.shared
                 .in_flight
                 .lock()
@@ -1815,9 +1876,13 @@ impl Pipeline {
             if let Some(sock) = &self.socket {
                 sock.shutdown(std::net::Shutdown::Both);
             }
-            return Err(Error::Io(e));
+            // The reader may have ended first and told the waiter already: then the
+            // waiter has its error, and telling the caller too would report it twice.
+            if ours.is_some() {
+                return Err(Error::Io(e));
+            }
         }
-        Ok(Pending { rx })
+        Ok(())
     }
 
     /// Sends a request and waits for its reply.
@@ -1877,7 +1942,11 @@ impl Drop for Pipeline {
                     c.close();
                 }
                 sock.shutdown(std::net::Shutdown::Both);
-                let _ = r.join();
+                // The last owner may be a reply function running on the reader thread
+                // itself (submit_then): it cannot wait for its own end.
+                if r.thread().id() != thread::current().id() {
+                    let _ = r.join();
+                }
             }
             // A stream without a socket ends when its other side does; the reader
             // thread is left to see that.
@@ -1927,6 +1996,36 @@ impl Started<'_> {
         Detached {
             pending: self.pending,
             flush_after: self.flush_after,
+        }
+    }
+}
+
+/// The pieces of one [`Client::write_then`]: the last to finish calls `done`.
+struct Gather {
+    left: AtomicUsize,
+    first_err: Mutex<Option<Error>>,
+    done: Mutex<Option<WriteDone>>,
+}
+
+impl Gather {
+    fn one(&self, r: Result<()>) {
+        if let Err(e) = r {
+            self.first_err
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+        }
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let err = self
+            .first_err
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(done) = done {
+            done(err.map_or(Ok(()), |e| Err(e.into())));
         }
     }
 }
@@ -2051,6 +2150,42 @@ impl Client {
             pending,
             flush_after: flush_after && self.info.has(FLAG_SEND_FLUSH),
         }
+    }
+
+    /// Sends a write (every piece of it at once) and returns; `done` is called once with
+    /// the result when every piece is answered, on a pipeline's reader thread (or here,
+    /// when nothing could be sent). FUA on a server without FUA (a flush after the
+    /// pieces) is done by waiting, on this thread.
+    pub fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        if flags.fua() && !self.info.has(FLAG_SEND_FUA) {
+            return done(self.start_write(buf, offset, flags).wait());
+        }
+        let nbd_flags = if flags.fua() { CMD_FLAG_FUA } else { 0 };
+        let chunk = usize::try_from(self.chunk(true)).expect("<= 32 MiB");
+        // One count per piece, plus one this thread gives back when every piece is
+        // sent, so `done` cannot run while pieces are still being sent.
+        let all = Arc::new(Gather {
+            left: AtomicUsize::new(buf.len().div_ceil(chunk) + 1),
+            first_err: Mutex::new(None),
+            done: Mutex::new(Some(done)),
+        });
+        for (i, piece) in buf.chunks(chunk).enumerate() {
+            let g = all.clone();
+            let sent = len_u32(piece.len(), "write").and_then(|len| {
+                self.pipe().submit_then(
+                    CMD_WRITE,
+                    nbd_flags,
+                    offset + (i * chunk) as u64,
+                    len,
+                    piece,
+                    Box::new(move |r| g.one(r.and_then(Reply::result).map(drop))),
+                )
+            });
+            if let Err(e) = sent {
+                all.one(Err(e));
+            }
+        }
+        all.one(Ok(()));
     }
 
     /// Sends a flush and returns without waiting (nothing is sent when the server says
@@ -2235,6 +2370,10 @@ impl BlockDevice for Client {
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> cairn_block::Result<()> {
         self.start_write(buf, offset, flags).wait()
+    }
+
+    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        Client::write_then(self, buf, offset, flags, done);
     }
 
     fn flush(&self) -> cairn_block::Result<()> {

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_block::{BlockDevice, MemDisk};
+use cairn_block::{BlockDevice, MemDisk, WriteDone, WriteFlags};
 use cairn_nbd::client::{Client, ClientOptions, Connection};
 use cairn_nbd::proto::*;
 use cairn_nbd::ServerConfig;
@@ -564,4 +564,133 @@ fn a_request_the_server_does_not_answer_fails_after_the_timeout_from_its_sending
         took >= Duration::from_millis(450) && took < Duration::from_millis(900),
         "the write failed after {took:?}, not after the 500 ms timeout"
     );
+}
+
+/// A device whose writes complete later, on a thread of their own (as a replicated
+/// volume's complete when the replica answers): the first `slow_first` writes take
+/// 300 ms, the others are done at once; a write at offset `PANIC_AT` panics.
+#[derive(Debug)]
+struct LaterDisk {
+    inner: Arc<MemDisk>,
+    slow_first: std::sync::atomic::AtomicUsize,
+}
+
+const PANIC_AT: u64 = 3 << 20;
+
+impl BlockDevice for LaterDisk {
+    fn geometry(&self) -> cairn_block::Geometry {
+        self.inner.geometry()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> cairn_block::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> cairn_block::Result<()> {
+        self.inner.write_at(buf, offset, flags)
+    }
+    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        assert_ne!(offset, PANIC_AT, "a device bug");
+        let slow = self
+            .slow_first
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        let (inner, data) = (self.inner.clone(), buf.to_vec());
+        std::thread::spawn(move || {
+            if slow {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            done(inner.write_at(&data, offset, flags));
+        });
+    }
+}
+
+/// A write that completes after the device call returned is answered from the thread
+/// that completes it, in completion order; the data is there when the reply is; a
+/// device that panics in `write_then` gets the request an EIO, and the connection goes
+/// on.
+#[test]
+fn writes_completed_later_are_answered_when_they_complete() {
+    let disk = Arc::new(LaterDisk {
+        inner: Arc::new(MemDisk::new(4 << 20)),
+        slow_first: std::sync::atomic::AtomicUsize::new(1),
+    });
+    let srv = TestServer::start_with(ServerConfig::new(vec![export("d", disk.clone())]));
+    let addr = &srv.addrs()[0];
+    let mut c = open(addr, "d", true, false);
+    let slow = c.submit_write(0, &[1u8; 4096], 0).expect("slow write");
+    let fast = c.submit_write(8192, &[2u8; 4096], 0).expect("fast write");
+    let first = c.recv().expect("first reply");
+    assert_eq!(first.cookie, fast, "the slow write held back the fast one");
+    assert!(first.is_ok(), "{first:?}");
+    let second = c.recv().expect("second reply");
+    assert_eq!(second.cookie, slow);
+    assert!(second.is_ok(), "{second:?}");
+    assert_eq!(c.read_vec(0, 4096, 0).unwrap(), vec![1u8; 4096]);
+    assert_eq!(c.read_vec(8192, 4096, 0).unwrap(), vec![2u8; 4096]);
+    // Many at once, each read back.
+    for round in 0..3u8 {
+        let cookies: Vec<u64> = (0..32u64)
+            .map(|i| c.submit_write(i * 4096, &[round ^ i as u8; 4096], 0).unwrap())
+            .collect();
+        let mut got = HashSet::new();
+        for _ in 0..32 {
+            let r = c.recv().unwrap();
+            assert!(r.is_ok(), "{r:?}");
+            got.insert(r.cookie);
+        }
+        assert_eq!(got, cookies.into_iter().collect::<HashSet<_>>());
+        for i in 0..32u64 {
+            assert_eq!(c.read_vec(i * 4096, 4096, 0).unwrap(), vec![round ^ i as u8; 4096]);
+        }
+    }
+    let err = c.write(PANIC_AT, &[3u8; 4096], 0).expect_err("the device panicked");
+    assert_eq!(err.errno(), Some(EIO), "{err}");
+    assert_eq!(c.read_vec(4096 * 5, 4096, 0).unwrap(), vec![5u8 ^ 2; 4096]);
+}
+
+/// `Client::write_then` over a real server: a write of several pieces (larger than the
+/// server's maximum request) is called back once, after every piece is answered, with
+/// the data in place; a write to a server that went away is called back with an error,
+/// once.
+#[test]
+fn a_client_write_then_is_called_back_once_when_every_piece_is_in() {
+    let disk = Arc::new(MemDisk::new(64 << 20));
+    let srv = TestServer::start_with(ServerConfig::new(vec![export("d", disk.clone())]));
+    let addr = srv.addrs()[0].clone();
+    let client = Client::connect(&ClientOptions::new(addr, "d")).expect("connect");
+    let big: Vec<u8> = (0..(40 << 20)).map(|i: usize| (i / 4096) as u8).collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let n = calls.clone();
+    client.write_then(
+        &big,
+        4096,
+        WriteFlags::FUA,
+        Box::new(move |r| {
+            n.fetch_add(1, Ordering::SeqCst);
+            tx.send(r).unwrap();
+        }),
+    );
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("called back")
+        .expect("written");
+    let mut back = vec![0u8; big.len()];
+    disk.read_at(&mut back, 4096).unwrap();
+    assert!(back == big, "the data is not what was written");
+    drop(srv);
+    std::thread::sleep(Duration::from_millis(100));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let n = calls.clone();
+    client.write_then(
+        &[7u8; 8192],
+        0,
+        WriteFlags::NONE,
+        Box::new(move |r| {
+            n.fetch_add(1, Ordering::SeqCst);
+            tx.send(r).unwrap();
+        }),
+    );
+    let r = rx.recv_timeout(Duration::from_secs(30)).expect("called back");
+    assert!(r.is_err(), "a write to a stopped server succeeded");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "a callback ran twice");
 }

@@ -24,7 +24,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime};
 
 use cairn_block::{
-    BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteDone, WriteFlags,
 };
 use cairn_nbd::client::{Client, ClientOptions, Handshake};
 use cairn_nbd::fence::{FenceToken, OwnerId};
@@ -905,6 +905,61 @@ impl Node {
         local.and(missed)
     }
 
+    /// Protocol C without a thread waiting: the write leaves for every replica and is
+    /// written here, and the last of them to finish (usually a replica's answer, on
+    /// its connection's reader thread) settles the bitmaps and calls `done`. Exactly
+    /// what [`Node::write`] does, in the same order, but no thread sleeps through the
+    /// round trip. A replica that failed is handled on a thread of its own: losing it
+    /// saves metadata and may ask etcd, which must not hold a connection's reader.
+    fn write_then(self: &Arc<Self>, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        if self.cfg.protocol != Protocol::C {
+            return done(self.write(buf, offset, flags));
+        }
+        if let Err(e) = self.check_primary() {
+            return done(Err(e));
+        }
+        self.app_io.fetch_add(1, Ordering::Relaxed);
+        let len = buf.len() as u64;
+        let range = self.locks.lock_owned(offset, len);
+        if let Err(e) = self.al.begin(offset, len, |tx| self.persist_al(tx)) {
+            return done(Err(e));
+        }
+        let op = Arc::new(ReplWrite {
+            node: self.clone(),
+            offset,
+            len,
+            left: std::sync::atomic::AtomicUsize::new(self.peers.len() + 1),
+            answers: Mutex::new(Vec::with_capacity(self.peers.len())),
+            missed: Mutex::new(Ok(())),
+            local: Mutex::new(None),
+            range: Mutex::new(Some(range)),
+            done: Mutex::new(Some(done)),
+        });
+        // Every replica's write is on its way before the local one starts.
+        for peer in &self.peers {
+            match peer.link() {
+                Some(link) => {
+                    let (op2, peer2) = (op.clone(), peer.clone());
+                    link.write_then(buf, offset, flags, Box::new(move |r| op2.answer(peer2, r)));
+                }
+                None => {
+                    // Not connected: tracked, and (with etcd) recorded as outdated
+                    // before this write is acknowledged. Done here, on the caller's
+                    // thread, as the waiting path does.
+                    peer.bitmap.set_bytes(offset, len);
+                    let m = self.ensure_outdated(peer);
+                    let mut missed = op.missed.lock().unwrap_or_else(|p| p.into_inner());
+                    *missed = std::mem::replace(&mut *missed, Ok(())).and(m);
+                    drop(missed);
+                    op.one();
+                }
+            }
+        }
+        let local = self.disk.write_at(buf, offset, flags);
+        *op.local.lock().unwrap_or_else(|p| p.into_inner()) = Some(local);
+        op.one();
+    }
+
     /// Protocol A: the peers' answers to one write, after it was acknowledged.
     fn complete(&self, job: AsyncJob) {
         for (peer, client, d) in job.peers {
@@ -1578,6 +1633,91 @@ impl Node {
     }
 }
 
+/// One protocol C write in flight ([`Node::write_then`]): the replicas' answers and the
+/// local result, gathered until the last one is in.
+struct ReplWrite {
+    node: Arc<Node>,
+    offset: u64,
+    len: u64,
+    /// The local write and each replica count one; the last to finish settles.
+    left: std::sync::atomic::AtomicUsize,
+    answers: Mutex<Vec<(Arc<Peer>, Result<()>)>>,
+    /// Replicas that were not connected, recorded as outdated (or why not).
+    missed: Mutex<Result<()>>,
+    local: Mutex<Option<Result<()>>>,
+    range: Mutex<Option<OwnedRangeGuard>>,
+    done: Mutex<Option<WriteDone>>,
+}
+
+impl ReplWrite {
+    fn answer(self: &Arc<Self>, peer: Arc<Peer>, r: Result<()>) {
+        self.answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((peer, r));
+        self.one();
+    }
+
+    fn one(self: &Arc<Self>) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let failed = self
+            .answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|(_, r)| r.is_err());
+        if !failed {
+            return self.settle();
+        }
+        let op = self.clone();
+        if let Err(e) = thread::Builder::new()
+            .name("repl-lost-peer".into())
+            .spawn(move || op.settle())
+        {
+            tracing::warn!("cannot start a thread for a failed replica write: {e}");
+            self.settle();
+        }
+    }
+
+    /// The bitmaps, the activity log, the range, and the answer: as [`Node::write`].
+    fn settle(&self) {
+        let node = &self.node;
+        let (offset, len) = (self.offset, self.len);
+        let local = self
+            .local
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or_else(|| Err(io_err(ErrorKind::Io, "the local write did not finish")));
+        let mut missed = std::mem::replace(
+            &mut *self.missed.lock().unwrap_or_else(|p| p.into_inner()),
+            Ok(()),
+        );
+        let answers = std::mem::take(&mut *self.answers.lock().unwrap_or_else(|p| p.into_inner()));
+        for (peer, r) in answers {
+            match r {
+                Ok(()) if local.is_ok() => {
+                    let (a, b) = peer.bitmap.inside(offset, len);
+                    peer.bitmap.clear(a, b);
+                }
+                Ok(()) => peer.bitmap.set_bytes(offset, len),
+                Err(e) => {
+                    peer.bitmap.set_bytes(offset, len);
+                    node.lose(&peer, &e.to_string());
+                    missed = missed.and_then(|()| node.ensure_outdated(&peer));
+                }
+            }
+        }
+        node.al.end(offset, len);
+        drop(self.range.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if let Some(done) = self.done.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            done(local.and(missed));
+        }
+    }
+}
+
 /// The replicated volume a primary serves.
 #[derive(Debug, Clone)]
 pub struct Volume(pub Arc<Node>);
@@ -1609,6 +1749,10 @@ impl BlockDevice for Volume {
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.0.write(buf, offset, flags)
+    }
+
+    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        self.0.write_then(buf, offset, flags, done);
     }
 
     fn flush(&self) -> Result<()> {

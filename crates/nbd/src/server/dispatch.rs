@@ -16,6 +16,12 @@
 //! the pool above [`POOL_ABOVE`], so a device near the line does not flap. One slow
 //! sample (a page-cache miss, a preempted worker) moves the estimate by a bounded step;
 //! a device that turns slow moves it past the line within a few requests.
+//!
+//! A write the device completes later, on another thread (`BlockDevice::write_then`: a
+//! replicated volume answers when the replica has it), holds the reader only while it is
+//! sent off, and its estimate counts only that. The pool would buy such a request
+//! nothing but the reading of the next request during those microseconds, so its class
+//! uses wider lines ([`INLINE_BELOW_ASYNC`], [`POOL_ABOVE_ASYNC`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -26,6 +32,9 @@ use super::*;
 pub(super) const INLINE_BELOW: Duration = Duration::from_micros(15);
 /// A class's estimate above this: its requests go to the pool.
 pub(super) const POOL_ABOVE: Duration = Duration::from_micros(30);
+/// The same lines for a class whose requests complete after the device call returns.
+pub(super) const INLINE_BELOW_ASYNC: Duration = Duration::from_micros(50);
+pub(super) const POOL_ABOVE_ASYNC: Duration = Duration::from_micros(100);
 /// Where every estimate starts: on the pool, several samples away from the line.
 const START: Duration = Duration::from_micros(120);
 /// One sample counts at most this much (a 10 ms stall moves the estimate like a 160 µs
@@ -77,17 +86,23 @@ impl Costs {
         self.inline[class(kind, length)].load(Ordering::Relaxed)
     }
 
-    /// Counts one request's time on the device.
-    pub(super) fn record(&self, kind: u16, length: u32, took: Duration) {
+    /// Counts one request's time on the device (for a request that completes later,
+    /// `deferred`, the time until the device call returned).
+    pub(super) fn record(&self, kind: u16, length: u32, took: Duration, deferred: bool) {
         let c = class(kind, length);
+        let (below, above) = if deferred {
+            (INLINE_BELOW_ASYNC, POOL_ABOVE_ASYNC)
+        } else {
+            (INLINE_BELOW, POOL_ABOVE)
+        };
         let sample = nanos(took.min(SAMPLE_CAP));
         let old = self.nanos[c].load(Ordering::Relaxed);
         let new = old - old / 8 + sample / 8;
         self.nanos[c].store(new, Ordering::Relaxed);
         let inline = self.inline[c].load(Ordering::Relaxed);
-        if inline && new > nanos(POOL_ABOVE) {
+        if inline && new > nanos(above) {
             self.inline[c].store(false, Ordering::Relaxed);
-        } else if !inline && new < nanos(INLINE_BELOW) {
+        } else if !inline && new < nanos(below) {
             self.inline[c].store(true, Ordering::Relaxed);
         }
     }
@@ -119,7 +134,7 @@ mod tests {
         let c = Costs::default();
         let mut n = 0;
         while !c.inline(CMD_READ, 4096) {
-            c.record(CMD_READ, 4096, 3 * US);
+            c.record(CMD_READ, 4096, 3 * US, false);
             n += 1;
             assert!(n < 40, "still on the pool after {n} fast reads");
         }
@@ -134,17 +149,21 @@ mod tests {
     fn one_stall_does_not_move_a_fast_class_but_a_slow_device_does() {
         let c = Costs::default();
         for _ in 0..100 {
-            c.record(CMD_WRITE, 4096, 2 * US);
+            c.record(CMD_WRITE, 4096, 2 * US, false);
         }
         assert!(c.inline(CMD_WRITE, 4096));
-        c.record(CMD_WRITE, 4096, Duration::from_millis(50));
-        assert!(c.inline(CMD_WRITE, 4096), "{:?}", c.estimate(CMD_WRITE, 4096));
+        c.record(CMD_WRITE, 4096, Duration::from_millis(50), false);
+        assert!(
+            c.inline(CMD_WRITE, 4096),
+            "{:?}",
+            c.estimate(CMD_WRITE, 4096)
+        );
         for _ in 0..100 {
-            c.record(CMD_WRITE, 4096, 2 * US);
+            c.record(CMD_WRITE, 4096, 2 * US, false);
         }
         let mut n = 0;
         while c.inline(CMD_WRITE, 4096) {
-            c.record(CMD_WRITE, 4096, Duration::from_millis(1));
+            c.record(CMD_WRITE, 4096, Duration::from_millis(1), false);
             n += 1;
             assert!(n < 10, "still inline after {n} slow writes");
         }
@@ -154,18 +173,40 @@ mod tests {
     fn a_device_near_the_line_does_not_flap() {
         let c = Costs::default();
         for _ in 0..100 {
-            c.record(CMD_READ, 4096, 20 * US);
+            c.record(CMD_READ, 4096, 20 * US, false);
         }
         // Between the two thresholds: stays where it was (on the pool).
         assert!(!c.inline(CMD_READ, 4096));
         for _ in 0..100 {
-            c.record(CMD_READ, 4096, 5 * US);
+            c.record(CMD_READ, 4096, 5 * US, false);
         }
         assert!(c.inline(CMD_READ, 4096));
         for _ in 0..100 {
-            c.record(CMD_READ, 4096, 20 * US);
+            c.record(CMD_READ, 4096, 20 * US, false);
         }
         assert!(c.inline(CMD_READ, 4096));
+    }
+
+    #[test]
+    fn a_write_that_completes_later_is_judged_by_its_sending_with_wider_lines() {
+        let c = Costs::default();
+        // 30 µs to send off: too slow for a request done in place, not for one that
+        // completes later.
+        for _ in 0..100 {
+            c.record(CMD_WRITE, 4096, 30 * US, false);
+        }
+        assert!(!c.inline(CMD_WRITE, 4096));
+        for _ in 0..100 {
+            c.record(CMD_WRITE, 4096, 30 * US, true);
+        }
+        assert!(c.inline(CMD_WRITE, 4096));
+        // A local disk behind it that takes a millisecond still sends it to the pool.
+        let mut n = 0;
+        while c.inline(CMD_WRITE, 4096) {
+            c.record(CMD_WRITE, 4096, Duration::from_millis(1), true);
+            n += 1;
+            assert!(n < 10, "still inline after {n} slow sends");
+        }
     }
 
     #[test]

@@ -107,6 +107,34 @@ struct Holds {
     _bytes: Option<(Held, Held)>,
 }
 
+/// The reply a write completing on another thread still owes: sent once by
+/// [`Owed::send`], or as an internal error if the device drops it unsent (a panic), so a
+/// client never waits for ever. Its holds are released after the reply.
+struct Owed {
+    t: Arc<Transmission>,
+    req: Request,
+    holds: Option<Holds>,
+}
+
+impl Owed {
+    fn send(mut self, result: Result<(), Failure>) {
+        self.finish(result);
+    }
+
+    fn finish(&mut self, result: Result<(), Failure>) {
+        if let Some(holds) = self.holds.take() {
+            self.t.reply(&self.req, result, &[]);
+            drop(holds);
+        }
+    }
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        self.finish(Err(Failure::new(EIO, "WRITE: internal error")));
+    }
+}
+
 /// What one read from the stream produced.
 enum Incoming {
     /// A request to execute (payload, if any, is in the buffer read with it), or one
@@ -212,13 +240,13 @@ pub(super) fn serve_connection(
                     || verdict.is_err()
                     || t.export.costs.inline(req.kind, req.length) =>
             {
-                t.answer(&req, verdict, buf, holds);
+                t.answer(req, verdict, buf, holds);
             }
             Incoming::Request(req, verdict, holds) => {
                 let job = t.clone();
                 shared
                     .pool
-                    .submit(Box::new(move || job.answer(&req, verdict, buf, holds)));
+                    .submit(Box::new(move || job.answer(req, verdict, buf, holds)));
             }
         }
     }
@@ -239,24 +267,89 @@ pub(super) fn serve_connection(
 
 impl Transmission {
     /// Runs one request (on a pool worker or the reader) and sends its reply.
-    fn answer(&self, req: &Request, verdict: Result<(), Failure>, mut buf: Vec<u8>, holds: Holds) {
+    fn answer(
+        self: &Arc<Self>,
+        req: Request,
+        verdict: Result<(), Failure>,
+        mut buf: Vec<u8>,
+        holds: Holds,
+    ) {
+        // A write the device may complete on another thread (a replica's answer): the
+        // reply goes out from wherever it completes, and this thread is free at once.
+        // Not with the owner gate, whose pass is held while a request runs.
+        if verdict.is_ok() && req.kind == CMD_WRITE && self.shared.fence.is_none() {
+            self.wrote.store(true, Ordering::Relaxed);
+            let owed = Owed {
+                t: self.clone(),
+                req,
+                holds: Some(holds),
+            };
+            let flags = if req.flags & CMD_FLAG_FUA != 0 {
+                WriteFlags::FUA
+            } else {
+                WriteFlags::NONE
+            };
+            // What the dispatch estimate counts is how long this thread was held: up to
+            // the completion when it comes before the call returns (a device that
+            // writes in place), up to the return otherwise (the rest is waiting it does
+            // not spend here). Whichever comes first records.
+            let start = Instant::now();
+            let first = Arc::new(AtomicBool::new(false));
+            let on_done = first.clone();
+            let dev = &self.export.export.device;
+            // A panic below drops `owed` unsent, which answers EIO.
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                dev.write_then(
+                    &buf,
+                    req.offset,
+                    flags,
+                    Box::new(move |r| {
+                        if !on_done.swap(true, Ordering::AcqRel) {
+                            owed.t.export.costs.record(
+                                owed.req.kind,
+                                owed.req.length,
+                                start.elapsed(),
+                                false,
+                            );
+                        }
+                        owed.send(r.map_err(Failure::from));
+                    }),
+                );
+            }));
+            if !first.swap(true, Ordering::AcqRel) {
+                self.export
+                    .costs
+                    .record(req.kind, req.length, start.elapsed(), true);
+            }
+            self.give_back(buf);
+            return;
+        }
+        let req = &req;
         let result = verdict.and_then(|()| {
             // Held while the request runs: a new owner's admission waits for it.
             let _pass = self.fence_check(req)?;
             let start = Instant::now();
-            let r = catch_unwind(AssertUnwindSafe(|| self.execute(req, &mut buf)))
-                .unwrap_or_else(|_| {
+            let r = catch_unwind(AssertUnwindSafe(|| self.execute(req, &mut buf))).unwrap_or_else(
+                |_| {
                     Err(Failure::new(
                         EIO,
                         format!("{}: internal error", command_name(req.kind)),
                     ))
-                });
+                },
+            );
             self.export
                 .costs
-                .record(req.kind, req.length, start.elapsed());
+                .record(req.kind, req.length, start.elapsed(), false);
             r
         });
-        if let Err(e) = self.send_reply(req, result, &buf) {
+        self.reply(req, result, &buf);
+        self.give_back(buf);
+        drop(holds);
+    }
+
+    /// Sends a request's reply; a reply that cannot be sent ends the connection.
+    fn reply(&self, req: &Request, result: Result<(), Failure>, buf: &[u8]) {
+        if let Err(e) = self.send_reply(req, result, buf) {
             if !self.closing.swap(true, Ordering::AcqRel) {
                 tracing::debug!("{}: writing reply: {e}; closing", self.peer);
             }
@@ -267,8 +360,6 @@ impl Transmission {
                 c.ctl.shutdown_both();
             }
         }
-        self.give_back(buf);
-        drop(holds);
     }
 
     /// Lets the request through the export's owner gate when the server fences.
