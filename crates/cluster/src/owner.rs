@@ -80,7 +80,7 @@ pub enum TakeoverError {
         total: usize,
         needed: usize,
     },
-    /// A member's record is damaged, or holds another format.
+    /// A member's owner record is damaged (a foreign one takes part unfenced).
     Record { member: String, error: DecodeError },
     /// Generation space exhausted (u64::MAX): cannot happen by counting.
     Exhausted,
@@ -244,8 +244,11 @@ pub fn take_over(
     // 3. Declare it everywhere; any refusal aborts (dropping the clients closes them).
     let mut owned = Vec::new();
     for (name, opts, _) in seen {
+        let foreign = foreign.contains(&name);
         let mut o = opts.clone();
-        o.fence = Some(token.clone());
+        // A member server refuses a token on a foreign member (it cannot keep a record
+        // there without overwriting the other data): such a member runs unfenced.
+        o.fence = (!foreign).then(|| token.clone());
         let client = Client::connect(&o).map_err(|e| {
             if e.is_fenced() {
                 TakeoverError::Fenced {
@@ -260,7 +263,7 @@ pub fn take_over(
             }
         })?;
         let enforced = client.fence() == Some(FenceAnswer::Enforced);
-        if !enforced && !foreign.contains(&name) {
+        if !enforced && !foreign {
             // The server only stores bytes: the record is ours to write, then checked.
             claim_device(&client, &record).map_err(|e| match e {
                 ClaimError::Taken(message) => TakeoverError::Fenced {
@@ -273,7 +276,6 @@ pub fn take_over(
                 },
             })?;
         }
-        let foreign = foreign.contains(&name);
         owned.push(OwnedMember {
             name,
             device: Arc::new(client),

@@ -35,9 +35,16 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// The token reconnections declare.
-    pub fn token(&self) -> &FenceToken {
-        &self.owned.token
+    /// The token a reconnection of `member` declares: none for a member whose first
+    /// 4 KiB hold other data (it takes part unfenced; a cairn member server would refuse
+    /// a token there).
+    pub fn token_for(&self, member: &str) -> Option<FenceToken> {
+        let foreign = self
+            .owned
+            .members
+            .iter()
+            .any(|m| m.name == member && m.foreign);
+        (!foreign).then(|| self.owned.token.clone())
     }
 
     /// Marks the records released (once); returns the members that could not be.
@@ -167,7 +174,8 @@ pub fn claim(paths: &[PathBuf], opts: &Options) -> Result<Option<Claimed>> {
         .iter()
         .map(|m| (m.name.clone(), m.device.clone()))
         .collect();
-    for m in owned.members.iter().filter(|m| !m.enforced) {
+    // A foreign member was warned about already: no record is written to it.
+    for m in owned.members.iter().filter(|m| !m.enforced && !m.foreign) {
         tracing::warn!(
             "{}: its server does not enforce owner generations (not a cairn member \
              server): the record is written, but a former owner could still write",
