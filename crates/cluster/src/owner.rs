@@ -343,6 +343,10 @@ pub fn release(owned: &Owned, members: &[(String, ClientOptions)]) -> Vec<(Strin
 fn release_enforced(opts: &ClientOptions, token: &FenceToken) -> Result<(), String> {
     let mut hs = cairn_nbd::client::Handshake::connect(&opts.addr, opts.timeout)
         .map_err(|e| e.to_string())?;
+    // A member server with --tls require answers nothing but STARTTLS before TLS.
+    if let Some(tls) = &opts.tls {
+        hs.starttls(tls).map_err(|e| e.to_string())?;
+    }
     cairn_nbd::fence::declare_flags(
         &mut hs,
         &opts.export,
