@@ -86,6 +86,9 @@ pub enum TakeoverError {
     Exhausted,
     /// A member failed (I/O, protocol).
     Member { member: String, message: String },
+    /// A member server answered but refused this host (a failed TLS handshake, no such
+    /// export): a mistake to fix, not a missing member.
+    Refused { member: String, message: String },
 }
 
 impl fmt::Display for TakeoverError {
@@ -117,6 +120,9 @@ impl fmt::Display for TakeoverError {
             TakeoverError::Record { member, error } => write!(f, "{member}: {error}"),
             TakeoverError::Exhausted => f.write_str("owner generation would overflow"),
             TakeoverError::Member { member, message } => write!(f, "{member}: {message}"),
+            TakeoverError::Refused { member, message } => {
+                write!(f, "{member}: its server refuses this host: {message}")
+            }
         }
     }
 }
@@ -175,10 +181,18 @@ pub fn take_over(
         probe.connections = 1;
         let client = match Client::connect(&probe) {
             Ok(c) => c,
-            Err(e) => {
+            Err(e) if e.is_unreachable() => {
                 tracing::warn!("{name}: not reached: {e}");
                 missing.push(name.clone());
                 continue;
+            }
+            // It answered and said no: counting it missing would start the array
+            // degraded over a wrong key or export name, and retry it forever.
+            Err(e) => {
+                return Err(TakeoverError::Refused {
+                    member: name.clone(),
+                    message: e.to_string(),
+                })
             }
         };
         let rec = OwnerRecord::read(&client).map_err(|e| TakeoverError::Member {

@@ -311,6 +311,36 @@ fn foreign_members_take_part_unfenced_and_keep_their_bytes() {
     assert_eq!(r.token, b.token);
 }
 
+/// A member server that answers but refuses (here: no such export; a wrong TLS key is
+/// the same) stops the takeover instead of being counted missing.
+#[test]
+fn a_member_that_refuses_is_an_error_not_a_missing_member() {
+    let devs: Vec<_> = (0..3).map(|_| mem(1 << 20)).collect();
+    let ms: Vec<_> = devs
+        .iter()
+        .map(|d| Member::start(d.clone(), true))
+        .collect();
+    let mut members: Vec<_> = ms
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (format!("m{i}"), m.options()))
+        .collect();
+    members[1].1.export = "nosuch".into();
+    let rules = Rules {
+        needed: 2,
+        ..Rules::default()
+    };
+    let e = take_over(ARRAY, &owner("a", 1), &members, rules).unwrap_err();
+    assert!(
+        matches!(&e, TakeoverError::Refused { member, .. } if member == "m1"),
+        "{e}"
+    );
+    // Nothing was declared or written anywhere.
+    for d in &devs {
+        assert_eq!(OwnerRecord::read(&**d).unwrap().unwrap(), None);
+    }
+}
+
 #[test]
 fn take_over_needs_a_quorum_of_members() {
     let devs: Vec<_> = (0..3).map(|_| mem(1 << 20)).collect();

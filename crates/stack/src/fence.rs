@@ -167,6 +167,11 @@ pub fn claim(paths: &[PathBuf], opts: &Options) -> Result<Option<Claimed>> {
                  for good (its host is down, not just unreachable), start with --force to \
                  take the members over"
         )),
+        TakeoverError::Refused { .. } => StackError::new(format!(
+            "{e}. A member that refuses is a mistake to fix, not a missing member: the \
+             array is not started degraded without it; fix its URI or its server and start \
+             again"
+        )),
         _ => StackError::new(format!("cannot take ownership of the members: {e}")),
     })?;
     let devices: HashMap<String, Arc<Client>> = owned
