@@ -167,6 +167,13 @@ pub fn claim(paths: &[PathBuf], opts: &Options) -> Result<Option<Claimed>> {
                  for good (its host is down, not just unreachable), start with --force to \
                  take the members over"
         )),
+        TakeoverError::Record { ref member, .. } => StackError::new(format!(
+            "cannot take ownership of the members: {e}. cairn does not guess who owns a \
+             member whose owner record is damaged (read as \"never owned\" it would let any \
+             host write), and --force does not change that: `cairn md owner '{member}'` \
+             shows it; once you know no other host runs the array, stop its member server, \
+             zero the member's first 4 KiB on the disk host, and start again"
+        )),
         TakeoverError::Refused { .. } => StackError::new(format!(
             "{e}. A member that refuses is a mistake to fix, not a missing member: the \
              array is not started degraded without it; fix its URI or its server and start \
