@@ -362,7 +362,7 @@ t_uris_everywhere() {
   stop_cairn
 }
 
-# A member server that fails some reads (nbdkit's error filter, EIO on 2 % of reads) is a
+# A member server that fails some reads (nbdkit's error filter, EIO on 10 % of reads) is a
 # disk with bad sectors: each failed read is rebuilt from parity and rewritten, the member
 # stays in the array, and fio verifies every byte.
 t_bad_sectors_on_a_remote_member() {
@@ -371,7 +371,10 @@ t_bad_sectors_on_a_remote_member() {
   for i in 0 1 2; do truncate -s 48M "$SHM/b$i.img"; done
   nbdkit_unix b0 "$SHM/b0.img"; M+=("$NBD_URI")
   # Errors only while $WORK/inject exists: from the start of the load to its end.
-  nbdkit_unix b1 "$SHM/b1.img" --filter=error error-pread-rate=0.02 error=EIO \
+  # Member 1 sees only some 150-200 reads (fio's verify pass): at 2 % a run met 1 to 8
+  # errors and now and then none (the test then failed, "the filter did nothing"; 1 run in
+  # 4 once); at 10 % five runs met 13 to 24, and a run without one is out of reach.
+  nbdkit_unix b1 "$SHM/b1.img" --filter=error error-pread-rate=0.1 error=EIO \
     "error-pread-file=$WORK/inject"
   M+=("$NBD_URI")
   nbdkit_unix b2 "$SHM/b2.img"; M+=("$NBD_URI")
