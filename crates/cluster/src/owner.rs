@@ -80,12 +80,15 @@ pub enum TakeoverError {
         total: usize,
         needed: usize,
     },
-    /// A member's record is damaged, or holds another format.
+    /// A member's owner record is damaged (a foreign one takes part unfenced).
     Record { member: String, error: DecodeError },
     /// Generation space exhausted (u64::MAX): cannot happen by counting.
     Exhausted,
     /// A member failed (I/O, protocol).
     Member { member: String, message: String },
+    /// A member server answered but refused this host (a failed TLS handshake, no such
+    /// export): a mistake to fix, not a missing member.
+    Refused { member: String, message: String },
 }
 
 impl fmt::Display for TakeoverError {
@@ -117,6 +120,9 @@ impl fmt::Display for TakeoverError {
             TakeoverError::Record { member, error } => write!(f, "{member}: {error}"),
             TakeoverError::Exhausted => f.write_str("owner generation would overflow"),
             TakeoverError::Member { member, message } => write!(f, "{member}: {message}"),
+            TakeoverError::Refused { member, message } => {
+                write!(f, "{member}: its server refuses this host: {message}")
+            }
         }
     }
 }
@@ -175,10 +181,18 @@ pub fn take_over(
         probe.connections = 1;
         let client = match Client::connect(&probe) {
             Ok(c) => c,
-            Err(e) => {
+            Err(e) if e.is_unreachable() => {
                 tracing::warn!("{name}: not reached: {e}");
                 missing.push(name.clone());
                 continue;
+            }
+            // It answered and said no: counting it missing would start the array
+            // degraded over a wrong key or export name, and retry it forever.
+            Err(e) => {
+                return Err(TakeoverError::Refused {
+                    member: name.clone(),
+                    message: e.to_string(),
+                })
             }
         };
         let rec = OwnerRecord::read(&client).map_err(|e| TakeoverError::Member {
@@ -244,8 +258,11 @@ pub fn take_over(
     // 3. Declare it everywhere; any refusal aborts (dropping the clients closes them).
     let mut owned = Vec::new();
     for (name, opts, _) in seen {
+        let foreign = foreign.contains(&name);
         let mut o = opts.clone();
-        o.fence = Some(token.clone());
+        // A member server refuses a token on a foreign member (it cannot keep a record
+        // there without overwriting the other data): such a member runs unfenced.
+        o.fence = (!foreign).then(|| token.clone());
         let client = Client::connect(&o).map_err(|e| {
             if e.is_fenced() {
                 TakeoverError::Fenced {
@@ -260,7 +277,7 @@ pub fn take_over(
             }
         })?;
         let enforced = client.fence() == Some(FenceAnswer::Enforced);
-        if !enforced && !foreign.contains(&name) {
+        if !enforced && !foreign {
             // The server only stores bytes: the record is ours to write, then checked.
             claim_device(&client, &record).map_err(|e| match e {
                 ClaimError::Taken(message) => TakeoverError::Fenced {
@@ -273,7 +290,6 @@ pub fn take_over(
                 },
             })?;
         }
-        let foreign = foreign.contains(&name);
         owned.push(OwnedMember {
             name,
             device: Arc::new(client),
@@ -341,6 +357,10 @@ pub fn release(owned: &Owned, members: &[(String, ClientOptions)]) -> Vec<(Strin
 fn release_enforced(opts: &ClientOptions, token: &FenceToken) -> Result<(), String> {
     let mut hs = cairn_nbd::client::Handshake::connect(&opts.addr, opts.timeout)
         .map_err(|e| e.to_string())?;
+    // A member server with --tls require answers nothing but STARTTLS before TLS.
+    if let Some(tls) = &opts.tls {
+        hs.starttls(tls).map_err(|e| e.to_string())?;
+    }
     cairn_nbd::fence::declare_flags(
         &mut hs,
         &opts.export,

@@ -256,6 +256,91 @@ fn take_over_raises_the_generation_on_every_member() {
         .is_err());
 }
 
+/// docs/fencing.md: a member whose first 4 KiB hold other data takes part unfenced, and
+/// nothing is written over that data, on an enforcing member server (which refuses a
+/// token there) and on a plain one alike.
+#[test]
+fn foreign_members_take_part_unfenced_and_keep_their_bytes() {
+    let devs: Vec<_> = (0..3).map(|_| mem(1 << 20)).collect();
+    let other: Vec<u8> = (0..=255u8)
+        .cycle()
+        .map(|b| b.wrapping_mul(7).wrapping_add(3))
+        .take(4096)
+        .collect();
+    for d in &devs[..2] {
+        d.write_at(&other, 0, WriteFlags::NONE).unwrap();
+    }
+    // m0 foreign on an enforcing server, m1 foreign on a plain one, m2 blank, enforcing.
+    let ms: Vec<_> = devs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Member::start(d.clone(), i != 1))
+        .collect();
+    let members: Vec<_> = ms
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (format!("m{i}"), m.options()))
+        .collect();
+    let rules = Rules {
+        needed: 2,
+        ..Rules::default()
+    };
+    let a = take_over(ARRAY, &owner("host-a", 1), &members, rules).unwrap();
+    assert_eq!(
+        a.members
+            .iter()
+            .map(|m| (m.foreign, m.enforced))
+            .collect::<Vec<_>>(),
+        [(true, false), (true, false), (false, true)]
+    );
+    for m in &a.members {
+        m.device
+            .write_at(&[0xaa; 4096], 8192, WriteFlags::NONE)
+            .unwrap();
+    }
+    assert!(release(&a, &members).is_empty());
+    // Taken over again (a restart): the same, and the other data is still there.
+    let b = take_over(ARRAY, &owner("host-a", 2), &members, rules).unwrap();
+    assert_eq!(b.token.generation, 2);
+    let mut now = vec![0u8; 4096];
+    for d in &devs[..2] {
+        d.read_at(&mut now, 0).unwrap();
+        assert_eq!(now, other);
+    }
+    let r = OwnerRecord::read(&*devs[2]).unwrap().unwrap().unwrap();
+    assert_eq!(r.token, b.token);
+}
+
+/// A member server that answers but refuses (here: no such export; a wrong TLS key is
+/// the same) stops the takeover instead of being counted missing.
+#[test]
+fn a_member_that_refuses_is_an_error_not_a_missing_member() {
+    let devs: Vec<_> = (0..3).map(|_| mem(1 << 20)).collect();
+    let ms: Vec<_> = devs
+        .iter()
+        .map(|d| Member::start(d.clone(), true))
+        .collect();
+    let mut members: Vec<_> = ms
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (format!("m{i}"), m.options()))
+        .collect();
+    members[1].1.export = "nosuch".into();
+    let rules = Rules {
+        needed: 2,
+        ..Rules::default()
+    };
+    let e = take_over(ARRAY, &owner("a", 1), &members, rules).unwrap_err();
+    assert!(
+        matches!(&e, TakeoverError::Refused { member, .. } if member == "m1"),
+        "{e}"
+    );
+    // Nothing was declared or written anywhere.
+    for d in &devs {
+        assert_eq!(OwnerRecord::read(&**d).unwrap().unwrap(), None);
+    }
+}
+
 #[test]
 fn take_over_needs_a_quorum_of_members() {
     let devs: Vec<_> = (0..3).map(|_| mem(1 << 20)).collect();

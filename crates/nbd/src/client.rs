@@ -94,6 +94,14 @@ impl Error {
             if *errno == EPERM && message.starts_with("fenced"))
     }
 
+    /// The server could not be reached or went away (a refused or reset connection, a
+    /// timeout): it may answer later. Anything else means it answered and said no (a
+    /// failed TLS handshake, no such export, a protocol error): trying again changes
+    /// nothing until someone fixes the URI or the server.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, Error::Io(_) | Error::Closed)
+    }
+
     /// The reply type of a refused option.
     pub fn option_reply(&self) -> Option<u32> {
         match self {

@@ -565,7 +565,17 @@ impl TlsConn {
                     .map_err(|e| format!("TLS: SNI {h}: {e}"))?;
             }
         }
-        TlsConn::handshake(ssl, socket, false, timeout)
+        TlsConn::handshake(ssl, socket, false, timeout).map_err(|e| match &tls.username {
+            // OpenSSL names the alert ("illegal parameter", "decrypt error"), not the
+            // cause; with PSK the cause is nearly always a key or user the server lacks.
+            Some(user) if tls.kind == TlsKind::Psk && e.starts_with("TLS handshake failed") => {
+                format!(
+                    "{e} (the server did not accept the key of PSK user {user:?}: compare \
+                     tls-psk-file= and tls-username= with the server's key file)"
+                )
+            }
+            _ => e,
+        })
     }
 
     pub(crate) fn set_timeouts(&self, t: Option<Duration>) {

@@ -35,9 +35,16 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// The token reconnections declare.
-    pub fn token(&self) -> &FenceToken {
-        &self.owned.token
+    /// The token a reconnection of `member` declares: none for a member whose first
+    /// 4 KiB hold other data (it takes part unfenced; a cairn member server would refuse
+    /// a token there).
+    pub fn token_for(&self, member: &str) -> Option<FenceToken> {
+        let foreign = self
+            .owned
+            .members
+            .iter()
+            .any(|m| m.name == member && m.foreign);
+        (!foreign).then(|| self.owned.token.clone())
     }
 
     /// Marks the records released (once); returns the members that could not be.
@@ -160,6 +167,18 @@ pub fn claim(paths: &[PathBuf], opts: &Options) -> Result<Option<Claimed>> {
                  for good (its host is down, not just unreachable), start with --force to \
                  take the members over"
         )),
+        TakeoverError::Record { ref member, .. } => StackError::new(format!(
+            "cannot take ownership of the members: {e}. cairn does not guess who owns a \
+             member whose owner record is damaged (read as \"never owned\" it would let any \
+             host write), and --force does not change that: `cairn md owner '{member}'` \
+             shows it; once you know no other host runs the array, stop its member server, \
+             zero the member's first 4 KiB on the disk host, and start again"
+        )),
+        TakeoverError::Refused { .. } => StackError::new(format!(
+            "{e}. A member that refuses is a mistake to fix, not a missing member: the \
+             array is not started degraded without it; fix its URI or its server and start \
+             again"
+        )),
         _ => StackError::new(format!("cannot take ownership of the members: {e}")),
     })?;
     let devices: HashMap<String, Arc<Client>> = owned
@@ -167,7 +186,8 @@ pub fn claim(paths: &[PathBuf], opts: &Options) -> Result<Option<Claimed>> {
         .iter()
         .map(|m| (m.name.clone(), m.device.clone()))
         .collect();
-    for m in owned.members.iter().filter(|m| !m.enforced) {
+    // A foreign member was warned about already: no record is written to it.
+    for m in owned.members.iter().filter(|m| !m.enforced && !m.foreign) {
         tracing::warn!(
             "{}: its server does not enforce owner generations (not a cairn member \
              server): the record is written, but a former owner could still write",

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_block::{BlockDevice, ErrorKind, FileDisk, OpenOptions};
-use cairn_nbd::client::{Client, ClientOptions, Error as NbdError};
+use cairn_nbd::client::{Client, ClientOptions};
 use cairn_nbd::uri::{self, NbdUri};
 
 use crate::error::{Result, StackError};
@@ -80,10 +80,11 @@ pub fn open_remote_fenced(
     opts.fence = fence;
     let client = Client::connect(&opts).map_err(|e| {
         let msg = StackError::new(format!("cannot reach {u}: {e}"));
-        match e {
-            NbdError::Io(_) | NbdError::Closed => RemoteError::Unreachable(msg),
-            // The server answered: no such export, TLS required, a protocol error.
-            _ => RemoteError::Refused(msg),
+        // Refused: the server answered (no such export, TLS required, a protocol error).
+        if e.is_unreachable() {
+            RemoteError::Unreachable(msg)
+        } else {
+            RemoteError::Refused(msg)
         }
     })?;
     if !read_only && client.capabilities().read_only {

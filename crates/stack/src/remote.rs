@@ -140,7 +140,7 @@ fn run(weak: &Weak<Array>, remote: &[String], opts: &Options, claim: Option<&cra
             r.wait = (r.wait * 2).min(LONGEST_RETRY);
             let path = PathBuf::from(name);
             // A claimed array's members are reconnected under the same owner generation.
-            let token = claim.map(|c| c.token().clone());
+            let token = claim.and_then(|c| c.token_for(name));
             let dev = match leaf::open_remote_fenced(&path, false, opts.remote_timeout(), token) {
                 Ok(c) => c as Arc<dyn BlockDevice>,
                 Err(RemoteError::Unreachable(e) | RemoteError::Refused(e)) => {
