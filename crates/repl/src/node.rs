@@ -696,21 +696,27 @@ impl Node {
     }
 
     /// With a quorum: Ok while the primary lease is certainly ours; after that, frozen or
-    /// refused as configured.
+    /// refused as configured. A frozen request goes on if the lease turns out to be held
+    /// after all (a keepalive got through again: etcd still had it, e.g. its leader changed
+    /// and took longer than this node's margin), and gives up when the node is made
+    /// secondary or stops.
     fn lease_check(&self) -> Result<()> {
         let Some(g) = self.guard.read().unwrap_or_else(|p| p.into_inner()).clone() else {
             return Ok(());
         };
         let what = self.cfg.resource.as_str();
-        if g.check(what).is_ok() {
-            return Ok(());
-        }
-        if self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze) {
-            while !self.halt.load(Ordering::SeqCst) && self.role() == Role::Primary {
-                thread::sleep(Duration::from_millis(100));
+        let freeze = self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze);
+        loop {
+            let r = g.check(what);
+            if r.is_ok()
+                || !freeze
+                || self.halt.load(Ordering::SeqCst)
+                || self.role() != Role::Primary
+            {
+                return r;
             }
+            thread::sleep(Duration::from_millis(100));
         }
-        g.check(what)
     }
 
     /// The primary lease's guard, while this node holds one.
@@ -1838,6 +1844,45 @@ mod tests {
         assert!(q.contains("lost"), "{q}");
         assert!(vol.read_at(&mut [0u8; 4096], 0).is_err());
         node.demote().unwrap();
+    }
+
+    #[test]
+    fn a_frozen_request_goes_on_when_the_lease_turns_out_to_be_held() {
+        let etcd = FakeEtcd::start();
+        let dev = fresh();
+        let node = open_quorum(&dev, &etcd, 2, OnLoss::Freeze);
+        node.promote(true).unwrap();
+        let vol = Volume(node.clone());
+        vol.write_at(&[1u8; 4096], 0, WriteFlags::NONE).unwrap();
+        // No keepalive is answered (etcd elects a leader, say) past the lease's margin:
+        // I/O freezes.
+        etcd.stall_keepalives(true);
+        let t0 = Instant::now();
+        while !node.status().quorum.unwrap().contains("lost") {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the lease never lapsed"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let v = vol.clone();
+        thread::spawn(move || tx.send(v.write_at(&[2u8; 4096], 8192, WriteFlags::NONE)));
+        thread::sleep(Duration::from_millis(500));
+        assert!(
+            rx.try_recv().is_err(),
+            "a request went through while the lease was lost"
+        );
+        // The next keepalive is answered: etcd held the lease all along. The frozen
+        // request goes on.
+        etcd.stall_keepalives(false);
+        let r = rx.recv_timeout(Duration::from_secs(5));
+        node.demote().unwrap();
+        r.expect("the frozen request still waits with the lease held again")
+            .unwrap();
+        let mut b = [0u8; 4096];
+        dev.read_at(&mut b, 8192).unwrap();
+        assert_eq!(b, [2u8; 4096]);
     }
 
     #[test]

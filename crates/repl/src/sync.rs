@@ -22,6 +22,20 @@ impl Node {
                 self.sleep(Duration::from_millis(200));
                 continue;
             }
+            if told {
+                // A keepalive got through after all: etcd still held the lease.
+                told = false;
+                if peer.slot == 0 {
+                    self.event(
+                        "lease-renewed",
+                        None,
+                        format!(
+                            "{}: the primary lease in etcd is held again: I/O goes on",
+                            self.cfg.resource
+                        ),
+                    );
+                }
+            }
             let want = peer.state().want;
             if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
                 match self.connect_peer(peer) {
