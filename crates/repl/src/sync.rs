@@ -102,6 +102,10 @@ impl Node {
             )));
         }
         let mine = peer.bitmap.count();
+        // Blocks the peer wrote while it was primary without this node, in the generation
+        // both still hold: writes it never acknowledged (it lost its lease first, so it
+        // took no new generation). This node's data wins; they are copied over.
+        let theirs = w.changes;
         let full = match decision {
             Decision::InSync | Decision::SourceBitmap => false,
             Decision::SourceFull => true,
@@ -139,8 +143,8 @@ impl Node {
                 full
             }
         };
-        let resync = full || decision != Decision::InSync || mine > 0;
-        if resync && !full && decision != Decision::InSync {
+        let resync = full || decision != Decision::InSync || mine > 0 || theirs > 0;
+        if resync && !full && (decision != Decision::InSync || theirs > 0) {
             self.fetch_peer_bitmap(peer)?;
         }
         if full {
