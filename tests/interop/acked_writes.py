@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 """Acknowledged writes against a server that may be killed at any moment.
 
-  acked_writes.py write URI SEED BLOCKS BS DEPTH LOG
+  acked_writes.py write URI SEED BLOCKS BS DEPTH LOG [stamp]
       Writes every block 0..BLOCKS-1 once, in an order and with contents that are a
       function of SEED, keeping DEPTH writes in flight on one connection (replies may
       come back in any order). Each write the server acknowledges is appended to LOG
-      (one block number a line) the moment its reply is read. When the connection dies
-      (the server was killed) it stops and exits 0.
+      (one block number a line) the moment its reply is read; with `stamp`, each line
+      also holds the wall-clock time the reply was read ("BLOCK SECONDS", time.time()),
+      so a test can tell when a write was acknowledged. A write that fails is not
+      logged and the writer goes on; when the connection dies (the server was killed)
+      it stops and exits 0.
   acked_writes.py check URI SEED BS LOG
       Reads back every block LOG lists and compares it with what was written; exits 1
       and names the first blocks that differ.
@@ -18,6 +21,7 @@ SEED, so an acknowledged block has one right content.
 import os
 import random
 import sys
+import time
 
 import nbd
 
@@ -27,7 +31,7 @@ def content(seed, block, bs):
     return head + random.Random(seed * 1_000_003 + block).randbytes(bs - len(head))
 
 
-def write(uri, seed, blocks, bs, depth, log):
+def write(uri, seed, blocks, bs, depth, log, stamp=False):
     order = list(range(blocks))
     random.Random(seed).shuffle(order)
     h = nbd.NBD()
@@ -50,7 +54,11 @@ def write(uri, seed, blocks, bs, depth, log):
                     del pending[cookie]  # failed: not acknowledged
                     continue
                 if done:
-                    os.write(fd, b"%d\n" % pending.pop(cookie))
+                    b = pending.pop(cookie)
+                    if stamp:
+                        os.write(fd, b"%d %.6f\n" % (b, time.time()))
+                    else:
+                        os.write(fd, b"%d\n" % b)
                     acked += 1
     except nbd.Error as e:
         print(f"connection ended after {acked} acknowledged writes: {e}")
@@ -61,7 +69,7 @@ def write(uri, seed, blocks, bs, depth, log):
 
 def check(uri, seed, bs, log):
     with open(log) as f:
-        blocks = [int(line) for line in f if line.strip()]
+        blocks = [int(line.split()[0]) for line in f if line.strip()]
     h = nbd.NBD()
     h.connect_uri(uri)
     bad = []
@@ -77,8 +85,8 @@ def check(uri, seed, bs, log):
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    if a[:1] == ["write"] and len(a) == 7:
-        write(a[1], int(a[2]), int(a[3]), int(a[4]), int(a[5]), a[6])
+    if a[:1] == ["write"] and len(a) in (7, 8) and a[7:] in ([], ["stamp"]):
+        write(a[1], int(a[2]), int(a[3]), int(a[4]), int(a[5]), a[6], a[7:] == ["stamp"])
     elif a[:1] == ["check"] and len(a) == 5:
         check(a[1], int(a[2]), int(a[3]), a[4])
     else:

@@ -59,7 +59,8 @@ cd "$WORK" || exit 1
 
 # --- cleanup ---------------------------------------------------------------------------
 
-# register KIND VALUE: remember something to undo. KIND: pid, fuse, loop, mount, netns.
+# register KIND VALUE: remember something to undo. KIND: pid, fuse, loop, mount, netns,
+# dir (removed with everything in it: data a test's servers keep, e.g. etcd's).
 register() { printf '%s %s\n' "$1" "$2" >>"$REGISTRY"; }
 
 # descendants PID: the PIDs of PID's children, grandchildren, ... (a registered PID may
@@ -103,6 +104,7 @@ cleanup_resources() {
       fuse) mountpoint -q "$value" 2>/dev/null && { fusermount3 -u "$value" 2>/dev/null || fusermount3 -uz "$value" 2>/dev/null; } ;;
       pid) stop_tree "$value" ;;
       netns) ip netns del "$value" 2>/dev/null ;;
+      dir) rm -rf "$value" ;;
     esac
   done < <(tac "$REGISTRY")
   : >"$REGISTRY"

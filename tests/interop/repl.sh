@@ -494,16 +494,6 @@ etcd_up() {
 }
 etcd_args() { echo --etcd "http://10.232.$(($1 + 1)).2:2379" --etcd-ttl 2 --auto-failover; }
 
-wait_role() { # NODE ROLE [TENTHS]
-  local n r
-  for n in $(seq "${3:-200}"); do
-    r=$(status_json "$1" | jq -r .role)
-    [ "$r" = "$2" ] && return 0
-    sleep 0.1
-  done
-  fail "node $1 is $r, not $2: $("$CAIRN" repl status home --control "$(ctl "$1")")"
-}
-
 data_sum() { nbdcopy "$(client_uri "$1")" - | md5sum | cut -d' ' -f1; }
 
 t_etcd_failover() {

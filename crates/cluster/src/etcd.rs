@@ -272,6 +272,37 @@ impl Etcd {
             .map(|_| ())
     }
 
+    /// Sets `key` = `value` (no lease) only while `held` is attached to `lease`: the
+    /// holder of `held` proves it still holds it with the same write (a lease alone is
+    /// not a lock). `false`: `held` is not on that lease any more (expired, revoked,
+    /// taken by another), and nothing was written.
+    pub fn put_if_lease(&self, key: &[u8], value: &[u8], held: &[u8], lease: i64) -> Result<bool> {
+        self.txn_if_lease(
+            held,
+            lease,
+            json!({"request_put": {"key": b64(key), "value": b64(value)}}),
+        )
+    }
+
+    /// Deletes `key` only while `held` is attached to `lease` (see [`Etcd::put_if_lease`]).
+    pub fn delete_if_lease(&self, key: &[u8], held: &[u8], lease: i64) -> Result<bool> {
+        self.txn_if_lease(
+            held,
+            lease,
+            json!({"request_delete_range": {"key": b64(key)}}),
+        )
+    }
+
+    fn txn_if_lease(&self, held: &[u8], lease: i64, op: Value) -> Result<bool> {
+        // A missing key compares as lease 0, so this fails once `held` is gone.
+        let body = json!({
+            "compare": [{"key": b64(held), "result": "EQUAL", "target": "LEASE", "lease": lease.to_string()}],
+            "success": [op],
+        });
+        let v = self.post("/v3/kv/txn", &body)?;
+        Ok(v["succeeded"].as_bool() == Some(true))
+    }
+
     /// Reads a key, for display only: no decision is taken from a read.
     pub fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         let v = self.post("/v3/kv/range", &json!({ "key": b64(key) }))?;

@@ -258,6 +258,29 @@ impl Drop for Lease {
 pub struct LeaseGuard(Arc<Inner>);
 
 impl LeaseGuard {
+    /// The etcd lease id, for transactions conditioned on it ([`Etcd::put_if_lease`]).
+    pub fn id(&self) -> i64 {
+        self.0.id
+    }
+
+    /// The key the lease holds.
+    pub fn key(&self) -> &str {
+        &self.0.key
+    }
+
+    /// etcd said the lease is gone (a transaction conditioned on it failed): from now on
+    /// [`LeaseGuard::check`] fails, for good, whatever the deadline says.
+    pub fn mark_lost(&self) {
+        if !std::mem::replace(&mut self.0.state().lost, true) {
+            tracing::error!(
+                "etcd lease {:x} for {} is gone in etcd: I/O is frozen",
+                self.0.id,
+                self.0.key
+            );
+        }
+        self.0.wake.notify_all();
+    }
+
     /// Ok while the lease is certainly still ours.
     pub fn check(&self, what: &str) -> Result<()> {
         if self.0.is_valid() {

@@ -86,6 +86,44 @@ fn a_lease_that_stops_refreshing_freezes_io_and_passes_on() {
 }
 
 #[test]
+fn writes_conditioned_on_a_lease_stop_when_it_is_gone() {
+    let Some(etcd) = TestEtcd::start() else {
+        return;
+    };
+    let e = Etcd::new(&etcd.url).unwrap();
+    let key = owner_key("0003");
+    let held = key.as_bytes();
+    let a = Lease::acquire(&e, &key, b"host-a", TTL).unwrap();
+    assert!(e.put_if_lease(b"/mark", b"1", held, a.id()).unwrap());
+    assert_eq!(e.get(b"/mark").unwrap().unwrap().value, b"1");
+    assert!(
+        !e.put_if_lease(b"/mark", b"2", held, a.id() + 1).unwrap(),
+        "another lease id"
+    );
+    assert!(
+        !e.put_if_lease(b"/mark", b"2", b"/nothing", a.id()).unwrap(),
+        "a key that does not exist"
+    );
+    let id = a.id();
+    // Revoked: the key goes, and with it every write conditioned on it.
+    drop(a);
+    assert!(!e.put_if_lease(b"/mark", b"3", held, id).unwrap());
+    assert!(!e.delete_if_lease(b"/mark", held, id).unwrap());
+    assert_eq!(e.get(b"/mark").unwrap().unwrap().value, b"1");
+    // Another holder now: the old holder's id still proves nothing.
+    let b = Lease::acquire(&e, &key, b"host-b", TTL).unwrap();
+    assert!(!e.put_if_lease(b"/mark", b"4", held, id).unwrap());
+    assert!(e.delete_if_lease(b"/mark", held, b.id()).unwrap());
+    assert_eq!(e.get(b"/mark").unwrap(), None);
+    // What etcd says overrides the deadline: a guard marked lost fails at once, for good.
+    let g = b.guard();
+    assert!(g.check("x").is_ok());
+    g.mark_lost();
+    assert!(g.check("x").is_err());
+    assert!(!b.is_valid());
+}
+
+#[test]
 fn etcd_down_is_a_clear_error() {
     let e = Etcd::new("http://127.0.0.1:1").unwrap();
     let err = Lease::acquire(&e, "/k", b"v", TTL).unwrap_err();

@@ -14,6 +14,7 @@
 //!   meta.rs    the metadata on disk (internal at the end of the backing device, or
 //!              external); store.rs  the node's view of it (MetaIo)
 //!   quorum.rs  the primary role as an etcd lease, outdated peers, automatic failover
+//!              (fake_etcd.rs: an etcd stand-in for its tests)
 //!   rate.rs    the resync/verify rate controller: the maximum when the application is
 //!              idle, the minimum while it does I/O
 //!   verify.rs  online verify (digests) and invalidate;  metrics.rs  Prometheus gauges
@@ -23,6 +24,8 @@
 
 pub mod al;
 pub mod bitmap;
+#[cfg(test)]
+mod fake_etcd;
 pub mod gen;
 pub mod meta;
 pub mod metrics;

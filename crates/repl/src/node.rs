@@ -712,25 +712,43 @@ impl Node {
     }
 
     /// With a quorum: Ok while the primary lease is certainly ours; after that, frozen or
-    /// refused as configured.
+    /// refused as configured. A frozen request goes on if the lease turns out to be held
+    /// after all (a keepalive got through again: etcd still had it, e.g. its leader changed
+    /// and took longer than this node's margin), and gives up when the node is made
+    /// secondary or stops.
     fn lease_check(&self) -> Result<()> {
         let Some(g) = self.guard.read().unwrap_or_else(|p| p.into_inner()).clone() else {
             return Ok(());
         };
         let what = self.cfg.resource.as_str();
-        if g.check(what).is_ok() {
-            return Ok(());
-        }
-        if self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze) {
-            while !self.halt.load(Ordering::SeqCst) && self.role() == Role::Primary {
-                thread::sleep(Duration::from_millis(100));
+        let freeze = self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze);
+        loop {
+            let r = g.check(what);
+            if r.is_ok()
+                || !freeze
+                || self.halt.load(Ordering::SeqCst)
+                || self.role() != Role::Primary
+            {
+                return r;
             }
+            thread::sleep(Duration::from_millis(100));
         }
-        g.check(what)
+    }
+
+    /// The primary lease's guard, while this node holds one.
+    fn lease_guard(&self) -> Option<LeaseGuard> {
+        self.guard.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// With a quorum: records in etcd that `peer` misses writes, before any write it
     /// did not get is acknowledged, so it cannot take the primary role with old data.
+    ///
+    /// The record is a transaction that succeeds only while this node's lease holds the
+    /// primary key: a primary whose lease ran out (the peer may have taken over by now)
+    /// writes nothing to etcd and acknowledges nothing; it freezes or fails as its
+    /// lease check says. Once the mark is in, this node's data moves on to a new
+    /// generation the peer does not hold (`new_generation_without`), before the write
+    /// that needed the mark is acknowledged.
     fn ensure_outdated(&self, peer: &Peer) -> Result<()> {
         let Some(q) = &self.cfg.quorum else {
             return Ok(());
@@ -743,10 +761,21 @@ impl Node {
             return Ok(());
         }
         let key = quorum::outdated_key(&self.cfg.resource, &peer.cfg.name);
+        let held = quorum::primary_key(&self.cfg.resource);
         loop {
+            self.lease_check()?;
+            let Some(g) = self.lease_guard() else {
+                return Err(io_err(
+                    ErrorKind::ReadOnly,
+                    format!("{}: this node is not primary", self.cfg.resource),
+                ));
+            };
             let value = format!("{:016x} {}", self.persisted().current, self.cfg.node);
-            match q.etcd.put(key.as_bytes(), value.as_bytes()) {
-                Ok(()) => {
+            match q
+                .etcd
+                .put_if_lease(key.as_bytes(), value.as_bytes(), held.as_bytes(), g.id())
+            {
+                Ok(true) => {
                     peer.outdated.store(true, Ordering::Release);
                     self.event(
                         "outdated",
@@ -756,7 +785,17 @@ impl Node {
                         peer.cfg.name
                     ),
                     );
+                    self.new_generation_without(peer);
                     return Ok(());
+                }
+                Ok(false) => {
+                    // The lease is gone in etcd, whatever the local deadline says.
+                    tracing::error!(
+                        "{}: cannot mark {} outdated: etcd no longer holds this node's lease on {held}",
+                        self.cfg.resource,
+                        peer.cfg.name
+                    );
+                    g.mark_lost();
                 }
                 Err(e) => {
                     tracing::warn!(
@@ -764,7 +803,6 @@ impl Node {
                         self.cfg.resource,
                         peer.cfg.name
                     );
-                    self.lease_check()?;
                     if self.halt.load(Ordering::SeqCst) {
                         return Err(io_err(ErrorKind::Shutdown, "stopping"));
                     }
@@ -774,14 +812,29 @@ impl Node {
         }
     }
 
-    /// The peer holds this node's data again: it may take over.
+    /// The peer holds this node's data again: it may take over. The mark goes only while
+    /// this node holds the lease; the flag goes anyway, so the next loss marks again (a
+    /// mark left behind only keeps the peer from taking over, which is safe).
     fn clear_outdated(&self, peer: &Peer) {
         let Some(q) = &self.cfg.quorum else {
             return;
         };
+        peer.outdated.store(false, Ordering::Release);
+        let Some(g) = self.lease_guard() else {
+            return;
+        };
         let key = quorum::outdated_key(&self.cfg.resource, &peer.cfg.name);
-        match q.etcd.delete(key.as_bytes()) {
-            Ok(()) => peer.outdated.store(false, Ordering::Release),
+        let held = quorum::primary_key(&self.cfg.resource);
+        match q
+            .etcd
+            .delete_if_lease(key.as_bytes(), held.as_bytes(), g.id())
+        {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "{}: {}'s outdated mark stays: etcd no longer holds this node's lease",
+                self.cfg.resource,
+                peer.cfg.name
+            ),
             Err(e) => tracing::warn!(
                 "{}: cannot clear {}'s outdated mark in etcd: {e}",
                 self.cfg.resource,
@@ -988,7 +1041,18 @@ impl Node {
 
     fn flush(&self) -> Result<()> {
         self.check_primary()?;
-        self.flush_all(|peer| self.mark_active(peer))
+        let lost = std::cell::RefCell::new(Vec::new());
+        let local = self.flush_all(|peer| {
+            self.mark_active(peer);
+            lost.borrow_mut().push(peer.slot);
+        });
+        // Writes acknowledged before may not be durable on a peer whose flush failed: with
+        // a quorum it is marked outdated before this flush is acknowledged.
+        let mut missed = Ok(());
+        for slot in lost.into_inner() {
+            missed = missed.and_then(|()| self.ensure_outdated(&self.peers[slot]));
+        }
+        local.and(missed)
     }
 
     /// Drops the link to `peer` after a failure: from now on its writes are counted in
@@ -1006,25 +1070,39 @@ impl Node {
             Some(&peer.cfg.name),
             format!("lost peer {}: {why}", peer.cfg.name),
         );
-        // A primary whose lease ran out makes no new generation: it may not write, and
-        // its peer has taken over (a new generation there would read as split brain).
-        if self.role() == Role::Primary && !self.lease_lost() {
-            let mut p = self.persisted();
-            self.rotate(&mut p, &[peer.slot]);
-            if let Err(e) = self.meta.save(&p) {
-                tracing::error!("{}: cannot save the new generation: {e}", self.cfg.resource);
-            }
-            drop(p);
-            let others: Vec<&Arc<Peer>> = self
-                .peers
-                .iter()
-                .filter(|o| {
-                    o.slot != peer.slot && o.link().is_some() && o.state().repl == Repl::Established
-                })
-                .collect();
-            self.announce_current(&others);
+        // With a quorum the new generation waits for the peer's outdated mark
+        // (ensure_outdated), that is for the first write acknowledged without it. A
+        // primary that loses its lease first acknowledges nothing more: its peer, promoted
+        // meanwhile, then meets it as an ordinary resync target (its unacknowledged
+        // writes are in its bitmap), not as a split brain.
+        if self.role() == Role::Primary && self.cfg.quorum.is_none() {
+            self.new_generation_without(peer);
         }
         drop(old);
+    }
+
+    /// This node's data moves on to a new generation `peer` does not hold, before the
+    /// first write it lacks is acknowledged; peers still in sync take it too. With a
+    /// quorum, nothing to do if the generation moved on already since the peer was last
+    /// in sync (its bitmap has a base: e.g. this node was promoted while it was away).
+    fn new_generation_without(&self, peer: &Peer) {
+        let mut p = self.persisted();
+        if self.cfg.quorum.is_some() && p.peers[peer.slot].bitmap_uuid != 0 {
+            return;
+        }
+        self.rotate(&mut p, &[peer.slot]);
+        if let Err(e) = self.meta.save(&p) {
+            tracing::error!("{}: cannot save the new generation: {e}", self.cfg.resource);
+        }
+        drop(p);
+        let others: Vec<&Arc<Peer>> = self
+            .peers
+            .iter()
+            .filter(|o| {
+                o.slot != peer.slot && o.link().is_some() && o.state().repl == Repl::Established
+            })
+            .collect();
+        self.announce_current(&others);
     }
 
     /// Peers still in sync take the primary's new current generation (it changed because
@@ -1320,14 +1398,24 @@ impl Node {
     }
 
     fn clear_own_outdated(&self) {
-        if let Some(q) = &self.cfg.quorum {
-            let mine = quorum::outdated_key(&self.cfg.resource, &self.cfg.node);
-            if let Err(e) = q.etcd.delete(mine.as_bytes()) {
-                tracing::warn!(
-                    "{}: cannot clear this node's outdated mark: {e}",
-                    self.cfg.resource
-                );
-            }
+        let (Some(q), Some(g)) = (&self.cfg.quorum, self.lease_guard()) else {
+            return;
+        };
+        let mine = quorum::outdated_key(&self.cfg.resource, &self.cfg.node);
+        let held = quorum::primary_key(&self.cfg.resource);
+        match q
+            .etcd
+            .delete_if_lease(mine.as_bytes(), held.as_bytes(), g.id())
+        {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "{}: this node's outdated mark stays: etcd no longer holds its lease",
+                self.cfg.resource
+            ),
+            Err(e) => tracing::warn!(
+                "{}: cannot clear this node's outdated mark: {e}",
+                self.cfg.resource
+            ),
         }
     }
 
@@ -1795,8 +1883,10 @@ impl BlockDevice for DataArea {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_etcd::FakeEtcd;
     use crate::store::{create, CreateParams, Store};
     use cairn_block::MemDisk;
+    use cairn_cluster::Etcd;
 
     fn fresh() -> Arc<dyn BlockDevice> {
         let dev: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(64 << 20));
@@ -1844,6 +1934,121 @@ mod tests {
         assert!(!p.primary && p.crashed_primary);
         let again = open(&dev);
         assert_eq!(again.status().peers[0].out_of_sync_bytes, 2 << 20);
+    }
+
+    fn open_quorum(
+        dev: &Arc<dyn BlockDevice>,
+        etcd: &FakeEtcd,
+        ttl: u64,
+        on_loss: OnLoss,
+    ) -> Arc<Node> {
+        let meta = Box::new(Store::open(dev.clone()).unwrap());
+        let mut cfg = NodeConfig::for_tests("home", "a", "b");
+        cfg.quorum = Some(Quorum {
+            etcd: Etcd::new(&etcd.url).unwrap(),
+            ttl: Duration::from_secs(ttl),
+            auto_failover: false,
+            on_loss,
+        });
+        Node::open(cfg, dev.clone(), meta).unwrap()
+    }
+
+    fn outdated_b(etcd: &FakeEtcd) -> Option<Vec<u8>> {
+        let key = quorum::outdated_key("home", "b");
+        let e = Etcd::new(&etcd.url).unwrap();
+        e.get(key.as_bytes()).unwrap().map(|kv| kv.value)
+    }
+
+    #[test]
+    fn the_generation_moves_on_when_the_absent_peer_is_marked_outdated() {
+        let etcd = FakeEtcd::start();
+        let dev = fresh();
+        let node = open_quorum(&dev, &etcd, 30, OnLoss::Error);
+        node.promote(true).unwrap();
+        let first = node.status().generations.current;
+        assert_eq!(node.persisted().peers[0].bitmap_uuid, 0);
+        // The peer (nobody listens at its address) misses the first write: it is marked
+        // outdated and this node's data takes a generation it does not hold, before the
+        // write is acknowledged.
+        let vol = Volume(node.clone());
+        vol.write_at(&[1u8; 4096], 0, WriteFlags::NONE).unwrap();
+        assert!(outdated_b(&etcd).is_some(), "b marked outdated");
+        let second = node.status().generations.current;
+        assert_ne!(second, first);
+        assert_eq!(node.persisted().peers[0].bitmap_uuid, first);
+        // Once per absence.
+        vol.write_at(&[2u8; 4096], 4096, WriteFlags::NONE).unwrap();
+        vol.flush().unwrap();
+        assert_eq!(node.status().generations.current, second);
+        node.demote().unwrap();
+    }
+
+    #[test]
+    fn a_primary_whose_lease_is_gone_in_etcd_marks_nothing_and_acknowledges_nothing() {
+        let etcd = FakeEtcd::start();
+        let dev = fresh();
+        let node = open_quorum(&dev, &etcd, 30, OnLoss::Error);
+        node.promote(true).unwrap();
+        let before = node.status().generations.current;
+        // The lease ends in etcd (its TTL ran out there; the peer may be primary by now)
+        // long before this node's own deadline, 27 s away.
+        etcd.expire(node.lease_guard().unwrap().id());
+        let vol = Volume(node.clone());
+        let e = vol.write_at(&[1u8; 4096], 0, WriteFlags::NONE).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ReadOnly, "{e}");
+        assert_eq!(
+            outdated_b(&etcd),
+            None,
+            "a stale primary marked its peer outdated"
+        );
+        assert_eq!(
+            node.status().generations.current,
+            before,
+            "no new generation"
+        );
+        let q = node.status().quorum.unwrap();
+        assert!(q.contains("lost"), "{q}");
+        assert!(vol.read_at(&mut [0u8; 4096], 0).is_err());
+        node.demote().unwrap();
+    }
+
+    #[test]
+    fn a_frozen_request_goes_on_when_the_lease_turns_out_to_be_held() {
+        let etcd = FakeEtcd::start();
+        let dev = fresh();
+        let node = open_quorum(&dev, &etcd, 2, OnLoss::Freeze);
+        node.promote(true).unwrap();
+        let vol = Volume(node.clone());
+        vol.write_at(&[1u8; 4096], 0, WriteFlags::NONE).unwrap();
+        // No keepalive is answered (etcd elects a leader, say) past the lease's margin:
+        // I/O freezes.
+        etcd.stall_keepalives(true);
+        let t0 = Instant::now();
+        while !node.status().quorum.unwrap().contains("lost") {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the lease never lapsed"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let v = vol.clone();
+        thread::spawn(move || tx.send(v.write_at(&[2u8; 4096], 8192, WriteFlags::NONE)));
+        thread::sleep(Duration::from_millis(500));
+        assert!(
+            rx.try_recv().is_err(),
+            "a request went through while the lease was lost"
+        );
+        // The next keepalive is answered: etcd held the lease all along. The frozen
+        // request goes on.
+        etcd.stall_keepalives(false);
+        let r = rx.recv_timeout(Duration::from_secs(5));
+        node.demote().unwrap();
+        r.expect("the frozen request still waits with the lease held again")
+            .unwrap();
+        let mut b = [0u8; 4096];
+        dev.read_at(&mut b, 8192).unwrap();
+        assert_eq!(b, [2u8; 4096]);
     }
 
     #[test]

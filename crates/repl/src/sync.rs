@@ -24,6 +24,20 @@ impl Node {
                 self.sleep(Duration::from_millis(200));
                 continue;
             }
+            if told {
+                // A keepalive got through after all: etcd still held the lease.
+                told = false;
+                if peer.slot == 0 {
+                    self.event(
+                        "lease-renewed",
+                        None,
+                        format!(
+                            "{}: the primary lease in etcd is held again: I/O goes on",
+                            self.cfg.resource
+                        ),
+                    );
+                }
+            }
             let want = peer.state().want;
             if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
                 match self.connect_peer(peer) {
@@ -90,6 +104,10 @@ impl Node {
             )));
         }
         let mine = peer.bitmap.count();
+        // Blocks the peer wrote while it was primary without this node, in the generation
+        // both still hold: writes it never acknowledged (it lost its lease first, so it
+        // took no new generation). This node's data wins; they are copied over.
+        let theirs = w.changes;
         let full = match decision {
             Decision::InSync | Decision::SourceBitmap => false,
             Decision::SourceFull => true,
@@ -127,8 +145,8 @@ impl Node {
                 full
             }
         };
-        let resync = full || decision != Decision::InSync || mine > 0;
-        if resync && !full && decision != Decision::InSync {
+        let resync = full || decision != Decision::InSync || mine > 0 || theirs > 0;
+        if resync && !full && (decision != Decision::InSync || theirs > 0) {
             self.fetch_peer_bitmap(peer)?;
         }
         if full {
