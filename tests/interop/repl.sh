@@ -221,6 +221,57 @@ t_status() {
   XDG_RUNTIME_DIR=$WORK/xdg "$CAIRN" repl down home
 }
 
+# `cairn serve`'s control API lists the resources running beside it (GET /v1/replication):
+# each node's runtime directory ($XDG_RUNTIME_DIR/cairn) holds its resource's control
+# socket, where a `cairn serve` started with the same runtime directory finds it. A
+# resource whose process is stopped is an error entry within seconds, not a hung API.
+t_api() {
+  need_tool curl jq
+  SIZE=16M nodes_up
+  mkdir -m 700 "$WORK/run1" "$WORK/run2"
+  # Each node's control socket where `cairn repl up` puts it when not told.
+  ctl() { echo "$WORK/run$1/cairn/repl-home.sock"; }
+  XDG_RUNTIME_DIR=$WORK/run1 node_up 1
+  XDG_RUNTIME_DIR=$WORK/run2 node_up 2
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  truncate -s 1M "$SHM/plain.img"
+  XDG_RUNTIME_DIR=$WORK/run1 start_cairn "$SHM/plain.img"
+  local s=$WORK/run1/cairn/control.sock v code
+  expect_eq "$(jq -r .control "$CAIRN_JSON")" "$s" "cairn serve's control socket"
+  expect_contains "$(curl -s --unix-socket "$s" http://cairn/v1)" "GET /v1/replication/NAME" "the routes"
+  v=$(curl -s --max-time 10 --unix-socket "$s" http://cairn/v1/replication)
+  expect_eq "$(jq -r '.resources | length' <<<"$v")" 1 "resources listed: $v"
+  expect_eq "$(jq -r '.resources[0] | [.resource, .node, .role, .disk] | join(" ")' <<<"$v")" \
+    "home a Primary UpToDate" "the resource and its role"
+  expect_eq "$(jq -r '.resources[0].peers[0] | [.name, .connection, .replication] | join(" ")' <<<"$v")" \
+    "b Connected Established" "its peer's state"
+  # Exactly what `cairn --json repl status` prints.
+  expect_eq "$(jq -S '.resources[0]' <<<"$v")" "$(status_json 1 | jq -S .)" "the status as repl status has it"
+  code=$(curl -s -o "$WORK/one.json" -w '%{http_code}' --unix-socket "$s" http://cairn/v1/replication/home)
+  expect_eq "$code" 200 "GET /v1/replication/home"
+  expect_eq "$(jq -r .role "$WORK/one.json")" Primary "one resource's role"
+  code=$(curl -s -o "$WORK/nope.json" -w '%{http_code}' --unix-socket "$s" http://cairn/v1/replication/nope)
+  expect_eq "$code" 404 "GET /v1/replication/nope"
+  expect_eq "$(jq -r .error "$WORK/nope.json")" \
+    'no replicated resource named "nope" runs here; resources with a control socket here: home' "404 JSON"
+  # A stopped process: listed with an error, the API answers within its 2 s wait.
+  kill -STOP "${NPID[1]}"
+  local start=$SECONDS
+  v=$(curl -s --max-time 10 --unix-socket "$s" http://cairn/v1/replication) || { kill -CONT "${NPID[1]}"; fail "no answer"; }
+  kill -CONT "${NPID[1]}"
+  [ $((SECONDS - start)) -le 5 ] || fail "the API took $((SECONDS - start)) s with a stopped resource"
+  expect_eq "$(jq -r '.resources[0].resource' <<<"$v")" home "the stopped resource's entry: $v"
+  expect_contains "$(jq -r '.resources[0].error' <<<"$v")" "resource home does not answer on $(ctl 1) within 2 s" \
+    "the stopped resource's error"
+  # Killed: its socket file stays, and the resource is gone from the list.
+  node_kill 1
+  [ -S "$(ctl 1)" ] || fail "the killed node's socket file is gone; the test needs it"
+  expect_eq "$(curl -s --unix-socket "$s" http://cairn/v1/replication | jq -c .resources)" "[]" "a killed resource"
+  stop_cairn
+  node_down 2
+}
+
 # Replication over TLS (PSK): the data connection and the handshake go through STARTTLS;
 # a node with the wrong key is refused and says so.
 t_tls() {
@@ -646,6 +697,7 @@ t_external_meta() {
 
 run_test refusals t_refusals
 run_test status t_status
+run_test api t_api
 run_test rate t_rate
 run_test failover t_failover
 run_test split_brain t_split_brain

@@ -109,6 +109,8 @@ pub fn start(
         listen: listen.to_vec(),
         control: control_listener.as_ref().map(|(_, p)| p.clone()),
         metrics: metrics_listener.as_ref().map(http::Listener::address),
+        // `cairn repl up` puts its control socket there (unless told --control).
+        repl_dir: Some(crate::listen::runtime_dir()),
     };
     let control = at.control.clone();
     let metrics = at.metrics.clone();

@@ -24,6 +24,7 @@ use signal_hook::iterator::Signals;
 use cairn_nbd::client::ClientOptions;
 use cairn_nbd::uri::NbdUri;
 use cairn_nbd::{Listen, Server, ServerConfig, ServerTls};
+use cairn_repl::control;
 use cairn_repl::node::{Exports, Node, NodeConfig, PeerConfig, Protocol, SplitBrainPolicy, Status};
 
 use crate::error::{CliError, Result};
@@ -300,7 +301,7 @@ pub fn run(cmd: ReplCommand, global: &Global) -> Result<()> {
 fn control_path(resource: &str, given: Option<&PathBuf>) -> PathBuf {
     given
         .cloned()
-        .unwrap_or_else(|| listen::runtime_dir().join(format!("repl-{resource}.sock")))
+        .unwrap_or_else(|| control::socket_path(&listen::runtime_dir(), resource))
 }
 
 fn create_md(a: &CreateMdArgs, global: &Global) -> Result<()> {
@@ -972,22 +973,11 @@ fn serve_control(node: &Arc<Node>, conn: UnixStream) -> bool {
     down
 }
 
+/// How long a command may take to answer: `secondary` and `down` flush every replica.
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
 fn call(path: &Path, req: &Value) -> Result<Value> {
-    let mut s = UnixStream::connect(path).map_err(|e| {
-        CliError::new(format!(
-            "cannot reach the resource at {} ({e}); is `cairn repl up` running?",
-            path.display()
-        ))
-    })?;
-    let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
-    s.write_all(format!("{req}\n").as_bytes())
-        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
-    let mut line = String::new();
-    BufReader::new(s)
-        .read_line(&mut line)
-        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
-    serde_json::from_str(&line)
-        .map_err(|e| CliError::new(format!("{}: malformed answer: {e}", path.display())))
+    control::call(path, req, CALL_TIMEOUT).map_err(|e| CliError::new(e.to_string()))
 }
 
 fn ctl(a: &CtlArgs, req: Value, global: &Global) -> Result<()> {
@@ -1076,31 +1066,12 @@ fn verify(a: &VerifyArgs, global: &Global) -> Result<()> {
 
 /// The control sockets of the resources running on this host (RUNDIR/repl-*.sock).
 pub fn local_sockets() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(listen::runtime_dir())
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("repl-") && n.ends_with(".sock"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
+    control::local_sockets(&listen::runtime_dir())
 }
 
 /// The status of each resource behind `paths` (JSON as the control socket gives it).
 pub fn statuses(paths: &[PathBuf]) -> Result<Vec<Value>> {
-    paths
-        .iter()
-        .map(|p| {
-            call(p, &json!({"cmd": "status"}))
-                .map(|v| v.get("status").cloned().unwrap_or(Value::Null))
-        })
-        .collect()
+    control::statuses(paths, CALL_TIMEOUT).map_err(|e| CliError::new(e.to_string()))
 }
 
 /// Text for statuses as [`statuses`] returns them.

@@ -296,6 +296,33 @@ impl LeaseGuard {
     }
 }
 
+impl LeaseGuard {
+    /// A guard of no lease in etcd, valid until `until`; [`LeaseGuard::set_deadline`]
+    /// moves it. For tests of what a holder does when its lease runs out, and when it
+    /// comes back (a late keepalive that got through before etcd's TTL ran out).
+    #[doc(hidden)]
+    pub fn for_tests(until: Instant) -> LeaseGuard {
+        LeaseGuard(Arc::new(Inner {
+            etcd: Etcd::new("http://127.0.0.1:9").expect("a literal URL"),
+            key: "/cairn/tests/lease".into(),
+            id: 0,
+            ttl: Duration::from_secs(1),
+            state: Mutex::new(State {
+                deadline: until,
+                lost: false,
+            }),
+            stop: AtomicBool::new(true),
+            wake: Condvar::new(),
+        }))
+    }
+
+    /// See [`LeaseGuard::for_tests`].
+    #[doc(hidden)]
+    pub fn set_deadline(&self, until: Instant) {
+        self.0.state().deadline = until;
+    }
+}
+
 /// A device whose every I/O first checks that the ownership lease is still valid. Put it
 /// under the array, on each member, so no member I/O leaves once the deadline passed.
 #[derive(Debug)]

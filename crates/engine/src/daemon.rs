@@ -11,6 +11,8 @@
 //!   md arrays ── pushed changes ─ md_events::MdEvents (registered per array) ─ events
 //!                                          Fail / DegradedArray / RebuildStarted ...
 //!   --metrics (http) ──── Daemon::handle_metrics ─ metrics::render
+//!   GET /v1/replication ─ cairn_repl::control ─ each `cairn repl up` process's own
+//!                         control socket in the runtime directory (a status each)
 //! ```
 //!
 //! Every answer is built from `cairn_stack::describe`, so the status tree, the API, the
@@ -23,6 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use cairn_block::BlockDevice;
 use cairn_nbd::{Export, ExportsHandle, Listen};
+use cairn_repl::control;
 use cairn_stack::export::OpenedExport;
 use cairn_stack::node::{self, Node, NodeKind};
 use cairn_stack::size::format_size;
@@ -38,6 +41,10 @@ use crate::stats::{self, Registry};
 
 /// Events shown in `/v1/status`.
 const STATUS_EVENTS: usize = 20;
+
+/// How long `/v1/replication` waits for a replicated resource's process: a live one
+/// answers a status at once, and one that is stopped or stuck must not hold the API.
+const REPL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Counts an md member's I/O under its stack node id `member:NAME`.
 fn wrap_member(name: &str, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
@@ -60,6 +67,7 @@ pub struct Daemon {
     listen: Vec<Listen>,
     control: Option<PathBuf>,
     metrics: Option<String>,
+    repl_dir: Option<PathBuf>,
     started: SystemTime,
 }
 
@@ -70,6 +78,10 @@ pub struct Endpoints {
     pub listen: Vec<Listen>,
     pub control: Option<PathBuf>,
     pub metrics: Option<String>,
+    /// Where `cairn repl up` puts the control sockets of the replicated resources on
+    /// this host (`repl-RES.sock` in the runtime directory), which `/v1/replication`
+    /// asks; none: it lists none.
+    pub repl_dir: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -102,6 +114,7 @@ impl Daemon {
             listen: at.listen,
             control: at.control,
             metrics: at.metrics,
+            repl_dir: at.repl_dir,
             started: SystemTime::now(),
         }
     }
@@ -278,6 +291,7 @@ impl Outcome {
 
 const ROUTES: &str = "GET /v1/status, GET /v1/exports, GET /v1/exports/NAME, \
 POST /v1/exports, DELETE /v1/exports/NAME, GET /v1/arrays, GET /v1/arrays/NAME, \
+GET /v1/replication, GET /v1/replication/NAME, \
 GET /v1/stats, GET /v1/events, POST /v1/actions, GET /metrics";
 
 impl Daemon {
@@ -557,6 +571,10 @@ impl Daemon {
                     Err(resp) => resp,
                 }
             }),
+            ["v1", "replication"] => only(&["GET"], &|| {
+                Response::json(200, &json!({ "resources": self.replication() }))
+            }),
+            ["v1", "replication", name] => only(&["GET"], &|| self.replication_one(name)),
             ["v1", "actions"] => match m {
                 "POST" => match r.json::<Action>() {
                     Ok(a) => self.respond(a),
@@ -565,6 +583,71 @@ impl Daemon {
                 _ => Response::method_not_allowed(m, &r.path, &["POST"]),
             },
             _ => Response::error(404, format!("no such route: {}; routes: {ROUTES}", r.path)),
+        }
+    }
+
+    /// The control sockets of the replicated resources on this host.
+    fn repl_sockets(&self) -> Vec<PathBuf> {
+        self.repl_dir
+            .as_deref()
+            .map(control::local_sockets)
+            .unwrap_or_default()
+    }
+
+    /// Each replicated resource's status, as `cairn --json repl status` prints it, asked
+    /// all at once; one whose process does not answer in time is an entry
+    /// `{resource, control, error}`. A socket file nobody listens on (left by a killed
+    /// process) is no resource: skipped, as `cairn status` does.
+    fn replication(&self) -> Vec<serde_json::Value> {
+        let paths = self.repl_sockets();
+        let answers = control::statuses_at_once(&paths, REPL_TIMEOUT);
+        paths
+            .iter()
+            .zip(answers)
+            .filter_map(|(p, r)| match r {
+                Ok(status) => Some(status),
+                Err(e) if e.is_gone() => None,
+                Err(e) => Some(json!({
+                    "resource": control::resource_of(p),
+                    "control": p,
+                    "error": repl_error(p, &e),
+                })),
+            })
+            .collect()
+    }
+
+    /// `/v1/replication/NAME`: its status; 404 when it does not run here, 503 when its
+    /// process does not answer.
+    fn replication_one(&self, name: &str) -> Response {
+        let paths = self.repl_sockets();
+        let names: Vec<&str> = paths
+            .iter()
+            .filter_map(|p| control::resource_of(p))
+            .collect();
+        let missing = |why: String| {
+            Response::error(
+                404,
+                format!(
+                    "no replicated resource named {name:?} runs here{why}; resources with \
+                     a control socket here: {}",
+                    if names.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                ),
+            )
+        };
+        let Some(path) = paths.iter().find(|p| control::resource_of(p) == Some(name)) else {
+            return missing(String::new());
+        };
+        match control::status(path, REPL_TIMEOUT) {
+            Ok(status) => Response::json(200, &status),
+            Err(e) if e.is_gone() => missing(format!(
+                " (nothing answers on {}: its process is gone)",
+                path.display()
+            )),
+            Err(e) => Response::error(503, repl_error(path, &e)),
         }
     }
 
@@ -1299,6 +1382,21 @@ fn open_new_member(
     Ok(wrap_member(&path.display().to_string(), Arc::new(disk)))
 }
 
+/// One sentence for a resource that did not answer its status.
+fn repl_error(path: &Path, e: &control::CallError) -> String {
+    let name = control::resource_of(path).unwrap_or("?");
+    if e.timed_out() {
+        format!(
+            "resource {name} does not answer on {} within {} s (is its `cairn repl up` \
+             process stopped or stuck?)",
+            path.display(),
+            REPL_TIMEOUT.as_secs()
+        )
+    } else {
+        format!("resource {name}: {e}")
+    }
+}
+
 fn rfc3339(since_epoch: Duration) -> String {
     events::rfc3339_at(since_epoch)
 }
@@ -1333,5 +1431,116 @@ mod tests {
         assert!(check_export_name(".hidden").is_err());
         assert!(check_export_name("a b").is_err());
         assert!(check_export_name("a/b").is_err());
+    }
+
+    fn get(d: &Daemon, path: &str) -> (u16, serde_json::Value) {
+        let r = d.handle(&Request {
+            method: "GET".into(),
+            path: path.into(),
+            query: None,
+            headers: Vec::new(),
+            body: Vec::new(),
+        });
+        (r.status, serde_json::from_slice(&r.body).unwrap())
+    }
+
+    /// `/v1/replication` asks each `cairn repl up` process on its control socket: one that
+    /// answers is listed with its status as it gave it, one that answers nothing in time
+    /// with an error naming it, and a socket whose process died not at all.
+    #[test]
+    fn replication_lists_each_resource_by_its_control_socket() {
+        use std::io::{BufRead, BufReader, Write};
+        use std::os::unix::net::UnixListener;
+        let _one = crate::FORKING_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let dir = std::env::temp_dir().join(format!("cairn-daemon-repl-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let status = json!({"resource": "home", "node": "a", "role": "Primary",
+                            "peers": [{"name": "b", "connection": "Connected",
+                                       "replication": "Established"}]});
+        // As `cairn repl up` answers: one JSON line per connection.
+        let live = UnixListener::bind(dir.join("repl-home.sock")).unwrap();
+        let answer = json!({"ok": true, "message": "", "status": status});
+        let server = std::thread::spawn(move || {
+            for c in live.incoming().take(2) {
+                let c = c.unwrap();
+                let mut line = String::new();
+                BufReader::new(&c).read_line(&mut line).unwrap();
+                assert_eq!(line.trim(), r#"{"cmd":"status"}"#);
+                (&c).write_all(format!("{answer}\n").as_bytes()).unwrap();
+            }
+        });
+        drop(UnixListener::bind(dir.join("repl-dead.sock")).unwrap());
+        let _stuck = UnixListener::bind(dir.join("repl-stuck.sock")).unwrap();
+        std::fs::write(dir.join("repl-home.nbd"), b"").unwrap();
+        let nbd = cairn_nbd::Server::new({
+            let mut c = cairn_nbd::ServerConfig::new(Vec::new());
+            c.allow_empty = true;
+            c
+        })
+        .unwrap()
+        .exports_handle();
+        let at = Endpoints {
+            repl_dir: Some(dir.clone()),
+            ..Endpoints::default()
+        };
+        let d = Daemon::new(
+            Vec::new(),
+            Options::default(),
+            nbd,
+            Events::new(4, None),
+            at,
+        );
+
+        let started = std::time::Instant::now();
+        let (code, v) = get(&d, "/v1/replication");
+        assert_eq!(code, 200);
+        let list = v["resources"].as_array().unwrap();
+        assert_eq!(list.len(), 2, "{v:#}");
+        assert_eq!(
+            list[0], status,
+            "the status exactly as the resource gave it"
+        );
+        assert_eq!(list[1]["resource"], "stuck");
+        assert_eq!(
+            list[1]["control"],
+            dir.join("repl-stuck.sock").to_str().unwrap()
+        );
+        let e = list[1]["error"].as_str().unwrap();
+        assert!(e.starts_with("resource stuck does not answer on "), "{e}");
+        assert!(
+            started.elapsed() < REPL_TIMEOUT * 2,
+            "a stuck resource holds the answer {:?}",
+            started.elapsed()
+        );
+
+        assert_eq!(get(&d, "/v1/replication/home"), (200, status));
+        let (code, v) = get(&d, "/v1/replication/nope");
+        assert_eq!(code, 404);
+        assert_eq!(
+            v["error"],
+            "no replicated resource named \"nope\" runs here; resources with a control \
+             socket here: dead, home, stuck"
+        );
+        let (code, v) = get(&d, "/v1/replication/dead");
+        assert_eq!(code, 404);
+        assert!(
+            v["error"].as_str().unwrap().contains("its process is gone"),
+            "{v}"
+        );
+        let (code, v) = get(&d, "/v1/replication/stuck");
+        assert_eq!(code, 503);
+        assert!(
+            v["error"].as_str().unwrap().contains("does not answer"),
+            "{v}"
+        );
+        assert!(get(&d, "/v1/nothing").1["error"]
+            .as_str()
+            .unwrap()
+            .contains("GET /v1/replication/NAME"));
+        server.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -18,12 +18,15 @@
 //!   rate.rs    the resync/verify rate controller: the maximum when the application is
 //!              idle, the minimum while it does I/O
 //!   verify.rs  online verify (digests) and invalidate;  metrics.rs  Prometheus gauges
+//!   control.rs the client of a resource's control socket (`cairn repl`, `cairn status`,
+//!              `cairn serve`'s GET /v1/replication): its path, discovery, one request
 //! ```
 //!
 //! docs/replication.md is the user's guide; docs/replication-format.md has every byte.
 
 pub mod al;
 pub mod bitmap;
+pub mod control;
 #[cfg(test)]
 mod fake_etcd;
 pub mod gen;

@@ -261,6 +261,9 @@ struct ResyncCounters {
     started: Instant,
     full: bool,
     pacer: Arc<Pacer>,
+    /// Passes over the bitmap begun: one, and one more for each time a pass ended
+    /// with blocks left (written behind its cursor, or a lease that came back).
+    passes: u64,
 }
 
 /// One configured peer.
@@ -420,6 +423,9 @@ pub struct Node {
     events: Mutex<VecDeque<Event>>,
     /// Set to stop the peer threads of a primary (demotion, shutdown).
     stop_peers: AtomicBool,
+    /// The lost primary lease was told (the event, once per loss, by whichever peer
+    /// thread saw it first: sync.rs).
+    lease_told: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     exports: Mutex<Option<Exports>>,
     /// Serializes role changes and connect/disconnect.
@@ -584,6 +590,7 @@ impl Node {
             peers,
             events: Mutex::new(VecDeque::new()),
             stop_peers: AtomicBool::new(false),
+            lease_told: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             exports: Mutex::new(None),
             admin: Mutex::new(()),
@@ -1314,6 +1321,7 @@ impl Node {
         self.halt.store(false, Ordering::SeqCst);
         *self.role.write().unwrap_or_else(|p| p.into_inner()) = Role::Primary;
         self.stop_peers.store(false, Ordering::SeqCst);
+        self.lease_told.store(false, Ordering::SeqCst);
         if self.cfg.protocol == Protocol::A {
             let (tx, rx) = sync_channel(ASYNC_BACKLOG);
             *self.async_tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
@@ -2082,5 +2090,133 @@ mod tests {
         assert_ne!(s.generations.current, before);
         assert_eq!(s.epoch, 2);
         node.demote().unwrap();
+    }
+
+    fn fresh_of(size: u64) -> Arc<dyn BlockDevice> {
+        let dev: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(size));
+        let p = CreateParams {
+            max_peers: 1,
+            bm_block: 4096,
+            al_extent: 1 << 20,
+            force: false,
+            resource: None,
+        };
+        create(dev.as_ref(), &p).unwrap();
+        dev
+    }
+
+    /// Serves `node` to its peers as `cairn repl up` does (the data area behind the
+    /// fence gate, and the replication handshake) on a loopback port.
+    fn serve_peers(node: &Arc<Node>) -> (cairn_nbd::Listen, cairn_nbd::ShutdownHandle) {
+        use cairn_nbd::{Listen, Server, ServerConfig};
+        let target = crate::target::Target::new(node);
+        let mut cfg = ServerConfig::new(Vec::new());
+        cfg.allow_empty = true;
+        cfg.fence = Some(Arc::new(target.clone()));
+        cfg.extension = Some(Arc::new(target));
+        let peers = Server::new(cfg).unwrap();
+        let mut ccfg = ServerConfig::new(Vec::new());
+        ccfg.allow_empty = true;
+        let clients = Server::new(ccfg).unwrap();
+        let l = peers
+            .bind(&[Listen::Tcp("127.0.0.1:0".parse().unwrap())])
+            .unwrap();
+        let addr = l.addresses().remove(0);
+        node.attach(Exports {
+            clients: clients.exports_handle(),
+            peers: peers.exports_handle(),
+        })
+        .unwrap();
+        let stop = peers.shutdown_handle();
+        thread::spawn(move || peers.serve(l));
+        (addr, stop)
+    }
+
+    /// A primary whose etcd lease runs out during a resync stops copying and waits,
+    /// without spinning, until the lease is valid again; then the resync ends as usual.
+    #[test]
+    fn a_resync_waits_for_a_lost_lease_without_spinning() {
+        let far_disk = fresh_of(16 << 20);
+        let far = {
+            let meta = Box::new(Store::open(far_disk.clone()).unwrap());
+            Node::open(
+                NodeConfig::for_tests("home", "far", "a"),
+                far_disk.clone(),
+                meta,
+            )
+            .unwrap()
+        };
+        let (addr, far_stop) = serve_peers(&far);
+        let disk = fresh_of(16 << 20);
+        disk.write_at(&[0x5a; 1 << 20], 3 << 20, WriteFlags::NONE)
+            .unwrap();
+        let mut cfg = NodeConfig::for_tests("home", "a", "far");
+        cfg.peers[0].opts = ClientOptions::new(addr, "home");
+        // Slow enough to be caught half-way: about 2 s for the 15 MiB of data.
+        cfg.resync = RateLimits {
+            min_bytes_per_sec: 1 << 20,
+            max_bytes_per_sec: 8 << 20,
+        };
+        let node = Node::open(
+            cfg,
+            disk.clone(),
+            Box::new(Store::open(disk.clone()).unwrap()),
+        )
+        .unwrap();
+        let guard = LeaseGuard::for_tests(Instant::now() + Duration::from_secs(3600));
+        node.promote(true).unwrap();
+        *node.guard.write().unwrap() = Some(guard.clone());
+        let done = || node.peers[0].resync_done.load(Ordering::Relaxed);
+        let until = Instant::now() + Duration::from_secs(20);
+        while done() == 0 {
+            assert!(
+                Instant::now() < until,
+                "no resync: {:?}",
+                node.status().peers[0]
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+
+        // The lease runs out: what was in flight ends, then nothing moves.
+        guard.set_deadline(Instant::now());
+        thread::sleep(Duration::from_millis(300));
+        let passes = || node.peers[0].state().resync.as_ref().map(|r| r.passes);
+        let (held, begun) = (done(), passes());
+        thread::sleep(Duration::from_secs(1));
+        assert_eq!(done(), held, "copies went on without the lease");
+        assert_eq!(
+            passes(),
+            begun,
+            "passes that copy nothing, one after the other"
+        );
+        let s = node.status();
+        assert_eq!(s.peers[0].replication, Repl::SyncSource, "{s:?}");
+        assert!(s.peers[0].out_of_sync_bytes > 0);
+        assert_eq!(
+            s.events.iter().filter(|e| e.kind == "lease-lost").count(),
+            1,
+            "{:?}",
+            s.events
+        );
+
+        // A keepalive got through after all: the resync picks up where it was.
+        guard.set_deadline(Instant::now() + Duration::from_secs(3600));
+        let until = Instant::now() + Duration::from_secs(30);
+        while node.status().peers[0].replication != Repl::Established {
+            assert!(
+                Instant::now() < until,
+                "no end: {:?}",
+                node.status().peers[0]
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert!(node.status().events.iter().any(|e| e.kind == "resync-done"));
+        let n = usize::try_from(node.data_size).unwrap();
+        let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+        disk.read_at(&mut a, 0).unwrap();
+        far_disk.read_at(&mut b, 0).unwrap();
+        assert!(a == b, "the replicas differ after the resync");
+        node.demote().unwrap();
+        far_stop.shutdown();
     }
 }

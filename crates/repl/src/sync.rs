@@ -10,18 +10,8 @@ impl Node {
     pub(super) fn run_peer(self: Arc<Self>, peer: &Arc<Peer>) {
         let mut backoff = Duration::from_millis(500);
         let mut last_out = Instant::now();
-        let mut told = false;
         while !self.stop_peers.load(Ordering::SeqCst) {
-            if self.lease_lost() {
-                if !told && peer.slot == 0 {
-                    self.event("lease-lost", None, format!(
-                        "{}: the primary lease in etcd is lost or expired: I/O is {}; make this node secondary",
-                        self.cfg.resource,
-                        if self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze) { "frozen" } else { "refused" }
-                    ));
-                }
-                told = true;
-                self.sleep(Duration::from_millis(200));
+            if !self.wait_for_lease(|| false) {
                 continue;
             }
             if told {
@@ -55,6 +45,35 @@ impl Node {
             if last_out.elapsed() > Duration::from_secs(5) {
                 let _ = self.write_out_bitmaps();
                 last_out = Instant::now();
+            }
+        }
+    }
+
+    /// While the primary lease is lost (no keepalive got through in time): says so
+    /// once, then waits, holding nothing and waking five times a second, until the lease
+    /// is valid again (a late keepalive got through before etcd's TTL ran out): true; or
+    /// until the peer threads stop (the node is made secondary) or `give_up`: false. A
+    /// primary without its lease neither connects nor copies: another node may be
+    /// primary now.
+    fn wait_for_lease(&self, give_up: impl Fn() -> bool) -> bool {
+        if !self.lease_lost() {
+            return true;
+        }
+        if !self.lease_told.swap(true, Ordering::SeqCst) {
+            self.event("lease-lost", None, format!(
+                "{}: the primary lease in etcd is lost or expired: I/O is {}; make this node secondary",
+                self.cfg.resource,
+                if self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze) { "frozen" } else { "refused" }
+            ));
+        }
+        loop {
+            if self.stop_peers.load(Ordering::SeqCst) || give_up() {
+                return false;
+            }
+            self.sleep(Duration::from_millis(200));
+            if !self.lease_lost() {
+                self.lease_told.store(false, Ordering::SeqCst);
+                return true;
             }
         }
     }
@@ -256,6 +275,9 @@ impl Node {
     /// Copies every block the peer's bitmap marks, in disk order, several at once; then
     /// tells the peer it holds this node's generation.
     fn resync(&self, peer: &Arc<Peer>, full: bool) -> std::result::Result<(), String> {
+        // Weak: the resync does not keep a dropped connection open. (It also keeps the
+        // allocation, so no later link can have its address.)
+        let started_on = Arc::downgrade(&peer.link().ok_or("the peer is gone")?);
         let bm = self.meta.bm_block();
         let run_bits = ((1u64 << 20) / bm).max(1);
         let total = peer.bitmap.count_bytes(self.data_size);
@@ -267,10 +289,14 @@ impl Node {
             started: Instant::now(),
             full,
             pacer: pacer.clone(),
+            passes: 0,
         });
         let stopping =
             || self.stop_peers.load(Ordering::SeqCst) || self.lease_lost() || failed_now(&failed);
         loop {
+            if let Some(r) = peer.state().resync.as_mut() {
+                r.passes += 1;
+            }
             let cursor = Mutex::new(0u64);
             thread::scope(|s| {
                 for _ in 0..4 {
@@ -328,6 +354,22 @@ impl Node {
             }
             if peer.bitmap.count() == 0 {
                 break;
+            }
+            // A lost lease ended the pass (its copies stop at once): wait for the lease
+            // rather than begin pass after pass that copies nothing. The link dropped
+            // meanwhile (`disconnect`) ends the resync as a failed copy would.
+            let link_changed = || {
+                !peer
+                    .link()
+                    .is_some_and(|l| std::ptr::eq(Arc::as_ptr(&l), started_on.as_ptr()))
+            };
+            if !self.wait_for_lease(link_changed) {
+                peer.state().resync = None;
+                return Err(if self.stop_peers.load(Ordering::SeqCst) {
+                    "stopped".into()
+                } else {
+                    "the peer is gone".into()
+                });
             }
         }
         let link = peer.link().ok_or("the peer is gone")?;
