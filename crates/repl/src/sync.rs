@@ -14,20 +14,6 @@ impl Node {
             if !self.wait_for_lease(|| false) {
                 continue;
             }
-            if told {
-                // A keepalive got through after all: etcd still held the lease.
-                told = false;
-                if peer.slot == 0 {
-                    self.event(
-                        "lease-renewed",
-                        None,
-                        format!(
-                            "{}: the primary lease in etcd is held again: I/O goes on",
-                            self.cfg.resource
-                        ),
-                    );
-                }
-            }
             let want = peer.state().want;
             if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
                 match self.connect_peer(peer) {
@@ -72,7 +58,18 @@ impl Node {
             }
             self.sleep(Duration::from_millis(200));
             if !self.lease_lost() {
-                self.lease_told.store(false, Ordering::SeqCst);
+                // A keepalive got through after all: etcd still held the lease. The
+                // first thread to see it says so, once.
+                if self.lease_told.swap(false, Ordering::SeqCst) {
+                    self.event(
+                        "lease-renewed",
+                        None,
+                        format!(
+                            "{}: the primary lease in etcd is held again: I/O goes on",
+                            self.cfg.resource
+                        ),
+                    );
+                }
                 return true;
             }
         }
