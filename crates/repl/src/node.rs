@@ -823,14 +823,20 @@ impl Node {
     /// this node holds the lease; the flag goes anyway, so the next loss marks again (a
     /// mark left behind only keeps the peer from taking over, which is safe).
     fn clear_outdated(&self, peer: &Peer) {
-        let Some(q) = &self.cfg.quorum else {
+        if self.cfg.quorum.is_none() {
             return;
-        };
+        }
         peer.outdated.store(false, Ordering::Release);
-        let Some(g) = self.lease_guard() else {
+        self.delete_outdated_mark(&peer.cfg.name);
+    }
+
+    /// Deletes `node`'s outdated mark in etcd, only while this node holds the primary
+    /// lease (a transaction on it); says so when the mark stays.
+    fn delete_outdated_mark(&self, node: &str) {
+        let (Some(q), Some(g)) = (&self.cfg.quorum, self.lease_guard()) else {
             return;
         };
-        let key = quorum::outdated_key(&self.cfg.resource, &peer.cfg.name);
+        let key = quorum::outdated_key(&self.cfg.resource, node);
         let held = quorum::primary_key(&self.cfg.resource);
         match q
             .etcd
@@ -838,14 +844,12 @@ impl Node {
         {
             Ok(true) => {}
             Ok(false) => tracing::warn!(
-                "{}: {}'s outdated mark stays: etcd no longer holds this node's lease",
-                self.cfg.resource,
-                peer.cfg.name
+                "{}: {node}'s outdated mark stays: etcd no longer holds this node's lease",
+                self.cfg.resource
             ),
             Err(e) => tracing::warn!(
-                "{}: cannot clear {}'s outdated mark in etcd: {e}",
-                self.cfg.resource,
-                peer.cfg.name
+                "{}: cannot clear {node}'s outdated mark in etcd: {e}",
+                self.cfg.resource
             ),
         }
     }
@@ -1406,25 +1410,7 @@ impl Node {
     }
 
     fn clear_own_outdated(&self) {
-        let (Some(q), Some(g)) = (&self.cfg.quorum, self.lease_guard()) else {
-            return;
-        };
-        let mine = quorum::outdated_key(&self.cfg.resource, &self.cfg.node);
-        let held = quorum::primary_key(&self.cfg.resource);
-        match q
-            .etcd
-            .delete_if_lease(mine.as_bytes(), held.as_bytes(), g.id())
-        {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(
-                "{}: this node's outdated mark stays: etcd no longer holds its lease",
-                self.cfg.resource
-            ),
-            Err(e) => tracing::warn!(
-                "{}: cannot clear this node's outdated mark: {e}",
-                self.cfg.resource
-            ),
-        }
+        self.delete_outdated_mark(&self.cfg.node);
     }
 
     /// With automatic failover: a consistent secondary that is not outdated takes the
