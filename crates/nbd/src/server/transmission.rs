@@ -28,7 +28,7 @@ pub(crate) fn write_all_vectored(
 pub fn nbd_errno(kind: ErrorKind) -> u32 {
     match kind {
         ErrorKind::OutOfRange | ErrorKind::Unaligned | ErrorKind::InvalidArgument => EINVAL,
-        ErrorKind::ReadOnly => EPERM,
+        ErrorKind::ReadOnly | ErrorKind::Fenced => EPERM,
         ErrorKind::NoSpace => ENOSPC,
         ErrorKind::Unsupported => ENOTSUP,
         ErrorKind::Shutdown => ESHUTDOWN,
@@ -244,13 +244,14 @@ impl Transmission {
             // Held while the request runs: a new owner's admission waits for it.
             let _pass = self.fence_check(req)?;
             let start = Instant::now();
-            let r = catch_unwind(AssertUnwindSafe(|| self.execute(req, &mut buf)))
-                .unwrap_or_else(|_| {
+            let r = catch_unwind(AssertUnwindSafe(|| self.execute(req, &mut buf))).unwrap_or_else(
+                |_| {
                     Err(Failure::new(
                         EIO,
                         format!("{}: internal error", command_name(req.kind)),
                     ))
-                });
+                },
+            );
             self.export
                 .costs
                 .record(req.kind, req.length, start.elapsed());
