@@ -7,7 +7,7 @@
 //!       └─ failed: held by someone else (their value is returned; our lease is revoked)
 //!   deadline = (when the last successful grant/keepalive was *sent*) + TTL - margin
 //!   FencedDevice: every read, write and flush checks the deadline first
-//!   lost (etcd says it expired, or the deadline passed): for good; watchers are woken
+//!   LeaseGuard::wait_lost: wakes at the deadline, or when etcd says the lease is gone
 //! ```
 //!
 //! The deadline counts from before the request left, so however long etcd or the network
@@ -16,10 +16,6 @@
 //! with the deadline, before any write: a resumed old owner sends nothing. Its members,
 //! where a cairn server serves them, would refuse it anyway (the new owner raised the
 //! generation): a lease alone is not a lock, the generation is what the data path checks.
-//!
-//! A deadline that passed is a loss, even if a late keepalive then finds the lease alive:
-//! what was refused meanwhile cannot be undone (md fences its array at the first refused
-//! member write rather than fail the member), so a holder never half-resumes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -67,35 +63,12 @@ impl From<EtcdError> for LeaseError {
     }
 }
 
-/// Why a lease is gone for good.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Lost {
-    /// etcd answered a keepalive with TTL 0: it expired the lease (and its key).
-    Expired,
-    /// No keepalive was answered before the deadline: etcd may have expired it.
-    Deadline,
-    /// The holder gave it up (dropped it).
-    GivenUp,
-}
-
-impl std::fmt::Display for Lost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Lost::Expired => "etcd expired it",
-            Lost::Deadline => {
-                "no keepalive was answered before its deadline, so etcd may have expired it"
-            }
-            Lost::GivenUp => "given up",
-        })
-    }
-}
-
 #[derive(Debug)]
 struct State {
     /// After this instant the lease may have expired in etcd.
     deadline: Instant,
-    /// Set once, for good.
-    lost: Option<Lost>,
+    /// etcd said the lease is gone, or the holder gave it up.
+    lost: bool,
 }
 
 #[derive(Debug)]
@@ -121,39 +94,11 @@ impl Inner {
 
     fn valid_until(&self) -> Option<Instant> {
         let s = self.state();
-        s.lost.is_none().then_some(s.deadline)
+        (!s.lost).then_some(s.deadline)
     }
 
-    /// Whether the lease is certainly still ours; the first call after the deadline
-    /// records the loss.
     fn is_valid(&self) -> bool {
-        let s = self.state();
-        if s.lost.is_some() {
-            return false;
-        }
-        if Instant::now() < s.deadline {
-            return true;
-        }
-        self.lose(s, Lost::Deadline);
-        false
-    }
-
-    /// Records the loss (once), says so, and wakes whoever waits on the lease.
-    fn lose(&self, mut s: std::sync::MutexGuard<'_, State>, why: Lost) {
-        if s.lost.is_some() {
-            return;
-        }
-        s.lost = Some(why);
-        drop(s);
-        self.wake.notify_all();
-        if why != Lost::GivenUp {
-            tracing::error!(
-                "etcd lease {:x} for {} is lost ({why}): another host may own it now; \
-                 I/O is frozen for good",
-                self.id,
-                self.key
-            );
-        }
+        self.valid_until().is_some_and(|d| Instant::now() < d)
     }
 
     fn keepalive_loop(self: Arc<Inner>) {
@@ -163,32 +108,27 @@ impl Inner {
                 let s = self.state();
                 let (s, _) = self
                     .wake
-                    .wait_timeout_while(s, period, |s| {
-                        !self.stop.load(Ordering::Acquire) && s.lost.is_none()
-                    })
+                    .wait_timeout_while(s, period, |_| !self.stop.load(Ordering::Acquire))
                     .unwrap_or_else(|p| p.into_inner());
-                if self.stop.load(Ordering::Acquire) || s.lost.is_some() {
+                if self.stop.load(Ordering::Acquire) || s.lost {
                     return;
                 }
-            }
-            // After a pause the deadline may be behind us: that is the loss, whatever
-            // etcd would answer now.
-            if !self.is_valid() {
-                return;
             }
             let sent = Instant::now();
             match self.etcd.keepalive(self.id) {
                 Ok(0) => {
-                    let s = self.state();
-                    self.lose(s, Lost::Expired);
+                    tracing::error!(
+                        "etcd lease {:x} for {} expired: I/O is frozen",
+                        self.id,
+                        self.key
+                    );
+                    self.state().lost = true;
+                    self.wake.notify_all();
                     return;
                 }
                 Ok(ttl) => {
                     let ttl = Duration::from_secs(ttl);
                     let mut s = self.state();
-                    if s.lost.is_some() {
-                        return;
-                    }
                     s.deadline = s.deadline.max(sent + ttl - margin(ttl));
                 }
                 Err(e) => {
@@ -252,7 +192,7 @@ impl Lease {
             ttl,
             state: Mutex::new(State {
                 deadline: sent + ttl - margin(ttl),
-                lost: None,
+                lost: false,
             }),
             stop: AtomicBool::new(false),
             wake: Condvar::new(),
@@ -306,19 +246,11 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.stop_keepalive();
-        let before = {
-            let s = self.inner.state();
-            let before = s.lost;
-            self.inner.lose(s, Lost::GivenUp);
-            before
-        };
-        // A lease past its deadline may still live in etcd: revoking it hands the array
-        // over now rather than after the TTL.
-        if matches!(before, None | Some(Lost::Deadline)) {
+        let lost = std::mem::replace(&mut self.inner.state().lost, true);
+        self.inner.wake.notify_all();
+        if !lost {
             if let Err(e) = self.inner.etcd.revoke(self.inner.id) {
-                if before.is_none() {
-                    tracing::warn!("revoking etcd lease {:x}: {e}", self.inner.id);
-                }
+                tracing::warn!("revoking etcd lease {:x}: {e}", self.inner.id);
             }
         }
     }
@@ -330,7 +262,7 @@ pub struct LeaseGuard(Arc<Inner>);
 
 impl LeaseGuard {
     /// Ok while the lease is certainly still ours; [`ErrorKind::Fenced`] once it may not
-    /// be.
+    /// be (another host may own what it guards).
     pub fn check(&self, what: &str) -> Result<()> {
         if self.0.is_valid() {
             return Ok(());
@@ -348,28 +280,33 @@ impl LeaseGuard {
         self.0.is_valid()
     }
 
+    /// The key the lease holds.
     pub fn key(&self) -> &str {
         &self.0.key
     }
 
-    /// Waits up to `timeout` for the lease to be lost (etcd expired it, its deadline
-    /// passed, or it was given up); returns why, or `None` while it is still held.
-    /// Wakes at the deadline itself, so a loss by pause or silence is seen at once.
+    /// Waits up to `timeout` for the lease to stop being certainly ours: etcd said it is
+    /// gone, it was given up, or its deadline passed (a keepalive may still renew it
+    /// after that; what the holder does about the gap is its own decision). Returns
+    /// why, or `None` while it is valid. Wakes at the deadline itself, so a pause or a
+    /// silent etcd is seen at once, not at the next keepalive.
     pub fn wait_lost(&self, timeout: Duration) -> Option<String> {
         let end = Instant::now() + timeout;
         let mut s = self.0.state();
         loop {
-            if let Some(why) = s.lost {
+            let now = Instant::now();
+            let why = if s.lost {
+                Some("etcd expired it, or it was given up")
+            } else if now >= s.deadline {
+                Some("no keepalive was answered before its deadline, so etcd may have expired it")
+            } else {
+                None
+            };
+            if let Some(why) = why {
                 return Some(format!(
                     "etcd lease {:x} for {}: {why}",
                     self.0.id, self.0.key
                 ));
-            }
-            let now = Instant::now();
-            if now >= s.deadline {
-                self.0.lose(s, Lost::Deadline);
-                s = self.0.state();
-                continue;
             }
             if now >= end {
                 return None;
