@@ -7,7 +7,8 @@
 //!          an owner that did not release them is replaced only with the lease (its lease
 //!          expired, or it gave it up) or --force
 //!     ─ every member device checks the lease before each I/O (FencedDevice)
-//!   watch: the lease lost ─> Array::fence (background work stops, nothing more written)
+//!   watch: the lease may be lost (its deadline passed), or a member refused as Fenced
+//!     ─> Array::fence (background work stops, nothing more written) ─> lease given up
 //!   close_array: array closed cleanly ─> records released ─> lease revoked
 //! ```
 //!
@@ -93,6 +94,17 @@ impl Claim {
         match &self.guard {
             Some(g) => Arc::new(FencedDevice::new(dev, g.clone())),
             None => dev,
+        }
+    }
+
+    /// Revokes the lease (if still held) without touching the records: the array is
+    /// fenced here, and another host may take it over now.
+    fn give_up_lease(&self) {
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(l) = lease {
+            let key = l.key().to_string();
+            drop(l);
+            tracing::warn!("{key}: the ownership lease is given up; this host writes nothing more to the array");
         }
     }
 
@@ -198,10 +210,13 @@ pub fn leased(e: &OpenedExport) -> bool {
         .any(|a| all.iter().any(|c| c.is_for(a) && c.guard.is_some()))
 }
 
-/// Ties `claim` to the `array` assembled on it, and fences the array when its lease is
-/// lost, however that happens (etcd expired it, no keepalive was answered in time, the
-/// process was paused past it): its background work stops, nothing more is written to
-/// its members, and status says FENCED.
+/// Ties `claim` to the `array` assembled on it and, when it holds a lease, watches it:
+/// once the lease may be lost (etcd expired it, no keepalive was answered by its
+/// deadline, the process was paused past it), or the array was fenced by a member's
+/// refusal, the array is fenced for good (background work stops, nothing more is
+/// written to its members, status says FENCED) and the lease is given up, so another
+/// host can take over at once. A keepalive that renews the lease after its deadline
+/// changes nothing: md cannot take back the refusals of the gap.
 pub fn watch(array: &Arc<Array>, claim: Option<&Arc<Claim>>) {
     let Some(claim) = claim else { return };
     let weak: Weak<Array> = Arc::downgrade(array);
@@ -209,24 +224,38 @@ pub fn watch(array: &Arc<Array>, claim: Option<&Arc<Claim>>) {
     let Some(guard) = claim.guard.clone() else {
         return;
     };
+    let claim = claim.clone();
     let spawned = std::thread::Builder::new()
         .name("lease-watch".into())
         .spawn(move || loop {
-            match weak.upgrade() {
-                Some(a) if !a.is_closed() => {}
-                _ => return,
-            }
-            let Some(why) = guard.wait_lost(Duration::from_secs(1)) else {
-                continue;
+            let Some(a) = weak.upgrade().filter(|a| !a.is_closed()) else {
+                return;
+            };
+            let why = match a.fenced() {
+                Some(w) => w.to_string(),
+                None => {
+                    drop(a);
+                    match guard.wait_lost(Duration::from_secs(1)) {
+                        Some(why) => {
+                            tracing::error!(
+                                "{why}: the ownership lease is lost, another host may own \
+                                 the array now"
+                            );
+                            why
+                        }
+                        None => continue,
+                    }
+                }
             };
             if let Some(a) = weak.upgrade().filter(|a| !a.is_closed()) {
                 a.fence(&why);
             }
+            claim.give_up_lease();
             return;
         });
     if let Err(e) = spawned {
-        // The member devices still check the lease on every I/O; only the early stop
-        // of background work and the status line depend on this thread.
+        // The member devices still check the lease on every I/O; the early stop of
+        // background work, the status line and the lease given up depend on this thread.
         tracing::warn!("cannot start the lease watcher: {e}");
     }
 }
