@@ -202,6 +202,16 @@ pub fn fence_export(e: &mut OpenedExport) {
     }
 }
 
+/// `dev`, about to join `array` (`md add`, `md replace`), behind the array's lease check
+/// when it holds one, as its other members are.
+pub fn fence_member(array: &Array, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    let claim = claims().iter().find(|c| c.is_for(array)).cloned();
+    match claim {
+        Some(c) => c.fence_device(dev),
+        None => dev,
+    }
+}
+
 /// Whether any array below `e` is held as an etcd lease.
 pub fn leased(e: &OpenedExport) -> bool {
     let all = claims();
