@@ -8,6 +8,12 @@
 #   its members, as another host would see them) is refused while the first holds the
 #   lease; the first, paused with SIGSTOP past its lease and resumed, cannot write a block
 #   (checked on the member data), and the second takes over.
+# - The same over cairn member servers (remote members, owner generations): the lease
+#   comes first, so a host that holds it takes over from a paused owner that never
+#   released the members, without --force; the woken owner's writes are refused and the
+#   members hold the new owner's data. And an owner whose lease is lost while it runs
+#   (etcd stopped) stops its resync at once: the member files do not change any more,
+#   its log and status say FENCED.
 # The owner token is sent by tests/interop/fence_client.py (libnbd cannot send cairn's option).
 . "$(dirname "$0")/lib.sh"
 
@@ -102,7 +108,8 @@ start_etcd() {
   etcd --name t --data-dir "$WORK/etcd" --listen-client-urls "$ETCD" --advertise-client-urls "$ETCD" \
     --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
     --initial-cluster "t=http://127.0.0.1:$p" >"$WORK/etcd.log" 2>&1 &
-  register pid $!
+  ETCD_PID=$!
+  register pid "$ETCD_PID"
   local i
   for i in $(seq 100); do
     curl -sf -XPOST "$ETCD/v3/kv/range" -d '{"key":"eA=="}' >/dev/null 2>&1 && return 0
@@ -163,7 +170,168 @@ for i in range(20):
   CAIRN_PID=$second; stop_cairn
 }
 
+# member_server FILE...: one cairn member server (fencing on) serving the files as m0,
+# m1, ...; sets MPID, URIS and ULIST (the --md list).
+member_server() {
+  local i=0 f args=()
+  for f in "$@"; do args+=("$f:m$i"); i=$((i + 1)); done
+  start_cairn --no-control "${args[@]}"
+  MPID=$CAIRN_PID
+  URIS=()
+  for ((i = 0; i < $#; i++)); do URIS+=("nbd+unix:///m$i?socket=$CAIRN_SOCK"); done
+  ULIST=$(IFS=,; echo "${URIS[*]}")
+}
+
+# no_block_of BYTE FILE...: no 4 KiB block of the files is BYTE repeated.
+no_block_of() {
+  py -c '
+import sys
+b = bytes([int(sys.argv[1], 0)]) * 4096
+for p in sys.argv[2:]:
+    d = open(p, "rb").read()
+    for i in range(0, len(d), 4096):
+        if d[i:i + 4096] == b:
+            print(p, i)
+            sys.exit(1)
+' "$@"
+}
+
+t_etcd_takeover_over_member_servers() {
+  need_tool nbdsh nbdcopy
+  start_etcd
+  local M=("$SHM/r0.img" "$SHM/r1.img" "$SHM/r2.img") f
+  for f in "${M[@]}"; do rm -f "$f"; truncate -s 32M "$f"; done
+  member_server "${M[@]}"
+  "$CAIRN" md create --level 5 --chunk 64K --raid-devices 3 --assume-clean --name fa \
+    "${URIS[@]}" >/dev/null || fail "md create"
+  # Host A owns the array: the lease, then generation 1 on every member.
+  start_cairn --no-control --md "$ULIST:fa" --etcd "$ETCD" --etcd-ttl 2 --owner-id host-a
+  local A_PID=$CAIRN_PID A_URI A_LOG=$CAIRN_LOG out
+  A_URI=$(unix_uri fa)
+  nbdsh -u "$A_URI" -c 'h.pwrite(b"\xaa" * 4096, 0); h.flush()'
+  out=$("$CAIRN" md owner "${URIS[@]}")
+  say "$out"
+  expect_contains "$out" "generation 1, owner host-a/" "A's records"
+  case $out in *released*) fail "A's records say released while A serves" ;; esac
+  # A is paused past its lease, without releasing anything.
+  kill -STOP "$A_PID"
+  sleep 4
+  # Host B: no --force. It gets the lease (A's ran out), so it replaces A's generation.
+  start_cairn -v --no-control --md "$ULIST:fb" --etcd "$ETCD" --etcd-ttl 2 --owner-id host-b
+  local B_PID=$CAIRN_PID B_LOG=$CAIRN_LOG
+  out=$("$CAIRN" md owner "${URIS[@]}")
+  say "$out"
+  expect_contains "$out" "generation 2, owner host-b/" "B's records"
+  # The lease came first: B's log (-v) says it took the lease before the generation.
+  local took gen
+  took=$(grep -n "took /cairn/arrays/" "$B_LOG" | head -1 | cut -d: -f1)
+  gen=$(grep -n "took generation 2" "$B_LOG" | head -1 | cut -d: -f1)
+  [ -n "$took" ] && [ -n "$gen" ] && [ "$took" -lt "$gen" ] ||
+    fail "B did not take the lease before the members: $(cat "$B_LOG")"
+  random_file "$WORK/b1" 1M
+  nbdcopy "$WORK/b1" "$(unix_uri fb)"
+  nbdsh -u "$(unix_uri fb)" -c 'h.flush()'
+  # A wakes up and tries to write: every write and flush is refused.
+  kill -CONT "$A_PID"
+  out=$(nbdsh -u "$A_URI" -c '
+import nbd
+for i in range(20):
+    try:
+        h.pwrite(b"\xee" * 4096, 4096 * i)
+        print("LATE WRITE", i)
+    except nbd.Error as e:
+        print("refused", e.errno)
+try:
+    h.flush()
+    print("LATE FLUSH")
+except nbd.Error as e:
+    print("flush refused", e.errno)
+' 2>&1) || true
+  say "$out"
+  case $out in *LATE*) fail "the woken owner wrote after its lease ran out" ;; esac
+  expect_contains "$out" "refused EPERM" "woken owner: refused"
+  sleep 1
+  no_block_of 0xee "${M[@]}" || fail "a write of the woken owner reached a member"
+  grep -q "lease .* is lost" "$A_LOG" || fail "A's log does not say its lease was lost: $(tail -5 "$A_LOG")"
+  grep -q "fenced" "$A_LOG" || fail "A's log does not say its array is fenced: $(tail -5 "$A_LOG")"
+  # B stops cleanly (records released, lease revoked); the members hold B's data.
+  CAIRN_PID=$B_PID; stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "B stops cleanly"
+  start_cairn --no-control --read-only --md "$ULIST:fc"
+  expect_eq "$(nbdcopy "$(unix_uri fc)" - | head -c 1048576 | sha256sum)" "$(sha256sum <"$WORK/b1")" "B's data on the members"
+  stop_cairn
+  # A cannot close what it no longer owns, and says why.
+  CAIRN_PID=$A_PID; stop_cairn
+  [ "$CAIRN_STATUS" -ne 0 ] || fail "A stopped as if it still owned the array"
+  grep -q "may no longer own it" "$A_LOG" || fail "A's stop: $(tail -3 "$A_LOG")"
+  no_block_of 0xee "${M[@]}" || fail "A wrote at its stop"
+  CAIRN_PID=$MPID; stop_cairn
+}
+
+t_etcd_lease_lost_stops_md_writes() {
+  need_tool curl jq
+  start_etcd
+  local M=("$SHM/s0.img" "$SHM/s1.img" "$SHM/s2.img") f
+  # Old data on the members: the resync rewrites parity stripe by stripe.
+  # The first 4 KiB stay zero, as md leaves them: the owner record goes there.
+  for f in "${M[@]}"; do
+    rm -f "$f"
+    random_file "$f" 32M
+    dd if=/dev/zero of="$f" bs=4096 count=1 conv=notrunc status=none
+  done
+  member_server "${M[@]}"
+  "$CAIRN" md create --level 5 --chunk 64K --raid-devices 3 --name fs "${URIS[@]}" >/dev/null ||
+    fail "md create"
+  CTL=$WORK/a-ctl.sock
+  # 256 KiB/s: the resync of 64 MiB would take minutes.
+  start_cairn --control "$CTL" --md "$ULIST:fs" --etcd "$ETCD" --etcd-ttl 3 --owner-id host-a \
+    --speed-limit-min 256 --speed-limit-max 256
+  local A_PID=$CAIRN_PID A_LOG=$CAIRN_LOG h1 h2 i
+  detail() { curl -s --unix-socket "$CTL" "http://cairn/v1/arrays/fs"; }
+  for i in $(seq 50); do
+    [ "$(detail | jq -r '.background.state // empty')" = running ] && break
+    sleep 0.2
+  done
+  say "before: $(detail | jq -c '{state: .detail.state_text, background: .background}')"
+  [ "$(detail | jq -r '.background.action')" = resync ] || fail "no resync running: $(detail)"
+  h1=$(sha256sum "${M[@]}")
+  sleep 2
+  h2=$(sha256sum "${M[@]}")
+  [ "$h1" != "$h2" ] || fail "the resync wrote nothing in 2 s; the test would prove nothing"
+  # etcd stops answering: A's keepalives fail, its deadline passes while it runs.
+  local EPID=$ETCD_PID
+  kill -STOP "$EPID"
+  for i in $(seq 100); do
+    grep -q "lease .* is lost" "$A_LOG" && break
+    sleep 0.1
+  done
+  grep -q "lease .* is lost" "$A_LOG" || { kill -CONT "$EPID"; fail "A never noticed: $(tail -5 "$A_LOG")"; }
+  # What was in flight settles; from here on the member files must not change, while A
+  # runs (not paused).
+  sleep 1
+  h1=$(sha256sum "${M[@]}")
+  sleep 4
+  h2=$(sha256sum "${M[@]}")
+  kill -0 "$A_PID" || fail "A exited"
+  kill -CONT "$EPID"
+  expect_eq "$h2" "$h1" "member files after A's lease was lost"
+  local d
+  d=$(detail)
+  say "after: $(jq -c '{state: .detail.state_text, background: .background}' <<<"$d")"
+  expect_contains "$(jq -r '.detail.state_text' <<<"$d")" "FENCED" "A's status"
+  [ "$(jq -r '.background.state' <<<"$d")" != running ] || fail "A's resync still runs: $d"
+  grep -q "fenced" "$A_LOG" || fail "A's log does not say the array is fenced"
+  grep -i "fenced\|lease" "$A_LOG" | head -5
+  CAIRN_PID=$A_PID; stop_cairn
+  [ "$CAIRN_STATUS" -ne 0 ] || fail "A stopped as if it still owned the array"
+  grep -q "may no longer own it" "$A_LOG" || fail "A's stop: $(tail -3 "$A_LOG")"
+  expect_eq "$(sha256sum "${M[@]}")" "$h1" "member files after A stopped"
+  CAIRN_PID=$MPID; stop_cairn
+}
+
 run_test member_server_fences t_member_server_fences
 run_test fence_off_and_stacks t_fence_off_and_stacks
 run_test etcd_lease t_etcd_lease
+run_test etcd_takeover_over_member_servers t_etcd_takeover_over_member_servers
+run_test etcd_lease_lost_stops_md_writes t_etcd_lease_lost_stops_md_writes
 finish

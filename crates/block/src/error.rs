@@ -42,6 +42,11 @@ pub enum ErrorKind {
     /// timed out): not a bad sector but the whole device, and every later request fails
     /// the same way. md fails such a member at once, as it fails a disk that vanished.
     Gone,
+    /// This host no longer owns the device: its ownership lease may have run out, or a
+    /// newer owner generation took the device over (docs/fencing.md). Not a failed disk:
+    /// the device works, for its new owner. md freezes the whole array on it instead of
+    /// failing a member, and writes nothing more.
+    Fenced,
 }
 
 impl ErrorKind {
@@ -63,6 +68,7 @@ impl ErrorKind {
             ErrorKind::PreviousIo => "an earlier write or flush failed; refusing further I/O",
             ErrorKind::Busy => "busy",
             ErrorKind::Gone => "device gone (not reachable)",
+            ErrorKind::Fenced => "fenced",
         }
     }
 

@@ -4,11 +4,13 @@
 //!   cairn serve FILE...           member-server role: --fence keeps each export's owner
 //!                                 record and refuses all but the newest owner generation
 //!   cairn serve --md ... --etcd   owner role: each array's ownership is an etcd lease,
-//!                                 taken by compare-and-swap; exports stop I/O when it is lost
+//!                                 taken by compare-and-swap before its members are taken
+//!                                 over (cairn_stack::fence); I/O stops when it is lost
 //!   cairn md owner MEMBER...      the owner record of each member
 //! ```
 //!
-//! Kept apart from serve.rs, which only flattens [`FenceOptions`] and calls [`setup`].
+//! Kept apart from serve.rs, which only flattens [`FenceOptions`] and calls [`ownership`]
+//! and [`setup`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,9 +18,10 @@ use std::time::Duration;
 
 use cairn_block::BlockDevice;
 use cairn_cluster::ondisk::{now_unix, DecodeError, OwnerRecord};
-use cairn_cluster::{owner_key, Etcd, FencedDevice, Lease, LeaseError, RecordStore};
+use cairn_cluster::{Etcd, RecordStore};
 use cairn_nbd::fence::FenceStore;
 use cairn_stack::export::OpenedExport;
+use cairn_stack::fence::Ownership;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
@@ -49,9 +52,12 @@ pub struct FenceOptions {
     #[arg(long, value_name = "NAME")]
     pub owner_id: Option<String>,
 
-    /// Hold each served md array as a lease in this etcd (http://HOST:2379), taken only
-    /// by a create-if-absent transaction: serve refuses to start when another host holds
-    /// an array, and the array's exports refuse I/O once the lease may have run out
+    /// Hold each md array served writable as a lease in this etcd (http://HOST:2379),
+    /// taken only by a create-if-absent transaction and before the array's members are
+    /// taken over: serve refuses to start when another host holds the array; holding it
+    /// lets serve take over from an owner that did not release the members (its lease ran
+    /// out), without --force. Once the lease may have run out, nothing more is written to
+    /// the members (background work included) and the exports refuse I/O
     #[arg(long, value_name = "URL")]
     pub etcd: Option<String>,
 
@@ -61,18 +67,30 @@ pub struct FenceOptions {
     pub etcd_ttl: u64,
 }
 
-/// What serving with fencing holds: the member server's record store and the leases.
+/// Who this host is in owner records and where ownership is decided, for opening stacks.
+pub fn ownership(opts: &FenceOptions) -> Result<Ownership> {
+    let etcd = match &opts.etcd {
+        Some(url) => Some((
+            Etcd::new(url).map_err(|e| CliError::new(format!("--etcd: {e}")))?,
+            Duration::from_secs(opts.etcd_ttl),
+        )),
+        None => None,
+    };
+    Ok(Ownership {
+        node: opts.owner_id.clone().unwrap_or_default(),
+        etcd,
+    })
+}
+
+/// What serving with fencing holds: the member server's record store.
 #[derive(Debug, Default)]
 pub struct Fencing {
     pub store: Option<Arc<dyn FenceStore>>,
-    /// Held while serving; dropping them revokes the leases.
-    pub leases: Vec<Lease>,
 }
 
-/// Turns the options into a record store for the server and, with --etcd, takes each
-/// array's lease and wraps the exports over it. `plain`: every export is a file or block
-/// device.
-pub fn setup(opts: &FenceOptions, plain: bool, opened: &mut [OpenedExport]) -> Result<Fencing> {
+/// Turns the options into a record store for the server. `plain`: every export is a file
+/// or block device. The leases were taken when the arrays were opened (`ownership`).
+pub fn setup(opts: &FenceOptions, plain: bool, opened: &[OpenedExport]) -> Result<Fencing> {
     let store: Option<Arc<dyn FenceStore>> = match (opts.fence, plain) {
         (FenceMode::Off, _) | (FenceMode::Auto, false) => None,
         (FenceMode::On, false) => {
@@ -83,40 +101,10 @@ pub fn setup(opts: &FenceOptions, plain: bool, opened: &mut [OpenedExport]) -> R
         }
         (_, true) => Some(Arc::new(RecordStore)),
     };
-    let mut leases = Vec::new();
-    if let Some(url) = &opts.etcd {
-        let etcd = Etcd::new(url).map_err(|e| CliError::new(e.to_string()))?;
-        let owner = cairn_cluster::owner::new_owner(opts.owner_id.as_deref().unwrap_or(""))
-            .map_err(CliError::new)?;
-        let ttl = Duration::from_secs(opts.etcd_ttl);
-        for e in opened.iter_mut() {
-            for array in e.arrays() {
-                let uuid = array.uuid().to_string();
-                let key = owner_key(&uuid);
-                let lease = match leases.iter().find(|l: &&Lease| l.key() == key) {
-                    Some(l) => l,
-                    None => {
-                        let l = Lease::acquire(&etcd, &key, owner.to_string().as_bytes(), ttl)
-                            .map_err(|err| match err {
-                                LeaseError::Held(_) => CliError::new(format!(
-                                    "md array {uuid} ({}): {err}; it is served by another \
-                                     host",
-                                    e.name
-                                )),
-                                other => CliError::new(format!("md array {uuid}: {other}")),
-                            })?;
-                        leases.push(l);
-                        leases.last().expect("just pushed")
-                    }
-                };
-                e.device = Arc::new(FencedDevice::new(e.device.clone(), lease.guard()));
-            }
-        }
-        if leases.is_empty() {
-            tracing::warn!("--etcd: no md array is served, so no lease was taken");
-        }
+    if opts.etcd.is_some() && !opened.iter().any(cairn_stack::fence::leased) {
+        tracing::warn!("--etcd: no md array is served writable, so no lease was taken");
     }
-    Ok(Fencing { store, leases })
+    Ok(Fencing { store })
 }
 
 /// `cairn md owner`.

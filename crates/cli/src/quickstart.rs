@@ -281,6 +281,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
         })),
         fence: None,
         remote_timeout: None,
+        ownership: Default::default(),
     };
     let opts = ServerOptions {
         listen: listens.clone(),

@@ -48,6 +48,8 @@ pub struct Extras {
     pub json: Option<serde_json::Value>,
     /// `--member-timeout`, for stacks the control API opens.
     pub remote_timeout: Option<std::time::Duration>,
+    /// `--owner-id` and `--etcd`, for arrays the control API opens.
+    pub ownership: cairn_stack::fence::Ownership,
 }
 
 pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
@@ -59,7 +61,7 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
     {
         tracing::info!("one passphrase from stdin unlocks every LUKS volume given");
     }
-    let opts = open_options(&args);
+    let opts = open_options(&args)?;
     let mut keys = Keys::new(
         args.key_file.clone(),
         args.key_dir.clone(),
@@ -103,7 +105,7 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
             && e.lvm().is_none()
             && !cairn_stack::leaf::is_remote(&e.path)
     });
-    let fencing = match crate::fence::setup(&args.fencing, plain, &mut opened) {
+    let fencing = match crate::fence::setup(&args.fencing, plain, &opened) {
         Ok(f) => f,
         Err(e) => {
             cairn_stack::spec::close_all(&opened);
@@ -113,23 +115,25 @@ pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
     let extras = Extras {
         fence: fencing.store.clone(),
         remote_timeout: opts.remote_timeout,
+        ownership: opts.ownership.clone(),
         ..Extras::default()
     };
     serve(opened, listens, &args.server, global, extras)
 }
 
 /// How `serve` opens its stacks: its flags, the daemon's counters, the terminal for
-/// passphrases (it says how to give a key file when there is none).
-pub fn open_options(args: &ServeArgs) -> Options {
-    Options {
+/// passphrases (it says how to give a key file when there is none), who owns the arrays.
+pub fn open_options(args: &ServeArgs) -> Result<Options> {
+    Ok(Options {
         read_only: args.read_only,
         direct: args.direct,
         force: args.force,
         stripe_cache: Some(args.server.stripe_cache()),
         remote_timeout: Some(std::time::Duration::from_secs(args.member_timeout)),
         speed_limits: Some(args.server.speed_limits()),
+        ownership: crate::fence::ownership(&args.fencing)?,
         hooks: crate::hooks::hooks(true),
-    }
+    })
 }
 
 fn has_luks(s: &Spec) -> bool {
@@ -246,6 +250,7 @@ pub fn serve(
         remote_timeout: extras.remote_timeout,
         speed_limits: Some(opts.speed_limits()),
         hooks: crate::hooks::hooks(false),
+        ownership: extras.ownership.clone(),
         ..Options::default()
     };
     let operator = crate::daemon::start(
@@ -344,11 +349,24 @@ pub fn serve(
     // failure here means the next start sees them dirty, which is the truth.
     let mut closed = Ok(());
     for a in &arrays {
-        if let Err(err) = cairn_stack::fence::close_array(a) {
-            closed = Err(CliError::new(format!(
-                "{}: closing the md array failed, so it will need --force or a resync: {err}",
-                a.report().name
-            )));
+        match cairn_stack::fence::close_array(a) {
+            Ok(()) => {}
+            // Its lease was lost or a newer owner took the members over: nothing was
+            // written since, and closing must not write either.
+            Err(err) if err.kind() == cairn_block::ErrorKind::Fenced => {
+                closed = Err(CliError::new(format!(
+                    "{}: not closed, because this host may no longer own it (another host \
+                     may serve it now): {err}",
+                    a.report().name
+                )));
+            }
+            Err(err) => {
+                closed = Err(CliError::new(format!(
+                    "{}: closing the md array failed, so it will need --force or a resync: \
+                     {err}",
+                    a.report().name
+                )));
+            }
         }
     }
     // The RAID LVs served now: those added through the API too, not those removed.
@@ -360,6 +378,11 @@ pub fn serve(
         }
     }
     drop(operator);
+    // Only one error becomes the exit message: the other is not lost (a fenced array's
+    // final flush fails, and why it was not closed is the part that explains it).
+    if let (Err(_), Err(c)) = (&served, &closed) {
+        tracing::error!("{c}");
+    }
     served?;
     closed?;
     tracing::info!("stopped cleanly: data flushed");
@@ -810,6 +833,7 @@ pub fn scan_for_serve(args: &ServeArgs, taken: Vec<String>) -> Result<Vec<Opened
         taken_names: taken,
         stripe_cache: args.server.stripe_cache(),
         hooks: crate::hooks::hooks(crate::tty::available()),
+        ownership: crate::fence::ownership(&args.fencing)?,
     };
     let (exports, report) = scan(&args.scan, &opts)?;
     for w in report.warnings() {
@@ -886,7 +910,7 @@ fn merge(mut a: ServeArgs, c: Config) -> (ServeArgs, Vec<ExportEntry>) {
 /// `--lvm` would: the entries marked `lvm` together as the PVs of their volume groups,
 /// after the others.
 pub fn open_config_stacks(entries: &[ExportEntry], args: &ServeArgs) -> Result<Vec<OpenedExport>> {
-    let base = crate::serve::open_options(args);
+    let base = crate::serve::open_options(args)?;
     let opts = |read_only: bool| Options {
         read_only: args.read_only || read_only,
         hooks: crate::hooks::hooks(crate::tty::available()),
@@ -1027,7 +1051,9 @@ pub struct ServeArgs {
     /// not match where a write was interrupted), or degraded because a member given is
     /// stale (mdadm --run); or, when too many members failed, take back the freshest of
     /// them by event count (mdadm --assemble --force: data they missed may be
-    /// inconsistent; run `cairn md check`)
+    /// inconsistent; run `cairn md check`). On remote members, also take them over from
+    /// an owner that did not release them (its host is down for good); with --etcd, the
+    /// array's lease decides that instead
     #[arg(short, long)]
     pub force: bool,
 

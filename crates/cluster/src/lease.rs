@@ -7,6 +7,7 @@
 //!       └─ failed: held by someone else (their value is returned; our lease is revoked)
 //!   deadline = (when the last successful grant/keepalive was *sent*) + TTL - margin
 //!   FencedDevice: every read, write and flush checks the deadline first
+//!   LeaseGuard::wait_lost: wakes at the deadline, or when etcd says the lease is gone
 //! ```
 //!
 //! The deadline counts from before the request left, so however long etcd or the network
@@ -122,6 +123,7 @@ impl Inner {
                         self.key
                     );
                     self.state().lost = true;
+                    self.wake.notify_all();
                     return;
                 }
                 Ok(ttl) => {
@@ -245,6 +247,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         self.stop_keepalive();
         let lost = std::mem::replace(&mut self.inner.state().lost, true);
+        self.inner.wake.notify_all();
         if !lost {
             if let Err(e) = self.inner.etcd.revoke(self.inner.id) {
                 tracing::warn!("revoking etcd lease {:x}: {e}", self.inner.id);
@@ -281,18 +284,59 @@ impl LeaseGuard {
         self.0.wake.notify_all();
     }
 
-    /// Ok while the lease is certainly still ours.
+    /// Ok while the lease is certainly still ours; [`ErrorKind::Fenced`] once it may not
+    /// be (another host may own what it guards).
     pub fn check(&self, what: &str) -> Result<()> {
         if self.0.is_valid() {
             return Ok(());
         }
         Err(Error::new(
-            ErrorKind::ReadOnly,
+            ErrorKind::Fenced,
             format!(
                 "{what}: ownership lease {} ({:x}) lost or expired; I/O is frozen",
                 self.0.key, self.0.id
             ),
         ))
+    }
+
+    pub fn is_valid(&self) -> bool {
+        self.0.is_valid()
+    }
+
+    /// Waits up to `timeout` for the lease to stop being certainly ours: etcd said it is
+    /// gone, it was given up, or its deadline passed (a keepalive may still renew it
+    /// after that; what the holder does about the gap is its own decision). Returns
+    /// why, or `None` while it is valid. Wakes at the deadline itself, so a pause or a
+    /// silent etcd is seen at once, not at the next keepalive.
+    pub fn wait_lost(&self, timeout: Duration) -> Option<String> {
+        let end = Instant::now() + timeout;
+        let mut s = self.0.state();
+        loop {
+            let now = Instant::now();
+            let why = if s.lost {
+                Some("etcd expired it, or it was given up")
+            } else if now >= s.deadline {
+                Some("no keepalive was answered before its deadline, so etcd may have expired it")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Some(format!(
+                    "etcd lease {:x} for {}: {why}",
+                    self.0.id, self.0.key
+                ));
+            }
+            if now >= end {
+                return None;
+            }
+            let wait = s.deadline.min(end) - now;
+            s = self
+                .0
+                .wake
+                .wait_timeout(s, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 }
 

@@ -61,12 +61,16 @@ fn a_lease_that_stops_refreshing_freezes_io_and_passes_on() {
     dev.write_at(&[1; 4096], 0, WriteFlags::NONE).unwrap();
     let until = a.valid_until().unwrap();
     assert!(until <= Instant::now() + TTL);
+    let guard = a.guard();
+    assert_eq!(guard.wait_lost(Duration::from_millis(100)), None);
     a.stop_keepalive();
-    while a.is_valid() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // A watcher wakes at the deadline itself.
+    let why = guard.wait_lost(TTL * 3).expect("the deadline passed");
+    assert!(Instant::now() >= until);
+    assert!(why.contains("deadline"), "{why}");
+    assert!(!a.is_valid());
     let err = dev.write_at(&[2; 4096], 0, WriteFlags::NONE).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::ReadOnly);
+    assert_eq!(err.kind(), ErrorKind::Fenced);
     assert!(err.to_string().contains("I/O is frozen"), "{err}");
     assert!(dev.flush().is_err());
     // etcd expires the key; only then can B take it.

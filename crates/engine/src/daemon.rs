@@ -690,7 +690,10 @@ impl Daemon {
                     });
                 }
                 let dev = open_new_member(&m.path, self.open.remote_timeout())?;
-                self.md_change(&m.array, |a| a.add(dev.clone(), name.clone(), m.force))
+                self.md_change(&m.array, |a| {
+                    let dev = cairn_stack::fence::fence_member(a, dev.clone());
+                    a.add(dev, name.clone(), m.force)
+                })
             }
             Action::MdReplace(m) => {
                 let with = match &m.with {
@@ -700,7 +703,12 @@ impl Daemon {
                     )),
                     None => None,
                 };
-                self.md_change(&m.array, |a| a.replace(&m.member, with.clone(), m.force))
+                self.md_change(&m.array, |a| {
+                    let with = with
+                        .clone()
+                        .map(|(d, n)| (cairn_stack::fence::fence_member(a, d), n));
+                    a.replace(&m.member, with, m.force)
+                })
             }
             Action::LvRepair(r) => self.lv_repair(&r),
             Action::LvScrub(r) => {

@@ -286,6 +286,8 @@ impl BlockDevice for Array {
         if buf.is_empty() {
             return Ok(());
         }
+        // A fenced array's members may hold a new owner's writes by now.
+        self.check_fenced()?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let _in = InFlight::enter(&self.in_flight);
         match &self.layout {
@@ -306,6 +308,7 @@ impl BlockDevice for Array {
                 format!("{}: a member is read-only", self.array_label()),
             ));
         }
+        self.check_fenced()?;
         self.start_write()?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let _in = InFlight::enter(&self.in_flight);
@@ -319,6 +322,7 @@ impl BlockDevice for Array {
     }
 
     fn flush(&self) -> Result<()> {
+        self.check_fenced()?;
         let gen = self.bitmap_flush_start();
         let generation = self.ppl.as_ref().map(|log| log.begin_flush());
         // Every member (and replacement) at once.
@@ -372,6 +376,7 @@ impl BlockDevice for Array {
         if len == 0 {
             return Ok(());
         }
+        self.check_fenced()?;
         self.start_write()?;
         self.bitmap_start(offset, len)?;
         let r = self.simple_discard(offset, len);

@@ -153,6 +153,7 @@ impl Array {
         blocks: &BTreeSet<u64>,
         flags: WriteFlags,
     ) -> Result<Vec<(usize, Error)>> {
+        self.check_fenced()?;
         // Every member's copy at once (the write that follows waits for all of them).
         let jobs = (0..self.slots.len())
             // Members being rebuilt too: they must hold the bitmap once in sync.

@@ -27,6 +27,10 @@ pub struct ArrayState {
     pub failed: bool,
     /// A member is being rebuilt (md's "recovering").
     pub recovering: bool,
+    /// This host may no longer own the array (its ownership lease ran out, or a newer
+    /// owner took the members over): nothing more is written to the members
+    /// (`Array::fence`).
+    pub fenced: bool,
 }
 
 impl ArrayState {
@@ -38,6 +42,9 @@ impl ArrayState {
         }
         if self.failed {
             parts.push("FAILED");
+        }
+        if self.fenced {
+            parts.push("FENCED");
         }
         if self.recovering {
             parts.push("recovering");
@@ -219,6 +226,7 @@ impl Array {
             failed: !self.layout.tolerates(&down),
             recovering: (0..self.slots.len()).any(|r| self.is_writable(r) && !self.is_up(r))
                 || self.slots.iter().any(|s| s.replacement().is_some()),
+            fenced: self.is_fenced(),
         };
         let used = match &self.layout {
             ArrayLayout::Linear(_) | ArrayLayout::Raid0(_) => None,

@@ -20,7 +20,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::{JoinHandle, ThreadId};
 
 use cairn_block::overlap::{Latency, OVERLAP_ABOVE_NS};
@@ -212,6 +212,9 @@ pub struct Array {
     pub(crate) manager: Mutex<Manager>,
     /// Set by `close`: background work stops and does not start again.
     pub(crate) stopping: AtomicBool,
+    /// Why this host no longer owns the array ([`Array::fence`]); once set, nothing more
+    /// is written to the members.
+    pub(crate) fenced: OnceLock<String>,
     /// Client reads and writes so far: the resync slows to its minimum speed while
     /// this moves.
     pub(crate) fg_ops: AtomicU64,
@@ -414,6 +417,7 @@ impl Array {
             label,
             manager: Mutex::new(Manager::default()),
             stopping: AtomicBool::new(false),
+            fenced: OnceLock::new(),
             fg_ops: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             // From "fast": the first slow operation (it counts 1/16 of its time) is
@@ -583,6 +587,7 @@ impl Array {
 
     /// Reads `buf` from `role` at byte `off` of its data area.
     pub(crate) fn read_member(&self, role: usize, buf: &mut [u8], off: u64) -> Result<()> {
+        self.check_fenced()?;
         let m = self.up_member(role)?;
         let len = buf.len();
         let r = self
@@ -597,7 +602,8 @@ impl Array {
             ));
             // A member that is gone (not a bad sector: its connection is lost) fails at
             // once, as md fails a disk that vanished; a bad sector is repaired instead.
-            if e.kind() == ErrorKind::Gone {
+            // A refusal to a former owner fences the array (fail_member).
+            if matches!(e.kind(), ErrorKind::Gone | ErrorKind::Fenced) {
                 self.fail_member(role, &e);
             }
             e
@@ -612,6 +618,7 @@ impl Array {
         off: u64,
         flags: WriteFlags,
     ) -> Result<()> {
+        self.check_fenced()?;
         let m = self.up_member(role)?;
         let r = self
             .member_latency
@@ -647,8 +654,18 @@ impl Array {
     // ---- metadata --------------------------------------------------------------------
 
     /// Marks `role` failed after `err`: it takes no more I/O, and the other members'
-    /// superblocks record it as faulty before this returns.
+    /// superblocks record it as faulty before this returns. A member that refused because
+    /// this host no longer owns it ([`ErrorKind::Fenced`]) has not failed: the whole array
+    /// is fenced instead, and no member is marked.
     pub(crate) fn fail_member(&self, role: usize, err: &Error) {
+        if err.kind() == ErrorKind::Fenced {
+            self.fence(&err.to_string());
+            return;
+        }
+        if self.is_fenced() {
+            // Whatever a member answers now, this host records nothing about it.
+            return;
+        }
         if self.slots[role].failed.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -675,6 +692,7 @@ impl Array {
     /// write fails is failed in turn, and the update is repeated without it; a spare or
     /// replacement that fails is dropped.
     pub(crate) fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
+        self.check_fenced()?;
         if self.caps.read_only {
             return Err(Error::new(
                 ErrorKind::ReadOnly,
@@ -762,6 +780,13 @@ impl Array {
             for i in lost.into_iter().rev() {
                 let s = meta.spares.remove(i);
                 meta.faulty.push(s);
+            }
+            // A member refused because this host no longer owns the array: nothing has
+            // failed, and nothing more is written (the other members' superblocks least
+            // of all: they would record a failure that did not happen).
+            if let Some((_, e)) = failed.iter().find(|(_, e)| e.kind() == ErrorKind::Fenced) {
+                self.fence(&e.to_string());
+                return self.check_fenced();
             }
             if failed.is_empty() {
                 return if written > 0 {
@@ -869,11 +894,59 @@ impl Array {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// This host no longer owns the array: its ownership lease ran out, or a newer owner
+    /// generation took the members over (docs/fencing.md). From now on nothing is
+    /// written to the members, not a superblock, not a bitmap bit, not a resync stripe;
+    /// background work stops; client I/O is refused with [`ErrorKind::Fenced`]; no member
+    /// is failed (they are fine, for their new owner). For good: only a new assembly,
+    /// which takes ownership again, writes to them. Called by whoever learns it first
+    /// (the lease's watcher, or a member refusing a request); safe from any thread, the
+    /// I/O path included, as it takes no lock and waits for nothing.
+    pub fn fence(&self, reason: &str) {
+        if self.fenced.set(reason.to_string()).is_err() {
+            return;
+        }
+        self.stopping.store(true, Ordering::Release);
+        tracing::error!(
+            "{}: fenced, this host may no longer own it ({reason}); nothing more is \
+             written to its members: background work stopped, client I/O refused",
+            self.array_label()
+        );
+    }
+
+    /// Why the array is fenced ([`Array::fence`]), if it is.
+    pub fn fenced(&self) -> Option<&str> {
+        self.fenced.get().map(String::as_str)
+    }
+
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.fenced.get().is_some()
+    }
+
+    /// Refuses once the array is fenced.
+    pub(crate) fn check_fenced(&self) -> Result<()> {
+        match self.fenced.get() {
+            None => Ok(()),
+            Some(why) => Err(Error::new(
+                ErrorKind::Fenced,
+                format!(
+                    "{}: fenced ({why}); this host writes nothing more to its members",
+                    self.array_label()
+                ),
+            )),
+        }
+    }
+
     /// Flushes every member and marks the superblocks clean (unless a resync is
     /// pending). Called on drop too; calling it again after it succeeded does nothing
     /// unless the array was written to since. The array stays usable.
     pub fn close(&self) -> Result<()> {
         self.stop_background();
+        if self.is_fenced() {
+            // Not closed cleanly, and not to be: the superblocks are the new owner's.
+            self.closed.store(true, Ordering::Release);
+            return self.check_fenced();
+        }
         if self.caps.read_only {
             // Opened to look (scan, detail): nothing was written and nothing may be. The
             // members may belong to an array served elsewhere, whose superblocks, bitmap

@@ -173,6 +173,9 @@ impl From<io::Error> for Error {
 impl From<Error> for cairn_block::Error {
     fn from(e: Error) -> cairn_block::Error {
         let kind = match &e {
+            // A member server refused this connection's owner generation: a newer owner
+            // took the export over. Not a read-only device: the owner above must stop.
+            Error::Request { .. } if e.is_fenced() => ErrorKind::Fenced,
             Error::Request { errno, .. } => kind_of_errno(*errno),
             Error::Usage(_) => ErrorKind::InvalidArgument,
             // The connection is lost (reset, closed, timed out, or the server broke the

@@ -629,7 +629,10 @@ fn writes_completed_later_are_answered_when_they_complete() {
     // Many at once, each read back.
     for round in 0..3u8 {
         let cookies: Vec<u64> = (0..32u64)
-            .map(|i| c.submit_write(i * 4096, &[round ^ i as u8; 4096], 0).unwrap())
+            .map(|i| {
+                c.submit_write(i * 4096, &[round ^ i as u8; 4096], 0)
+                    .unwrap()
+            })
             .collect();
         let mut got = HashSet::new();
         for _ in 0..32 {
@@ -639,10 +642,15 @@ fn writes_completed_later_are_answered_when_they_complete() {
         }
         assert_eq!(got, cookies.into_iter().collect::<HashSet<_>>());
         for i in 0..32u64 {
-            assert_eq!(c.read_vec(i * 4096, 4096, 0).unwrap(), vec![round ^ i as u8; 4096]);
+            assert_eq!(
+                c.read_vec(i * 4096, 4096, 0).unwrap(),
+                vec![round ^ i as u8; 4096]
+            );
         }
     }
-    let err = c.write(PANIC_AT, &[3u8; 4096], 0).expect_err("the device panicked");
+    let err = c
+        .write(PANIC_AT, &[3u8; 4096], 0)
+        .expect_err("the device panicked");
     assert_eq!(err.errno(), Some(EIO), "{err}");
     assert_eq!(c.read_vec(4096 * 5, 4096, 0).unwrap(), vec![5u8 ^ 2; 4096]);
 }
@@ -689,7 +697,9 @@ fn a_client_write_then_is_called_back_once_when_every_piece_is_in() {
             tx.send(r).unwrap();
         }),
     );
-    let r = rx.recv_timeout(Duration::from_secs(30)).expect("called back");
+    let r = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("called back");
     assert!(r.is_err(), "a write to a stopped server succeeded");
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(calls.load(Ordering::SeqCst), 2, "a callback ran twice");

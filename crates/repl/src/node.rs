@@ -1989,7 +1989,7 @@ mod tests {
         etcd.expire(node.lease_guard().unwrap().id());
         let vol = Volume(node.clone());
         let e = vol.write_at(&[1u8; 4096], 0, WriteFlags::NONE).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::ReadOnly, "{e}");
+        assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
         assert_eq!(
             outdated_b(&etcd),
             None,

@@ -57,6 +57,8 @@ pub struct ScanOptions {
     pub stripe_cache: cairn_md::StripeCacheOptions,
     /// Statistics, and the person to ask for passphrases (none: key files only).
     pub hooks: Hooks,
+    /// Owner name and etcd lease for the arrays opened writable.
+    pub ownership: crate::fence::Ownership,
 }
 
 impl ScanOptions {
@@ -69,6 +71,7 @@ impl ScanOptions {
             stripe_cache: Some(self.stripe_cache),
             remote_timeout: None,
             speed_limits: None,
+            ownership: self.ownership.clone(),
             hooks: self.hooks.clone(),
         }
     }
@@ -680,6 +683,9 @@ pub fn scan(paths: &[PathBuf], opts: &ScanOptions) -> Result<(Vec<OpenedExport>,
             .and_then(|l| key_texts.iter().find(|(u, _)| *u == l.uuid))
             .map(|(_, k)| k.clone());
         report.exports.push(summary(e, key));
+    }
+    for e in &mut out {
+        crate::fence::fence_export(e);
     }
     Ok((out, report))
 }

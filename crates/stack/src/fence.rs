@@ -1,60 +1,148 @@
-//! One owner per array on remote members (docs/fencing.md).
+//! One owner per array across hosts (docs/fencing.md).
 //!
-//! Before an md array on remote members is assembled writable, this host takes ownership
-//! of them: it reads every member's owner record, refuses when another owner holds them
-//! and did not release them (unless told `--force`: that owner is gone), raises the
-//! generation to one above everything seen and declares it to every member server. A
-//! cairn member server then refuses every request from an older generation, so a former
-//! owner that wakes up (a paused VM, a partitioned host) cannot write a single block;
-//! nbdkit and qemu-nbd members carry the record but cannot enforce it.
+//! ```text
+//!   claim (writable md array): read a superblock (uuid, level)
+//!     ─ 1. with --etcd: the array's lease, by create-if-absent; held elsewhere: refused
+//!     ─ 2. remote members: take them over (generation = max + 1, declared to every server);
+//!          an owner that did not release them is replaced only with the lease (its lease
+//!          expired, or it gave it up) or --force
+//!     ─ every member device checks the lease before each I/O (FencedDevice)
+//!   watch: the lease may be lost (its deadline passed), or a member refused as Fenced
+//!     ─> Array::fence (background work stops, nothing more written) ─> lease given up
+//!   close_array: array closed cleanly ─> records released ─> lease revoked
+//! ```
+//!
+//! The lease comes first. A host that does not get it has not disturbed the running owner
+//! (no generation raised), and one that gets it knows the previous holder's lease ran out
+//! (or was given up): that owner's own deadline passed before etcd's, so it already
+//! refuses I/O; whatever request of it was paused in flight meets the generation this
+//! host raises next, which a cairn member server checks on every request. Only then is
+//! anything written. nbdkit and qemu-nbd members carry the record but cannot enforce it.
 //!
 //! The member connections the array runs on are the ones that declared the generation;
-//! reconnections (the supervisor in [`crate::remote`]) declare the same token. At a clean
-//! stop [`release_all`] marks the records released, so the next owner (a restart of this
-//! host included: each process is a new owner instance) takes over without forcing.
+//! reconnections (the supervisor in [`crate::remote`]) declare the same token and check
+//! the same lease. At a clean stop the records are marked released and the lease revoked,
+//! so the next owner (a restart of this host included: each process is a new owner
+//! instance) takes over at once.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
+use cairn_block::BlockDevice;
 use cairn_cluster::owner::{self, Owned, Rules, TakeoverError};
-use cairn_md::{FeaturePolicy, Level, Superblock};
+use cairn_cluster::{owner_key, Etcd, FencedDevice, Lease, LeaseError, LeaseGuard};
+use cairn_md::{Array, FeaturePolicy, Level, Superblock};
 use cairn_nbd::client::{Client, ClientOptions};
-use cairn_nbd::fence::FenceToken;
+use cairn_nbd::fence::{FenceToken, OwnerId};
 
 use crate::error::{Result, StackError};
+use crate::export::OpenedExport;
 use crate::hooks::Options;
 use crate::leaf;
 
-/// This process's hold on one array's remote members.
+/// Who this host is across hosts, and where ownership is decided.
+#[derive(Debug, Clone, Default)]
+pub struct Ownership {
+    /// This host's name in owner records and etcd leases; empty: the host name.
+    pub node: String,
+    /// With an etcd (and its lease TTL): every md array opened writable is first taken
+    /// as a lease there.
+    pub etcd: Option<(Etcd, Duration)>,
+}
+
+/// This process's hold on one array: its etcd lease and its remote members' generation.
 #[derive(Debug)]
 pub struct Claim {
-    owned: Owned,
+    uuid: [u8; 16],
+    /// The remote members taken over, when there are any.
+    owned: Option<Owned>,
     members: Vec<(String, ClientOptions)>,
+    /// Held until the records are released; dropping it revokes it.
+    lease: Mutex<Option<Lease>>,
+    guard: Option<LeaseGuard>,
     released: Mutex<bool>,
+    /// The array assembled on it, once there is one ([`watch`]).
+    array: OnceLock<Weak<Array>>,
 }
 
 impl Claim {
-    /// The token a reconnection of `member` declares: none for a member whose first
-    /// 4 KiB hold other data (it takes part unfenced; a cairn member server would refuse
-    /// a token there).
+    /// The token a reconnection of `member` declares, when remote members were taken
+    /// over: none for a member whose first 4 KiB hold other data (it takes part
+    /// unfenced; a cairn member server would refuse a token there).
     pub fn token_for(&self, member: &str) -> Option<FenceToken> {
-        let foreign = self
-            .owned
-            .members
-            .iter()
-            .any(|m| m.name == member && m.foreign);
-        (!foreign).then(|| self.owned.token.clone())
+        let owned = self.owned.as_ref()?;
+        let foreign = owned.members.iter().any(|m| m.name == member && m.foreign);
+        (!foreign).then(|| owned.token.clone())
     }
 
-    /// Marks the records released (once); returns the members that could not be.
+    /// Whether this claim is the one `array` was assembled on (by identity once the
+    /// array is known, by uuid before: one process may hold two claims of one array, a
+    /// test playing two hosts).
+    fn is_for(&self, array: &Array) -> bool {
+        match self.array.get() {
+            Some(w) => std::ptr::eq(w.as_ptr(), array),
+            None => self.uuid == array.uuid().0,
+        }
+    }
+
+    /// The token reconnections declare, when remote members were taken over.
+    pub fn token(&self) -> Option<&FenceToken> {
+        self.owned.as_ref().map(|o| &o.token)
+    }
+
+    /// The array's etcd lease, when one is held.
+    pub fn lease(&self) -> Option<&LeaseGuard> {
+        self.guard.as_ref()
+    }
+
+    /// `dev`, checking the lease before every I/O when there is one: a member of the
+    /// array gets nothing from this host, md's own writes included, once it may be lost.
+    pub fn fence_device(&self, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+        match &self.guard {
+            Some(g) => Arc::new(FencedDevice::new(dev, g.clone())),
+            None => dev,
+        }
+    }
+
+    /// Revokes the lease (if still held) without touching the records: the array is
+    /// fenced here, and another host may take it over now.
+    fn give_up_lease(&self) {
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(l) = lease {
+            let key = l.key().to_string();
+            drop(l);
+            tracing::warn!("{key}: the ownership lease is given up; this host writes nothing more to the array");
+        }
+    }
+
+    /// Marks the records released and then gives the lease up (once); returns the
+    /// members that could not be released.
     pub fn release(&self) -> Vec<(String, String)> {
         let mut done = self.released.lock().unwrap_or_else(|p| p.into_inner());
         if *done {
             return Vec::new();
         }
         *done = true;
-        owner::release(&self.owned, &self.members)
+        if let Some(g) = self.guard.as_ref().filter(|g| !g.is_valid()) {
+            // Another host may own the members now: a "released" record written at this
+            // host's generation would overwrite its record where the server does not
+            // enforce. The records stay as they are; the lease is gone already.
+            tracing::warn!(
+                "{}: the ownership lease is lost, so the members' owner records are left \
+                 to their new owner",
+                g.key()
+            );
+            return Vec::new();
+        }
+        let failed = match &self.owned {
+            Some(o) => owner::release(o, &self.members),
+            None => Vec::new(),
+        };
+        // The records first, then the lease: the next owner finds them released.
+        drop(self.lease.lock().unwrap_or_else(|p| p.into_inner()).take());
+        failed
     }
 }
 
@@ -63,12 +151,16 @@ impl Claim {
 /// array, and be given up after every array is closed.
 static CLAIMS: Mutex<Vec<Arc<Claim>>> = Mutex::new(Vec::new());
 
+fn claims() -> std::sync::MutexGuard<'static, Vec<Arc<Claim>>> {
+    CLAIMS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Gives up every claim this process holds (after the arrays are closed). Members that
-/// cannot be reached keep an unreleased record; the next owner then needs `--force`.
+/// cannot be reached keep an unreleased record; the next owner then needs the lease or
+/// `--force`.
 pub fn release_all() {
-    let claims: Vec<Arc<Claim>> =
-        std::mem::take(&mut *CLAIMS.lock().unwrap_or_else(|p| p.into_inner()));
-    for c in claims {
+    let all: Vec<Arc<Claim>> = std::mem::take(&mut *claims());
+    for c in all {
         for (m, e) in c.release() {
             tracing::warn!("{m}: the owner record was not released: {e}");
         }
@@ -76,15 +168,14 @@ pub fn release_all() {
 }
 
 /// Closes `array` (marks it clean) and, when that worked, gives up this host's claim on
-/// its remote members. A failed close keeps the claim: the array needs a resync, and the
-/// next owner must be told (`--force`) that this one is gone.
-pub fn close_array(array: &cairn_md::Array) -> cairn_block::Result<()> {
+/// it. A failed close keeps the claim: the array needs a resync, and the next owner
+/// takes over once the lease runs out (or is told with `--force` that this one is gone).
+/// A fenced array is not closed: its members are another owner's now.
+pub fn close_array(array: &Array) -> cairn_block::Result<()> {
     array.close()?;
-    let uuid = array.report().uuid.0;
     let mine: Vec<Arc<Claim>> = {
-        let mut all = CLAIMS.lock().unwrap_or_else(|p| p.into_inner());
-        let (mine, rest): (Vec<_>, Vec<_>) =
-            all.drain(..).partition(|c| c.owned.token.array == uuid);
+        let mut all = claims();
+        let (mine, rest): (Vec<_>, Vec<_>) = all.drain(..).partition(|c| c.is_for(array));
         *all = rest;
         mine
     };
@@ -94,6 +185,98 @@ pub fn close_array(array: &cairn_md::Array) -> cairn_block::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Gives `claim` up at once (the array did not assemble: nothing was written) and
+/// forgets it.
+pub fn abandon(claim: &Arc<Claim>) {
+    claims().retain(|c| !Arc::ptr_eq(c, claim));
+    for (m, e) in claim.release() {
+        tracing::warn!("{m}: the owner record was not released: {e}");
+    }
+}
+
+/// Wraps `e`'s device in the lease check of every array below it that holds one, so
+/// client I/O is refused once a lease may be lost (also what a stripe cache above the
+/// array would otherwise acknowledge).
+pub fn fence_export(e: &mut OpenedExport) {
+    for array in e.arrays() {
+        let guard = claims()
+            .iter()
+            .find(|c| c.is_for(&array))
+            .and_then(|c| c.guard.clone());
+        if let Some(g) = guard {
+            e.device = Arc::new(FencedDevice::new(e.device.clone(), g));
+        }
+    }
+}
+
+/// `dev`, about to join `array` (`md add`, `md replace`), behind the array's lease check
+/// when it holds one, as its other members are.
+pub fn fence_member(array: &Array, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    let claim = claims().iter().find(|c| c.is_for(array)).cloned();
+    match claim {
+        Some(c) => c.fence_device(dev),
+        None => dev,
+    }
+}
+
+/// Whether any array below `e` is held as an etcd lease.
+pub fn leased(e: &OpenedExport) -> bool {
+    let all = claims();
+    e.arrays()
+        .iter()
+        .any(|a| all.iter().any(|c| c.is_for(a) && c.guard.is_some()))
+}
+
+/// Ties `claim` to the `array` assembled on it and, when it holds a lease, watches it:
+/// once the lease may be lost (etcd expired it, no keepalive was answered by its
+/// deadline, the process was paused past it), or the array was fenced by a member's
+/// refusal, the array is fenced for good (background work stops, nothing more is
+/// written to its members, status says FENCED) and the lease is given up, so another
+/// host can take over at once. A keepalive that renews the lease after its deadline
+/// changes nothing: md cannot take back the refusals of the gap.
+pub fn watch(array: &Arc<Array>, claim: Option<&Arc<Claim>>) {
+    let Some(claim) = claim else { return };
+    let weak: Weak<Array> = Arc::downgrade(array);
+    let _ = claim.array.set(weak.clone());
+    let Some(guard) = claim.guard.clone() else {
+        return;
+    };
+    let claim = claim.clone();
+    let spawned = std::thread::Builder::new()
+        .name("lease-watch".into())
+        .spawn(move || loop {
+            let Some(a) = weak.upgrade().filter(|a| !a.is_closed()) else {
+                return;
+            };
+            let why = match a.fenced() {
+                Some(w) => w.to_string(),
+                None => {
+                    drop(a);
+                    match guard.wait_lost(Duration::from_secs(1)) {
+                        Some(why) => {
+                            tracing::error!(
+                                "{why}: the ownership lease is lost, another host may own \
+                                 the array now"
+                            );
+                            why
+                        }
+                        None => continue,
+                    }
+                }
+            };
+            if let Some(a) = weak.upgrade().filter(|a| !a.is_closed()) {
+                a.fence(&why);
+            }
+            claim.give_up_lease();
+            return;
+        });
+    if let Err(e) = spawned {
+        // The member devices still check the lease on every I/O; the early stop of
+        // background work, the status line and the lease given up depend on this thread.
+        tracing::warn!("cannot start the lease watcher: {e}");
+    }
 }
 
 /// The fewest members the array runs on, for the takeover's quorum rule.
@@ -114,7 +297,7 @@ fn needed(sb: &Superblock) -> usize {
     }
 }
 
-/// The member connections of a claimed array, by name, and the members not reached.
+/// A claimed array's remote member connections, by name, and the members not reached.
 #[derive(Debug)]
 pub struct Claimed {
     pub claim: Arc<Claim>,
@@ -122,14 +305,15 @@ pub struct Claimed {
     pub missing: Vec<PathBuf>,
 }
 
-/// Takes ownership of the remote members among `paths` (when there are any and the
-/// array is opened writable). `None`: nothing to claim.
+/// Takes ownership of the array on `paths` when it is opened writable: its etcd lease
+/// (with an etcd configured), then its remote members. `None`: nothing to claim.
 pub fn claim(paths: &[PathBuf], opts: &Options) -> Result<Option<Claimed>> {
     if opts.read_only {
         return Ok(None);
     }
     let remote: Vec<&PathBuf> = paths.iter().filter(|p| leaf::is_remote(p)).collect();
-    if remote.is_empty() {
+    let etcd = opts.ownership.etcd.as_ref();
+    if remote.is_empty() && etcd.is_none() {
         return Ok(None);
     }
     let mut members = Vec::new();
@@ -141,69 +325,95 @@ pub fn claim(paths: &[PathBuf], opts: &Options) -> Result<Option<Claimed>> {
         members.push((p.display().to_string(), o));
     }
     // The array's identity and level, from the first member that answers.
-    let sb = remote
+    let sb = paths
         .iter()
         .find_map(|p| read_superblock(p, opts))
         .ok_or_else(|| {
             StackError::new(format!(
-                "none of the remote members answers with an md superblock ({})",
-                remote
+                "none of the members answers with an md superblock ({})",
+                paths
                     .iter()
                     .map(|p| p.display().to_string())
                     .collect::<Vec<_>>()
                     .join(", ")
             ))
         })?;
-    let local = paths.len() - remote.len();
-    let rules = Rules {
-        needed: needed(&sb).saturating_sub(local).max(1),
-        force_quorum: opts.force,
-        replace_owner: opts.force,
+    let me = owner::new_owner(&opts.ownership.node).map_err(StackError::new)?;
+    // 1. The lease. Not getting it changes nothing anywhere.
+    let lease = match etcd {
+        Some((etcd, ttl)) => Some(take_lease(etcd, *ttl, &sb, &me)?),
+        None => None,
     };
-    let me = owner::new_owner("").map_err(StackError::new)?;
-    let owned = owner::take_over(sb.set_uuid.0, &me, &members, rules).map_err(|e| match e {
-        TakeoverError::Owned { .. } => StackError::new(format!(
-            "{e}. Two hosts must never write the same members: if that owner is gone \
-                 for good (its host is down, not just unreachable), start with --force to \
-                 take the members over"
-        )),
-        TakeoverError::Record { ref member, .. } => StackError::new(format!(
-            "cannot take ownership of the members: {e}. cairn does not guess who owns a \
-             member whose owner record is damaged (read as \"never owned\" it would let any \
-             host write), and --force does not change that: `cairn md owner '{member}'` \
-             shows it; once you know no other host runs the array, stop its member server, \
-             zero the member's first 4 KiB on the disk host, and start again"
-        )),
-        TakeoverError::Refused { .. } => StackError::new(format!(
-            "{e}. A member that refuses is a mistake to fix, not a missing member: the \
-             array is not started degraded without it; fix its URI or its server and start \
-             again"
-        )),
-        _ => StackError::new(format!("cannot take ownership of the members: {e}")),
-    })?;
+    // 2. The members. Holding the lease proves the previous owner's ran out (or was
+    //    given up), so an owner that did not release them is replaced; dropping the
+    //    lease on a failure here revokes it.
+    let owned = if remote.is_empty() {
+        None
+    } else {
+        let local = paths.len() - remote.len();
+        let rules = Rules {
+            needed: needed(&sb).saturating_sub(local).max(1),
+            force_quorum: opts.force,
+            replace_owner: opts.force || lease.is_some(),
+        };
+        let owned = owner::take_over(sb.set_uuid.0, &me, &members, rules).map_err(|e| match e {
+            TakeoverError::Owned { .. } => StackError::new(format!(
+                "{e}. Two hosts must never write the same members: if that owner is \
+                     gone for good (its host is down, not just unreachable), start with \
+                     --force to take the members over (with --etcd, its lease running out \
+                     says so)"
+            )),
+            TakeoverError::Record { ref member, .. } => StackError::new(format!(
+                "cannot take ownership of the members: {e}. cairn does not guess who owns \
+                 a member whose owner record is damaged (read as \"never owned\" it would \
+                 let any host write), and --force does not change that: `cairn md owner \
+                 '{member}'` shows it; once you know no other host runs the array, stop its \
+                 member server, zero the member's first 4 KiB on the disk host, and start \
+                 again"
+            )),
+            TakeoverError::Refused { .. } => StackError::new(format!(
+                "{e}. A member that refuses is a mistake to fix, not a missing member: the \
+                 array is not started degraded without it; fix its URI or its server and \
+                 start again"
+            )),
+            _ => StackError::new(format!("cannot take ownership of the members: {e}")),
+        })?;
+        // A foreign member was warned about already: no record is written to it.
+        for m in owned.members.iter().filter(|m| !m.enforced && !m.foreign) {
+            tracing::warn!(
+                "{}: its server does not enforce owner generations (not a cairn member \
+                 server): the record is written, but a former owner could still write{}",
+                m.name,
+                if lease.is_some() {
+                    " if it ignored its lease"
+                } else {
+                    ""
+                }
+            );
+        }
+        Some(owned)
+    };
     let devices: HashMap<String, Arc<Client>> = owned
-        .members
         .iter()
+        .flat_map(|o| o.members.iter())
         .map(|m| (m.name.clone(), m.device.clone()))
         .collect();
-    // A foreign member was warned about already: no record is written to it.
-    for m in owned.members.iter().filter(|m| !m.enforced && !m.foreign) {
-        tracing::warn!(
-            "{}: its server does not enforce owner generations (not a cairn member \
-             server): the record is written, but a former owner could still write",
-            m.name
-        );
-    }
-    let missing = owned.missing.iter().map(PathBuf::from).collect();
+    let missing = owned
+        .iter()
+        .flat_map(|o| o.missing.iter())
+        .map(PathBuf::from)
+        .collect();
+    let guard = lease.as_ref().map(Lease::guard);
     let claim = Arc::new(Claim {
+        uuid: sb.set_uuid.0,
         owned,
         members,
+        lease: Mutex::new(lease),
+        guard,
         released: Mutex::new(false),
+        array: OnceLock::new(),
     });
-    CLAIMS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(claim.clone());
+    claims().push(claim.clone());
     Ok(Some(Claimed {
         claim,
         devices,
@@ -211,11 +421,32 @@ pub fn claim(paths: &[PathBuf], opts: &Options) -> Result<Option<Claimed>> {
     }))
 }
 
+/// The array's etcd lease, taken only by a create-if-absent transaction; a lease held by
+/// another host refuses the start with who holds it.
+fn take_lease(etcd: &Etcd, ttl: Duration, sb: &Superblock, me: &OwnerId) -> Result<Lease> {
+    let uuid = sb.set_uuid.to_string();
+    let name = sb.set_name.to_string_lossy();
+    Lease::acquire(etcd, &owner_key(&uuid), me.to_string().as_bytes(), ttl).map_err(|err| match err
+    {
+        LeaseError::Held(_) => StackError::new(format!(
+            "md array {name} ({uuid}): {err}; it is served by another host"
+        )),
+        other => StackError::new(format!(
+            "md array {name} ({uuid}): cannot take its ownership lease: {other}"
+        )),
+    })
+}
+
 fn read_superblock(p: &Path, opts: &Options) -> Option<Superblock> {
-    let c = leaf::open_remote(p, true, opts.remote_timeout()).ok()?;
-    let sb = Superblock::read_from(&*c, &p.display().to_string(), FeaturePolicy::Supported).ok();
-    if let Ok(c) = Arc::try_unwrap(c) {
-        let _ = c.disconnect();
+    let shown = p.display().to_string();
+    if leaf::is_remote(p) {
+        let c = leaf::open_remote(p, true, opts.remote_timeout()).ok()?;
+        let sb = Superblock::read_from(&*c, &shown, FeaturePolicy::Supported).ok();
+        if let Ok(c) = Arc::try_unwrap(c) {
+            let _ = c.disconnect();
+        }
+        return sb;
     }
-    sb
+    let dev = leaf::open(p, true, false, opts.remote_timeout()).ok()?;
+    Superblock::read_from(&*dev, &shown, FeaturePolicy::Supported).ok()
 }

@@ -60,6 +60,9 @@ pub struct Options {
     /// The pace of background work (rebuilds, resync, scrubs) of the RAID LVs a server
     /// opens while it runs; `None`: they run none (what a one-off command wants).
     pub speed_limits: Option<cairn_md::SpeedLimits>,
+    /// This host's name in owner records and, with an etcd, each writable md array
+    /// taken as a lease there before its members (docs/fencing.md).
+    pub ownership: crate::fence::Ownership,
     pub hooks: Hooks,
 }
 

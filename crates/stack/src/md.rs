@@ -65,7 +65,6 @@ struct Members {
 }
 
 fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
-    let (read_only, hooks) = (opts.read_only, &opts.hooks);
     let mut m = Members {
         devices: Vec::new(),
         names: Vec::new(),
@@ -77,9 +76,44 @@ fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
             return Err(StackError::new(format!("{} is given twice", shown(p))));
         }
     }
-    // Writable on remote members: take them over first (raise the owner generation);
-    // the connections that declared it are the ones the array runs on.
+    // Writable: take the array's lease (with an etcd), then its remote members (raise
+    // the owner generation); the connections that declared it are the ones the array
+    // runs on.
     let mut claimed = crate::fence::claim(paths, opts)?;
+    let opened = open_each(paths, opts, claimed.as_mut(), &mut m);
+    m.claim = claimed.map(|c| c.claim);
+    let opened = opened.and_then(|()| {
+        if m.devices.is_empty() {
+            return Err(StackError::new(format!(
+                "none of the members exist ({})",
+                paths
+                    .iter()
+                    .map(|p| shown(p))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(())
+    });
+    if let Err(e) = opened {
+        // Nothing was written: the claim goes back at once.
+        if let Some(c) = &m.claim {
+            crate::fence::abandon(c);
+        }
+        return Err(e);
+    }
+    Ok(m)
+}
+
+/// Opens each member into `m`: local files here, remote ones from the claim's
+/// connections (or connected now, when nothing was claimed).
+fn open_each(
+    paths: &[PathBuf],
+    opts: &Options,
+    mut claimed: Option<&mut crate::fence::Claimed>,
+    m: &mut Members,
+) -> Result<()> {
+    let (read_only, hooks) = (opts.read_only, &opts.hooks);
     for p in paths {
         // `None`: missing (the array starts degraded if its level allows).
         let dev: Option<Arc<dyn BlockDevice>> = if !crate::leaf::is_remote(p) {
@@ -93,7 +127,7 @@ fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
             } else {
                 None
             }
-        } else if let Some(c) = &mut claimed {
+        } else if let Some(c) = claimed.as_deref_mut() {
             c.devices
                 .remove(&shown(p))
                 .map(|d| d as Arc<dyn BlockDevice>)
@@ -110,8 +144,13 @@ fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
             }
         };
         match dev {
-            // Counted as the stack node "member:PATH" (cairn top, metrics).
+            // Counted as the stack node "member:PATH" (cairn top, metrics); below that,
+            // the ownership lease is checked before every I/O.
             Some(d) => {
+                let d = match claimed.as_deref() {
+                    Some(c) => c.claim.fence_device(d),
+                    None => d,
+                };
                 m.devices
                     .push(hooks.wrap(&format!("member:{}", shown(p)), d));
                 m.names.push(shown(p));
@@ -119,18 +158,7 @@ fn open_present(paths: &[PathBuf], opts: &Options) -> Result<Members> {
             None => m.missing.push(p.clone()),
         }
     }
-    m.claim = claimed.map(|c| c.claim);
-    if m.devices.is_empty() {
-        return Err(StackError::new(format!(
-            "none of the members exist ({})",
-            paths
-                .iter()
-                .map(|p| shown(p))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
-    Ok(m)
+    Ok(())
 }
 
 /// Assembles the array on `paths`; missing files make it degraded (the caller warns).
@@ -148,9 +176,9 @@ pub fn assemble_claimed(
     let missing = m.missing;
     let claim = m.claim;
     let array = Array::assemble(m.devices, m.names, AssembleOptions { force }).map_err(|e| {
-        // Nothing was written: give the members back at once.
+        // Nothing was written: give the members and the lease back at once.
         if let Some(c) = &claim {
-            c.release();
+            crate::fence::abandon(c);
         }
         let mut msg = format!("cannot assemble the md array: {e}");
         if !missing.is_empty() {
@@ -304,6 +332,7 @@ pub fn open_export(spec: &MdSpec, opts: &Options) -> Result<OpenedExport> {
         .clone()
         .unwrap_or_else(|| export_name_for(&report.name));
     let array = Arc::new(array);
+    crate::fence::watch(&array, claim.as_ref());
     crate::remote::supervise(&array, &spec.members, opts, claim);
     Ok(OpenedExport {
         name,

@@ -177,11 +177,13 @@ impl NodeState {
             forced: false,
             failed: false,
             recovering: false,
+            fenced: false,
         };
         for p in parts {
             let flag = match p {
                 "degraded" => &mut s.degraded,
                 "FAILED" => &mut s.failed,
+                "FENCED" => &mut s.fenced,
                 "recovering" => &mut s.recovering,
                 "resync pending" => &mut s.resync_pending,
                 "forced" => &mut s.forced,
@@ -423,6 +425,7 @@ mod tests {
             "clean, degraded",
             "active, degraded, recovering",
             "active, degraded, FAILED",
+            "active, FENCED",
             "clean, resync pending, forced",
             "active sync",
             "removed",
@@ -452,6 +455,7 @@ mod tests {
             forced: false,
             failed: false,
             recovering: false,
+            fenced: false,
         };
         assert_eq!(NodeState::array(bare), NodeState::Active);
     }

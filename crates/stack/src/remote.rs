@@ -101,7 +101,8 @@ fn run(weak: &Weak<Array>, remote: &[String], opts: &Options, claim: Option<&cra
     loop {
         thread::sleep(TICK);
         let Some(array) = weak.upgrade() else { return };
-        if array.is_closed() {
+        if array.is_closed() || array.fenced().is_some() {
+            // Fenced: the members are another owner's now; nothing is reconnected.
             return;
         }
         let report = array.report();
@@ -139,10 +140,17 @@ fn run(weak: &Weak<Array>, remote: &[String], opts: &Options, claim: Option<&cra
             r.next = now + r.wait;
             r.wait = (r.wait * 2).min(LONGEST_RETRY);
             let path = PathBuf::from(name);
-            // A claimed array's members are reconnected under the same owner generation.
+            // A claimed array's members are reconnected under the same owner generation,
+            // and checked against the same lease.
             let token = claim.and_then(|c| c.token_for(name));
             let dev = match leaf::open_remote_fenced(&path, false, opts.remote_timeout(), token) {
-                Ok(c) => c as Arc<dyn BlockDevice>,
+                Ok(dev) => {
+                    let dev = dev as Arc<dyn BlockDevice>;
+                    match claim {
+                        Some(c) => c.fence_device(dev),
+                        None => dev,
+                    }
+                }
                 Err(RemoteError::Unreachable(e) | RemoteError::Refused(e)) => {
                     let e = e.to_string();
                     if r.said.as_deref() != Some(e.as_str()) {

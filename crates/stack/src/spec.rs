@@ -254,10 +254,12 @@ pub fn open(
     keys: &mut Keys,
 ) -> Result<Vec<OpenedExport>> {
     spec.check()?;
-    match spec {
-        Spec::Lvm(pvs) => open_lvs(pvs, opts, keys),
-        _ => open_checked(spec, name, opts, keys).map(|e| vec![e]),
-    }
+    let mut opened = match spec {
+        Spec::Lvm(pvs) => open_lvs(pvs, opts, keys)?,
+        _ => vec![open_checked(spec, name, opts, keys)?],
+    };
+    opened.iter_mut().for_each(crate::fence::fence_export);
+    Ok(opened)
 }
 
 /// Every LV of the volume groups on the PV stacks `pvs`; on failure the PV stacks are
@@ -289,7 +291,9 @@ pub fn open_one(
     keys: &mut Keys,
 ) -> Result<OpenedExport> {
     spec.check()?;
-    open_checked(spec, name, opts, keys)
+    let mut e = open_checked(spec, name, opts, keys)?;
+    crate::fence::fence_export(&mut e);
+    Ok(e)
 }
 
 /// [`open_one`] for a spec already checked.

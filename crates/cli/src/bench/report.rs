@@ -111,6 +111,7 @@ pub fn cell_node(c: &CellResult) -> Node {
             forced: false,
             failed: false,
             recovering: false,
+            fenced: false,
         }),
         0,
         geo,

@@ -28,7 +28,7 @@ pub(crate) fn write_all_vectored(
 pub fn nbd_errno(kind: ErrorKind) -> u32 {
     match kind {
         ErrorKind::OutOfRange | ErrorKind::Unaligned | ErrorKind::InvalidArgument => EINVAL,
-        ErrorKind::ReadOnly => EPERM,
+        ErrorKind::ReadOnly | ErrorKind::Fenced => EPERM,
         ErrorKind::NoSpace => ENOSPC,
         ErrorKind::Unsupported => ENOTSUP,
         ErrorKind::Shutdown => ESHUTDOWN,
