@@ -28,6 +28,9 @@ use cairn_stack::node::{Node, NodeKind, Progress};
 use cairn_stack::size::format_size;
 use clap::Args;
 
+/// How long `cairn status` waits for each replicated resource's own status.
+const REPL_STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Width of the progress bar between the brackets.
 const BAR: usize = 20;
 
@@ -48,12 +51,13 @@ pub fn run(args: StatusArgs, global: &Global) -> Result<()> {
             Err(_) if !repl_socks.is_empty() => None,
             Err(e) => return Err(e),
         };
-        // A socket left by a killed process answers nothing: skip it.
-        let repl: Vec<serde_json::Value> = repl_socks
-            .iter()
-            .filter_map(|p| crate::repl::statuses(std::slice::from_ref(p)).ok())
-            .flatten()
-            .collect();
+        // Asked all at once, a few seconds each: a socket left by a killed process, or a
+        // stopped one, answers nothing and is skipped without holding the others.
+        let repl: Vec<serde_json::Value> =
+            cairn_repl::control::statuses_at_once(&repl_socks, REPL_STATUS_TIMEOUT)
+                .into_iter()
+                .filter_map(Result::ok)
+                .collect();
         let text = if global.json {
             let mut doc = doc.unwrap_or_else(|| serde_json::json!({}));
             if !repl.is_empty() {

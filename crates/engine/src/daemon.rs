@@ -291,7 +291,7 @@ impl Outcome {
 
 const ROUTES: &str = "GET /v1/status, GET /v1/exports, GET /v1/exports/NAME, \
 POST /v1/exports, DELETE /v1/exports/NAME, GET /v1/arrays, GET /v1/arrays/NAME, \
-GET /v1/replication, GET /v1/replication/NAME, \
+GET /v1/replication, GET /v1/replication/NAME, GET /v1/lvm/VG, \
 GET /v1/stats, GET /v1/events, POST /v1/actions, GET /metrics";
 
 impl Daemon {
