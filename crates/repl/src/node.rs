@@ -1883,16 +1883,7 @@ mod tests {
     use cairn_cluster::Etcd;
 
     fn fresh() -> Arc<dyn BlockDevice> {
-        let dev: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(64 << 20));
-        let p = CreateParams {
-            max_peers: 1,
-            bm_block: 4096,
-            al_extent: 1 << 20,
-            force: false,
-            resource: None,
-        };
-        create(dev.as_ref(), &p).unwrap();
-        dev
+        fresh_of(64 << 20)
     }
 
     fn open(dev: &Arc<dyn BlockDevice>) -> Arc<Node> {
