@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
 # Through-NBD latency bench: a file whose every operation takes DELAY (nbdkit's memory
 # plugin behind its delay filter, seen as a plain file through nbdfuse), read directly by
-# fio with JOBS parallel psync jobs, then served by `cairn serve` (its defaults) and read by
-# one fio NBD connection at QD JOBS. Both runs are 4k random reads; the ratio is the goal of
-# issue 15 (>= 0.9).
+# fio with JOBS parallel psync jobs and with one io_uring job at QD JOBS, then served by
+# `cairn serve` (its defaults, whose file leaf is pread/pwrite from a thread pool) and read by
+# one fio NBD connection at QD JOBS. All runs are 4k random reads; the ratio to the psync
+# jobs is the goal of issue 15 (>= 0.9), the ratio to io_uring says whether the thread
+# pool keeps as many reads in flight on this file as io_uring does.
 #
 # Usage: bench/latency.sh [--delay 1ms] [--jobs 32] [--runtime 10] [--size 256M]
+#                         [--connections 4]   nbdfuse's connections to nbdkit: the file
+#                         carries about 1.3 reads in flight per connection
 #   CAIRN=path/to/cairn     binary to serve with (default: target/release/cairn, built)
 #   CAIRN_SERVE_ARGS=...    extra `cairn serve` options (e.g. "--threads 1")
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-DELAY=1ms JOBS=32 RUNTIME=10 SIZE=256M
+DELAY=1ms JOBS=32 RUNTIME=10 SIZE=256M CONNS=4
 while [ $# -gt 0 ]; do
   case $1 in
     --delay) DELAY=$2; shift ;;
     --jobs) JOBS=$2; shift ;;
     --runtime) RUNTIME=$2; shift ;;
     --size) SIZE=$2; shift ;;
-    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --connections) CONNS=$2; shift ;;
+    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "latency: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -49,7 +54,7 @@ nbdkit -f --unix "$D/mem.sock" --threads $((JOBS * 2)) --filter=delay memory "$S
   rdelay="$DELAY" wdelay="$DELAY" &
 PIDS+=($!)
 for _ in $(seq 100); do [ -S "$D/mem.sock" ] && break; sleep 0.1; done
-nbdfuse -C 4 "$D/fuse/disk" --unix "$D/mem.sock" &
+nbdfuse -C "$CONNS" "$D/fuse/disk" --unix "$D/mem.sock" &
 PIDS+=($!)
 for _ in $(seq 100); do [ -f "$D/fuse/disk" ] && break; sleep 0.1; done
 [ -f "$D/fuse/disk" ] || { echo "latency: nbdfuse did not mount" >&2; exit 1; }
@@ -58,6 +63,10 @@ iops() { sed -n "/^{/,\$p" | python3 -c 'import json,sys; print(round(json.load(
 
 direct=$(fio --output-format=json --name=direct --filename="$D/fuse/disk" --ioengine=psync \
   --rw=randread --bs=4k --numjobs="$JOBS" --group_reporting --time_based --runtime="$RUNTIME" \
+  --randrepeat=1 --norandommap | iops)
+
+uring=$(fio --output-format=json --name=uring --filename="$D/fuse/disk" --ioengine=io_uring \
+  --rw=randread --bs=4k --iodepth="$JOBS" --numjobs=1 --time_based --runtime="$RUNTIME" \
   --randrepeat=1 --norandommap | iops)
 
 # shellcheck disable=SC2086
@@ -69,10 +78,13 @@ nbd=$(fio --output-format=json --name=nbd --ioengine=nbd --uri="nbd+unix:///disk
   --rw=randread --bs=4k --iodepth="$JOBS" --numjobs=1 --size="$SIZE" --time_based \
   --runtime="$RUNTIME" --randrepeat=1 --norandommap | iops)
 
-python3 - "$DELAY" "$JOBS" "$direct" "$nbd" <<'PY'
+python3 - "$DELAY" "$JOBS" "$direct" "$uring" "$nbd" <<'PY'
 import sys
-delay, jobs, direct, nbd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+delay, jobs = sys.argv[1], sys.argv[2]
+direct, uring, nbd = (int(x) for x in sys.argv[3:6])
 print(f"file with {delay} per operation, 4k random read:")
-print(f"  fio, {jobs} psync jobs on the file:        {direct:>8} IOPS")
-print(f"  fio, one NBD connection QD{jobs} via cairn: {nbd:>8} IOPS  ({nbd / max(direct, 1):.2f}x)")
+print(f"  fio, {jobs} psync jobs on the file:          {direct:>8} IOPS")
+print(f"  fio, one io_uring job QD{jobs} on the file:   {uring:>8} IOPS")
+print(f"  fio, one NBD connection QD{jobs} via cairn:   {nbd:>8} IOPS  "
+      f"({nbd / max(direct, 1):.2f}x psync jobs, {nbd / max(uring, 1):.2f}x io_uring)")
 PY
