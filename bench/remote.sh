@@ -10,17 +10,20 @@
 #     array's use of it is counted (member operations per second, from cairn's metrics).
 #
 # Usage: bench/remote.sh [--level 5] [--members 5] [--delay 1ms] [--runtime 10]
+#                        [--write-hole log|none]   md create's (default log: a partial-stripe
+#                        write is then 3 member round trips, reads, log, writes; none: 2)
 #   CAIRN=path/to/cairn     binary (default: target/release/cairn, built)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-LEVEL=5 MEMBERS=5 DELAY=1ms RUNTIME=10
+LEVEL=5 MEMBERS=5 DELAY=1ms RUNTIME=10 WRITE_HOLE=log
 while [ $# -gt 0 ]; do
   case $1 in
     --level) LEVEL=$2; shift ;;
     --members) MEMBERS=$2; shift ;;
     --delay) DELAY=$2; shift ;;
     --runtime) RUNTIME=$2; shift ;;
+    --write-hole) WRITE_HOLE=$2; shift ;;
     -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "remote: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -66,7 +69,7 @@ fio_write() { # URI OUT JOBS DEPTH [EXTRA...]
     --group_reporting=0 --time_based --runtime="$RUNTIME" "$@" >/dev/null
 }
 
-echo "remote: $MEMBERS members at $DELAY per operation; RAID$LEVEL; fio 4k random writes, ${RUNTIME}s each" >&2
+echo "remote: $MEMBERS members at $DELAY per operation; RAID$LEVEL (write hole: $WRITE_HOLE); fio 4k random writes, ${RUNTIME}s each" >&2
 # The members' combined capacity: 16 jobs x QD8 spread over all of them at once, directly
 # (on a small machine the members' servers, cairn and fio share the CPUs; measuring the
 # members together counts that in).
@@ -78,6 +81,7 @@ fio --output-format=json --output="$D/member.json" --ioengine=nbd --rw=randwrite
 member=$(iops "$D/member.json")
 
 "$CAIRN" md create --level "$LEVEL" --raid-devices "$MEMBERS" --chunk 64K --name rb \
+  --write-hole "$WRITE_HOLE" \
   "${URIS[@]}" >/dev/null 2>"$D/create.log" || { cat "$D/create.log" >&2; exit 1; }
 mport=$(free_port)
 "$CAIRN" serve --no-control --listen "unix:$D/a.sock" --metrics "tcp:127.0.0.1:$mport" \
@@ -91,7 +95,9 @@ member_ops() {
     grep 'kind="member"' | grep -E 'op="(read|write)"' | awk '{s += $NF} END {printf "%d\n", s}'
 }
 
+q0=$(member_ops)
 fio_write "$URI" "$D/qd1.json" 1 1
+q1=$(member_ops)
 qd1=$(iops "$D/qd1.json")
 fio_write "$URI" "$D/one.json" 1 1 --fsync=1
 one=$(iops "$D/one.json")
@@ -102,15 +108,18 @@ t1=$(date +%s.%N)
 after=$(member_ops)
 many=$(iops "$D/many.json")
 
-python3 - "$DELAY" "$MEMBERS" "$member" "$one" "$many" "$before" "$after" "$t0" "$t1" "$qd1" <<'PY'
+python3 - "$DELAY" "$MEMBERS" "$member" "$one" "$many" "$before" "$after" "$t0" "$t1" "$qd1" \
+  "$q0" "$q1" "$RUNTIME" <<'PY'
 import sys
-delay, n, member, one, many, before, after, t0, t1, qd1 = sys.argv[1:]
+delay, n, member, one, many, before, after, t0, t1, qd1, q0, q1, runtime = sys.argv[1:]
 d = float(delay[:-2]) / 1000 if delay.endswith("ms") else float(delay.rstrip("s"))
 n, member, one, many = int(n), int(member), int(one), int(many)
 ops = (int(after) - int(before)) / (float(t1) - float(t0))
 cap = member
 print(f"all {n} members at once, 16 jobs x QD8 (combined capacity): {member} IOPS")
-print(f"array, 1 job QD1, no fsync: {qd1} IOPS ({1000/max(int(qd1),1):.2f} ms per write)")
+qd1_ops = (int(q1) - int(q0)) / max(int(qd1) * float(runtime), 1)
+print(f"array, 1 job QD1, no fsync: {qd1} IOPS ({1000/max(int(qd1),1):.2f} ms per write, "
+      f"{qd1_ops:.2f} member operations each)")
 print(f"array, 1 job fsync=1:  {one} IOPS   (1/(2 x delay) = {1/(2*d):.0f}; ratio {one*2*d:.2f})")
 print(f"array, 16 jobs x QD8:  {many} IOPS; member operations {ops:.0f}/s of {cap} combined capacity = {ops/cap:.2f}")
 print(f"member operations per array write: {ops/max(many,1):.2f}")

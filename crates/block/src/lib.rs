@@ -142,8 +142,13 @@ pub struct Extent {
     pub zero: bool,
 }
 
-/// Called once with the result of a write started by [`BlockDevice::write_then`].
+/// Called once with the result of a write started by [`BlockDevice::write_then`] (or a
+/// flush started by [`BlockDevice::flush_then`]).
 pub type WriteDone = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// Called once with the bytes of a read started by [`BlockDevice::read_then`] (exactly
+/// the length asked for) or its error.
+pub type ReadDone = Box<dyn FnOnce(Result<Vec<u8>>) + Send>;
 
 /// A block device: the one trait every cairn layer implements.
 ///
@@ -175,6 +180,31 @@ pub trait BlockDevice: Send + Sync + Debug {
     /// sees the write complete, with no thread of its own blocked per request.
     fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
         done(self.write_at(buf, offset, flags));
+    }
+
+    /// Starts a read of `len` bytes at `offset` and calls `done` with them once they are
+    /// in (the same rules as [`BlockDevice::write_then`]: exactly once, perhaps on another
+    /// thread, perhaps before this returns). The default reads with
+    /// [`BlockDevice::read_at`] on the calling thread.
+    fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
+        let mut buf = vec![0u8; len];
+        done(self.read_at(&mut buf, offset).map(|()| buf));
+    }
+
+    /// Starts a flush and calls `done` with its result ([`BlockDevice::flush`]'s rules,
+    /// "returns" read as "calls `done`"). The default flushes on the calling thread.
+    fn flush_then(&self, done: WriteDone) {
+        done(self.flush());
+    }
+
+    /// Whether [`BlockDevice::read_then`], [`BlockDevice::write_then`] and
+    /// [`BlockDevice::flush_then`] return before the operation is done (a network
+    /// device: the request is sent, the answer comes later on another thread). A layer
+    /// with several operations for such devices starts them all from one thread and
+    /// waits once, instead of handing each to a worker thread. `false` (the default)
+    /// means they run to completion on the calling thread.
+    fn completes_later(&self) -> bool {
+        false
     }
 
     /// Makes every write that completed before this call durable.
@@ -308,6 +338,15 @@ macro_rules! forward_block_device {
             }
             fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
                 (**self).write_then(buf, offset, flags, done)
+            }
+            fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
+                (**self).read_then(len, offset, done)
+            }
+            fn flush_then(&self, done: WriteDone) {
+                (**self).flush_then(done)
+            }
+            fn completes_later(&self) -> bool {
+                (**self).completes_later()
             }
             fn flush(&self) -> Result<()> {
                 (**self).flush()

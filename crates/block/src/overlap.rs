@@ -208,6 +208,76 @@ pub fn overlap<J: Send, R: Send>(jobs: Vec<J>, f: impl Fn(J) -> R + Sync) -> Vec
         .collect()
 }
 
+/// Called once with an operation's outcome by whoever completes it ([`start_all`]).
+pub type Answer<R> = Box<dyn FnOnce(R) + Send>;
+
+/// What [`start_all`] waits on: answers still due, and the answers in job order.
+struct Due<R> {
+    state: Mutex<(usize, Vec<Option<R>>)>,
+    all: Condvar,
+}
+
+/// One job's answer slot. Dropped without an answer (a device that lost the callback,
+/// a panic on the thread holding it), it still counts the job done, with no answer.
+struct Slot<R> {
+    due: Arc<Due<R>>,
+    i: usize,
+    answer: Option<R>,
+}
+
+impl<R> Drop for Slot<R> {
+    fn drop(&mut self) {
+        let mut s = self
+            .due
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        s.1[self.i] = self.answer.take();
+        s.0 -= 1;
+        if s.0 == 0 {
+            self.due.all.notify_all();
+        }
+    }
+}
+
+/// Starts every job from this thread with `start(job, answer)`, where `start` hands
+/// `answer` to an operation that calls it when done (on any thread, or before `start`
+/// returns), then waits once for all of them. Answers come back in job order; `None`
+/// for a job whose `answer` was dropped without being called.
+///
+/// This is [`overlap`] for devices whose operations complete later by themselves
+/// ([`crate::BlockDevice::completes_later`]): no worker thread is woken per job, and the
+/// caller sleeps once however many operations it waits for.
+pub fn start_all<J, R: Send + 'static>(
+    jobs: Vec<J>,
+    mut start: impl FnMut(J, Answer<R>),
+) -> Vec<Option<R>> {
+    let n = jobs.len();
+    let due = Arc::new(Due {
+        state: Mutex::new((n, (0..n).map(|_| None).collect())),
+        all: Condvar::new(),
+    });
+    for (i, job) in jobs.into_iter().enumerate() {
+        let mut slot = Slot {
+            due: due.clone(),
+            i,
+            answer: None,
+        };
+        start(
+            job,
+            Box::new(move |r| {
+                slot.answer = Some(r);
+                drop(slot);
+            }),
+        );
+    }
+    let mut s = due.state.lock().unwrap_or_else(PoisonError::into_inner);
+    while s.0 > 0 {
+        s = due.all.wait(s).unwrap_or_else(PoisonError::into_inner);
+    }
+    std::mem::take(&mut s.1)
+}
+
 /// How a layer issues a request's member operations ([`fan_out`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Overlap {
@@ -281,18 +351,35 @@ impl Latency {
     /// 2 GB/s does (overlapping then pays for its bandwidth). Concurrent updates may
     /// lose a sample, which does not matter.
     pub fn time<T>(&self, bytes: usize, op: impl FnOnce() -> T) -> T {
+        if !Self::sample_due() {
+            return op();
+        }
+        let t = Instant::now();
+        let r = op();
+        self.fold(bytes, t.elapsed());
+        r
+    }
+
+    /// Folds in `took`, the time of operations of `bytes` each started together (see
+    /// [`Latency::time`]; one call in [`SAMPLE_EVERY`] per thread counts).
+    pub fn sample(&self, bytes: usize, took: std::time::Duration) {
+        if Self::sample_due() {
+            self.fold(bytes, took);
+        }
+    }
+
+    fn sample_due() -> bool {
         thread_local!(static CALLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
         let n = CALLS.with(|c| {
             let n = c.get().wrapping_add(1);
             c.set(n);
             n
         });
-        if !n.is_multiple_of(SAMPLE_EVERY) {
-            return op();
-        }
-        let t = Instant::now();
-        let r = op();
-        let ns = u128::from(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        n.is_multiple_of(SAMPLE_EVERY)
+    }
+
+    fn fold(&self, bytes: usize, took: std::time::Duration) {
+        let ns = u128::from(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
         let unit = LATENCY_UNIT as u128;
         let sample = u64::try_from(ns * unit / (bytes as u128).max(unit)).unwrap_or(u64::MAX);
         let old = self.ns.load(Ordering::Relaxed);
@@ -308,7 +395,6 @@ impl Latency {
         if new.abs_diff(old) > old / 32 {
             self.ns.store(new, Ordering::Relaxed);
         }
-        r
     }
 
     /// The current estimate, in nanoseconds.
@@ -382,5 +468,32 @@ mod tests {
         }));
         assert!(r.is_err());
         assert_eq!(finished.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn start_all_waits_for_answers_from_other_threads_and_dropped_ones() {
+        let t = Instant::now();
+        let out = start_all((0..6u64).collect(), |i, answer: Answer<u64>| {
+            if i == 4 {
+                drop(answer); // lost: counts as done, no answer
+                return;
+            }
+            if i == 0 {
+                return answer(0); // answered before `start` returns
+            }
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30 * i));
+                answer(i * 10);
+            });
+        });
+        assert_eq!(
+            out,
+            vec![Some(0), Some(10), Some(20), Some(30), None, Some(50)]
+        );
+        assert!(
+            t.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
     }
 }

@@ -23,7 +23,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cairn_block::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, Geometry, Result, WriteFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, Geometry, ReadDone, Result, WriteDone,
+    WriteFlags,
 };
 
 use crate::etcd::{Created, Etcd, EtcdError, KeyValue};
@@ -395,6 +396,27 @@ impl BlockDevice for FencedDevice {
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.lease.check("write")?;
         self.inner.write_at(buf, offset, flags)
+    }
+    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        match self.lease.check("write") {
+            Ok(()) => self.inner.write_then(buf, offset, flags, done),
+            Err(e) => done(Err(e)),
+        }
+    }
+    fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
+        match self.lease.check("read") {
+            Ok(()) => self.inner.read_then(len, offset, done),
+            Err(e) => done(Err(e)),
+        }
+    }
+    fn flush_then(&self, done: WriteDone) {
+        match self.lease.check("flush") {
+            Ok(()) => self.inner.flush_then(done),
+            Err(e) => done(Err(e)),
+        }
+    }
+    fn completes_later(&self) -> bool {
+        self.inner.completes_later()
     }
     fn flush(&self) -> Result<()> {
         self.lease.check("flush")?;

@@ -18,7 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use cairn_block::{BlockDevice, Capabilities, Extent, Geometry, Result, WriteFlags};
+use cairn_block::{
+    BlockDevice, Capabilities, Extent, Geometry, ReadDone, Result, WriteDone, WriteFlags,
+};
 use serde::{Deserialize, Serialize};
 
 /// Upper bounds of the latency histogram buckets, in nanoseconds (Prometheus `le`), from
@@ -137,13 +139,23 @@ impl IoStats {
     /// Runs `f` as one operation of `op` over `bytes`, counting it.
     #[inline]
     pub fn track<T>(&self, op: Op, bytes: u64, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        self.in_flight.fetch_add(1, Relaxed);
-        let start = Instant::now();
+        let start = self.begin();
         let r = f();
-        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.record(op, bytes, ns, r.is_ok());
-        self.in_flight.fetch_sub(1, Relaxed);
+        self.end(op, bytes, start, r.is_ok());
         r
+    }
+
+    /// The start of an operation that completes later ([`IoStats::end`] counts it).
+    pub fn begin(&self) -> Instant {
+        self.in_flight.fetch_add(1, Relaxed);
+        Instant::now()
+    }
+
+    /// Counts an operation [`IoStats::begin`] started.
+    pub fn end(&self, op: Op, bytes: u64, start: Instant, ok: bool) {
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.record(op, bytes, ns, ok);
+        self.in_flight.fetch_sub(1, Relaxed);
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -368,6 +380,42 @@ impl<D: BlockDevice> BlockDevice for StatsDisk<D> {
         self.stats.track(Op::Write, buf.len() as u64, || {
             self.inner.write_at(buf, offset, flags)
         })
+    }
+    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        let (stats, bytes) = (self.stats.clone(), buf.len() as u64);
+        let start = stats.begin();
+        self.inner.write_then(
+            buf,
+            offset,
+            flags,
+            Box::new(move |r| {
+                stats.end(Op::Write, bytes, start, r.is_ok());
+                done(r);
+            }),
+        );
+    }
+    fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
+        let stats = self.stats.clone();
+        let start = stats.begin();
+        self.inner.read_then(
+            len,
+            offset,
+            Box::new(move |r| {
+                stats.end(Op::Read, len as u64, start, r.is_ok());
+                done(r);
+            }),
+        );
+    }
+    fn flush_then(&self, done: WriteDone) {
+        let stats = self.stats.clone();
+        let start = stats.begin();
+        self.inner.flush_then(Box::new(move |r| {
+            stats.end(Op::Flush, 0, start, r.is_ok());
+            done(r);
+        }));
+    }
+    fn completes_later(&self) -> bool {
+        self.inner.completes_later()
     }
     fn flush(&self) -> Result<()> {
         self.stats.track(Op::Flush, 0, || self.inner.flush())

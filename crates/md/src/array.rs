@@ -24,13 +24,17 @@
 //! [`Array::resync`] or the background resync ([`Array::start_resync`],
 //! background.rs) has run to the end; a clean stop part-way records a checkpoint.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cairn_block::overlap::fan_out;
+use std::sync::Arc;
+
+use cairn_block::overlap::{fan_out, start_all};
 use cairn_block::{
     BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
 };
 
+use crate::state::unanswered;
 pub use crate::state::Array;
 
 use crate::layout::{ArrayLayout, Location};
@@ -206,26 +210,26 @@ impl Array {
         // copies.
         let pieces = self.pieces(off, wide(buf.len()));
         let mut jobs = Vec::new();
+        let mut whose = Vec::new();
         for (i, (pos, n, locs)) in pieces.iter().enumerate() {
             let piece = &buf[small(pos - off)..small(pos - off + n)];
             for loc in locs {
                 if self.is_writable(loc.member) {
-                    jobs.push((loc.member, (i, *loc, piece)));
+                    let at = loc.sector.0 * SECTOR_SIZE;
+                    jobs.push((loc.member, (loc.member, Cow::Borrowed(piece), at)));
+                    whose.push((i, loc.member));
                 }
             }
         }
-        let results = fan_out(jobs, self.overlap_pays(buf.len()), |(i, loc, piece)| {
-            let r = self.write_member(loc.member, piece, loc.sector.0 * SECTOR_SIZE, flags);
-            (i, loc.member, r)
-        });
+        let results = self.write_members(jobs, flags, self.overlap_pays(buf.len()));
         let mut written = vec![0usize; pieces.len()];
         let mut bad: Vec<Vec<(usize, Error)>> = pieces.iter().map(|_| Vec::new()).collect();
-        for (i, member, r) in results {
-            match r {
+        for (failed, (i, member)) in results.into_iter().zip(whose) {
+            match failed {
                 // A copy being rebuilt does not count: it cannot be read yet.
-                Ok(()) if self.is_up(member) => written[i] += 1,
-                Ok(()) => {}
-                Err(e) => bad[i].push((member, e)),
+                None if self.is_up(member) => written[i] += 1,
+                None => {}
+                Some((_, e)) => bad[i].push((member, e)),
             }
         }
         for (i, ((pos, n, locs), mut bad)) in pieces.into_iter().zip(bad).enumerate() {
@@ -326,31 +330,47 @@ impl BlockDevice for Array {
         let gen = self.bitmap_flush_start();
         let generation = self.ppl.as_ref().map(|log| log.begin_flush());
         // Every member (and replacement) at once.
-        let jobs: Vec<(usize, usize)> = (0..self.slots.len()).map(|role| (role, role)).collect();
-        let results = fan_out(jobs, self.flush_overlap_pays(), |role| {
-            let repl = self.slots[role]
-                .replacement()
-                .and_then(|r| self.flush_dev(&*r.dev).err());
-            if !self.is_writable(role) {
-                return (role, repl, None);
+        // (role, (role, is the replacement, device))
+        type Flush = (usize, (usize, bool, Arc<dyn BlockDevice>));
+        let mut devs: Vec<Flush> = Vec::new();
+        for (role, slot) in self.slots.iter().enumerate() {
+            if let Some(r) = slot.replacement() {
+                devs.push((role, (role, true, r.dev.clone())));
             }
-            let Some(m) = self.slots[role].member() else {
-                return (role, repl, None);
-            };
-            (role, repl, self.flush_dev(&*m.dev).err())
-        });
+            if let Some(m) = slot.member().filter(|_| self.is_writable(role)) {
+                devs.push((role, (role, false, m.dev.clone())));
+            }
+        }
+        let later = !devs.is_empty() && devs.iter().all(|(_, (_, _, d))| d.completes_later());
+        let errors: Vec<Option<Error>> = if later {
+            // Members that complete later: every flush sent from here, one wait.
+            let t = std::time::Instant::now();
+            let answers = start_all(devs.iter().map(|(_, (_, _, d))| d).collect(), |d, a| {
+                d.flush_then(a)
+            });
+            self.flush_latency.sample(0, t.elapsed());
+            answers
+                .into_iter()
+                .map(|a| a.unwrap_or_else(|| Err(unanswered())).err())
+                .collect()
+        } else {
+            let jobs = devs.iter().map(|(role, (_, _, d))| (*role, d)).collect();
+            fan_out(jobs, self.flush_overlap_pays(), |d| {
+                self.flush_dev(&**d).err()
+            })
+        };
         let mut last = None;
-        for (role, repl, member) in results {
-            if let Some(e) = repl {
+        for ((_, (role, replacement, _)), e) in devs.into_iter().zip(errors) {
+            let Some(e) = e else { continue };
+            if replacement {
                 self.drop_replacement(role, &e);
+                continue;
             }
-            if let Some(e) = member {
-                let e = e.context(format!("{}: flush", self.describe_role(role)));
-                if self.layout_is_redundant() {
-                    self.fail_member(role, &e);
-                }
-                last = Some(e);
+            let e = e.context(format!("{}: flush", self.describe_role(role)));
+            if self.layout_is_redundant() {
+                self.fail_member(role, &e);
             }
+            last = Some(e);
         }
         if let (Some(log), Some(g), None) = (&self.ppl, generation, &last) {
             log.end_flush(g);

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::{JoinHandle, ThreadId};
 
-use cairn_block::overlap::{Latency, OVERLAP_ABOVE_NS};
+use cairn_block::overlap::{fan_out, start_all, Latency, Overlap, OVERLAP_ABOVE_NS};
 use cairn_block::{
     BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
 };
@@ -53,8 +53,6 @@ pub(crate) const FAN_OUT_MIN: usize = 1 << 20;
 /// memory one core copying 1 MiB beat handing pieces to workers (examples/latency_bench.rs
 /// at 0 delay).
 pub(crate) const READ_FAN_OUT_MIN: usize = 4 << 20;
-
-use cairn_block::overlap::Overlap;
 
 /// What the superblocks say about the array as a whole.
 #[derive(Debug, Clone)]
@@ -593,21 +591,121 @@ impl Array {
         let r = self
             .member_latency
             .time(len, || m.dev.read_at(buf, m.base + off));
-        r.map_err(|e| {
-            let e = e.context(format!(
-                "{}: read of {} bytes at member offset {}",
-                self.describe_role(role),
-                buf.len(),
-                m.base + off
-            ));
-            // A member that is gone (not a bad sector: its connection is lost) fails at
-            // once, as md fails a disk that vanished; a bad sector is repaired instead.
-            // A refusal to a former owner fences the array (fail_member).
-            if matches!(e.kind(), ErrorKind::Gone | ErrorKind::Fenced) {
-                self.fail_member(role, &e);
-            }
-            e
-        })
+        r.map_err(|e| self.member_read_failed(role, len, m.base + off, e))
+    }
+
+    /// The error of a member read of `len` bytes at `at` (its device's offset), with
+    /// what follows from it: a member that is gone (not a bad sector: its connection is
+    /// lost) fails at once, as md fails a disk that vanished; a bad sector is repaired
+    /// by the caller instead. A refusal to a former owner fences the array.
+    fn member_read_failed(&self, role: usize, len: usize, at: u64, e: Error) -> Error {
+        let e = e.context(format!(
+            "{}: read of {len} bytes at member offset {at}",
+            self.describe_role(role)
+        ));
+        if matches!(e.kind(), ErrorKind::Gone | ErrorKind::Fenced) {
+            self.fail_member(role, &e);
+        }
+        e
+    }
+
+    /// The members of `roles` when every one is up and completes its operations later
+    /// by itself (remote members, [`BlockDevice::completes_later`]); `None` otherwise.
+    fn later_members(&self, roles: impl Iterator<Item = usize>) -> Option<Vec<Arc<Member>>> {
+        if self.is_fenced() {
+            return None;
+        }
+        roles
+            .map(|role| {
+                self.up_member(role)
+                    .ok()
+                    .filter(|m| m.dev.completes_later())
+            })
+            .collect()
+    }
+
+    /// [`Array::read_member`] for every `(tag, (role, buf, off))`, issued as `how` says,
+    /// returning each job's failure. Over members that complete later, every read is
+    /// sent from this thread and waited for once, whatever `how` says: no worker thread
+    /// is woken per read.
+    pub(crate) fn read_members(
+        &self,
+        jobs: Vec<(usize, ReadJob<'_>)>,
+        how: Overlap,
+    ) -> Vec<Option<(usize, Error)>> {
+        let Some(members) = self.later_members(jobs.iter().map(|(_, (role, _, _))| *role)) else {
+            return fan_out(jobs, how, |(role, buf, off)| {
+                self.read_member(role, buf, off).err().map(|e| (role, e))
+            });
+        };
+        let largest = jobs.iter().map(|(_, (_, b, _))| b.len()).max().unwrap_or(0);
+        let t = std::time::Instant::now();
+        let answers = start_all(
+            jobs.iter().zip(&members).collect(),
+            |((_, (_, buf, off)), m), answer| m.dev.read_then(buf.len(), m.base + off, answer),
+        );
+        self.member_latency.sample(largest, t.elapsed());
+        jobs.into_iter()
+            .zip(members)
+            .zip(answers)
+            .map(|(((_, (role, buf, off)), m), answer)| {
+                let at = m.base + off;
+                let e = match answer {
+                    Some(Ok(data)) if data.len() == buf.len() => {
+                        buf.copy_from_slice(&data);
+                        return None;
+                    }
+                    Some(Ok(data)) => Error::new(
+                        ErrorKind::Io,
+                        format!("the device answered {} bytes", data.len()),
+                    ),
+                    Some(Err(e)) => e,
+                    None => unanswered(),
+                };
+                Some((role, self.member_read_failed(role, buf.len(), at, e)))
+            })
+            .collect()
+    }
+
+    /// [`Array::write_member`] for every `(tag, (role, buf, off))`, issued as `how`
+    /// says, returning each job's failure. Over members that complete later, every write
+    /// is sent from this thread and waited for once (see [`Array::read_members`]).
+    pub(crate) fn write_members(
+        &self,
+        jobs: Vec<(usize, (usize, Bytes<'_>, u64))>,
+        flags: WriteFlags,
+        how: Overlap,
+    ) -> Vec<Option<(usize, Error)>> {
+        let Some(members) = self.later_members(jobs.iter().map(|(_, (role, _, _))| *role)) else {
+            return fan_out(jobs, how, |(role, buf, off)| {
+                self.write_member(role, &buf, off, flags)
+                    .err()
+                    .map(|e| (role, e))
+            });
+        };
+        let largest = jobs.iter().map(|(_, (_, b, _))| b.len()).max().unwrap_or(0);
+        let t = std::time::Instant::now();
+        let answers = start_all(
+            jobs.iter().zip(&members).collect(),
+            |((_, (_, buf, off)), m), answer| m.dev.write_then(buf, m.base + off, flags, answer),
+        );
+        self.member_latency.sample(largest, t.elapsed());
+        jobs.into_iter()
+            .zip(members)
+            .zip(answers)
+            .map(|(((_, (role, buf, off)), m), answer)| {
+                match answer.unwrap_or_else(|| Err(unanswered())) {
+                    Ok(()) => {
+                        self.write_replacement(role, &buf, off, flags);
+                        None
+                    }
+                    Err(e) => Some((
+                        role,
+                        self.member_write_failed(role, buf.len(), m.base + off, e),
+                    )),
+                }
+            })
+            .collect()
     }
 
     /// Writes `buf` to `role` at byte `off` of its data area.
@@ -623,16 +721,16 @@ impl Array {
         let r = self
             .member_latency
             .time(buf.len(), || m.dev.write_at(buf, m.base + off, flags));
-        r.map_err(|e| {
-            e.context(format!(
-                "{}: write of {} bytes at member offset {}",
-                self.describe_role(role),
-                buf.len(),
-                m.base + off
-            ))
-        })?;
+        r.map_err(|e| self.member_write_failed(role, buf.len(), m.base + off, e))?;
         self.write_replacement(role, buf, off, flags);
         Ok(())
+    }
+
+    fn member_write_failed(&self, role: usize, len: usize, at: u64, e: Error) -> Error {
+        e.context(format!(
+            "{}: write of {len} bytes at member offset {at}",
+            self.describe_role(role)
+        ))
     }
 
     /// Copies a member write to the replacement being built for `role`, where the
@@ -1152,3 +1250,15 @@ impl Drop for Array {
 /// Bytes a request reads or writes (a member write's buffer): borrowed from the caller or
 /// owned.
 pub(crate) type Bytes<'a> = Cow<'a, [u8]>;
+
+/// A member read: (role, buffer, offset in the member's data area).
+pub(crate) type ReadJob<'b> = (usize, &'b mut [u8], u64);
+
+/// A member operation whose device dropped its completion without calling it (a bug or
+/// a panic below): failed, never taken as done.
+pub(crate) fn unanswered() -> Error {
+    Error::new(
+        ErrorKind::Io,
+        "the device dropped the operation without answering",
+    )
+}

@@ -30,7 +30,7 @@ use cairn_block::overlap::{fan_out, Overlap};
 
 use crate::layout::{ParityLayout, StripeMap};
 use crate::parity::gf;
-use crate::state::{Array, Bytes};
+use crate::state::{Array, Bytes, ReadJob};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
 /// One data chunk touched by a request: data index `d`, in-chunk bytes `[a, b)`, and
@@ -55,9 +55,6 @@ enum Fail {
     /// Nothing can be done (too many members down).
     Fatal(Error),
 }
-
-/// A member read into a buffer: member, buffer, member offset.
-type ReadJob<'b> = (usize, &'b mut [u8], u64);
 
 type Plan<'a> = std::result::Result<Vec<(usize, u64, Bytes<'a>)>, Fail>;
 
@@ -89,6 +86,7 @@ impl Array {
         // Pieces to rebuild, grouped by stripe below: (stripe, touch, failed member).
         let mut rebuild: Vec<Rebuild> = Vec::new();
         let mut jobs = Vec::new();
+        let mut whose = Vec::new();
         let mut rest: &mut [u8] = &mut *buf;
         let mut pos = 0usize;
         while !rest.is_empty() {
@@ -108,18 +106,20 @@ impl Array {
                 buf: pos,
             };
             if self.is_up_at(member, stripe * c) {
-                jobs.push((member, (member, stripe, touch, piece)));
+                jobs.push((member, (member, piece, stripe * c + touch.a)));
+                whose.push((stripe, touch));
             } else {
                 rebuild.push((stripe, touch, None));
             }
             pos += n;
         }
-        let results = fan_out(jobs, parallel, |(member, stripe, touch, piece)| {
-            self.read_member(member, piece, stripe * c + touch.a)
-                .err()
-                .map(|e| (stripe, touch, Some((member, e))))
-        });
-        rebuild.extend(results.into_iter().flatten());
+        let results = self.read_members(jobs, parallel);
+        rebuild.extend(
+            results
+                .into_iter()
+                .zip(whose)
+                .filter_map(|(failed, (stripe, touch))| Some((stripe, touch, Some(failed?)))),
+        );
         rebuild.sort_by_key(|r| (r.0, r.1.buf));
         let mut i = 0;
         while i < rebuild.len() {
@@ -202,13 +202,9 @@ impl Array {
             .iter_mut()
             .enumerate()
             .filter(|(m, _)| !down[*m])
-            .map(|(m, row)| (m, (m, row)))
+            .map(|(m, row)| (m, (m, row.as_mut_slice(), stripe * c + lo)))
             .collect();
-        let failed = fan_out(jobs, self.read_overlap_pays(len * n), |(m, row)| {
-            self.read_member(m, row, stripe * c + lo)
-                .err()
-                .map(|e| (m, e))
-        });
+        let failed = self.read_members(jobs, self.read_overlap_pays(len * n));
         for (m, e) in failed.into_iter().flatten() {
             tracing::warn!("{}: {e}", self.array_label());
             down[m] = true;
@@ -482,16 +478,13 @@ impl Array {
     ) -> Result<()> {
         let jobs = writes
             .into_iter()
-            .map(|(m, moff, b)| (m, (m, moff, b)))
+            .map(|(m, moff, b)| (m, (m, b, moff)))
             .collect();
-        let failed: Vec<(usize, Error)> = fan_out(jobs, parallel, |(m, moff, bytes)| {
-            self.write_member(m, &bytes, moff, flags)
-                .err()
-                .map(|e| (m, e))
-        })
-        .into_iter()
-        .flatten()
-        .collect();
+        let failed: Vec<(usize, Error)> = self
+            .write_members(jobs, flags, parallel)
+            .into_iter()
+            .flatten()
+            .collect();
         if failed.is_empty() {
             return Ok(());
         }
@@ -669,9 +662,7 @@ impl Array {
             jobs.push((m, (m, buf.as_mut_slice(), base + t.a)));
         }
         let bytes = jobs.iter().map(|(_, (_, b, _))| b.len()).sum::<usize>();
-        let failed = fan_out(jobs, self.overlap_pays(bytes), |(m, buf, off)| {
-            self.read_member(m, buf, off).err().map(|e| (m, e))
-        });
+        let failed = self.read_members(jobs, self.overlap_pays(bytes));
         if let Some((m, e)) = failed.into_iter().flatten().next() {
             return Err(Fail::Read(m, e));
         }
@@ -733,9 +724,7 @@ impl Array {
             }
         }
         let bytes = jobs.iter().map(|(_, (_, b, _))| b.len()).sum::<usize>();
-        let failed = fan_out(jobs, self.overlap_pays(bytes), |(m, buf, off)| {
-            self.read_member(m, buf, off).err().map(|e| (m, e))
-        });
+        let failed = self.read_members(jobs, self.overlap_pays(bytes));
         if let Some((m, e)) = failed.into_iter().flatten().next() {
             return Err(Fail::Read(m, e));
         }

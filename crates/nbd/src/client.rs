@@ -31,7 +31,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use cairn_block::{
-    BlockDevice, Capabilities, ErrorKind, Extent, Geometry, Support, WriteDone, WriteFlags,
+    BlockDevice, Capabilities, ErrorKind, Extent, Geometry, ReadDone, Support, WriteDone,
+    WriteFlags,
 };
 
 use crate::proto::*;
@@ -2041,6 +2042,69 @@ impl Gather {
     }
 }
 
+/// The pieces of one [`Client::read_then`]: the last to finish calls `done` with the
+/// bytes put together (a read of one piece hands its reply's buffer on as it is).
+struct ReadGather {
+    left: AtomicUsize,
+    len: usize,
+    parts: Mutex<Vec<(usize, Vec<u8>)>>,
+    first_err: Mutex<Option<Error>>,
+    done: Mutex<Option<ReadDone>>,
+}
+
+impl ReadGather {
+    /// One piece in (at its offset in the read), or the sending thread's own count
+    /// (an empty piece).
+    fn one(&self, r: Result<(usize, Vec<u8>)>) {
+        match r {
+            Ok((_, d)) if d.is_empty() => {}
+            Ok(part) => self
+                .parts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(part),
+            Err(e) => {
+                self.first_err
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+            }
+        }
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let Some(done) = self.done.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        if let Some(e) = self
+            .first_err
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            return done(Err(e.into()));
+        }
+        let mut parts = std::mem::take(&mut *self.parts.lock().unwrap_or_else(|p| p.into_inner()));
+        if parts.len() == 1 && parts[0].1.len() == self.len {
+            return done(Ok(parts.pop().expect("one part").1));
+        }
+        let mut buf = vec![0u8; self.len];
+        for (at, d) in parts {
+            buf[at..at + d.len()].copy_from_slice(&d);
+        }
+        done(Ok(buf))
+    }
+}
+
+/// The data of one READ reply of `len` bytes, or its error.
+fn read_piece(r: Reply, len: usize) -> Result<Vec<u8>> {
+    let r = r.result()?;
+    if r.data.len() != len {
+        return Err(Error::Protocol("READ reply has the wrong length".into()));
+    }
+    Ok(r.data)
+}
+
 /// [`Started`] requests handed to another thread.
 #[derive(Debug)]
 #[must_use = "a started request is only known done after wait()"]
@@ -2197,6 +2261,67 @@ impl Client {
             }
         }
         all.one(Ok(()));
+    }
+
+    /// Sends a read of `len` bytes (every piece at once) and returns; `done` is called
+    /// once with the bytes, or the first error, on a pipeline's reader thread (or here,
+    /// when nothing could be sent).
+    pub fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
+        let chunk = usize::try_from(self.chunk(true)).expect("<= 32 MiB");
+        let pieces = len.div_ceil(chunk).max(1);
+        // One count per piece, plus one this thread gives back when every piece is
+        // sent, so `done` cannot run while pieces are still being sent.
+        let all = Arc::new(ReadGather {
+            left: AtomicUsize::new(pieces + 1),
+            len,
+            parts: Mutex::new(Vec::with_capacity(pieces)),
+            first_err: Mutex::new(None),
+            done: Mutex::new(Some(done)),
+        });
+        for i in 0..pieces {
+            let at = i * chunk;
+            let n = chunk.min(len - at);
+            let g = all.clone();
+            let sent = len_u32(n, "read").and_then(|n32| {
+                self.pipe().submit_then(
+                    CMD_READ,
+                    0,
+                    offset + at as u64,
+                    n32,
+                    &[],
+                    Box::new(move |r| g.one(r.and_then(|r| read_piece(r, n)).map(|d| (at, d)))),
+                )
+            });
+            if let Err(e) = sent {
+                all.one(Err(e));
+            }
+        }
+        all.one(Ok((0, Vec::new())));
+    }
+
+    /// Sends a flush and calls `done` with its answer on a pipeline's reader thread (at
+    /// once when the server has no volatile cache, or when it could not be sent).
+    pub fn flush_then(&self, done: WriteDone) {
+        if !self.info.has(FLAG_SEND_FLUSH) {
+            return done(Ok(()));
+        }
+        let all = Arc::new(Gather {
+            left: AtomicUsize::new(1),
+            first_err: Mutex::new(None),
+            done: Mutex::new(Some(done)),
+        });
+        let g = all.clone();
+        let sent = self.pipe().submit_then(
+            CMD_FLUSH,
+            0,
+            0,
+            0,
+            &[],
+            Box::new(move |r| g.one(r.and_then(Reply::result).map(drop))),
+        );
+        if let Err(e) = sent {
+            all.one(Err(e));
+        }
     }
 
     /// Sends a flush and returns without waiting (nothing is sent when the server says
@@ -2385,6 +2510,18 @@ impl BlockDevice for Client {
 
     fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
         Client::write_then(self, buf, offset, flags, done);
+    }
+
+    fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
+        Client::read_then(self, len, offset, done);
+    }
+
+    fn flush_then(&self, done: WriteDone) {
+        Client::flush_then(self, done);
+    }
+
+    fn completes_later(&self) -> bool {
+        true
     }
 
     fn flush(&self) -> cairn_block::Result<()> {

@@ -704,3 +704,64 @@ fn a_client_write_then_is_called_back_once_when_every_piece_is_in() {
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(calls.load(Ordering::SeqCst), 2, "a callback ran twice");
 }
+
+#[test]
+fn a_client_read_then_and_flush_then_are_called_back_once() {
+    let disk = Arc::new(MemDisk::new(64 << 20));
+    let big: Vec<u8> = (0..(40 << 20)).map(|i: usize| (i / 4096) as u8).collect();
+    disk.write_at(&big, 8192, WriteFlags::NONE).unwrap();
+    let srv = TestServer::start_with(ServerConfig::new(vec![export("d", disk.clone())]));
+    let addr = srv.addrs()[0].clone();
+    let client = Client::connect(&ClientOptions::new(addr, "d")).expect("connect");
+    assert!(BlockDevice::completes_later(&client));
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // A read larger than one request (pieces put together in order), and a small one.
+    for (len, at) in [(big.len(), 8192u64), (4096, 8192 + 4096 * 7)] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n = calls.clone();
+        client.read_then(
+            len,
+            at,
+            Box::new(move |r| {
+                n.fetch_add(1, Ordering::SeqCst);
+                tx.send(r).unwrap();
+            }),
+        );
+        let got = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("called back")
+            .expect("read");
+        let from = usize::try_from(at - 8192).unwrap();
+        assert!(
+            got == big[from..from + len],
+            "read_then of {len} at {at}: wrong bytes"
+        );
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let n = calls.clone();
+    client.flush_then(Box::new(move |r| {
+        n.fetch_add(1, Ordering::SeqCst);
+        tx.send(r).unwrap();
+    }));
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("called back")
+        .expect("flushed");
+    drop(srv);
+    std::thread::sleep(Duration::from_millis(100));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let n = calls.clone();
+    client.read_then(
+        8192,
+        0,
+        Box::new(move |r| {
+            n.fetch_add(1, Ordering::SeqCst);
+            tx.send(r).unwrap();
+        }),
+    );
+    let r = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("called back");
+    assert!(r.is_err(), "a read from a stopped server succeeded");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(calls.load(Ordering::SeqCst), 4, "a callback ran twice");
+}

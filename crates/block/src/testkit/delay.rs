@@ -4,29 +4,62 @@
 //! seek, a network member's round trip). The wait is a sleep per call, so concurrent
 //! callers overlap, as they do on a device with a deep queue; it models latency, not
 //! bandwidth.
+//!
+//! [`DelayDisk::completing_later`] makes one that behaves as a network device does: its
+//! `read_then`, `write_then` and `flush_then` return at once and answer from another
+//! thread after the delay ([`BlockDevice::completes_later`]), so layers take the path
+//! that starts every member operation from one thread and waits once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{BlockDevice, Capabilities, Geometry, Result, WriteFlags};
+use crate::{BlockDevice, Capabilities, Geometry, ReadDone, Result, WriteDone, WriteFlags};
 
 /// Wraps a device and delays each read, write, flush, discard and write-zeroes by
 /// [`DelayDisk::set_delay`] (zero at first). Counts the operations it passed on.
 #[derive(Debug)]
 pub struct DelayDisk {
     inner: Arc<dyn BlockDevice>,
-    delay_ns: AtomicU64,
+    delay_ns: Arc<AtomicU64>,
     ops: AtomicU64,
+    later: bool,
 }
 
 impl DelayDisk {
     pub fn new(inner: Arc<dyn BlockDevice>) -> DelayDisk {
         DelayDisk {
             inner,
-            delay_ns: AtomicU64::new(0),
+            delay_ns: Arc::new(AtomicU64::new(0)),
             ops: AtomicU64::new(0),
+            later: false,
         }
+    }
+
+    /// One whose `*_then` operations answer later, from a thread of their own.
+    pub fn completing_later(inner: Arc<dyn BlockDevice>) -> DelayDisk {
+        DelayDisk {
+            later: true,
+            ..DelayDisk::new(inner)
+        }
+    }
+
+    /// Runs `op` on another thread after the delay (the device's `*_then` when it
+    /// completes later), or here.
+    fn then(&self, op: impl FnOnce(&dyn BlockDevice) + Send + 'static) {
+        if !self.later {
+            self.wait();
+            return op(&*self.inner);
+        }
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        let (inner, delay) = (self.inner.clone(), self.delay_ns.clone());
+        std::thread::spawn(move || {
+            let ns = delay.load(Ordering::Relaxed);
+            if ns > 0 {
+                std::thread::sleep(Duration::from_nanos(ns));
+            }
+            op(&*inner);
+        });
     }
 
     /// From now on every operation waits `delay` first.
@@ -71,6 +104,26 @@ impl BlockDevice for DelayDisk {
     fn flush(&self) -> Result<()> {
         self.wait();
         self.inner.flush()
+    }
+
+    fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
+        self.then(move |d| {
+            let mut buf = vec![0u8; len];
+            done(d.read_at(&mut buf, offset).map(|()| buf));
+        });
+    }
+
+    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        let buf = buf.to_vec();
+        self.then(move |d| done(d.write_at(&buf, offset, flags)));
+    }
+
+    fn flush_then(&self, done: WriteDone) {
+        self.then(move |d| done(d.flush()));
+    }
+
+    fn completes_later(&self) -> bool {
+        self.later
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
