@@ -37,7 +37,7 @@ pub(crate) use job::{ratio, Job};
 pub use job::{BackgroundStatus, SpeedLimits};
 
 use crate::layout::ArrayLayout;
-use crate::pipeline::{Pipe, Resync};
+use crate::pipeline::{MirrorResync, Pipe, Resync, Walk};
 use crate::scrub::ScrubReport;
 use crate::state::{Array, Manager};
 use crate::units::{Sectors, SECTOR_SIZE};
@@ -188,6 +188,14 @@ impl Array {
         }
     }
 
+    /// Sectors per chunk of a parity layout (1 otherwise).
+    fn resync_chunk_sectors(&self) -> u64 {
+        match &self.layout {
+            ArrayLayout::Parity(pl) => pl.chunk().0,
+            _ => 1,
+        }
+    }
+
     /// Resyncs one unit; returns the array bytes it worked on (none where the bitmap
     /// guides the resync and says the unit is clean) and the checkpoint (member
     /// sectors) after it.
@@ -273,17 +281,25 @@ impl Array {
         let mut last_cp = Instant::now();
         let mut i = start;
         let mut cp = from;
-        // Parity levels: windows of stripes, the next one read meanwhile (pipeline.rs).
-        let mut pipe = match (&self.layout, units) {
-            (ArrayLayout::Parity(pl), Units::Stripes { to, .. }) => Some((
-                pl.chunk().0,
-                Pipe::new(
-                    self,
-                    Resync { array: self, pl },
-                    pl.chunk().0 * SECTOR_SIZE,
+        // Windows of units (stripes, or MIRROR_STEP of mirrors), the next one read
+        // meanwhile (pipeline.rs). A unit of the walk is `(i - start) / step`.
+        let mut pipe: Option<Box<dyn Walk + '_>> = match (&self.layout, units) {
+            (ArrayLayout::Parity(pl), Units::Stripes { to, .. }) => Some(Box::new(Pipe::new(
+                self,
+                Resync { array: self, pl },
+                pl.chunk().0 * SECTOR_SIZE,
+                to,
+            ))),
+            (ArrayLayout::Raid1(_) | ArrayLayout::Raid10(_), Units::Bytes { from, to }) => {
+                let stage = MirrorResync {
+                    array: self,
+                    from,
                     to,
-                ),
-            )),
+                    step: MIRROR_STEP,
+                };
+                let count = (to - from).div_ceil(MIRROR_STEP);
+                Some(Box::new(Pipe::new(self, stage, MIRROR_STEP, count)))
+            }
             _ => None,
         };
         while i < end {
@@ -292,12 +308,23 @@ impl Array {
                 self.meta_lock().resync_from = cp;
                 return Ok(false);
             }
-            let (worked, at, n) = match pipe.as_mut() {
-                Some((c, pipe)) => {
+            let (worked, at, n) = match (pipe.as_mut(), units) {
+                (Some(pipe), Units::Stripes { .. }) => {
                     let (count, worked) = pipe.step(i, pacer.unhindered(self))?;
-                    (worked, Sectors((i + count) * *c), count)
+                    let c = self.resync_chunk_sectors();
+                    (worked, Sectors((i + count) * c), count)
                 }
-                None => {
+                (Some(pipe), Units::Bytes { .. }) => {
+                    let (count, worked) =
+                        pipe.step((i - start) / step, pacer.unhindered(self))?;
+                    let n = (count * step).min(end - i);
+                    let cp = match self.layout {
+                        ArrayLayout::Raid1(_) => Sectors((i + n) / SECTOR_SIZE),
+                        _ => Sectors::ZERO,
+                    };
+                    (worked, cp, n)
+                }
+                _ => {
                     let (worked, at) = self.resync_unit(units, i)?;
                     (worked, at, step)
                 }
@@ -317,7 +344,7 @@ impl Array {
             }
             if pacer.pause_due(self, done) {
                 // A pause for the speed limits holds no stripe lock.
-                if let Some((_, pipe)) = pipe.as_mut() {
+                if let Some(pipe) = pipe.as_mut() {
                     pipe.drop_ahead();
                 }
             }
