@@ -38,7 +38,7 @@ pub use job::{BackgroundStatus, SpeedLimits};
 
 use crate::layout::ArrayLayout;
 use crate::pipeline::{MirrorResync, Pipe, Resync, Walk};
-use crate::scrub::ScrubReport;
+use crate::scrub::{ScrubReport, ScrubStage};
 use crate::state::{Array, Manager};
 use crate::units::{Sectors, SECTOR_SIZE};
 
@@ -315,8 +315,7 @@ impl Array {
                     (worked, Sectors((i + count) * c), count)
                 }
                 (Some(pipe), Units::Bytes { .. }) => {
-                    let (count, worked) =
-                        pipe.step((i - start) / step, pacer.unhindered(self))?;
+                    let (count, worked) = pipe.step((i - start) / step, pacer.unhindered(self))?;
                     let n = (count * step).min(end - i);
                     let cp = match self.layout {
                         ArrayLayout::Raid1(_) => Sectors((i + n) / SECTOR_SIZE),
@@ -622,26 +621,41 @@ impl Array {
     ) -> Result<bool> {
         self.check_scrub_possible(repair)?;
         let units = self.scrub_units()?;
-        let mut report = ScrubReport::new(repair);
+        let stage = ScrubStage::new(self, repair, units);
+        let unit = stage.member_unit();
+        // Windows of units, the next one read while the current one is compared and
+        // repaired (pipeline.rs); only while unpaced, and given up before a pause.
+        let mut pipe = Pipe::new(self, stage, unit, units.count);
         let mut pacer = Pacer::new(self, limits, 0);
         let mut published = Instant::now();
         let mut done = 0;
-        for i in 0..units.count {
+        let mut i = 0;
+        while i < units.count {
             if self.stopping() {
-                self.manager().last_scrub = Some(report);
+                pipe.drop_ahead();
+                self.manager().last_scrub = Some(pipe.stage().report());
                 return Ok(false);
             }
-            done += self.scrub_unit(i, repair, &mut report)?;
+            let (count, bytes) = pipe.step(i, pacer.unhindered(self))?;
+            i += count;
+            done += bytes;
             if let Some(j) = job {
                 j.done.store(done, Ordering::Relaxed);
                 j.worked.store(done, Ordering::Relaxed);
             }
             if published.elapsed() >= Duration::from_secs(1) {
-                self.manager().last_scrub = Some(report.clone());
+                self.manager().last_scrub = Some(pipe.stage().report());
                 published = Instant::now();
+            }
+            if pacer.pause_due(self, done) {
+                // A pause for the speed limits holds no lock.
+                pipe.drop_ahead();
             }
             pacer.step(self, job, done);
         }
+        pipe.drop_ahead();
+        let mut report = pipe.stage().report();
+        drop(pipe);
         if repair {
             self.flush()?;
         }

@@ -441,8 +441,7 @@ pub(crate) struct MirrorBuf {
 impl MirrorBuf {
     fn recycle(&mut self) {
         let pieces = std::mem::take(&mut self.pieces);
-        self.spare
-            .extend(pieces.into_iter().filter_map(|p| p.data));
+        self.spare.extend(pieces.into_iter().filter_map(|p| p.data));
     }
 
     fn buffer(&mut self, len: u64) -> Vec<u8> {
@@ -604,7 +603,9 @@ impl Stage for MirrorResync<'_> {
             match &p.data {
                 Some(data) if a.is_up(p.src) => {
                     for (_, _, locs) in a.mirror_pieces(p.at, p.len) {
-                        for loc in locs.iter().filter(|l| l.member != p.src && a.is_up(l.member))
+                        for loc in locs
+                            .iter()
+                            .filter(|l| l.member != p.src && a.is_up(l.member))
                         {
                             if let Err(e) = a.write_member(
                                 loc.member,
