@@ -8,8 +8,9 @@
 //!                          v
 //!   worker thread: loop { next_work() } ── Replace(role) > Recover(role) > take a spare
 //!        │                                  for a down role > Resync > Scrub
-//!        │   for each unit (a stripe, or 1 MiB of mirrors) from the checkpoint:
-//!        │     do it under the write locks; done += unit; pace to min/max speed
+//!        │   for each window of units (stripes, or 1 MiB pieces of mirrors) from the
+//!        │   checkpoint (pipeline.rs: the next window read meanwhile while unpaced):
+//!        │     do it under the write locks; done += window; pace to min/max speed
 //!   Array::background() <── progress ─────── Job { action, member, done, total, speed }
 //!   Array::close() ── stop flag, join ─────> checkpoints go into the superblocks
 //! ```

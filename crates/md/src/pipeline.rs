@@ -1,6 +1,8 @@
-//! Background work on parity arrays, pipelined: while one window of stripes is
-//! computed and written, the member reads of the next window run on an I/O worker. The
-//! rebuild of a member and the resync use it ([`Rebuild`], [`Resync`]).
+//! Background work, pipelined: while one window of units (parity stripes, or pieces of
+//! mirrors) is computed and written, the member reads of the next window run on an I/O
+//! worker. The rebuild of a member and the resync use it on every redundant level
+//! ([`Rebuild`], [`Resync`], [`MirrorRebuild`], [`MirrorResync`]), and so does the scrub
+//! (`crate::scrub::ScrubStage`, which compares instead of computing).
 //!
 //! ```text
 //!   run_recovery / run_resync ── Pipe::step(first, read_ahead) ─────────────────────
@@ -35,6 +37,15 @@
 //! data chunks and writes P (and Q); a stripe the bitmap says is clean is skipped, one
 //! with a data member down takes `resync_stripe`'s degraded path. Buffers are kept from
 //! window to window.
+//!
+//! Mirrors (RAID1/10) walk units of `MIRROR_STEP` (1 MiB; RAID10's rebuild in whole
+//! chunks, as `Array::raid10_scan` maps them): a unit's lock keys are the mirror regions
+//! writes to its array bytes take ([`Stage::keys`]). The rebuild reads each piece from
+//! the first other copy that is up and reads, and writes it to the member rebuilt; the
+//! resync reads the first copy that reads (only the bitmap's dirty chunks when it guides
+//! the resync, looked at under the unit's locks) and writes the others. A piece no copy
+//! could be read for goes through the one-unit path on the writing side, which tries
+//! every copy again and raises the error.
 
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;

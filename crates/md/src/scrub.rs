@@ -15,7 +15,17 @@
 //!     a member read error: the bytes are rebuilt from redundancy and written back, as
 //!     reads do, in both modes
 //!   ──> ScrubReport { mismatch_sectors (md's mismatch_cnt), regions, .. }
+//!
+//!   Array::scrub / the background check, pipelined (pipeline.rs, ScrubStage):
+//!     window N (its units' locks held): compare + repair   (this thread)
+//!     window N+1 (locks tried, taken):  read every member  (an I/O worker)
+//!     N done: its findings go into the report in unit order, N's locks dropped
 //! ```
+//!
+//! Each unit is still read, compared and repaired under its locks, and a unit's findings
+//! reach the report in unit order after its window, so the report is the one the unit by
+//! unit walk (`scrub_unit`) gives. The read-ahead follows the pipeline's rules: tried
+//! locks only, only while unpaced, given up before a pause.
 //!
 //! The page (4 KiB, md's `STRIPE_SIZE`) is the unit of comparison and of counting:
 //! like md's RAID4/5/6, every page row that disagrees adds 8 sectors to
