@@ -8,8 +8,9 @@
 //!                          v
 //!   worker thread: loop { next_work() } ── Replace(role) > Recover(role) > take a spare
 //!        │                                  for a down role > Resync > Scrub
-//!        │   for each unit (a stripe, or 1 MiB of mirrors) from the checkpoint:
-//!        │     do it under the write locks; done += unit; pace to min/max speed
+//!        │   for each window of units (stripes, or 1 MiB pieces of mirrors) from the
+//!        │   checkpoint (pipeline.rs: the next window read meanwhile while unpaced):
+//!        │     do it under the write locks; done += window; pace to min/max speed
 //!   Array::background() <── progress ─────── Job { action, member, done, total, speed }
 //!   Array::close() ── stop flag, join ─────> checkpoints go into the superblocks
 //! ```
@@ -37,8 +38,8 @@ pub(crate) use job::{ratio, Job};
 pub use job::{BackgroundStatus, SpeedLimits};
 
 use crate::layout::ArrayLayout;
-use crate::pipeline::{Pipe, Resync};
-use crate::scrub::ScrubReport;
+use crate::pipeline::{MirrorResync, Pipe, Resync, Walk};
+use crate::scrub::{ScrubReport, ScrubStage};
 use crate::state::{Array, Manager};
 use crate::units::{Sectors, SECTOR_SIZE};
 
@@ -188,6 +189,14 @@ impl Array {
         }
     }
 
+    /// Sectors per chunk of a parity layout (1 otherwise).
+    fn resync_chunk_sectors(&self) -> u64 {
+        match &self.layout {
+            ArrayLayout::Parity(pl) => pl.chunk().0,
+            _ => 1,
+        }
+    }
+
     /// Resyncs one unit; returns the array bytes it worked on (none where the bitmap
     /// guides the resync and says the unit is clean) and the checkpoint (member
     /// sectors) after it.
@@ -273,17 +282,25 @@ impl Array {
         let mut last_cp = Instant::now();
         let mut i = start;
         let mut cp = from;
-        // Parity levels: windows of stripes, the next one read meanwhile (pipeline.rs).
-        let mut pipe = match (&self.layout, units) {
-            (ArrayLayout::Parity(pl), Units::Stripes { to, .. }) => Some((
-                pl.chunk().0,
-                Pipe::new(
-                    self,
-                    Resync { array: self, pl },
-                    pl.chunk().0 * SECTOR_SIZE,
+        // Windows of units (stripes, or MIRROR_STEP of mirrors), the next one read
+        // meanwhile (pipeline.rs). A unit of the walk is `(i - start) / step`.
+        let mut pipe: Option<Box<dyn Walk + '_>> = match (&self.layout, units) {
+            (ArrayLayout::Parity(pl), Units::Stripes { to, .. }) => Some(Box::new(Pipe::new(
+                self,
+                Resync { array: self, pl },
+                pl.chunk().0 * SECTOR_SIZE,
+                to,
+            ))),
+            (ArrayLayout::Raid1(_) | ArrayLayout::Raid10(_), Units::Bytes { from, to }) => {
+                let stage = MirrorResync {
+                    array: self,
+                    from,
                     to,
-                ),
-            )),
+                    step: MIRROR_STEP,
+                };
+                let count = (to - from).div_ceil(MIRROR_STEP);
+                Some(Box::new(Pipe::new(self, stage, MIRROR_STEP, count)))
+            }
             _ => None,
         };
         while i < end {
@@ -292,12 +309,22 @@ impl Array {
                 self.meta_lock().resync_from = cp;
                 return Ok(false);
             }
-            let (worked, at, n) = match pipe.as_mut() {
-                Some((c, pipe)) => {
+            let (worked, at, n) = match (pipe.as_mut(), units) {
+                (Some(pipe), Units::Stripes { .. }) => {
                     let (count, worked) = pipe.step(i, pacer.unhindered(self))?;
-                    (worked, Sectors((i + count) * *c), count)
+                    let c = self.resync_chunk_sectors();
+                    (worked, Sectors((i + count) * c), count)
                 }
-                None => {
+                (Some(pipe), Units::Bytes { .. }) => {
+                    let (count, worked) = pipe.step((i - start) / step, pacer.unhindered(self))?;
+                    let n = (count * step).min(end - i);
+                    let cp = match self.layout {
+                        ArrayLayout::Raid1(_) => Sectors((i + n) / SECTOR_SIZE),
+                        _ => Sectors::ZERO,
+                    };
+                    (worked, cp, n)
+                }
+                _ => {
                     let (worked, at) = self.resync_unit(units, i)?;
                     (worked, at, step)
                 }
@@ -317,7 +344,7 @@ impl Array {
             }
             if pacer.pause_due(self, done) {
                 // A pause for the speed limits holds no stripe lock.
-                if let Some((_, pipe)) = pipe.as_mut() {
+                if let Some(pipe) = pipe.as_mut() {
                     pipe.drop_ahead();
                 }
             }
@@ -595,26 +622,41 @@ impl Array {
     ) -> Result<bool> {
         self.check_scrub_possible(repair)?;
         let units = self.scrub_units()?;
-        let mut report = ScrubReport::new(repair);
+        let stage = ScrubStage::new(self, repair, units);
+        let unit = stage.member_unit();
+        // Windows of units, the next one read while the current one is compared and
+        // repaired (pipeline.rs); only while unpaced, and given up before a pause.
+        let mut pipe = Pipe::new(self, stage, unit, units.count);
         let mut pacer = Pacer::new(self, limits, 0);
         let mut published = Instant::now();
         let mut done = 0;
-        for i in 0..units.count {
+        let mut i = 0;
+        while i < units.count {
             if self.stopping() {
-                self.manager().last_scrub = Some(report);
+                pipe.drop_ahead();
+                self.manager().last_scrub = Some(pipe.stage().report());
                 return Ok(false);
             }
-            done += self.scrub_unit(i, repair, &mut report)?;
+            let (count, bytes) = pipe.step(i, pacer.unhindered(self))?;
+            i += count;
+            done += bytes;
             if let Some(j) = job {
                 j.done.store(done, Ordering::Relaxed);
                 j.worked.store(done, Ordering::Relaxed);
             }
             if published.elapsed() >= Duration::from_secs(1) {
-                self.manager().last_scrub = Some(report.clone());
+                self.manager().last_scrub = Some(pipe.stage().report());
                 published = Instant::now();
+            }
+            if pacer.pause_due(self, done) {
+                // A pause for the speed limits holds no lock.
+                pipe.drop_ahead();
             }
             pacer.step(self, job, done);
         }
+        pipe.drop_ahead();
+        let mut report = pipe.stage().report();
+        drop(pipe);
         if repair {
             self.flush()?;
         }

@@ -26,7 +26,7 @@ use crate::assemble::random_bytes;
 use crate::background::{Job, Pacer, SpeedLimits, MIRROR_STEP};
 use crate::layout::ArrayLayout;
 use crate::ondisk::{DevRole, FeaturePolicy, Features, Superblock, Uuid};
-use crate::pipeline::{Pipe, Rebuild};
+use crate::pipeline::{MirrorRebuild, Pipe, Rebuild, Walk};
 use crate::probe::probe_signatures;
 use crate::slot::Member;
 use crate::state::{Array, Extra};
@@ -703,15 +703,26 @@ impl Array {
         }
         let mut pacer = Pacer::new(self, limits, done);
         let mut last_cp = std::time::Instant::now();
-        let mut pipe = match (&self.layout, guided) {
+        // Windows of units, the next one read meanwhile (pipeline.rs); a bitmap-guided
+        // re-add copies only what the bitmap says, unit by unit.
+        let mut pipe: Option<Box<dyn Walk + '_>> = match (&self.layout, guided) {
+            (_, true) => None,
             (ArrayLayout::Parity(pl), false) => {
-                let c = pl.chunk().0 * SECTOR_SIZE;
                 let stage = Rebuild {
                     array: self,
                     pl,
                     role,
                 };
-                Some((c, Pipe::new(self, stage, c, end.div_ceil(c))))
+                Some(Box::new(Pipe::new(self, stage, step, end.div_ceil(step))))
+            }
+            (ArrayLayout::Raid1(_) | ArrayLayout::Raid10(_), false) => {
+                let stage = MirrorRebuild {
+                    array: self,
+                    role,
+                    step,
+                    end,
+                };
+                Some(Box::new(Pipe::new(self, stage, step, end.div_ceil(step))))
             }
             _ => None,
         };
@@ -730,10 +741,9 @@ impl Array {
             let mut n = step.min(end - pos);
             let worked = if self.skip_clean_unit(role, pos) {
                 0
-            } else if let Some((c, pipe)) = pipe.as_mut() {
-                // A window of stripes, the next one read meanwhile (pipeline.rs).
-                let (count, _) = pipe.step(pos / *c, pacer.unhindered(self))?;
-                n = (count * *c).min(end - pos);
+            } else if let Some(pipe) = pipe.as_mut() {
+                let (count, _) = pipe.step(pos / step, pacer.unhindered(self))?;
+                n = (count * step).min(end - pos);
                 n
             } else {
                 self.rebuild_unit(role, pos, n)?
@@ -759,7 +769,7 @@ impl Array {
             }
             if pacer.pause_due(self, done) {
                 // A pause for the speed limits holds no stripe lock.
-                if let Some((_, pipe)) = pipe.as_mut() {
+                if let Some(pipe) = pipe.as_mut() {
                     pipe.drop_ahead();
                 }
             }
@@ -892,7 +902,7 @@ impl Array {
 
     /// Member bytes per rebuild unit: a chunk for parity levels (one stripe), 1 MiB of
     /// mirrors (RAID10: rounded to whole chunks).
-    fn rebuild_step(&self) -> u64 {
+    pub(crate) fn rebuild_step(&self) -> u64 {
         match &self.layout {
             ArrayLayout::Parity(pl) => pl.chunk().0 * SECTOR_SIZE,
             ArrayLayout::Raid10(l) => {
@@ -936,7 +946,7 @@ impl Array {
     /// RAID10 rebuilds walk the array, not the member: member unit `[pos, pos + n)` of
     /// the walk covers array bytes `[pos·A/M, (pos + n)·A/M)` (A the array size, M the
     /// member extent), so the walk ends with the array.
-    fn raid10_scan(&self, pos: u64, n: u64) -> (u64, u64) {
+    pub(crate) fn raid10_scan(&self, pos: u64, n: u64) -> (u64, u64) {
         let a = u128::from(self.size_bytes());
         let m = u128::from(self.member_extent_bytes().max(1));
         let scale = |x: u64| u64::try_from(u128::from(x) * a / m).unwrap_or(u64::MAX);
@@ -960,6 +970,17 @@ impl Array {
             return Ok(());
         }
         let _guards = self.lock_mirrors(pos, n);
+        self.copy_mirror_range_locked(role, pos, n, to_replacement)
+    }
+
+    /// [`Array::copy_mirror_range`] with the mirror locks held by the caller.
+    pub(crate) fn copy_mirror_range_locked(
+        &self,
+        role: usize,
+        pos: u64,
+        n: u64,
+        to_replacement: bool,
+    ) -> Result<()> {
         for (at, len, locs) in self.mirror_pieces(pos, n) {
             let Some(dst) = locs.iter().find(|l| l.member == role) else {
                 continue;

@@ -1,6 +1,8 @@
-//! Background work on parity arrays, pipelined: while one window of stripes is
-//! computed and written, the member reads of the next window run on an I/O worker. The
-//! rebuild of a member and the resync use it ([`Rebuild`], [`Resync`]).
+//! Background work, pipelined: while one window of units (parity stripes, or pieces of
+//! mirrors) is computed and written, the member reads of the next window run on an I/O
+//! worker. The rebuild of a member and the resync use it on every redundant level
+//! ([`Rebuild`], [`Resync`], [`MirrorRebuild`], [`MirrorResync`]), and so does the scrub
+//! (`crate::scrub::ScrubStage`, which compares instead of computing).
 //!
 //! ```text
 //!   run_recovery / run_resync ── Pipe::step(first, read_ahead) ─────────────────────
@@ -35,6 +37,15 @@
 //! data chunks and writes P (and Q); a stripe the bitmap says is clean is skipped, one
 //! with a data member down takes `resync_stripe`'s degraded path. Buffers are kept from
 //! window to window.
+//!
+//! Mirrors (RAID1/10) walk units of `MIRROR_STEP` (1 MiB; RAID10's rebuild in whole
+//! chunks, as `Array::raid10_scan` maps them): a unit's lock keys are the mirror regions
+//! writes to its array bytes take ([`Stage::keys`]). The rebuild reads each piece from
+//! the first other copy that is up and reads, and writes it to the member rebuilt; the
+//! resync reads the first copy that reads (only the bitmap's dirty chunks when it guides
+//! the resync, looked at under the unit's locks) and writes the others. A piece no copy
+//! could be read for goes through the one-unit path on the writing side, which tries
+//! every copy again and raises the error.
 
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
@@ -59,9 +70,32 @@ pub(crate) trait Stage: Sync {
     fn read(&self, stripe: u64, buf: &mut Self::Buf);
     /// Computes and writes the stripe; returns the bytes of work it counts.
     fn finish(&self, stripe: u64, buf: &mut Self::Buf) -> Result<u64>;
-    /// Every stripe below `end` is written (called with their locks still held).
-    fn done(&self, end: u64) {
-        let _ = end;
+    /// Every unit below `end` is written (called with their locks still held, and the
+    /// window's buffers in order).
+    fn done(&self, end: u64, bufs: &mut [Self::Buf]) {
+        let _ = (end, bufs);
+    }
+    /// The lock table keys of units `[first, first + count)`: by default the units are
+    /// parity stripes, each its own key.
+    fn keys(&self, first: u64, count: u64) -> Vec<u64> {
+        (first..first + count).collect()
+    }
+}
+
+/// A pipelined walk whatever its stage, for callers that pick the stage at run time.
+pub(crate) trait Walk {
+    /// See [`Pipe::step`].
+    fn step(&mut self, first: u64, read_ahead: bool) -> Result<(u64, u64)>;
+    /// See [`Pipe::drop_ahead`].
+    fn drop_ahead(&mut self);
+}
+
+impl<S: Stage> Walk for Pipe<'_, S> {
+    fn step(&mut self, first: u64, read_ahead: bool) -> Result<(u64, u64)> {
+        Pipe::step(self, first, read_ahead)
+    }
+    fn drop_ahead(&mut self) {
+        Pipe::drop_ahead(self);
     }
 }
 
@@ -140,7 +174,8 @@ impl<'a, S: Stage> Pipe<'a, S> {
                 if count == 0 {
                     return Ok((0, 0));
                 }
-                let guards = self.array.lock_stripes(first..first + count);
+                let keys = self.stage.keys(first, count);
+                let guards = self.array.lock_stripes(keys.into_iter());
                 let mut w = self.window_of(first, count);
                 self.read(&mut w);
                 (w, guards, count)
@@ -150,10 +185,8 @@ impl<'a, S: Stage> Pipe<'a, S> {
         let next_count = self.window.min(self.end.saturating_sub(next_first));
         let mut next = None;
         if read_ahead && next_count > 0 {
-            if let Some(g) = self
-                .array
-                .try_lock_stripes(next_first..next_first + next_count)
-            {
+            let keys = self.stage.keys(next_first, next_count);
+            if let Some(g) = self.array.try_lock_stripes(keys.into_iter()) {
                 next = Some((self.window_of(next_first, next_count), g));
             }
         }
@@ -175,13 +208,18 @@ impl<'a, S: Stage> Pipe<'a, S> {
             }
         };
         if written.is_ok() {
-            self.stage.done(first + count);
+            self.stage.done(first + count, &mut cur.bufs);
         }
         drop(cur_guards);
         self.spare.append(&mut cur.bufs);
         let worked = written?;
         self.ahead = next;
         Ok((count, worked))
+    }
+
+    /// The stage (for what it gathered).
+    pub(crate) fn stage(&self) -> &S {
+        &self.stage
     }
 
     /// Gives up the window read ahead (its locks too): before a pause.
@@ -341,7 +379,7 @@ impl Stage for Rebuild<'_> {
         Ok(c)
     }
 
-    fn done(&self, end: u64) {
+    fn done(&self, end: u64, _: &mut [RebuildBuf]) {
         // Before the locks go: a client write to these stripes from now on must reach
         // the member.
         self.array.slots[self.role]
@@ -386,5 +424,220 @@ impl Stage for Resync<'_> {
         let c = self.pl.chunk().0 * SECTOR_SIZE;
         self.array.resynced.fetch_add(c, Ordering::Relaxed);
         Ok(c * crate::units::wide(self.pl.data_disks()))
+    }
+}
+
+// ---- mirrors (RAID1/10): the rebuild and the resync ------------------------------------
+
+/// One piece of mirrored array bytes read for a copy: where it goes and what was read
+/// (`None`: no source could be read, the writing side tries again and raises the error).
+struct CopyPiece {
+    at: u64,
+    len: u64,
+    data: Option<Vec<u8>>,
+    /// The member the data came from (the resync writes every other copy).
+    src: usize,
+    /// The rebuild: the member byte the piece goes to.
+    dst: u64,
+}
+
+/// The buffers of one unit of a mirror rebuild or resync.
+#[derive(Default)]
+pub(crate) struct MirrorBuf {
+    pieces: Vec<CopyPiece>,
+    /// Spare piece buffers from earlier units.
+    spare: Vec<Vec<u8>>,
+}
+
+impl MirrorBuf {
+    fn recycle(&mut self) {
+        let pieces = std::mem::take(&mut self.pieces);
+        self.spare.extend(pieces.into_iter().filter_map(|p| p.data));
+    }
+
+    fn buffer(&mut self, len: u64) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.resize(small(len), 0);
+        b
+    }
+}
+
+/// Reads `len` bytes into `buf` from the first of `sources` that reads; returns it.
+fn read_first(
+    array: &Array,
+    sources: impl Iterator<Item = crate::layout::Location>,
+    buf: &mut [u8],
+) -> Option<usize> {
+    for loc in sources {
+        if array
+            .read_member(loc.member, buf, loc.sector.0 * SECTOR_SIZE)
+            .is_ok()
+        {
+            return Some(loc.member);
+        }
+    }
+    None
+}
+
+/// Rebuilds the member of `role` of a RAID1/10 array (not a bitmap-guided re-add) in
+/// units of `step` member bytes, as `run_recovery` walks it: unit `k` is member bytes
+/// `[k·step, (k + 1)·step)`, which for RAID10 stand for the array bytes
+/// `Array::raid10_scan` gives.
+pub(crate) struct MirrorRebuild<'a> {
+    pub(crate) array: &'a Array,
+    pub(crate) role: usize,
+    pub(crate) step: u64,
+    pub(crate) end: u64,
+}
+
+impl MirrorRebuild<'_> {
+    /// The array bytes of unit `k`.
+    fn range(&self, k: u64) -> (u64, u64) {
+        let pos = k * self.step;
+        let n = self.step.min(self.end.saturating_sub(pos));
+        match self.array.layout {
+            crate::layout::ArrayLayout::Raid10(_) => self.array.raid10_scan(pos, n),
+            _ => (pos, n),
+        }
+    }
+}
+
+impl Stage for MirrorRebuild<'_> {
+    type Buf = MirrorBuf;
+
+    fn keys(&self, first: u64, count: u64) -> Vec<u64> {
+        (first..first + count)
+            .map(|k| self.range(k))
+            .filter(|&(_, n)| n > 0)
+            .flat_map(|(at, n)| self.array.mirror_keys(at, n))
+            .collect()
+    }
+
+    fn read(&self, k: u64, b: &mut MirrorBuf) {
+        b.recycle();
+        let (pos, n) = self.range(k);
+        if n == 0 {
+            return;
+        }
+        for (at, len, locs) in self.array.mirror_pieces(pos, n) {
+            let Some(dst) = locs.iter().find(|l| l.member == self.role) else {
+                continue;
+            };
+            let dst = dst.sector.0 * SECTOR_SIZE;
+            let mut data = b.buffer(len);
+            let sources = locs
+                .iter()
+                .copied()
+                .filter(|l| l.member != self.role && self.array.is_up(l.member));
+            let src = read_first(self.array, sources, &mut data);
+            b.pieces.push(CopyPiece {
+                at,
+                len,
+                data: src.is_some().then_some(data),
+                src: src.unwrap_or(usize::MAX),
+                dst,
+            });
+        }
+    }
+
+    fn finish(&self, k: u64, b: &mut MirrorBuf) -> Result<u64> {
+        let a = self.array;
+        for p in &b.pieces {
+            match &p.data {
+                Some(data) => {
+                    a.write_member(self.role, data, p.dst, WriteFlags::NONE)
+                        .inspect_err(|e| a.fail_member(self.role, e))?;
+                }
+                // No source read: the one-unit path tries every copy again and says why
+                // none could be read.
+                None => a.copy_mirror_range_locked(self.role, p.at, p.len, false)?,
+            }
+        }
+        Ok(self.step.min(self.end.saturating_sub(k * self.step)))
+    }
+}
+
+/// Resyncs a RAID1/10 array: unit `k` is array bytes `[from + k·step, ...)` up to `to`;
+/// only the bitmap's dirty chunks of it when the bitmap guides the resync (looked at
+/// under the unit's locks, when it is read).
+pub(crate) struct MirrorResync<'a> {
+    pub(crate) array: &'a Array,
+    pub(crate) from: u64,
+    pub(crate) to: u64,
+    pub(crate) step: u64,
+}
+
+impl MirrorResync<'_> {
+    fn range(&self, k: u64) -> (u64, u64) {
+        let at = self.from + k * self.step;
+        (at, self.step.min(self.to.saturating_sub(at)))
+    }
+}
+
+impl Stage for MirrorResync<'_> {
+    type Buf = MirrorBuf;
+
+    fn keys(&self, first: u64, count: u64) -> Vec<u64> {
+        (first..first + count)
+            .map(|k| self.range(k))
+            .filter(|&(_, n)| n > 0)
+            .flat_map(|(at, n)| self.array.mirror_keys(at, n))
+            .collect()
+    }
+
+    fn read(&self, k: u64, b: &mut MirrorBuf) {
+        b.recycle();
+        let (pos, n) = self.range(k);
+        if n == 0 {
+            return;
+        }
+        for (dirty_at, dirty_len) in self.array.mirror_resync_pieces(pos, n) {
+            for (at, len, locs) in self.array.mirror_pieces(dirty_at, dirty_len) {
+                let mut data = b.buffer(len);
+                let sources = locs.iter().copied().filter(|l| self.array.is_up(l.member));
+                let src = read_first(self.array, sources, &mut data);
+                b.pieces.push(CopyPiece {
+                    at,
+                    len,
+                    data: src.is_some().then_some(data),
+                    src: src.unwrap_or(usize::MAX),
+                    dst: 0,
+                });
+            }
+        }
+    }
+
+    fn finish(&self, _: u64, b: &mut MirrorBuf) -> Result<u64> {
+        let a = self.array;
+        let mut worked = 0;
+        for p in &b.pieces {
+            match &p.data {
+                Some(data) if a.is_up(p.src) => {
+                    for (_, _, locs) in a.mirror_pieces(p.at, p.len) {
+                        for loc in locs
+                            .iter()
+                            .filter(|l| l.member != p.src && a.is_up(l.member))
+                        {
+                            if let Err(e) = a.write_member(
+                                loc.member,
+                                data,
+                                loc.sector.0 * SECTOR_SIZE,
+                                WriteFlags::NONE,
+                            ) {
+                                a.fail_member(loc.member, &e);
+                            }
+                        }
+                    }
+                    a.check_resync_possible()
+                        .map_err(|e| e.context(format!("resync at array byte {}", p.at)))?;
+                }
+                // No copy read (or its source left since): the one-unit path reads
+                // again and raises what is wrong.
+                _ => a.resync_mirrors_locked(p.at, p.len)?,
+            }
+            a.resynced.fetch_add(p.len, Ordering::Relaxed);
+            worked += p.len;
+        }
+        Ok(worked)
     }
 }

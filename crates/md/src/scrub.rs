@@ -15,7 +15,17 @@
 //!     a member read error: the bytes are rebuilt from redundancy and written back, as
 //!     reads do, in both modes
 //!   ──> ScrubReport { mismatch_sectors (md's mismatch_cnt), regions, .. }
+//!
+//!   Array::scrub / the background check, pipelined (pipeline.rs, ScrubStage):
+//!     window N (its units' locks held): compare + repair   (this thread)
+//!     window N+1 (locks tried, taken):  read every member  (an I/O worker)
+//!     N done: its findings go into the report in unit order, N's locks dropped
 //! ```
+//!
+//! Each unit is still read, compared and repaired under its locks, and a unit's findings
+//! reach the report in unit order after its window, so the report is the one the unit by
+//! unit walk (`scrub_unit`) gives. The read-ahead follows the pipeline's rules: tried
+//! locks only, only while unpaced, given up before a pause.
 //!
 //! The page (4 KiB, md's `STRIPE_SIZE`) is the unit of comparison and of counting:
 //! like md's RAID4/5/6, every page row that disagrees adds 8 sectors to
@@ -37,8 +47,11 @@ pub(crate) mod report;
 
 pub use report::{Finding, Mismatch, ScrubReport, ScrubUnits, PAGE, REGION_LIMIT};
 
-use crate::layout::{ArrayLayout, ParityLayout};
+use std::sync::{Mutex, PoisonError};
+
+use crate::layout::{ArrayLayout, Location, ParityLayout};
 use crate::parity::check::{locate_error, ErrorLocation};
+use crate::pipeline::{Pipe, Stage};
 use crate::state::{Array, Bytes};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
@@ -142,16 +155,72 @@ impl Array {
     pub fn scrub_unit(&self, i: u64, repair: bool, report: &mut ScrubReport) -> Result<u64> {
         let units = self.scrub_units()?;
         debug_assert!(i < units.count);
-        let bytes = match &self.layout {
-            ArrayLayout::Parity(pl) => self.scrub_stripe(pl, i, repair, report)?,
-            _ => {
-                let pos = i * units.unit_bytes;
-                let n = units.unit_bytes.min(units.total_bytes - pos);
-                self.scrub_mirrors(pos, n, repair, report)?
-            }
-        };
+        let _guards = self.lock_stripes(self.scrub_keys(&units, i, 1).into_iter());
+        let read = self.scrub_read(&units, i, repair)?;
+        let mut found = Vec::new();
+        let bytes = self.scrub_compare(&units, i, read, repair, &mut found)?;
+        for m in found {
+            report.record(m);
+        }
         report.bytes_checked += bytes;
         Ok(bytes)
+    }
+
+    /// The lock table keys of units `[first, first + count)`: the stripes, or the mirror
+    /// regions writes to those array bytes take.
+    fn scrub_keys(&self, units: &ScrubUnits, first: u64, count: u64) -> Vec<u64> {
+        match &self.layout {
+            ArrayLayout::Parity(_) => (first..first + count).collect(),
+            _ => (first..first + count)
+                .map(|i| mirror_unit(units, i))
+                .filter(|&(_, n)| n > 0)
+                .flat_map(|(pos, n)| self.mirror_keys(pos, n))
+                .collect(),
+        }
+    }
+
+    /// Reads unit `i` for a scrub, its locks held by the caller: refused once a member
+    /// is down.
+    fn scrub_read(&self, units: &ScrubUnits, i: u64, repair: bool) -> Result<ScrubRead> {
+        self.refuse_degraded(repair)?;
+        match &self.layout {
+            ArrayLayout::Parity(pl) => {
+                let c = pl.chunk().0 * SECTOR_SIZE;
+                let map = pl.stripe_map(StripeNo(i));
+                let mut down = self.down_mask();
+                let mut read_errors = Vec::new();
+                let rows = self.read_row(pl, &map, i, 0, c, &mut down, &mut read_errors)?;
+                Ok(ScrubRead::Stripe { rows, read_errors })
+            }
+            _ => {
+                let (pos, n) = mirror_unit(units, i);
+                Ok(ScrubRead::Mirrors(self.scrub_mirrors_read(pos, n)))
+            }
+        }
+    }
+
+    /// Compares (and with `repair`, repairs) unit `i` as read by [`Array::scrub_read`],
+    /// its locks still held; what it finds goes to `found`, in order. Returns the array
+    /// bytes the unit covers.
+    fn scrub_compare(
+        &self,
+        units: &ScrubUnits,
+        i: u64,
+        read: ScrubRead,
+        repair: bool,
+        found: &mut Vec<Mismatch>,
+    ) -> Result<u64> {
+        match (&self.layout, read) {
+            (ArrayLayout::Parity(pl), ScrubRead::Stripe { rows, read_errors }) => {
+                self.scrub_stripe(pl, i, rows, read_errors, repair, found)
+            }
+            (_, ScrubRead::Mirrors(pieces)) => {
+                let (_, n) = mirror_unit(units, i);
+                self.scrub_mirrors(pieces, repair, found)?;
+                Ok(n)
+            }
+            _ => unreachable!("a unit is read as its layout says"),
+        }
     }
 
     /// Checks (or repairs) the whole array, unit by unit, calling `progress(done,
@@ -160,14 +229,24 @@ impl Array {
     pub fn scrub(&self, repair: bool, progress: &dyn Fn(u64, u64) -> bool) -> Result<ScrubReport> {
         self.check_scrub_possible(repair)?;
         let units = self.scrub_units()?;
-        let mut report = ScrubReport::new(repair);
+        let stage = ScrubStage::new(self, repair, units);
+        let unit = stage.member_unit();
+        // Windows of units, the next one read while the current one is compared
+        // (pipeline.rs); progress is told after each window.
+        let mut pipe = Pipe::new(self, stage, unit, units.count);
         let mut done = 0;
-        for i in 0..units.count {
-            done += self.scrub_unit(i, repair, &mut report)?;
+        let mut i = 0;
+        while i < units.count {
+            let (count, bytes) = pipe.step(i, true)?;
+            i += count;
+            done += bytes;
             if !progress(done, units.total_bytes) {
-                return Ok(report);
+                pipe.drop_ahead();
+                return Ok(pipe.stage().report());
             }
         }
+        let mut report = pipe.stage().report();
+        drop(pipe);
         if repair {
             self.flush()?;
         }
@@ -183,31 +262,29 @@ impl Array {
         Ok(report)
     }
 
-    /// One RAID4/5/6 stripe, under its lock.
+    /// One RAID4/5/6 stripe, read under its lock (which is still held): compares, and
+    /// with `repair` rewrites.
     fn scrub_stripe(
         &self,
         pl: &ParityLayout,
         stripe: u64,
+        mut rows: Vec<Vec<u8>>,
+        read_errors: Vec<usize>,
         repair: bool,
-        report: &mut ScrubReport,
+        report: &mut Vec<Mismatch>,
     ) -> Result<u64> {
         let c = pl.chunk().0 * SECTOR_SIZE;
         let k = wide(pl.data_disks());
         let unit = c * k;
         let base = stripe * c;
         let array_base = stripe * unit;
-        let _guard = self.lock_stripe(stripe);
-        self.refuse_degraded(repair)?;
         let map = pl.stripe_map(StripeNo(stripe));
-        let mut down = self.down_mask();
-        let mut read_errors = Vec::new();
-        let mut rows = self.read_row(pl, &map, stripe, 0, c, &mut down, &mut read_errors)?;
         if !read_errors.is_empty() {
             // The failed chunks were rebuilt from the others, so the row is consistent
             // by construction: write them back as a read would, and compare nothing.
             for m in read_errors {
                 let ok = self.rewrite(m, &rows[m], base);
-                report.record(Mismatch {
+                report.push(Mismatch {
                     finding: Finding::ReadError,
                     stripe: Some(stripe),
                     array_offset: array_base,
@@ -323,7 +400,7 @@ impl Array {
         }
         for mut m in found {
             m.repaired = repair && m.rewritten.iter().all(|&r| self.is_up(r));
-            report.record(m);
+            report.push(m);
         }
         Ok(unit)
     }
@@ -343,26 +420,46 @@ impl Array {
         }
     }
 
-    /// RAID1/10 array bytes `[pos, pos + n)`, under the locks mirrored writes take.
+    /// Reads every copy of RAID1/10 array bytes `[pos, pos + n)`, under the locks
+    /// mirrored writes take (held by the caller).
+    fn scrub_mirrors_read(&self, pos: u64, n: u64) -> Vec<MirrorCopies> {
+        self.pieces(pos, n)
+            .into_iter()
+            .map(|(at, len, locs)| {
+                let mut copies = Vec::with_capacity(locs.len());
+                let mut failed = Vec::new();
+                for loc in &locs {
+                    let mut buf = vec![0u8; small(len)];
+                    match self.read_member(loc.member, &mut buf, loc.sector.0 * SECTOR_SIZE) {
+                        Ok(()) => copies.push((*loc, buf)),
+                        Err(e) => failed.push((*loc, e)),
+                    }
+                }
+                MirrorCopies {
+                    at,
+                    len,
+                    copies,
+                    failed,
+                }
+            })
+            .collect()
+    }
+
+    /// Compares (and repairs) RAID1/10 array bytes as [`Array::scrub_mirrors_read`]
+    /// read them, the locks still held.
     fn scrub_mirrors(
         &self,
-        pos: u64,
-        n: u64,
+        pieces: Vec<MirrorCopies>,
         repair: bool,
-        report: &mut ScrubReport,
-    ) -> Result<u64> {
-        let _guards = self.lock_stripes(self.mirror_keys(pos, n));
-        self.refuse_degraded(repair)?;
-        for (at, len, locs) in self.pieces(pos, n) {
-            let mut copies = Vec::with_capacity(locs.len());
-            let mut failed = Vec::new();
-            for loc in &locs {
-                let mut buf = vec![0u8; small(len)];
-                match self.read_member(loc.member, &mut buf, loc.sector.0 * SECTOR_SIZE) {
-                    Ok(()) => copies.push((*loc, buf)),
-                    Err(e) => failed.push((*loc, e)),
-                }
-            }
+        report: &mut Vec<Mismatch>,
+    ) -> Result<()> {
+        for MirrorCopies {
+            at,
+            len,
+            copies,
+            mut failed,
+        } in pieces
+        {
             let Some(((first, reference), others)) = copies.split_first() else {
                 let (_, e) = failed.pop().expect("a copy per member");
                 return Err(e.context(format!(
@@ -379,7 +476,7 @@ impl Array {
                 );
                 let off = loc.sector.0 * SECTOR_SIZE;
                 let ok = self.rewrite(loc.member, reference, off);
-                report.record(Mismatch {
+                report.push(Mismatch {
                     finding: Finding::ReadError,
                     stripe: None,
                     array_offset: at,
@@ -431,7 +528,7 @@ impl Array {
                     continue;
                 }
                 let r = page(i);
-                report.record(Mismatch {
+                report.push(Mismatch {
                     finding: Finding::Copies,
                     stripe: None,
                     array_offset: at + wide(r.start),
@@ -443,6 +540,115 @@ impl Array {
                 });
             }
         }
-        Ok(n)
+        Ok(())
+    }
+}
+
+/// The array bytes of mirror scrub unit `i`.
+fn mirror_unit(units: &ScrubUnits, i: u64) -> (u64, u64) {
+    let pos = i * units.unit_bytes;
+    (
+        pos,
+        units.unit_bytes.min(units.total_bytes.saturating_sub(pos)),
+    )
+}
+
+/// Every copy of a piece of mirrored array bytes, as a scrub read them.
+pub(crate) struct MirrorCopies {
+    at: u64,
+    len: u64,
+    copies: Vec<(Location, Vec<u8>)>,
+    failed: Vec<(Location, Error)>,
+}
+
+/// What a scrub read of one unit holds until it is compared.
+pub(crate) enum ScrubRead {
+    /// A stripe's rows by member, and the members whose read failed (their rows
+    /// rebuilt from the others).
+    Stripe {
+        rows: Vec<Vec<u8>>,
+        read_errors: Vec<usize>,
+    },
+    Mirrors(Vec<MirrorCopies>),
+}
+
+/// The buffers of one scrub unit in the pipeline.
+#[derive(Default)]
+pub(crate) struct ScrubBuf {
+    read: Option<Result<ScrubRead>>,
+    found: Vec<Mismatch>,
+    bytes: u64,
+}
+
+/// A check or repair, pipelined (pipeline.rs): the next window of units is read while
+/// the current one is compared and repaired; what each unit finds is added to the
+/// report in unit order once its window is done, so the report is the one the unit by
+/// unit walk gives.
+pub(crate) struct ScrubStage<'a> {
+    array: &'a Array,
+    repair: bool,
+    units: ScrubUnits,
+    report: Mutex<ScrubReport>,
+}
+
+impl<'a> ScrubStage<'a> {
+    pub(crate) fn new(array: &'a Array, repair: bool, units: ScrubUnits) -> Self {
+        ScrubStage {
+            array,
+            repair,
+            units,
+            report: Mutex::new(ScrubReport::new(repair)),
+        }
+    }
+
+    /// Member bytes per unit (for the window size): a chunk, or the mirror unit.
+    pub(crate) fn member_unit(&self) -> u64 {
+        match &self.array.layout {
+            ArrayLayout::Parity(pl) => pl.chunk().0 * SECTOR_SIZE,
+            _ => self.units.unit_bytes,
+        }
+    }
+
+    /// The report of the units done so far.
+    pub(crate) fn report(&self) -> ScrubReport {
+        self.report
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Stage for ScrubStage<'_> {
+    type Buf = ScrubBuf;
+
+    fn keys(&self, first: u64, count: u64) -> Vec<u64> {
+        self.array.scrub_keys(&self.units, first, count)
+    }
+
+    fn read(&self, i: u64, b: &mut ScrubBuf) {
+        b.found.clear();
+        b.bytes = 0;
+        b.read = Some(self.array.scrub_read(&self.units, i, self.repair));
+    }
+
+    fn finish(&self, i: u64, b: &mut ScrubBuf) -> Result<u64> {
+        let read = b
+            .read
+            .take()
+            .ok_or_else(|| Error::new(ErrorKind::Io, format!("scrub unit {i} was not read")))??;
+        b.bytes = self
+            .array
+            .scrub_compare(&self.units, i, read, self.repair, &mut b.found)?;
+        Ok(b.bytes)
+    }
+
+    fn done(&self, _: u64, bufs: &mut [ScrubBuf]) {
+        let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
+        for b in bufs {
+            report.bytes_checked += std::mem::take(&mut b.bytes);
+            for m in b.found.drain(..) {
+                report.record(m);
+            }
+        }
     }
 }

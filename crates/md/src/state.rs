@@ -1121,6 +1121,11 @@ impl Array {
     /// Copies the first copy of array bytes `[pos, pos + n)` over the others (RAID1/10).
     pub(crate) fn resync_mirrors(&self, pos: u64, n: u64) -> Result<()> {
         let _guards = self.locks.lock_many(self.mirror_keys(pos, n));
+        self.resync_mirrors_locked(pos, n)
+    }
+
+    /// [`Array::resync_mirrors`] with the mirror locks held by the caller.
+    pub(crate) fn resync_mirrors_locked(&self, pos: u64, n: u64) -> Result<()> {
         for (at, len, locs) in self.pieces(pos, n) {
             let mut data = vec![0u8; small(len)];
             // The first copy that is up and reads is the source; a copy that fails
