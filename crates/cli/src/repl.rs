@@ -1264,6 +1264,32 @@ mod tests {
     }
 
     #[test]
+    fn etcd_in_a_config_file_is_one_string_or_a_list() {
+        let etcd = |v: &str| {
+            let f: ConfigFile = toml::from_str(&format!(
+                "[[resource]]\nname = \"home\"\nnode = []\netcd = {v}\n"
+            ))
+            .unwrap();
+            match f.resource[0].etcd.clone().unwrap() {
+                EtcdEndpoints::One(u) => vec![u],
+                EtcdEndpoints::Many(l) => l,
+            }
+        };
+        assert_eq!(
+            etcd(r#""http://a:2379,http://b:2379""#),
+            ["http://a:2379,http://b:2379"]
+        );
+        assert_eq!(
+            etcd(r#"["http://a:2379", "http://b:2379"]"#),
+            ["http://a:2379", "http://b:2379"]
+        );
+        assert!(toml::from_str::<ConfigFile>(
+            "[[resource]]\nname = \"home\"\nnode = []\netcd = 5\n"
+        )
+        .is_err());
+    }
+
+    #[test]
     fn the_resync_line_shows_the_rate_controller() {
         let r = json!({"total_bytes": 1u64 << 30, "done_bytes": 1u64 << 29,
                        "bytes_per_sec": 1u64 << 25, "eta_secs": 16, "full": true,
