@@ -2,21 +2,26 @@
 # Quorum through a real three-member etcd. Nodes a and b and a witness c each run an etcd
 # member in a network namespace of their own, the three on one switch (repl_lib.sh,
 # SWITCH=1); `cairn repl up --etcd --auto-failover` runs on a and b, each talking to the
-# member beside it. Cutting a namespace's link cuts its node and its member together.
+# member beside it first and the two others after it (node a as one comma-separated
+# --etcd, node b as --etcd repeated). Cutting a namespace's link cuts its node and its
+# member together.
 #
 # partition: the primary's namespace is cut while a writer logs every acknowledged write
 # with its time (in some rounds while its member leads etcd, in others while the witness
 # does). Its member loses quorum, its lease runs out, and it acknowledges nothing after
 # that; the other node, with the majority, takes the lease through etcd, is promoted by
 # itself, holds every acknowledged write, and marks the cut node outdated before its own
-# first write. Healed, the old primary stays frozen (or refusing) until it is made
-# secondary, then is resynced from the new primary's and its own bitmaps and verifies
-# equal. Roles alternate: node a freezes I/O when its lease is lost, node b refuses it
+# first write. Healed, the old primary reads in etcd that the new one holds the lease and
+# steps down by itself (a `demoted` event; its frozen writes fail, its client does not
+# hang), then is resynced from the new primary's and its own bitmaps and verifies
+# equal; nobody runs `cairn repl secondary`. Roles alternate: node a freezes I/O when its lease is lost, node b refuses it
 # (--on-lease-loss freeze / error). At the end the data areas are equal.
 # no_takeover: the same cut with nobody to take over; the other node promoted by hand
 # after the heal resyncs the blocks the cut one wrote without acknowledging them.
 # witness: c is cut alone, while it follows and while it leads: no role changes (a
-# majority is a quorum, not all members), the primary keeps its lease and serves.
+# majority is a quorum, not all members), the primary keeps its lease and serves. Then
+# the primary's own member stops: the primary goes on to the next member of its list,
+# its lease never lapses and writes go on.
 #
 # CAIRN_REPL_ETCD_ROUNDS (default 2) partitions; CAIRN_REPL_ETCD_ROUNDS=10 is the long
 # mode. CAIRN_SEED replays a run's random choices (cut moments, writer contents).
@@ -36,9 +41,20 @@ ON_LOSS=([1]=freeze [2]=error)
 
 . "$INTEROP_DIR/repl_lib.sh"
 
-# etcd_node_up I: node I with the member of its own namespace, automatic failover.
+# etcd_args I: node I's --etcd, every member with its own first: node 1 as a
+# comma-separated list, node 2 as the flag repeated (the two ways the CLI takes).
+etcd_args() {
+  if [ "$1" = 1 ]; then
+    echo "--etcd $(etcd_urls 1)"
+  else
+    etcd_urls "$1" | tr ',' '\n' | sed 's/^/--etcd /' | tr '\n' ' '
+  fi
+}
+
+# etcd_node_up I: node I with every etcd member, its own first, automatic failover.
 etcd_node_up() {
-  node_up "$1" --etcd "$(etcd_url "$1")" --etcd-ttl "$TTL" --auto-failover \
+  # shellcheck disable=SC2046
+  node_up "$1" $(etcd_args "$1") --etcd-ttl "$TTL" --auto-failover \
     --on-lease-loss "${ON_LOSS[$1]}"
 }
 
@@ -125,19 +141,21 @@ h.pwrite((sys.argv[2].encode() * (1 << 20))[: 1 << 20], int(sys.argv[3]) << 20);
       "$(client_uri $s)" "S$k" $((RANDOM % 60))
     expect_contains "$(etcd_keys $s /cairn/repl/home/outdated/)" "/cairn/repl/home/outdated/${NAME[$p]}" \
       "node $p marked outdated in etcd"
-    # Healed: the old primary is still primary, frozen or refusing, until it is made
-    # secondary; the new primary waits for that and does not overwrite it.
+    # Healed: the old primary reads in etcd that the new one holds the lease and steps
+    # down by itself (nobody runs `cairn repl secondary`); the new primary waits for
+    # that and does not overwrite it while it says primary.
+    expect_eq "$(status_json $p | jq -r .role)" Primary "node $p's role before the heal"
     rejoin $p
+    local t_heal
+    t_heal=$(now)
     etcd_healthy $p 100 || fail "node $p's etcd member did not rejoin: $(tail -5 "$WORK/etcd$p.log")"
-    for n in $(seq 100); do
-      case $(peer_field $s last_error) in *"still says primary"*) break ;; esac
-      sleep 0.1
-    done
-    expect_contains "$(peer_field $s last_error)" "still says primary" "node $s's peer after the heal"
-    expect_eq "$(status_json $p | jq -r .role)" Primary "node $p's role after the heal"
-    repl $p secondary >/dev/null
+    wait_role $p Secondary 150
+    say "  node $p secondary by itself $(py -c "print(f'{$(now) - $t_heal:.1f}')") s after the heal: $(last_event $p demoted)"
+    expect_contains "$(last_event $p demoted)" "by itself (automatic failover): ${NAME[$s]} holds the primary lease" \
+      "node $p's demoted event"
+    # Its frozen (or refused) writes failed and its client was let go: nothing hangs.
     for n in $(seq 100); do kill -0 "$wpid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$wpid" 2>/dev/null && fail "the writer on node $p still waits after it was made secondary"
+    kill -0 "$wpid" 2>/dev/null && fail "the writer on node $p still waits after it stepped down"
     wait "$wpid" || fail "the writer failed: $(cat "$WORK/writer.out")"
     say "  writer: $(cat "$WORK/writer.out")"
     # Resynced from the new primary: its writes and the blocks the old one wrote without
@@ -165,9 +183,21 @@ h.pwrite((sys.argv[2].encode() * (1 << 20))[: 1 << 20], int(sys.argv[3]) << 20);
   cmp -n "$(status_json 1 | jq -r .data_size)" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
 }
 
+# ack_gap FROM: sets GAP (the longest time between two acknowledged writes of the
+# writer's log, from FROM on) and LAST (the last one, seconds after FROM).
+ack_gap() {
+  kill -0 "$WPID" 2>/dev/null || fail "the writer stopped: $(cat "$WORK/writer.out")"
+  read -r GAP LAST < <(py - "$WORK/wlog" "$1" <<'EOF'
+import sys
+cut = float(sys.argv[2])
+t = [cut] + [x for x in (float(l.split()[1]) for l in open(sys.argv[1]) if l.strip()) if x > cut]
+print(f"{max(b - a for a, b in zip(t, t[1:] or t)):.2f}", f"{t[-1] - cut:.1f}")
+EOF
+  )
+}
+
 # witness_cut: cuts the witness off for three TTLs (a lease that depended on it would
-# have run out twice over) while the writer runs; sets GAP (the longest time between two
-# acknowledged writes, from the cut on) and LAST (the last one, seconds after the cut).
+# have run out twice over) while the writer runs; sets GAP and LAST (ack_gap).
 witness_cut() {
   local t_cut
   isolate 3
@@ -175,14 +205,7 @@ witness_cut() {
   sleep $((3 * TTL))
   etcd_healthy 1 50 || fail "a and b's members have no quorum without the witness"
   [ "$(etcd_leader)" != 3 ] || fail "the cut witness still leads"
-  kill -0 "$WPID" 2>/dev/null || fail "the writer stopped: $(cat "$WORK/writer.out")"
-  read -r GAP LAST < <(py - "$WORK/wlog" "$t_cut" <<'EOF'
-import sys
-cut = float(sys.argv[2])
-t = [cut] + [x for x in (float(l.split()[1]) for l in open(sys.argv[1]) if l.strip()) if x > cut]
-print(f"{max(b - a for a, b in zip(t, t[1:] or t)):.2f}", f"{t[-1] - cut:.1f}")
-EOF
-  )
+  ack_gap "$t_cut"
   expect_eq "$(status_json 1 | jq -r .role)" Primary "node 1's role"
   expect_eq "$(status_json 2 | jq -r .role)" Secondary "node 2's role"
   expect_contains "$(status_json 1 | jq -r .quorum)" "primary lease held" "node 1's lease"
@@ -233,6 +256,23 @@ while True:
   case " $(events 1) " in
     *" lease-lost "*) expect_contains "$(events 1)" lease-renewed "node 1's events after a lapse" ;;
   esac
+  # 3. Node a's own member, first in its list, stops (while it follows: no election).
+  # Node a goes on to the next member of its list; its lease never lapses.
+  etcd_lead 2
+  local lost t_stop
+  lost=$(events 1 | grep -o lease-lost | wc -l)
+  kill -KILL "${EPID[1]}"
+  t_stop=$(now)
+  sleep $((3 * TTL))
+  etcd_healthy 2 50 || fail "b's and the witness's members have no quorum without a's"
+  ack_gap "$t_stop"
+  say "node a's member stopped: the last write $LAST s after, longest gap $GAP s"
+  expect_eq "$(status_json 1 | jq -r .role)" Primary "node 1's role"
+  expect_contains "$(status_json 1 | jq -r .quorum)" "primary lease held" "node 1's lease without its member"
+  expect_eq "$(events 1 | grep -o lease-lost | wc -l)" "$lost" "node 1's lease-lost events without its member"
+  py -c "import sys; sys.exit(not $GAP < 1)" || fail "writes stalled for $GAP s"
+  py -c "import sys; sys.exit(not $LAST >= $((3 * TTL)) - 1)" ||
+    fail "the last write was acknowledged $LAST s after node a's member stopped"
   stop_tree "$WPID"
   repl 1 secondary >/dev/null
   cmp -n "$(status_json 1 | jq -r .data_size)" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
@@ -247,7 +287,8 @@ t_no_takeover() {
   SWITCH=1 SIZE=32M nodes_up
   etcd3_up
   etcd_node_up 1
-  node_up 2 --etcd "$(etcd_url 2)" --etcd-ttl "$TTL"
+  # shellcheck disable=SC2046
+  node_up 2 $(etcd_args 2) --etcd-ttl "$TTL"
   repl 1 primary --force >/dev/null
   wait_peer 1 Established
   wait_peer 2 Established

@@ -159,9 +159,10 @@ wait_role() { # NODE ROLE [TENTHS]
 # --- a three-member etcd (SWITCH=1) -------------------------------------------------------
 
 # etcd3_up: one etcd member in each of the namespaces a, b and c, on IP[i]:2379 (clients)
-# and :2380 (peers), data on tmpfs. A node uses the member of its own namespace, so a
-# cut namespace takes its node and its member out together: the member loses quorum,
-# the node's lease its keepalives. --pre-vote (the default from etcd 3.5 on): a member
+# and :2380 (peers), data on tmpfs; EPID[i] is member i's process. A node lists the
+# member of its own namespace first (etcd_urls), so a cut namespace takes its node and
+# its member out together: the member loses quorum, the node's lease its keepalives (the
+# other members, next in its list, are out of reach too). --pre-vote (the default from etcd 3.5 on): a member
 # that was cut off and comes back does not depose the leader with the terms it counted
 # up alone, which would leave the cluster without a leader for an election timeout, and
 # a primary with a TTL of 2 s without keepalives long enough to lose its lease.
@@ -180,6 +181,7 @@ etcd3_up() {
       --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "$TAG" \
       --heartbeat-interval "$ETCD_HEARTBEAT_MS" --election-timeout "$ETCD_ELECTION_MS" --pre-vote=true \
       >"$WORK/etcd$i.log" 2>&1 &
+    EPID[$i]=$!
     register pid $!
   done
   for i in 1 2 3; do
@@ -188,6 +190,8 @@ etcd3_up() {
 }
 
 etcd_url() { echo "http://${IP[$1]}:2379"; }
+# etcd_urls I: every member's endpoint, comma-separated, member I's first.
+etcd_urls() { echo "$(etcd_url "$1"),$(etcd_url $(($1 % 3 + 1))),$(etcd_url $((($1 + 1) % 3 + 1)))"; }
 
 # etcd_healthy I [TENTHS]: member I answers /health with a leader (a quorum) in reach.
 etcd_healthy() {

@@ -57,9 +57,11 @@ pub struct FenceOptions {
     /// taken over: serve refuses to start when another host holds the array; holding it
     /// lets serve take over from an owner that did not release the members (its lease ran
     /// out), without --force. Once the lease may have run out, nothing more is written to
-    /// the members (background work included) and the exports refuse I/O
-    #[arg(long, value_name = "URL")]
-    pub etcd: Option<String>,
+    /// the members (background work included) and the exports refuse I/O. Several etcd
+    /// members: a comma-separated list or the flag repeated; the next is tried when one
+    /// cannot be reached
+    #[arg(long, value_name = "URL[,URL...]")]
+    pub etcd: Vec<String>,
 
     /// Seconds the etcd lease outlives its last keepalive (one is sent every third of it)
     #[arg(long, value_name = "SECONDS", default_value_t = 10, requires = "etcd",
@@ -69,12 +71,12 @@ pub struct FenceOptions {
 
 /// Who this host is in owner records and where ownership is decided, for opening stacks.
 pub fn ownership(opts: &FenceOptions) -> Result<Ownership> {
-    let etcd = match &opts.etcd {
-        Some(url) => Some((
-            Etcd::new(url).map_err(|e| CliError::new(format!("--etcd: {e}")))?,
+    let etcd = match opts.etcd.is_empty() {
+        false => Some((
+            Etcd::new(&opts.etcd.join(",")).map_err(|e| CliError::new(format!("--etcd: {e}")))?,
             Duration::from_secs(opts.etcd_ttl),
         )),
-        None => None,
+        true => None,
     };
     Ok(Ownership {
         node: opts.owner_id.clone().unwrap_or_default(),
@@ -101,7 +103,7 @@ pub fn setup(opts: &FenceOptions, plain: bool, opened: &[OpenedExport]) -> Resul
         }
         (_, true) => Some(Arc::new(RecordStore)),
     };
-    if opts.etcd.is_some() && !opened.iter().any(cairn_stack::fence::leased) {
+    if !opts.etcd.is_empty() && !opened.iter().any(cairn_stack::fence::leased) {
         tracing::warn!("--etcd: no md array is served writable, so no lease was taken");
     }
     Ok(Fencing { store })

@@ -209,9 +209,11 @@ pub struct UpArgs {
     pub force: bool,
     /// Quorum through etcd (http://HOST:2379): the primary role is an etcd lease taken
     /// only by compare-and-swap, and a replica the primary went on without is marked
-    /// outdated there so it cannot take over with old data
-    #[arg(long, value_name = "URL")]
-    pub etcd: Option<String>,
+    /// outdated there so it cannot take over with old data. Several members: a
+    /// comma-separated list or the flag repeated; the next is tried when one cannot be
+    /// reached
+    #[arg(long, value_name = "URL[,URL...]")]
+    pub etcd: Vec<String>,
     /// Seconds the primary lease outlives its last keepalive
     #[arg(long, value_name = "SECONDS", default_value_t = 10, requires = "etcd")]
     pub etcd_ttl: u64,
@@ -460,6 +462,14 @@ fn parse_peer(s: &str, tls: &TlsOptions) -> Result<PeerConfig> {
     })
 }
 
+/// `etcd = "http://A:2379"` (commas allowed) or `etcd = ["http://A:2379", "http://B:2379"]`.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(untagged)]
+enum EtcdEndpoints {
+    One(String),
+    Many(Vec<String>),
+}
+
 /// A config file of replicated resources.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -492,7 +502,8 @@ struct ResourceDef {
     /// Plaintext between nodes off loopback: anyone who reaches the port reads and writes
     /// the volume (as `--insecure-no-tls`).
     insecure_no_tls: Option<bool>,
-    etcd: Option<String>,
+    /// One endpoint, several comma-separated, or a list of them.
+    etcd: Option<EtcdEndpoints>,
     etcd_ttl: Option<u64>,
     auto_failover: Option<bool>,
     on_lease_loss: Option<String>,
@@ -652,7 +663,12 @@ fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
         r.resync_min_rate = res.resync_min_rate.unwrap_or(r.resync_min_rate);
         r.al_extents = res.al_extents.unwrap_or(r.al_extents);
         r.peer_timeout = res.peer_timeout.unwrap_or(r.peer_timeout);
-        r.etcd = res.etcd.clone().or(r.etcd);
+        if let Some(e) = &res.etcd {
+            r.etcd = match e {
+                EtcdEndpoints::One(u) => vec![u.clone()],
+                EtcdEndpoints::Many(l) => l.clone(),
+            };
+        }
         r.etcd_ttl = res.etcd_ttl.unwrap_or(r.etcd_ttl);
         r.auto_failover = res.auto_failover.unwrap_or(r.auto_failover);
     }
@@ -691,15 +707,15 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         al_extents: a.al_extents.max(1),
         split_brain: a.split_brain,
         peer_timeout: Duration::from_secs(a.peer_timeout.max(1)),
-        quorum: match &a.etcd {
-            Some(url) => Some(cairn_repl::quorum::Quorum {
-                etcd: cairn_cluster::Etcd::new(url)
+        quorum: match a.etcd.is_empty() {
+            false => Some(cairn_repl::quorum::Quorum {
+                etcd: cairn_cluster::Etcd::new(&a.etcd.join(","))
                     .map_err(|e| CliError::new(format!("--etcd: {e}")))?,
                 ttl: Duration::from_secs(a.etcd_ttl.max(1)),
                 auto_failover: a.auto_failover,
                 on_loss: a.on_lease_loss,
             }),
-            None => None,
+            true => None,
         },
     };
     let backing = open_backing(&disk_path, false, &a.resource)?;
@@ -1245,6 +1261,32 @@ mod tests {
             "events": []
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn etcd_in_a_config_file_is_one_string_or_a_list() {
+        let etcd = |v: &str| {
+            let f: ConfigFile = toml::from_str(&format!(
+                "[[resource]]\nname = \"home\"\nnode = []\netcd = {v}\n"
+            ))
+            .unwrap();
+            match f.resource[0].etcd.clone().unwrap() {
+                EtcdEndpoints::One(u) => vec![u],
+                EtcdEndpoints::Many(l) => l,
+            }
+        };
+        assert_eq!(
+            etcd(r#""http://a:2379,http://b:2379""#),
+            ["http://a:2379,http://b:2379"]
+        );
+        assert_eq!(
+            etcd(r#"["http://a:2379", "http://b:2379"]"#),
+            ["http://a:2379", "http://b:2379"]
+        );
+        assert!(toml::from_str::<ConfigFile>(
+            "[[resource]]\nname = \"home\"\nnode = []\netcd = 5\n"
+        )
+        .is_err());
     }
 
     #[test]

@@ -2,7 +2,11 @@
 //! ownership lease needs (`/v3/lease/grant|keepalive|revoke`, `/v3/kv/txn`, `/v3/kv/range`).
 //!
 //! One request per connection (`Connection: close`), a deadline on every socket call,
-//! bodies capped. Keys and values are base64 on the wire; 64-bit numbers are JSON strings
+//! bodies capped. An [`Etcd`] may name several members (`http://A:2379,http://B:2379`):
+//! a request goes to the member that answered last, and to the next one in the list when
+//! that one cannot be reached (no connection). A request is never sent twice: once it
+//! went out, its failure is the caller's, and only the next request starts at the next
+//! member. Keys and values are base64 on the wire; 64-bit numbers are JSON strings
 //! (the gateway's proto3 mapping), and a false or zero field is left out of an answer.
 //! No crate: ureq would pull a TLS stack in for four POSTs, and etcd's gRPC client needs
 //! an async runtime the rest of cairn does not use.
@@ -10,6 +14,8 @@
 use std::fmt;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -62,11 +68,14 @@ pub enum Created {
     Exists(KeyValue),
 }
 
-/// An etcd endpoint.
+/// An etcd cluster, as one or more members' client endpoints.
 #[derive(Debug, Clone)]
 pub struct Etcd {
-    /// `HOST:PORT`.
-    authority: String,
+    /// `HOST:PORT` of each member, in the order given.
+    authorities: Arc<[String]>,
+    /// The member requests go to first: the last that took one. Shared by the clones
+    /// (a lease's keepalive client is one), so all move on together.
+    current: Arc<AtomicUsize>,
     timeout: Duration,
 }
 
@@ -101,21 +110,34 @@ fn int(v: &Value) -> Result<i64> {
 }
 
 impl Etcd {
-    /// `http://HOST:PORT` (a trailing `/` is allowed). TLS endpoints are not supported.
-    pub fn new(url: &str) -> Result<Etcd> {
-        let rest = url.strip_prefix("http://").ok_or_else(|| {
-            EtcdError::Url(format!(
-                "{url:?}: expected http://HOST:PORT (https is not supported)"
-            ))
-        })?;
-        let authority = rest.trim_end_matches('/');
-        if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
-            return Err(EtcdError::Url(format!(
-                "{url:?}: expected http://HOST:PORT"
-            )));
+    /// `http://HOST:PORT` (a trailing `/` is allowed), or several of them separated by
+    /// commas: the members of one cluster. TLS endpoints are not supported.
+    pub fn new(urls: &str) -> Result<Etcd> {
+        let mut authorities = Vec::new();
+        for url in urls.split(',').map(str::trim) {
+            if url.is_empty() {
+                return Err(EtcdError::Url(format!(
+                    "{urls:?}: an empty endpoint in the list"
+                )));
+            }
+            let rest = url.strip_prefix("http://").ok_or_else(|| {
+                EtcdError::Url(format!(
+                    "{url:?}: expected http://HOST:PORT (https is not supported)"
+                ))
+            })?;
+            let authority = rest.trim_end_matches('/');
+            if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
+                return Err(EtcdError::Url(format!(
+                    "{url:?}: expected http://HOST:PORT"
+                )));
+            }
+            if !authorities.iter().any(|a| a == authority) {
+                authorities.push(authority.to_string());
+            }
         }
         Ok(Etcd {
-            authority: authority.to_string(),
+            authorities: authorities.into(),
+            current: Arc::new(AtomicUsize::new(0)),
             timeout: Duration::from_secs(5),
         })
     }
@@ -127,21 +149,85 @@ impl Etcd {
         self
     }
 
+    /// Every endpoint, comma-separated, as given.
     pub fn url(&self) -> String {
-        format!("http://{}", self.authority)
+        self.authorities
+            .iter()
+            .map(|a| format!("http://{a}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The endpoint the next request goes to first.
+    pub fn current_url(&self) -> String {
+        let n = self.authorities.len();
+        format!(
+            "http://{}",
+            self.authorities[self.current.load(Ordering::Relaxed) % n]
+        )
+    }
+
+    /// A connection to the first member that takes one, starting at the current member.
+    fn connect(&self) -> Result<(usize, TcpStream)> {
+        let n = self.authorities.len();
+        let first = self.current.load(Ordering::Relaxed) % n;
+        let mut failed = Vec::new();
+        for i in (0..n).map(|k| (first + k) % n) {
+            let authority = &self.authorities[i];
+            let addr = match authority.to_socket_addrs().map(|mut a| a.next()) {
+                Ok(Some(a)) => a,
+                Ok(None) => {
+                    failed.push(format!("http://{authority}: no address"));
+                    continue;
+                }
+                Err(e) => {
+                    failed.push(format!("http://{authority} resolve: {e}"));
+                    continue;
+                }
+            };
+            match TcpStream::connect_timeout(&addr, self.timeout) {
+                Ok(s) => {
+                    if i != first {
+                        tracing::info!(
+                            "etcd: now talking to http://{authority} ({})",
+                            failed.join("; ")
+                        );
+                        self.current.store(i, Ordering::Relaxed);
+                    }
+                    return Ok((i, s));
+                }
+                Err(e) => failed.push(format!("http://{authority} connect: {e}")),
+            }
+        }
+        Err(EtcdError::Io(failed.join("; ")))
     }
 
     fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        let io =
-            |what: &str, e: std::io::Error| EtcdError::Io(format!("{} {what}: {e}", self.url()));
-        let addr = self
-            .authority
-            .to_socket_addrs()
-            .map_err(|e| io("resolve", e))?
-            .next()
-            .ok_or_else(|| EtcdError::Io(format!("{}: no address", self.authority)))?;
-        let mut s =
-            TcpStream::connect_timeout(&addr, self.timeout).map_err(|e| io("connect", e))?;
+        let (i, s) = self.connect()?;
+        let r = self.exchange(&self.authorities[i], s, path, body);
+        if matches!(r, Err(EtcdError::Io(_))) && self.authorities.len() > 1 {
+            // The member took the connection but not the request (cut off, stopped, no
+            // quorum and too slow to say so): the next request tries the next member.
+            let _ = self.current.compare_exchange(
+                i,
+                (i + 1) % self.authorities.len(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        r
+    }
+
+    fn exchange(
+        &self,
+        authority: &str,
+        mut s: TcpStream,
+        path: &str,
+        body: &Value,
+    ) -> Result<Value> {
+        let io = |what: &str, e: std::io::Error| {
+            EtcdError::Io(format!("http://{authority} {what}: {e}"))
+        };
         s.set_read_timeout(Some(self.timeout))
             .map_err(|e| io("socket", e))?;
         s.set_write_timeout(Some(self.timeout))
@@ -151,7 +237,7 @@ impl Etcd {
         let req = format!(
             "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.authority,
+            authority,
             body.len()
         );
         s.write_all(req.as_bytes()).map_err(|e| io("send", e))?;
@@ -159,6 +245,11 @@ impl Etcd {
         s.take(MAX_RESPONSE)
             .read_to_end(&mut resp)
             .map_err(|e| io("read", e))?;
+        if resp.is_empty() {
+            return Err(EtcdError::Io(format!(
+                "http://{authority}: the connection closed without an answer"
+            )));
+        }
         let (status, chunked, body) = split_response(&resp)?;
         let body = if chunked {
             dechunk(body)?
@@ -382,6 +473,95 @@ mod tests {
         assert!(Etcd::new("etcd:2379").is_err());
         assert!(Etcd::new("http://etcd").is_err());
         assert!(Etcd::new("http://etcd:1/v3").is_err());
+        let e = Etcd::new("http://a:2379, http://b:2379/,http://a:2379").unwrap();
+        assert_eq!(e.url(), "http://a:2379,http://b:2379");
+        assert!(Etcd::new("http://a:2379,").is_err());
+        assert!(Etcd::new("http://a:2379,https://b:2379").is_err());
+    }
+
+    /// A port nothing listens on (bound, then let go).
+    fn closed_port() -> String {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    }
+
+    /// Answers each request with a lease grant of `ttl`, counting the requests.
+    fn tiny_etcd(ttl: u64) -> (String, Arc<AtomicUsize>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let n = Arc::new(AtomicUsize::new(0));
+        let seen = n.clone();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                while let Ok(k) = c.read(&mut buf) {
+                    req.extend_from_slice(&buf[..k]);
+                    if k == 0 || req.ends_with(b"}") {
+                        break;
+                    }
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+                let body = format!("{{\"ID\":\"7\",\"TTL\":\"{ttl}\"}}");
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        (url, n)
+    }
+
+    #[test]
+    fn an_unreachable_member_is_passed_over_and_the_next_one_kept() {
+        let dead = closed_port();
+        let (live, n) = tiny_etcd(5);
+        let e = Etcd::new(&format!("{dead},{live}")).unwrap();
+        assert_eq!(e.current_url(), dead);
+        // A clone (a lease's keepalive client) moves with the original.
+        let keepalive = e.clone().with_timeout(Duration::from_millis(500));
+        assert_eq!(e.grant(5).unwrap(), (7, 5));
+        assert_eq!(e.current_url(), live);
+        assert_eq!(keepalive.current_url(), live);
+        assert_eq!(keepalive.keepalive(7).unwrap(), 5);
+        assert_eq!(
+            n.load(Ordering::SeqCst),
+            2,
+            "one request each, none sent twice"
+        );
+    }
+
+    #[test]
+    fn every_member_unreachable_names_each() {
+        let (a, b) = (closed_port(), closed_port());
+        let e = Etcd::new(&format!("{a},{b}")).unwrap();
+        match e.grant(5) {
+            Err(EtcdError::Io(m)) => {
+                assert!(m.contains(&format!("{a} connect")), "{m}");
+                assert!(m.contains(&format!("{b} connect")), "{m}");
+            }
+            r => panic!("expected an I/O error, got {r:?}"),
+        }
+        assert_eq!(e.current_url(), a, "the first member stays first");
+    }
+
+    #[test]
+    fn a_member_that_drops_the_request_sends_the_next_one_on() {
+        // Takes connections and closes them unanswered: a member that cannot serve.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mute = format!("http://{}", l.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                drop(c);
+            }
+        });
+        let (live, n) = tiny_etcd(3);
+        let e = Etcd::new(&format!("{mute},{live}")).unwrap();
+        assert!(e.grant(3).is_err(), "a request is not sent twice");
+        assert_eq!(n.load(Ordering::SeqCst), 0);
+        assert_eq!(e.current_url(), live);
+        assert_eq!(e.grant(3).unwrap(), (7, 3));
     }
 
     #[test]

@@ -39,7 +39,7 @@ use crate::quorum::{self, OnLoss, Quorum};
 use crate::ranges::{OwnedRangeGuard, RangeLocks};
 use crate::rate::{Pacer, RateLimits};
 use crate::wire::{self, Hello, Request, Welcome, OPT_CAIRN_REPL};
-use cairn_cluster::{Lease, LeaseError, LeaseGuard};
+use cairn_cluster::{Etcd, Lease, LeaseError, LeaseGuard};
 use cairn_nbd::client::Detached;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
@@ -435,6 +435,9 @@ pub struct Node {
     guard: RwLock<Option<LeaseGuard>>,
     /// Frozen requests give up (the node is being made secondary or stopped).
     halt: AtomicBool,
+    /// Why this node stepped down by itself (another node holds the primary lease), for
+    /// the requests that were frozen or still arrive: they fail with it.
+    superseded: Mutex<Option<String>>,
     /// The node is shutting down for good.
     stopped: AtomicBool,
     /// Online verify runs and the invalidation mark (verify.rs).
@@ -597,6 +600,7 @@ impl Node {
             lease: Mutex::new(None),
             guard: RwLock::new(None),
             halt: AtomicBool::new(false),
+            superseded: Mutex::new(None),
             stopped: AtomicBool::new(false),
             vx: verify::Shared::default(),
             app_io: AtomicU64::new(0),
@@ -731,6 +735,14 @@ impl Node {
         let freeze = self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze);
         loop {
             let r = g.check(what);
+            if r.is_err() {
+                if let Some(why) = self.superseded_by() {
+                    return Err(io_err(
+                        ErrorKind::Shutdown,
+                        format!("{what}: this node is no longer primary: {why}"),
+                    ));
+                }
+            }
             if r.is_ok()
                 || !freeze
                 || self.halt.load(Ordering::SeqCst)
@@ -740,6 +752,13 @@ impl Node {
             }
             thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    fn superseded_by(&self) -> Option<String> {
+        self.superseded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The primary lease's guard, while this node holds one.
@@ -1323,6 +1342,7 @@ impl Node {
             }
         }
         self.halt.store(false, Ordering::SeqCst);
+        *self.superseded.lock().unwrap_or_else(|p| p.into_inner()) = None;
         *self.role.write().unwrap_or_else(|p| p.into_inner()) = Role::Primary;
         self.stop_peers.store(false, Ordering::SeqCst);
         self.lease_told.store(false, Ordering::SeqCst);
@@ -1415,7 +1435,8 @@ impl Node {
 
     /// With automatic failover: a consistent secondary that is not outdated takes the
     /// primary role when no primary holds the lease. Both nodes may try at once; the
-    /// etcd transaction lets one through.
+    /// etcd transaction lets one through. And a primary whose lease is lost steps down
+    /// once etcd shows another node holding the primary key (`step_down_if_superseded`).
     pub fn start_failover_watch(self: &Arc<Self>) {
         let Some(q) = self.cfg.quorum.clone().filter(|q| q.auto_failover) else {
             return;
@@ -1430,7 +1451,10 @@ impl Node {
                 if n.stopping() {
                     return;
                 }
-                if n.role() != Role::Secondary {
+                if n.role() == Role::Primary {
+                    if n.lease_lost() {
+                        n.step_down_if_superseded(&q.etcd);
+                    }
                     continue;
                 }
                 {
@@ -1449,6 +1473,49 @@ impl Node {
                     Err(e) => tracing::debug!("{}: failover not taken: {e}", n.cfg.resource),
                 }
             });
+    }
+
+    /// A primary whose lease is lost, with automatic failover: when a successful etcd
+    /// read shows the primary key held by another node, this node is certainly not
+    /// primary any more (its own lease no longer holds the key, and only a transaction
+    /// creates it), so it steps down by itself: frozen and new requests fail with the
+    /// reason, and as a secondary it waits for the new primary, whose connect-time
+    /// decision resyncs it (its bitmap and this node's) or detects a split brain. A
+    /// read is enough to give the role up, never to take it. An unanswered read, or no
+    /// holder at all (nobody took over: the lease may yet be renewed, or the operator
+    /// decides), changes nothing.
+    fn step_down_if_superseded(self: &Arc<Self>, etcd: &Etcd) {
+        let key = quorum::primary_key(&self.cfg.resource);
+        let kv = match etcd.get(key.as_bytes()) {
+            Ok(Some(kv)) => kv,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!("{}: lease lost, etcd not read: {e}", self.cfg.resource);
+                return;
+            }
+        };
+        let value = String::from_utf8_lossy(&kv.value).into_owned();
+        let holder = value.split(' ').next().unwrap_or("");
+        let own_lease = self.lease_guard().map(|g| g.id());
+        if holder == self.cfg.node || Some(kv.lease) == own_lease {
+            return;
+        }
+        let why = format!(
+            "{holder} holds the primary lease in etcd ({key} = {value:?}, etcd lease {:x}) since this node's ran out",
+            kv.lease
+        );
+        let _admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        // Under the admin lock: still primary (not demoted by the operator meanwhile) and
+        // the lease still lost (not renewed by a late keepalive: it cannot be, once
+        // another node holds the key, but the check costs nothing).
+        if self.role() != Role::Primary || !self.lease_lost() {
+            return;
+        }
+        *self.superseded.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+        match self.demote_locked(Some(&why)) {
+            Ok(_) => {}
+            Err(e) => tracing::error!("{}: stepping down ({why}) failed: {e}", self.cfg.resource),
+        }
     }
 
     fn lease_lost(&self) -> bool {
@@ -1483,6 +1550,14 @@ impl Node {
     /// waits for a primary.
     pub fn demote(self: &Arc<Self>) -> std::result::Result<String, String> {
         let _admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        self.demote_locked(None)
+    }
+
+    /// `demote` under the admin lock; `superseded`: the node steps down by itself, why.
+    fn demote_locked(
+        self: &Arc<Self>,
+        superseded: Option<&str>,
+    ) -> std::result::Result<String, String> {
         if self.role() == Role::Secondary {
             return Ok(format!(
                 "{} is already secondary on {}",
@@ -1509,7 +1584,13 @@ impl Node {
         self.event(
             "demoted",
             None,
-            format!("{} is secondary on {}", self.cfg.resource, self.cfg.node),
+            match superseded {
+                None => format!("{} is secondary on {}", self.cfg.resource, self.cfg.node),
+                Some(why) => format!(
+                    "{} is secondary on {} by itself (automatic failover): {why}; its requests failed, it waits for the new primary to resync it",
+                    self.cfg.resource, self.cfg.node
+                ),
+            },
         );
         Ok(format!(
             "{} is secondary on {}",
@@ -1927,15 +2008,169 @@ mod tests {
         ttl: u64,
         on_loss: OnLoss,
     ) -> Arc<Node> {
+        open_quorum_at(dev, &etcd.url, ttl, on_loss, false)
+    }
+
+    fn open_quorum_at(
+        dev: &Arc<dyn BlockDevice>,
+        urls: &str,
+        ttl: u64,
+        on_loss: OnLoss,
+        auto_failover: bool,
+    ) -> Arc<Node> {
         let meta = Box::new(Store::open(dev.clone()).unwrap());
         let mut cfg = NodeConfig::for_tests("home", "a", "b");
         cfg.quorum = Some(Quorum {
-            etcd: Etcd::new(&etcd.url).unwrap(),
+            etcd: Etcd::new(urls).unwrap(),
             ttl: Duration::from_secs(ttl),
-            auto_failover: false,
+            auto_failover,
             on_loss,
         });
         Node::open(cfg, dev.clone(), meta).unwrap()
+    }
+
+    /// The primary lease's holder in etcd, as its value says ("b epoch 9").
+    fn holder(etcd: &FakeEtcd) -> Option<String> {
+        let e = Etcd::new(&etcd.url).unwrap();
+        let kv = e.get(quorum::primary_key("home").as_bytes()).unwrap()?;
+        Some(String::from_utf8_lossy(&kv.value).into_owned())
+    }
+
+    /// Node b takes the primary role in etcd (its own lease, a transaction).
+    fn b_takes_over(etcd: &FakeEtcd) {
+        let e = Etcd::new(&etcd.url).unwrap();
+        let (lease, _) = e.grant(30).unwrap();
+        let key = quorum::primary_key("home");
+        assert!(matches!(
+            e.create_if_absent(key.as_bytes(), b"b epoch 9", lease)
+                .unwrap(),
+            cairn_cluster::etcd::Created::Created { .. }
+        ));
+    }
+
+    fn wait_lost(node: &Node) {
+        let t0 = Instant::now();
+        while !node.status().quorum.unwrap().contains("lost") {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the lease never lapsed"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_superseded_primary_steps_down_by_itself_and_fails_its_frozen_requests() {
+        let etcd = FakeEtcd::start();
+        let dev = fresh();
+        let node = open_quorum_at(&dev, &etcd.url, 2, OnLoss::Freeze, true);
+        node.promote(true).unwrap();
+        node.start_failover_watch();
+        let vol = Volume(node.clone());
+        vol.write_at(&[1u8; 4096], 0, WriteFlags::NONE).unwrap();
+        // The lease runs out in etcd (a partition): I/O freezes.
+        etcd.expire(node.lease_guard().unwrap().id());
+        wait_lost(&node);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let v = vol.clone();
+        thread::spawn(move || tx.send(v.write_at(&[2u8; 4096], 8192, WriteFlags::NONE)));
+        // Nobody holds the primary key: no reason to step down, the request waits.
+        thread::sleep(Duration::from_millis(1200));
+        assert!(
+            rx.try_recv().is_err(),
+            "a request went through without a lease"
+        );
+        assert_eq!(
+            node.role(),
+            Role::Primary,
+            "stepped down with nobody else primary"
+        );
+        // Another node takes the lease: the watch reads it and this node steps down.
+        b_takes_over(&etcd);
+        let e = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the frozen request still waits after another node took over")
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Shutdown, "{e}");
+        assert!(
+            e.to_string()
+                .contains("no longer primary: b holds the primary lease"),
+            "{e}"
+        );
+        let t0 = Instant::now();
+        while node.role() != Role::Secondary {
+            assert!(t0.elapsed() < Duration::from_secs(5), "never stepped down");
+            thread::sleep(Duration::from_millis(20));
+        }
+        let s = node.status();
+        let ev = s
+            .events
+            .iter()
+            .rev()
+            .find(|e| e.kind == "demoted")
+            .expect("a demoted event");
+        assert!(
+            ev.message.contains("by itself") && ev.message.contains("b holds"),
+            "{}",
+            ev.message
+        );
+        assert!(!node.persisted().primary, "the metadata still says primary");
+        let mut b = [0u8; 4096];
+        dev.read_at(&mut b, 8192).unwrap();
+        assert_eq!(b, [0u8; 4096], "the failed request was written");
+        // The new holder's key is untouched (the stale lease's revoke is harmless), and as
+        // a secondary with automatic failover this node does not contest it.
+        thread::sleep(Duration::from_millis(800));
+        assert_eq!(holder(&etcd).as_deref(), Some("b epoch 9"));
+        assert_eq!(node.role(), Role::Secondary);
+        node.shutdown().unwrap();
+    }
+
+    #[test]
+    fn without_automatic_failover_a_superseded_primary_waits_for_the_operator() {
+        let etcd = FakeEtcd::start();
+        let dev = fresh();
+        let node = open_quorum_at(&dev, &etcd.url, 2, OnLoss::Error, false);
+        node.promote(true).unwrap();
+        node.start_failover_watch();
+        etcd.expire(node.lease_guard().unwrap().id());
+        wait_lost(&node);
+        b_takes_over(&etcd);
+        thread::sleep(Duration::from_millis(1200));
+        assert_eq!(node.role(), Role::Primary);
+        let e = Volume(node.clone())
+            .write_at(&[1u8; 4096], 0, WriteFlags::NONE)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
+        node.demote().unwrap();
+    }
+
+    #[test]
+    fn an_unreachable_first_etcd_endpoint_is_passed_over() {
+        let etcd = FakeEtcd::start();
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let dev = fresh();
+        let node = open_quorum_at(
+            &dev,
+            &format!("{closed},{}", etcd.url),
+            30,
+            OnLoss::Error,
+            false,
+        );
+        node.promote(true).unwrap();
+        assert_eq!(holder(&etcd).as_deref(), Some("a epoch 1"));
+        // The write marks the absent peer outdated through the same client, and the lease
+        // keeps being renewed.
+        Volume(node.clone())
+            .write_at(&[1u8; 4096], 0, WriteFlags::NONE)
+            .unwrap();
+        assert!(outdated_b(&etcd).is_some(), "b marked outdated");
+        assert!(node.status().quorum.unwrap().contains("held"));
+        node.demote().unwrap();
+        assert_eq!(holder(&etcd), None, "the lease given back");
     }
 
     fn outdated_b(etcd: &FakeEtcd) -> Option<Vec<u8>> {

@@ -46,11 +46,24 @@ impl Node {
             return true;
         }
         if !self.lease_told.swap(true, Ordering::SeqCst) {
-            self.event("lease-lost", None, format!(
-                "{}: the primary lease in etcd is lost or expired: I/O is {}; make this node secondary",
-                self.cfg.resource,
-                if self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze) { "frozen" } else { "refused" }
-            ));
+            self.event(
+                "lease-lost",
+                None,
+                format!(
+                    "{}: the primary lease in etcd is lost or expired: I/O is {}; {}",
+                    self.cfg.resource,
+                    if self.cfg.quorum.as_ref().map(|q| q.on_loss) == Some(OnLoss::Freeze) {
+                        "frozen"
+                    } else {
+                        "refused"
+                    },
+                    if self.cfg.quorum.as_ref().is_some_and(|q| q.auto_failover) {
+                        "this node becomes secondary by itself once etcd shows another primary"
+                    } else {
+                        "make this node secondary"
+                    }
+                ),
+            );
         }
         loop {
             if self.stop_peers.load(Ordering::SeqCst) || give_up() {
