@@ -253,6 +253,11 @@ struct PeerState {
     /// Bits set in the peer's bitmap towards us, as it said at the last handshake.
     peer_changes: Option<u64>,
     resync: Option<ResyncCounters>,
+    /// This node was promoted after its primary vanished (unreached, or back as a crashed
+    /// primary) while this peer was a secondary of that primary too: the old primary's
+    /// last writes may have reached one of the two and not the other. Once connected, an
+    /// online verify with `--resync` finds and copies those blocks.
+    verify_after_failover: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -544,6 +549,7 @@ impl Node {
                     last_error: None,
                     want: true,
                     discard_my_data: false,
+                    verify_after_failover: None,
                     since: SystemTime::now(),
                     peer_changes: None,
                     resync: None,
@@ -1241,7 +1247,21 @@ impl Node {
             Some(q) => Some(self.take_lease(q, force)?),
             None => None,
         };
+        // The primary this node last followed (its fence token names it): if it is gone
+        // now (not reached, or back as a crashed primary), the writes it had in flight
+        // may have reached some of its secondaries and not others.
+        let old_primary = self
+            .persisted()
+            .fence
+            .as_ref()
+            .map(|t| t.owner.node.clone())
+            .filter(|n| *n != self.cfg.node && self.peer_named(n).is_some());
         let answers = self.ask_peers();
+        let vanished = old_primary.as_ref().filter(|old| {
+            answers
+                .iter()
+                .any(|(p, a)| p.cfg.name == **old && a.as_ref().map_or(true, |w| w.view.crashed_primary))
+        });
         let mut away = Vec::new();
         let mut rotated = false;
         let mut in_sync = Vec::new();
@@ -1320,6 +1340,11 @@ impl Node {
             *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(l);
             if force {
                 self.clear_own_outdated();
+            }
+        }
+        if let Some(old) = vanished {
+            for peer in self.peers.iter().filter(|p| p.cfg.name != *old) {
+                peer.state().verify_after_failover = Some(old.clone());
             }
         }
         self.halt.store(false, Ordering::SeqCst);
