@@ -253,6 +253,11 @@ struct PeerState {
     /// Bits set in the peer's bitmap towards us, as it said at the last handshake.
     peer_changes: Option<u64>,
     resync: Option<ResyncCounters>,
+    /// This node was promoted after its primary vanished (unreached, or back as a crashed
+    /// primary) while this peer was a secondary of that primary too: the old primary's
+    /// last writes may have reached one of the two and not the other. Once connected, an
+    /// online verify with `--resync` finds and copies those blocks.
+    verify_after_failover: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -547,6 +552,7 @@ impl Node {
                     last_error: None,
                     want: true,
                     discard_my_data: false,
+                    verify_after_failover: None,
                     since: SystemTime::now(),
                     peer_changes: None,
                     resync: None,
@@ -1260,7 +1266,21 @@ impl Node {
             Some(q) => Some(self.take_lease(q, force)?),
             None => None,
         };
+        // The primary this node last followed (its fence token names it): if it is gone
+        // now (not reached, or back as a crashed primary), the writes it had in flight
+        // may have reached some of its secondaries and not others.
+        let old_primary = self
+            .persisted()
+            .fence
+            .as_ref()
+            .map(|t| t.owner.node.clone())
+            .filter(|n| *n != self.cfg.node && self.peer_named(n).is_some());
         let answers = self.ask_peers();
+        let vanished = old_primary.as_ref().filter(|old| {
+            answers.iter().any(|(p, a)| {
+                p.cfg.name == **old && a.as_ref().map_or(true, |w| w.view.crashed_primary)
+            })
+        });
         let mut away = Vec::new();
         let mut rotated = false;
         let mut in_sync = Vec::new();
@@ -1339,6 +1359,11 @@ impl Node {
             *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(l);
             if force {
                 self.clear_own_outdated();
+            }
+        }
+        if let Some(old) = vanished {
+            for peer in self.peers.iter().filter(|p| p.cfg.name != *old) {
+                peer.state().verify_after_failover = Some(old.clone());
             }
         }
         self.halt.store(false, Ordering::SeqCst);
@@ -2301,6 +2326,63 @@ mod tests {
         let s = node.status();
         assert_ne!(s.generations.current, before);
         assert_eq!(s.epoch, 2);
+        node.demote().unwrap();
+    }
+
+    /// Node a with peers b and c (nobody answers at their addresses), its data in
+    /// generation 0x1000 and its fence token from `follows`' last data connection.
+    fn a_of_three(follows: &str) -> Arc<Node> {
+        let dev: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(16 << 20));
+        let p = CreateParams {
+            max_peers: 2,
+            bm_block: 4096,
+            al_extent: 1 << 20,
+            force: false,
+            resource: None,
+        };
+        create(dev.as_ref(), &p).unwrap();
+        let mut cfg = NodeConfig::for_tests("home", "a", "b");
+        let mut c = cfg.peers[0].clone();
+        c.name = "c".into();
+        cfg.peers.push(c);
+        let st = Store::open(dev.clone()).unwrap();
+        let mut p = st.load().unwrap();
+        p.current = 0x1000;
+        p.consistent = true;
+        p.epoch = 3;
+        st.bind_resource(resource_id("home")).unwrap();
+        p.fence = Some(FenceToken {
+            array: resource_id("home"),
+            generation: 3,
+            owner: OwnerId {
+                node: follows.into(),
+                instance: 1,
+            },
+        });
+        st.save(&p).unwrap();
+        Node::open(cfg, dev, Box::new(st)).unwrap()
+    }
+
+    #[test]
+    fn a_promotion_after_the_primary_vanished_verifies_the_other_secondaries() {
+        // a followed b; b is not reached: c may hold b's last writes that a lacks, or
+        // lack some a holds.
+        let node = a_of_three("b");
+        node.promote(false).unwrap();
+        let flags: Vec<_> = node
+            .peers
+            .iter()
+            .map(|p| p.state().verify_after_failover.clone())
+            .collect();
+        assert_eq!(flags, [None, Some("b".to_string())]);
+        node.demote().unwrap();
+        // a's own token (it was primary last, and stopped cleanly): nothing to verify.
+        let node = a_of_three("a");
+        node.promote(false).unwrap();
+        assert!(node
+            .peers
+            .iter()
+            .all(|p| p.state().verify_after_failover.is_none()));
         node.demote().unwrap();
     }
 

@@ -28,11 +28,64 @@ impl Node {
             } else {
                 self.sleep(Duration::from_millis(200));
             }
+            if peer.link().is_some() {
+                self.verify_after_failover(peer);
+            }
             if last_out.elapsed() > Duration::from_secs(5) {
                 let _ = self.write_out_bitmaps();
                 last_out = Instant::now();
             }
         }
+    }
+
+    /// After a promotion that followed the loss of the old primary, a peer that was that
+    /// primary's secondary too is verified once it is connected, and what differs is
+    /// resynced (`verify --resync`): the old primary's last writes, unacknowledged, may
+    /// have reached this node and not the peer, or the peer and not this node, and the
+    /// generations cannot tell (both still hold the same one). Nothing is resynced
+    /// when the two hold the same data.
+    fn verify_after_failover(self: &Arc<Self>, peer: &Arc<Peer>) {
+        let Some(old) = peer.state().verify_after_failover.clone() else {
+            return;
+        };
+        // The admin lock, without waiting on it: `secondary` holds it while it joins
+        // this thread.
+        let admin = loop {
+            if self.stop_peers.load(Ordering::SeqCst) {
+                return;
+            }
+            match self.admin.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    thread::sleep(Duration::from_millis(50))
+                }
+            }
+        };
+        if self.stop_peers.load(Ordering::SeqCst) {
+            return;
+        }
+        match self.verify_admin(Some(&peer.cfg.name), true) {
+            Ok(_) => {
+                peer.state().verify_after_failover = None;
+                self.event(
+                    "verify-after-failover",
+                    Some(&peer.cfg.name),
+                    format!(
+                        "{} was {old}'s secondary too: verifying it, to resync what {old} had in flight to only one of us",
+                        peer.cfg.name
+                    ),
+                );
+            }
+            // Not established yet (resyncing), or a verify already runs: tried again
+            // on the next round of this loop.
+            Err(e) => tracing::debug!(
+                "{}: verify of {} after the failover not started yet: {e}",
+                self.cfg.resource,
+                peer.cfg.name
+            ),
+        }
+        drop(admin);
     }
 
     /// While the primary lease is lost (no keepalive got through in time): says so
@@ -126,13 +179,15 @@ impl Node {
                 peer.cfg.name
             ));
         }
+        let mine = peer.bitmap.count();
         if w.view.primary {
             return Err(self.refuse(peer, "split-brain", Repl::SplitBrain, format!(
-                "peer {} is primary too: two primaries (split brain); make one secondary, then `cairn repl connect --discard-my-data` on it",
-                peer.cfg.name
+                "peer {} is primary too: two primaries (split brain): this node changed {} KiB, the peer {} KiB since they parted; make one secondary, then `cairn repl connect --discard-my-data` on it",
+                peer.cfg.name,
+                mine * self.meta.bm_block() / 1024,
+                w.changes * self.meta.bm_block() / 1024
             )));
         }
-        let mine = peer.bitmap.count();
         // Blocks the peer wrote while it was primary without this node, in the generation
         // both still hold: writes it never acknowledged (it lost its lease first, so it
         // took no new generation). This node's data wins; they are copied over.

@@ -318,6 +318,15 @@ impl Node {
         resync: bool,
     ) -> std::result::Result<String, String> {
         let _admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        self.verify_admin(peer, resync)
+    }
+
+    /// [`Node::verify`] for a caller that holds the admin lock.
+    pub(super) fn verify_admin(
+        self: &Arc<Self>,
+        peer: Option<&str>,
+        resync: bool,
+    ) -> std::result::Result<String, String> {
         if self.role() != Role::Primary {
             return Err(format!(
                 "{} is secondary on {}: verify runs on the primary, which compares its data with its peers'",
