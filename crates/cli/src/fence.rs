@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use cairn_block::BlockDevice;
 use cairn_cluster::ondisk::{now_unix, DecodeError, OwnerRecord};
-use cairn_cluster::{Etcd, RecordStore};
+use cairn_cluster::{Etcd, MemberStore};
 use cairn_nbd::fence::FenceStore;
 use cairn_stack::export::OpenedExport;
 use cairn_stack::fence::Ownership;
@@ -99,12 +99,37 @@ pub fn setup(opts: &FenceOptions, plain: bool, opened: &[OpenedExport]) -> Resul
                  md, LUKS and LVM exports carry no owner record of their own",
             ))
         }
-        (_, true) => Some(Arc::new(RecordStore)),
+        (_, true) => {
+            Some(Arc::new(MemberStore::new(opened.iter().filter_map(|e| {
+                beside_path(&e.path).map(|p| (e.name.clone(), p))
+            }))))
+        }
     };
     if opts.etcd.is_some() && !opened.iter().any(cairn_stack::fence::leased) {
         tracing::warn!("--etcd: no md array is served writable, so no lease was taken");
     }
     Ok(Fencing { store })
+}
+
+/// Where the owner record of an export used whole by its owner (a LUKS volume, a PV, an
+/// export served as it is) is kept, beside the export: `FILE.cairn-owner` next to a
+/// file, `/var/lib/cairn/owners/<path>` for a block device. None for a remote export.
+pub fn beside_path(export: &std::path::Path) -> Option<PathBuf> {
+    if cairn_stack::leaf::is_remote(export) {
+        return None;
+    }
+    let meta = std::fs::metadata(export).ok()?;
+    if meta.is_file() {
+        let mut p = export.as_os_str().to_owned();
+        p.push(".cairn-owner");
+        return Some(PathBuf::from(p));
+    }
+    let flat = export
+        .display()
+        .to_string()
+        .trim_start_matches('/')
+        .replace('/', "!");
+    Some(PathBuf::from("/var/lib/cairn/owners").join(flat))
 }
 
 /// `cairn md owner`.
