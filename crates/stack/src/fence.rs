@@ -483,9 +483,12 @@ pub fn claim_export(path: &Path, opts: &Options) -> Result<Option<ClaimedExport>
             Some(
                 Lease::acquire(etcd, &key, me.to_string().as_bytes(), *ttl).map_err(
                     |err| match err {
-                        LeaseError::Held(_) => {
-                            StackError::new(format!("{shown}: {err}; it is served by another host"))
-                        }
+                        LeaseError::Held(kv) => StackError::new(format!(
+                            "{shown}: the export is owned by {} (etcd lease {:x}); it is \
+                                 served by another host",
+                            String::from_utf8_lossy(&kv.value),
+                            kv.lease
+                        )),
                         other => StackError::new(format!(
                             "{shown}: cannot take its ownership lease: {other}"
                         )),
