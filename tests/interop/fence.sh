@@ -363,6 +363,9 @@ t_whole_exports_owned() {
   nbdsh -u "$(unix_uri sealed)" -c 'h.pwrite(b"\xaa" * 4096, 0); h.flush()'
   nbdsh -u "$(unix_uri raw)" -c 'h.pwrite(b"\xab" * 4096, 0); h.flush()'
   [ -s "$SHM/wvol.img.cairn-owner" ] || fail "no record beside the LUKS export"
+  out=$("$CAIRN" md owner "$VOL" "$RAW")
+  say "$out"
+  expect_lines "$out" "$VOL: generation 1, owner host-a/" "$RAW: generation 1, owner host-a/"
   head -c 6 "$SHM/wvol.img" | grep -q LUKS || fail "the LUKS header was overwritten"
   # The member server refuses writes without A's token, even at byte 0.
   out=$(nbdsh -u "nbd+unix:///m2?socket=$MSOCK" -c '
@@ -383,6 +386,9 @@ except nbd.Error as e:
   # A stops cleanly: released; B takes each over without --force.
   CAIRN_PID=$A_PID; stop_cairn
   expect_eq "$CAIRN_STATUS" 0 "A stops cleanly"
+  out=$("$CAIRN" md owner "$VOL" "$PV" "$RAW")
+  say "$out"
+  [ "$(printf '%s\n' "$out" | grep -c ', released$')" = 3 ] || fail "A's clean stop did not release all three: $out"
   start_cairn --no-control --key-file "$key" --owner-id host-b --luks "$VOL:sealed" --lvm "$PV" "$RAW:raw"
   local B_PID=$CAIRN_PID
   expect_eq "$(nbdsh -u "$(unix_uri sealed)" -c 'print(h.pread(4096, 0) == b"\xaa" * 4096)')" True "B reads A's data"
