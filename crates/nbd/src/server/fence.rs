@@ -228,13 +228,13 @@ impl Gate {
     pub(super) fn check<'a>(
         &'a self,
         store: &dyn FenceStore,
-        export: &str,
-        dev: &dyn BlockDevice,
+        export: &super::Export,
         token: Option<&FenceToken>,
         kind: u16,
         offset: u64,
         length: u64,
     ) -> Result<Pass<'a>, (u32, String)> {
+        let (dev, export) = (&*export.device, export.name.as_str());
         let mut s = self.read();
         if !s.loaded {
             drop(s);
