@@ -329,9 +329,159 @@ t_etcd_lease_lost_stops_md_writes() {
   CAIRN_PID=$MPID; stop_cairn
 }
 
+# serve_refused WHAT SERVE-ARGS...: a second `cairn serve` with these arguments exits at
+# start with a message naming WHAT; sets OUT.
+serve_refused() {
+  local what=$1 st=0
+  shift
+  OUT=$(timeout -k 5 60 "$CAIRN" serve --no-control --listen "unix:$WORK/second.sock" "$@" 2>&1 >/dev/null) || st=$?
+  [ "$st" -ne 0 ] && [ "$st" -ne 124 ] || fail "a second serve $* was not refused (status $st): $OUT"
+  expect_contains "$OUT" "$what" "the refusal"
+  say "refused: $(printf '%s\n' "$OUT" | tail -1)"
+}
+
+# Remote exports used whole (LUKS, an LVM PV, an export served as it is) are owned like
+# md members: the record is kept beside the export by the member server (its first bytes
+# are the owner's data), a second host is refused, a clean stop releases, a paused owner
+# replaced with --force cannot write a block.
+t_whole_exports_owned() {
+  need_tool nbdsh
+  local KDF=(--pbkdf pbkdf2 --pbkdf-force-iterations 1000) key=$WORK/key out sum
+  printf %s "whole export key" >"$key"
+  rm -f "$SHM"/w*.img "$SHM"/w*.img.cairn-owner
+  truncate -s 32M "$SHM/wvol.img" "$SHM/wpv.img" "$SHM/wraw.img"
+  "$CAIRN" luks format -q "${KDF[@]}" --key-file "$key" "$SHM/wvol.img" >/dev/null
+  "$CAIRN" lvm pvcreate "$SHM/wpv.img" >/dev/null
+  "$CAIRN" lvm vgcreate wvg "$SHM/wpv.img" >/dev/null
+  "$CAIRN" lvm lvcreate -n lv -L 8M wvg "$SHM/wpv.img" >/dev/null
+  member_server "$SHM/wvol.img" "$SHM/wpv.img" "$SHM/wraw.img"
+  local VOL=${URIS[0]} PV=${URIS[1]} RAW=${URIS[2]} MSOCK=$CAIRN_SOCK
+  # Host A: the LUKS volume, the PV and the raw export, each taken over.
+  start_cairn --no-control --key-file "$key" --owner-id host-a --luks "$VOL:sealed" \
+    --lvm "$PV" "$RAW:raw"
+  local A_PID=$CAIRN_PID A_SOCK=$CAIRN_SOCK A_LOG=$CAIRN_LOG
+  nbdsh -u "$(unix_uri sealed)" -c 'h.pwrite(b"\xaa" * 4096, 0); h.flush()'
+  nbdsh -u "$(unix_uri raw)" -c 'h.pwrite(b"\xab" * 4096, 0); h.flush()'
+  [ -s "$SHM/wvol.img.cairn-owner" ] || fail "no record beside the LUKS export"
+  out=$("$CAIRN" md owner "$VOL" "$RAW")
+  say "$out"
+  expect_lines "$out" "$VOL: generation 1, owner host-a/" "$RAW: generation 1, owner host-a/"
+  head -c 6 "$SHM/wvol.img" | grep -q LUKS || fail "the LUKS header was overwritten"
+  # The member server refuses writes without A's token, even at byte 0.
+  out=$(nbdsh -u "nbd+unix:///m2?socket=$MSOCK" -c '
+import nbd
+try:
+    h.pwrite(b"\xcc" * 4096, 8192); print("PLAIN WRITE")
+except nbd.Error as e:
+    print("refused", e.errno)' 2>&1) || true
+  expect_contains "$out" "refused EPERM" "a plain client's write to an owned export"
+  # Host B: each refused while A runs, naming A.
+  serve_refused "owned by host-a/" --key-file "$key" --owner-id host-b --luks "$VOL:sealed"
+  serve_refused "owned by host-a/" --owner-id host-b --lvm "$PV"
+  serve_refused "owned by host-a/" --owner-id host-b "$RAW:raw"
+  # Read-only opens claim nothing.
+  start_cairn --no-control --read-only --key-file "$key" --owner-id host-b --luks "$VOL:ro"
+  expect_eq "$(nbdsh -u "$(unix_uri ro)" -c 'print(h.pread(4096, 0) == b"\xaa" * 4096)')" True "read-only B reads A's data"
+  stop_cairn
+  # A stops cleanly: released; B takes each over without --force.
+  CAIRN_PID=$A_PID; stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "A stops cleanly"
+  out=$("$CAIRN" md owner "$VOL" "$PV" "$RAW")
+  say "$out"
+  [ "$(printf '%s\n' "$out" | grep -c ', released$')" = 3 ] || fail "A's clean stop did not release all three: $out"
+  start_cairn --no-control --key-file "$key" --owner-id host-b --luks "$VOL:sealed" --lvm "$PV" "$RAW:raw"
+  local B_PID=$CAIRN_PID
+  expect_eq "$(nbdsh -u "$(unix_uri sealed)" -c 'print(h.pread(4096, 0) == b"\xaa" * 4096)')" True "B reads A's data"
+  nbdsh -u "$(unix_uri wvg/lv)" -c 'h.pwrite(b"\xbb" * 4096, 0); h.flush()'
+  CAIRN_PID=$B_PID; stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "B stops cleanly"
+  # A paused owner: C serves the LUKS volume and the raw export, is stopped with SIGSTOP,
+  # D takes over with --force and writes; C resumed cannot write a block.
+  start_cairn --no-control --key-file "$key" --owner-id host-c --luks "$VOL:sealed" "$RAW:raw"
+  local C_PID=$CAIRN_PID C_SOCK=$CAIRN_SOCK C_LOG=$CAIRN_LOG
+  nbdsh -u "$(unix_uri sealed)" -c 'h.pwrite(b"\xc0" * 4096, 0); h.flush()'
+  kill -STOP "$C_PID"
+  serve_refused "--force" --key-file "$key" --owner-id host-d --luks "$VOL:sealed"
+  start_cairn --no-control --force --key-file "$key" --owner-id host-d --luks "$VOL:sealed" "$RAW:raw"
+  local D_PID=$CAIRN_PID
+  nbdsh -u "$(unix_uri sealed)" -c 'h.pwrite(b"\xd0" * 4096, 4096); h.flush()'
+  nbdsh -u "$(unix_uri raw)" -c 'h.pwrite(b"\xd1" * 4096, 4096); h.flush()'
+  sum=$(sha256sum "$SHM/wvol.img" "$SHM/wraw.img")
+  kill -CONT "$C_PID"
+  local e
+  for e in sealed raw; do
+    out=$(nbdsh -u "nbd+unix:///$e?socket=$C_SOCK" -c '
+import nbd
+for i in range(8):
+    try:
+        h.pwrite(b"\xee" * 4096, 4096 * i); print("LATE WRITE", i)
+    except nbd.Error as e:
+        print("refused", e.errno)
+try:
+    h.flush(); print("flushed")
+except nbd.Error as e:
+    print("flush refused", e.errno)' 2>&1) || true
+    say "$e: $out"
+    case $out in *"LATE WRITE"*) fail "the paused owner wrote to $e after the takeover" ;; esac
+    expect_contains "$out" "refused EPERM" "the paused owner's writes to $e"
+  done
+  sleep 1
+  expect_eq "$(sha256sum "$SHM/wvol.img" "$SHM/wraw.img")" "$sum" "the member data after the paused owner's tries"
+  no_block_of 0xee "$SHM/wraw.img" || fail "a write of the paused owner reached the raw export"
+  CAIRN_PID=$C_PID; stop_cairn
+  CAIRN_PID=$D_PID; stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "D stops cleanly"
+  expect_eq "$(py -c "import sys; f=open(sys.argv[1],'rb'); f.seek(4096); print(f.read(4096)==b'\xd1'*4096)" "$SHM/wraw.img")" True "D's block on the raw export"
+  CAIRN_PID=$MPID; stop_cairn
+  rm -f "$SHM"/w*.img "$SHM"/w*.img.cairn-owner
+}
+
+# The same with --etcd: the export's lease comes first; a paused owner whose lease ran
+# out is replaced without --force, and cannot write a block when it wakes.
+t_whole_export_etcd() {
+  need_tool nbdsh
+  start_etcd
+  rm -f "$SHM/wraw.img" "$SHM/wraw.img.cairn-owner"
+  truncate -s 32M "$SHM/wraw.img"
+  member_server "$SHM/wraw.img"
+  local RAW=${URIS[0]} out
+  start_cairn -v --no-control --etcd "$ETCD" --etcd-ttl 2 --owner-id host-a "$RAW:raw"
+  local A_PID=$CAIRN_PID A_SOCK=$CAIRN_SOCK A_LOG=$CAIRN_LOG
+  grep -q "took /cairn/exports/" "$A_LOG" || fail "A took no lease: $(cat "$A_LOG")"
+  case $(cat "$A_LOG") in *"no lease was taken"*) fail "A says it took no lease" ;; esac
+  nbdsh -u "$(unix_uri raw)" -c 'h.pwrite(b"\xaa" * 4096, 0); h.flush()'
+  serve_refused "served by another host" --etcd "$ETCD" --etcd-ttl 2 --owner-id host-b "$RAW:raw"
+  kill -STOP "$A_PID"
+  sleep 4
+  start_cairn --no-control --etcd "$ETCD" --etcd-ttl 2 --owner-id host-b "$RAW:raw"
+  local B_PID=$CAIRN_PID
+  nbdsh -u "$(unix_uri raw)" -c 'h.pwrite(b"\xbb" * 4096, 4096); h.flush()'
+  kill -CONT "$A_PID"
+  out=$(nbdsh -u "nbd+unix:///raw?socket=$A_SOCK" -c '
+import nbd
+for i in range(8):
+    try:
+        h.pwrite(b"\xee" * 4096, 4096 * i); print("LATE WRITE", i)
+    except nbd.Error as e:
+        print("refused", e.errno)' 2>&1) || true
+  say "$out"
+  case $out in *"LATE WRITE"*) fail "the paused owner wrote after its lease ran out" ;; esac
+  expect_contains "$out" "refused EPERM" "the paused owner's writes"
+  sleep 1
+  no_block_of 0xee "$SHM/wraw.img" || fail "a write of the paused owner reached the export"
+  CAIRN_PID=$B_PID; stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "B stops cleanly"
+  expect_eq "$(py -c "import sys; f=open(sys.argv[1],'rb'); print(f.read(8192)==b'\xaa'*4096+b'\xbb'*4096)" "$SHM/wraw.img")" True "A's block, then B's"
+  CAIRN_PID=$A_PID; stop_cairn
+  CAIRN_PID=$MPID; stop_cairn
+  rm -f "$SHM/wraw.img" "$SHM/wraw.img.cairn-owner"
+}
+
 run_test member_server_fences t_member_server_fences
 run_test fence_off_and_stacks t_fence_off_and_stacks
 run_test etcd_lease t_etcd_lease
 run_test etcd_takeover_over_member_servers t_etcd_takeover_over_member_servers
 run_test etcd_lease_lost_stops_md_writes t_etcd_lease_lost_stops_md_writes
+run_test whole_exports_owned t_whole_exports_owned
+run_test whole_export_etcd t_whole_export_etcd
 finish

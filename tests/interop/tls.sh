@@ -208,6 +208,43 @@ t_nbdkit_client() {
   grep -q "TLS handshake failed" "$CAIRN_LOG" || fail "cairn did not log the refusal: $(cat "$CAIRN_LOG")"
 }
 
+# cairn's own NBD_OPT_LIST / NBD_OPT_INFO (`cairn nbd ls|info`) against servers that
+# require TLS (PSK): a cairn serve and an nbdkit. With an nbds:// URI they STARTTLS first
+# and are answered; with nbd:// they are refused with "requires TLS"; a wrong key is
+# refused too.
+t_nbd_ls_tls() {
+  need_tool nbdkit
+  creds
+  serve_tls --tls require --tls-psk "$C/psk/keys.psk"
+  timeout -k 5 30 "$CAIRN" nbd ls "$(psk_tcp alice)" >"$WORK/ls" || fail "nbd ls over TLS: $(cat "$WORK/ls")"
+  cat "$WORK/ls"
+  grep -q "^vol	$((16 << 20))	" "$WORK/ls" || fail "nbd ls output: $(cat "$WORK/ls")"
+  timeout -k 5 30 "$CAIRN" --json nbd info "$(psk_unix bob)" >"$WORK/info" || fail "nbd info over TLS"
+  py -c 'import json,sys; j=json.load(open(sys.argv[1]))[0]
+assert j["name"] == "vol" and j["size"] == 16 << 20, j' "$WORK/info"
+  refused "$CAIRN" nbd ls "nbd://127.0.0.1:$CAIRN_PORT/"
+  grep -q "requires TLS" "$WORK/refused.out" || fail "no clear refusal: $(cat "$WORK/refused.out")"
+  refused "$CAIRN" nbd info "$(tcp_uri vol)"
+  grep -q "requires TLS" "$WORK/refused.out" || fail "no clear refusal: $(cat "$WORK/refused.out")"
+  refused "$CAIRN" nbd ls "$(psk_tcp alice "$C/wrong/keys.psk")"
+  stop_cairn
+  # nbdkit --tls=require: the same.
+  [ -f "$SHM/vol.img" ] || random_file "$SHM/vol.img" $((16 << 20))
+  local sock=$WORK/nbdkit-tls.sock
+  nbdkit -f -U "$sock" --exportname=vol --tls=require --tls-psk="$C/psk/keys.psk" \
+    file "$SHM/vol.img" >"$WORK/nbdkit.log" 2>&1 &
+  register pid $!
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  [ -S "$sock" ] || fail "nbdkit did not start: $(cat "$WORK/nbdkit.log")"
+  local uri="nbds+unix:///vol?socket=$sock&tls-psk-file=$C/psk/keys.psk&tls-username=alice"
+  timeout -k 5 30 "$CAIRN" nbd info "$uri" >"$WORK/info" || fail "nbd info to nbdkit over TLS"
+  grep -q "	$((16 << 20))	" "$WORK/info" || fail "nbd info output: $(cat "$WORK/info")"
+  timeout -k 5 30 "$CAIRN" nbd ls "$uri" >"$WORK/ls" || fail "nbd ls to nbdkit over TLS"
+  cat "$WORK/ls"
+  refused "$CAIRN" nbd ls "nbd+unix:///vol?socket=$sock"
+  grep -q "requires TLS" "$WORK/refused.out" || fail "no clear refusal: $(cat "$WORK/refused.out")"
+}
+
 # A TCP listener off loopback: refused without --tls require, unless --insecure-no-tls.
 t_non_loopback() {
   creds
@@ -248,4 +285,5 @@ run_test nbdcopy t_nbdcopy
 run_test qemu-img t_qemu_img
 run_test nbdkit-client t_nbdkit_client
 run_test non-loopback t_non_loopback
+run_test nbd-ls-tls t_nbd_ls_tls
 finish

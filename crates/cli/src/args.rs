@@ -97,6 +97,11 @@ pub enum Command {
     #[command(long_about = crate::advise::ADVISE_LONG, after_help = crate::advise::ADVISE_EXAMPLES)]
     Advise(crate::advise::AdviseArgs),
 
+    /// Ask an NBD server what it exports (NBD_OPT_LIST, NBD_OPT_INFO), over TLS with an
+    /// nbds:// URI
+    #[command(subcommand, after_help = crate::nbd::NBD_EXAMPLES)]
+    Nbd(crate::nbd::NbdCommand),
+
     /// LVM2 volume groups (lvm's format): pvcreate, vgcreate, lvcreate, lvs, ...
     #[command(subcommand, long_about = crate::lvm::LVM_LONG, after_help = crate::lvm::LVM_EXAMPLES)]
     Lvm(crate::lvm::LvmCommand),

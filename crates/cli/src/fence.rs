@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use cairn_block::BlockDevice;
 use cairn_cluster::ondisk::{now_unix, DecodeError, OwnerRecord};
-use cairn_cluster::{Etcd, RecordStore};
+use cairn_cluster::{Etcd, MemberStore};
 use cairn_nbd::fence::FenceStore;
 use cairn_stack::export::OpenedExport;
 use cairn_stack::fence::Ownership;
@@ -101,12 +101,37 @@ pub fn setup(opts: &FenceOptions, plain: bool, opened: &[OpenedExport]) -> Resul
                  md, LUKS and LVM exports carry no owner record of their own",
             ))
         }
-        (_, true) => Some(Arc::new(RecordStore)),
+        (_, true) => {
+            Some(Arc::new(MemberStore::new(opened.iter().filter_map(|e| {
+                beside_path(&e.path).map(|p| (e.name.clone(), p))
+            }))))
+        }
     };
     if !opts.etcd.is_empty() && !opened.iter().any(cairn_stack::fence::leased) {
         tracing::warn!("--etcd: no md array is served writable, so no lease was taken");
     }
     Ok(Fencing { store })
+}
+
+/// Where the owner record of an export used whole by its owner (a LUKS volume, a PV, an
+/// export served as it is) is kept, beside the export: `FILE.cairn-owner` next to a
+/// file, `/var/lib/cairn/owners/<path>` for a block device. None for a remote export.
+pub fn beside_path(export: &std::path::Path) -> Option<PathBuf> {
+    if cairn_stack::leaf::is_remote(export) {
+        return None;
+    }
+    let meta = std::fs::metadata(export).ok()?;
+    if meta.is_file() {
+        let mut p = export.as_os_str().to_owned();
+        p.push(".cairn-owner");
+        return Some(PathBuf::from(p));
+    }
+    let flat = export
+        .display()
+        .to_string()
+        .trim_start_matches('/')
+        .replace('/', "!");
+    Some(PathBuf::from("/var/lib/cairn/owners").join(flat))
 }
 
 /// `cairn md owner`.
@@ -189,9 +214,55 @@ fn owner_line(member: &str) -> OwnerLine {
                 DecodeError::Corrupt(_) => "damaged",
             };
             l.message = Some(e.to_string());
+            // An export used whole (LUKS, a PV): a cairn member server keeps its record
+            // beside it and says what it holds.
+            if l.state == "foreign" {
+                match kept_beside(member) {
+                    Ok(Some(r)) => {
+                        l.state = "owned";
+                        l.generation = Some(r.token.generation);
+                        l.owner = Some(r.token.owner.to_string());
+                        l.array = Some(uuid_text(&r.token.array));
+                        l.since = Some(r.since);
+                        l.released = r.released;
+                        l.message = None;
+                    }
+                    Ok(None) => {}
+                    Err(m) => l.message = Some(m),
+                }
+            }
         }
     }
     l
+}
+
+/// The record a cairn member server keeps for a remote export (beside it, for an
+/// export used whole), when it keeps one.
+fn kept_beside(member: &str) -> std::result::Result<Option<OwnerRecord>, String> {
+    if !cairn_stack::leaf::is_remote(std::path::Path::new(member)) {
+        return Ok(None);
+    }
+    let uri = cairn_nbd::uri::NbdUri::parse(member)?;
+    let o = cairn_nbd::client::ClientOptions::from_uri(&uri).map_err(|e| e.to_string())?;
+    let asker = cairn_nbd::fence::FenceToken {
+        array: [0; 16],
+        generation: 1,
+        owner: cairn_nbd::fence::OwnerId::new("cairn-md-owner", 0)?,
+    };
+    let bytes = (|| {
+        let mut hs = cairn_nbd::client::Handshake::connect(&o.addr, o.timeout)?;
+        if let Some(tls) = &o.tls {
+            hs.starttls(tls)?;
+        }
+        let b = cairn_nbd::fence::query(&mut hs, &o.export, &asker)?;
+        let _ = hs.abort();
+        Ok::<_, cairn_nbd::client::Error>(b)
+    })()
+    .map_err(|e| e.to_string())?;
+    match bytes {
+        Some(b) if !b.is_empty() => OwnerRecord::decode(&b).map_err(|e| e.to_string()),
+        _ => Ok(None),
+    }
 }
 
 /// Prints each member's owner record: generation, owner, array, since when.

@@ -57,6 +57,7 @@ pub mod luks;
 pub mod lvm;
 pub mod md;
 pub mod md_manage;
+pub mod nbd;
 pub mod quickstart;
 pub mod repl;
 pub mod scan;
@@ -84,9 +85,16 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Scan(a) => scan::run(&a, &cli.global),
         Command::Advise(a) => advise::run(&a, &cli.global),
         Command::Lvm(c) => lvm::run(c, &cli.global),
+        Command::Nbd(c) => nbd::run(c, &cli.global),
         Command::Repl(c) => repl::run(c, &cli.global),
         Command::Bench(a) => bench::run(&a, &cli.global),
     };
+    // A clean end gives up what this process still owns across hosts (remote exports
+    // used whole; md arrays are given up as they close): the next owner takes over
+    // without --force. A failure keeps it, as a crash would.
+    if result.is_ok() {
+        cairn_stack::fence::release_all();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

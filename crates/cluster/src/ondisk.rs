@@ -251,6 +251,137 @@ impl FenceStore for RecordStore {
     }
 }
 
+/// A member server's record store that also keeps records beside its exports, for
+/// owners that use a whole export (a LUKS volume, an LVM PV, an export served as it is:
+/// `FENCE_FLAG_WHOLE`), whose first bytes are the owner's data. Each such record is a
+/// file of its own (the same 4096 bytes as in a member), written to a temporary name,
+/// synced and renamed over the old one, so a crash leaves the old record or the new one.
+/// Exports without a file here keep their record in their first 4 KiB ([`RecordStore`]).
+#[derive(Debug, Default, Clone)]
+pub struct MemberStore {
+    /// Export name -> the file its record is kept in, once an owner of the whole export
+    /// has declared itself.
+    beside: std::collections::HashMap<String, std::path::PathBuf>,
+}
+
+impl MemberStore {
+    /// A store keeping the records of whole-export owners of `export` at `path`.
+    pub fn new(beside: impl IntoIterator<Item = (String, std::path::PathBuf)>) -> MemberStore {
+        MemberStore {
+            beside: beside.into_iter().collect(),
+        }
+    }
+
+    fn path(&self, export: &str) -> Result<&std::path::Path> {
+        self.beside.get(export).map(|p| p.as_path()).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unsupported,
+                format!("export {export:?}: no place to keep an owner record beside it"),
+            )
+        })
+    }
+
+    /// The bytes of the record kept beside `export`, when there is one.
+    fn read_beside(&self, export: &str) -> Result<Option<Vec<u8>>> {
+        let Some(p) = self.beside.get(export) else {
+            return Ok(None);
+        };
+        match std::fs::read(p) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::new(
+                ErrorKind::Io,
+                format!("reading the owner record {}: {e}", p.display()),
+            )),
+        }
+    }
+}
+
+fn decoded_beside(b: &[u8], export: &str) -> Result<Stored> {
+    match OwnerRecord::decode(b) {
+        Ok(Some(r)) => Ok(Stored::Owner(r.token)),
+        Ok(None) => Ok(Stored::Blank),
+        Err(e) => Err(Error::new(
+            ErrorKind::Corrupt,
+            format!("export {export:?}: the owner record kept beside it: {e}"),
+        )),
+    }
+}
+
+impl FenceStore for MemberStore {
+    fn reserved(&self) -> u64 {
+        RECORD_AREA
+    }
+
+    fn load(&self, dev: &dyn BlockDevice) -> Result<Stored> {
+        RecordStore.load(dev)
+    }
+
+    fn store(&self, dev: &dyn BlockDevice, token: &FenceToken, released: bool) -> Result<()> {
+        RecordStore.store(dev, token, released)
+    }
+
+    fn load_beside(&self, export: &str) -> Result<Option<Stored>> {
+        match self.read_beside(export)? {
+            Some(b) => decoded_beside(&b, export).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn store_beside(&self, export: &str, token: &FenceToken, released: bool) -> Result<()> {
+        use std::io::Write;
+        let path = self.path(export)?;
+        let old = self
+            .read_beside(export)?
+            .and_then(|b| OwnerRecord::decode(&b).ok().flatten());
+        let since = match old {
+            Some(r) if released && r.token.same_owner(token) => r.since,
+            _ => now_unix(),
+        };
+        let bytes = OwnerRecord {
+            token: token.clone(),
+            since,
+            released,
+        }
+        .encode();
+        let io = |what: &str, e: std::io::Error| {
+            Error::new(
+                ErrorKind::Io,
+                format!("{what} the owner record {}: {e}", path.display()),
+            )
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| io("making the directory of", e))?;
+        }
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".new");
+        let tmp = std::path::PathBuf::from(tmp);
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating", e))?;
+        f.write_all(&bytes).map_err(|e| io("writing", e))?;
+        f.sync_all().map_err(|e| io("syncing", e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io("renaming", e))?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Ok(d) = std::fs::File::open(dir) {
+                d.sync_all()
+                    .map_err(|e| io("syncing the directory of", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn record_bytes(&self, export: &str, dev: &dyn BlockDevice) -> Result<Vec<u8>> {
+        if let Some(b) = self.read_beside(export)? {
+            decoded_beside(&b, export)?;
+            return Ok(b);
+        }
+        match OwnerRecord::read(dev)? {
+            Ok(Some(r)) => Ok(r.encode()),
+            Ok(None) | Err(DecodeError::NotARecord(_)) => Ok(Vec::new()),
+            Err(e @ DecodeError::Corrupt(_)) => Err(Error::new(ErrorKind::Corrupt, e.to_string())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,5 +530,38 @@ mod tests {
             RecordStore.load(&dev).unwrap_err().kind(),
             ErrorKind::Corrupt
         );
+    }
+
+    #[test]
+    fn records_kept_beside_an_export() {
+        let dir = std::env::temp_dir().join(format!("cairn-beside-{}", std::process::id()));
+        let path = dir.join("sub/vol.cairn-owner");
+        let st = MemberStore::new([("vol".to_string(), path.clone())]);
+        let dev = cairn_block::MemDisk::new(1 << 20);
+        dev.write_at(b"LUKS\xba\xbe", 0, WriteFlags::NONE).unwrap();
+        assert_eq!(st.load_beside("vol").unwrap(), None);
+        assert!(st.record_bytes("vol", &dev).unwrap().is_empty());
+        assert!(st.store_beside("other", &record().token, false).is_err());
+        let t = record().token;
+        st.store_beside("vol", &t, false).unwrap();
+        assert_eq!(
+            st.load_beside("vol").unwrap(),
+            Some(Stored::Owner(t.clone()))
+        );
+        // The export's own bytes are untouched.
+        let mut b = [0u8; 6];
+        dev.read_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"LUKS\xba\xbe");
+        st.store_beside("vol", &t, true).unwrap();
+        let r = OwnerRecord::decode(&st.record_bytes("vol", &dev).unwrap())
+            .unwrap()
+            .unwrap();
+        assert!(r.released && r.token == t);
+        std::fs::write(&path, [0xffu8; 4096]).unwrap();
+        assert_eq!(
+            st.load_beside("vol").unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -148,6 +148,8 @@ pub struct Owned {
     pub members: Vec<OwnedMember>,
     /// Names of members that could not be reached.
     pub missing: Vec<String>,
+    /// One export used whole ([`take_over_whole`]): its record is kept beside it.
+    pub whole: bool,
 }
 
 /// How a takeover may proceed.
@@ -306,6 +308,129 @@ pub fn take_over(
         token,
         members: owned,
         missing,
+        whole: false,
+    })
+}
+
+/// Takes ownership of one export its owner uses whole (a LUKS volume, an LVM PV, an
+/// export served as it is), whose first bytes are the owner's data: the record is kept
+/// beside the export by its member server (`FENCE_FLAG_WHOLE`), which answers what it
+/// holds to a query. `id` names what is owned in the record. A record of another owner
+/// that is not released refuses the takeover unless `replace_owner`. A server that does
+/// not enforce (nbdkit, qemu-nbd) has nowhere to keep a record that would not overwrite
+/// data: the export is used unfenced (`foreign`), with a warning.
+pub fn take_over_whole(
+    id: [u8; 16],
+    owner: &OwnerId,
+    name: &str,
+    opts: &ClientOptions,
+    replace_owner: bool,
+) -> Result<Owned, TakeoverError> {
+    let member = |message: String| TakeoverError::Member {
+        member: name.to_string(),
+        message,
+    };
+    let probe = FenceToken {
+        array: id,
+        generation: 1,
+        owner: owner.clone(),
+    };
+    // 1. What the server holds (a plain connection: TLS first when asked for).
+    let answer = (|| {
+        let mut hs = cairn_nbd::client::Handshake::connect(&opts.addr, opts.timeout)?;
+        if let Some(tls) = &opts.tls {
+            hs.starttls(tls)?;
+        }
+        let a = cairn_nbd::fence::query(&mut hs, &opts.export, &probe)?;
+        let _ = hs.abort();
+        Ok::<_, cairn_nbd::client::Error>(a)
+    })()
+    .map_err(|e| {
+        if e.is_unreachable() {
+            member(format!("not reached: {e}"))
+        } else {
+            TakeoverError::Refused {
+                member: name.to_string(),
+                message: e.to_string(),
+            }
+        }
+    })?;
+    let Some(bytes) = answer else {
+        tracing::warn!(
+            "{name}: its server does not enforce owner generations (not a cairn member \
+             server) and the export's first bytes are its owner's data, so no owner record \
+             is kept: it is not fenced"
+        );
+        let mut o = opts.clone();
+        o.fence = None;
+        let client = Client::connect(&o).map_err(|e| member(e.to_string()))?;
+        return Ok(Owned {
+            token: probe,
+            members: vec![OwnedMember {
+                name: name.to_string(),
+                device: Arc::new(client),
+                enforced: false,
+                foreign: true,
+            }],
+            missing: Vec::new(),
+            whole: true,
+        });
+    };
+    let record = if bytes.is_empty() {
+        None
+    } else {
+        OwnerRecord::decode(&bytes).map_err(|error| TakeoverError::Record {
+            member: name.to_string(),
+            error,
+        })?
+    };
+    // 2. Another owner that has not released it.
+    if let Some(r) = record
+        .as_ref()
+        .filter(|r| !r.released && &r.token.owner != owner)
+    {
+        if !replace_owner {
+            return Err(TakeoverError::Owned {
+                member: name.to_string(),
+                owner: r.token.owner.to_string(),
+                generation: r.token.generation,
+                since: r.since,
+            });
+        }
+    }
+    // 3. One above it, declared (the server keeps it beside the export).
+    let generation = next_generation(record.as_ref()).ok_or(TakeoverError::Exhausted)?;
+    let token = FenceToken {
+        array: id,
+        generation,
+        owner: owner.clone(),
+    };
+    let mut o = opts.clone();
+    o.fence = Some(token.clone());
+    o.fence_whole = true;
+    let client = Client::connect(&o).map_err(|e| {
+        if e.is_fenced() {
+            TakeoverError::Fenced {
+                member: name.to_string(),
+                message: e.to_string(),
+            }
+        } else {
+            member(e.to_string())
+        }
+    })?;
+    // Asked a moment ago, so it enforces; a server swapped in between does not.
+    let enforced = client.fence() == Some(FenceAnswer::Enforced);
+    tracing::info!("owner {owner} took generation {generation} on {name} (the whole export)");
+    Ok(Owned {
+        token,
+        members: vec![OwnedMember {
+            name: name.to_string(),
+            device: Arc::new(client),
+            enforced,
+            foreign: !enforced,
+        }],
+        missing: Vec::new(),
+        whole: true,
     })
 }
 
@@ -318,7 +443,7 @@ pub fn release(owned: &Owned, members: &[(String, ClientOptions)]) -> Vec<(Strin
     for m in owned.members.iter().filter(|m| !m.foreign) {
         let r = if m.enforced {
             match members.iter().find(|(n, _)| n == &m.name) {
-                Some((_, opts)) => release_enforced(opts, &owned.token),
+                Some((_, opts)) => release_enforced(opts, &owned.token, owned.whole),
                 None => Err("not among the members given".to_string()),
             }
         } else {
@@ -354,7 +479,7 @@ pub fn release(owned: &Owned, members: &[(String, ClientOptions)]) -> Vec<(Strin
     failed
 }
 
-fn release_enforced(opts: &ClientOptions, token: &FenceToken) -> Result<(), String> {
+fn release_enforced(opts: &ClientOptions, token: &FenceToken, whole: bool) -> Result<(), String> {
     let mut hs = cairn_nbd::client::Handshake::connect(&opts.addr, opts.timeout)
         .map_err(|e| e.to_string())?;
     // A member server with --tls require answers nothing but STARTTLS before TLS.
@@ -365,7 +490,12 @@ fn release_enforced(opts: &ClientOptions, token: &FenceToken) -> Result<(), Stri
         &mut hs,
         &opts.export,
         token,
-        cairn_nbd::fence::FENCE_FLAG_RELEASE,
+        cairn_nbd::fence::FENCE_FLAG_RELEASE
+            | if whole {
+                cairn_nbd::fence::FENCE_FLAG_WHOLE
+            } else {
+                0
+            },
     )
     .map_err(|e| e.to_string())?;
     let _ = hs.abort();

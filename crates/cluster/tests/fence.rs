@@ -509,3 +509,82 @@ fn a_damaged_record_stops_writers_but_not_readers() {
     dev.read_at(&mut now, 0).unwrap();
     assert_eq!(now, rec);
 }
+
+/// A LUKS header where an owner record would go: an export its owner uses whole.
+fn luks_like(size: u64) -> Arc<cairn_block::MemDisk> {
+    let dev = mem(size);
+    let mut head = vec![0x5au8; 4096];
+    head[..6].copy_from_slice(b"LUKS\xba\xbe");
+    dev.write_at(&head, 0, WriteFlags::NONE).unwrap();
+    dev
+}
+
+#[test]
+fn whole_export_owners_keep_their_record_beside_it() {
+    use cairn_cluster::{take_over_whole, MemberStore};
+    const ID: [u8; 16] = *b"whole-export-id\0";
+    let dir = TempDir::new("beside");
+    let beside = dir.path().join("disk.cairn-owner");
+    let dev = luks_like(1 << 20);
+    let store = MemberStore::new([("disk".to_string(), beside.clone())]);
+    let mut m = Member::start_with_store(dev.clone(), Some(Arc::new(store.clone())));
+    let (a, b, c) = (owner("host-a", 1), owner("host-b", 2), owner("host-c", 3));
+    let oa = take_over_whole(ID, &a, "disk", &m.options(), false).unwrap();
+    assert!(oa.members[0].enforced && !oa.members[0].foreign);
+    assert_eq!(oa.token.generation, 1);
+    assert!(beside.exists(), "the record is kept beside the export");
+    // The owner writes the export's first bytes (its LUKS header): nothing is reserved.
+    let da = oa.members[0].device.clone();
+    da.write_at(&[0x11; 4096], 0, WriteFlags::FUA).unwrap();
+    // Without a token: reads yes, writes no.
+    let plain = connect(&m, None).unwrap();
+    let mut buf = [0u8; 4096];
+    plain.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, [0x11; 4096]);
+    assert!(plain
+        .write_at(&[0x99; 4096], 8192, WriteFlags::NONE)
+        .is_err());
+    // A second owner is refused while A has not released it.
+    match take_over_whole(ID, &b, "disk", &m.options(), false) {
+        Err(TakeoverError::Owned {
+            owner, generation, ..
+        }) => assert!(owner.starts_with("host-a/") && generation == 1),
+        other => panic!("expected Owned, got {other:?}"),
+    }
+    // Told to replace it: generation 2, and A is fenced at once.
+    let ob = take_over_whole(ID, &b, "disk", &m.options(), true).unwrap();
+    assert_eq!(ob.token.generation, 2);
+    let e = da.write_at(&[0x22; 4096], 0, WriteFlags::NONE).unwrap_err();
+    assert_eq!(e.kind(), cairn_block::ErrorKind::Fenced, "{e}");
+    let db = ob.members[0].device.clone();
+    db.write_at(&[0x33; 4096], 0, WriteFlags::FUA).unwrap();
+    // The generation survives a restart of the member server (it is in the file).
+    drop((da, db, plain));
+    drop(oa);
+    m.stop();
+    let m = Member::start_with_store(dev.clone(), Some(Arc::new(store)));
+    assert!(matches!(
+        take_over_whole(ID, &c, "disk", &m.options(), false),
+        Err(TakeoverError::Owned { generation: 2, .. })
+    ));
+    // B releases it; C then takes it without being told.
+    assert!(release(&ob, &[("disk".to_string(), m.options())]).is_empty());
+    let oc = take_over_whole(ID, &c, "disk", &m.options(), false).unwrap();
+    assert_eq!(oc.token.generation, 3);
+    // The export holds B's bytes, not a record.
+    dev.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, [0x33; 4096]);
+}
+
+#[test]
+fn whole_exports_on_a_plain_server_run_unfenced_and_untouched() {
+    use cairn_cluster::take_over_whole;
+    let dev = luks_like(1 << 20);
+    let m = Member::start(dev.clone(), false);
+    let o = take_over_whole([9; 16], &owner("host-a", 1), "disk", &m.options(), false).unwrap();
+    assert!(!o.members[0].enforced && o.members[0].foreign);
+    assert!(release(&o, &[("disk".to_string(), m.options())]).is_empty());
+    let mut buf = [0u8; 6];
+    dev.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"LUKS\xba\xbe", "nothing was written over the header");
+}

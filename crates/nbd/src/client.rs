@@ -427,6 +427,10 @@ pub struct ClientOptions {
     /// `NBD_OPT_GO` (crate::fence). A cairn member server that holds a newer owner refuses
     /// the connection; one that does not enforce is reported by [`Client::fence`].
     pub fence: Option<crate::fence::FenceToken>,
+    /// The owner of [`ClientOptions::fence`] uses the whole export (not an md member's
+    /// data area): declared with [`crate::fence::FENCE_FLAG_WHOLE`], so the server keeps
+    /// the record beside the export.
+    pub fence_whole: bool,
     /// TLS: STARTTLS before anything else, and a server that does not offer it is an
     /// error (never plaintext).
     pub tls: Option<ClientTls>,
@@ -443,6 +447,7 @@ impl ClientOptions {
             timeout: Some(Duration::from_secs(30)),
             connections: 4,
             fence: None,
+            fence_whole: false,
             tls: None,
         }
     }
@@ -2170,7 +2175,19 @@ impl Client {
             hs.starttls(tls)?;
         }
         let fence = match &opts.fence {
-            Some(t) => Some(crate::fence::declare(&mut hs, &opts.export, t)?),
+            Some(t) => {
+                let flags = if opts.fence_whole {
+                    crate::fence::FENCE_FLAG_WHOLE
+                } else {
+                    0
+                };
+                Some(crate::fence::declare_flags(
+                    &mut hs,
+                    &opts.export,
+                    t,
+                    flags,
+                )?)
+            }
             None => None,
         };
         if opts.structured || opts.meta_base_allocation {
@@ -2345,20 +2362,43 @@ impl Client {
         self.fence
     }
 
-    /// (name, description) of every export at `addr`, via `NBD_OPT_LIST`.
+    /// (name, description) of every export at `addr`, via `NBD_OPT_LIST`, in plaintext.
     pub fn list_exports(addr: &Listen) -> Result<Vec<(String, String)>> {
-        let mut hs = Handshake::connect(addr, Some(Duration::from_secs(30)))?;
+        Client::list_exports_with(&ClientOptions::new(addr.clone(), ""))
+    }
+
+    /// What `NBD_OPT_INFO` says about export `name` at `addr`, in plaintext.
+    pub fn query_info(addr: &Listen, name: &str) -> Result<ExportInfo> {
+        Client::query_info_with(&ClientOptions::new(addr.clone(), name))
+    }
+
+    /// (name, description) of every export at `opts.addr`, via `NBD_OPT_LIST`, after
+    /// STARTTLS when `opts.tls` asks for TLS (as [`Client::connect`] does: a server that
+    /// does not offer it is an error, never plaintext).
+    pub fn list_exports_with(opts: &ClientOptions) -> Result<Vec<(String, String)>> {
+        let mut hs = Client::options_handshake(opts)?;
         let list = hs.list()?;
         hs.abort()?;
         Ok(list)
     }
 
-    /// What `NBD_OPT_INFO` says about export `name` at `addr`.
-    pub fn query_info(addr: &Listen, name: &str) -> Result<ExportInfo> {
-        let mut hs = Handshake::connect(addr, Some(Duration::from_secs(30)))?;
-        let info = hs.info(name)?;
+    /// What `NBD_OPT_INFO` says about `opts.export`, after STARTTLS when `opts.tls` asks
+    /// for TLS.
+    pub fn query_info_with(opts: &ClientOptions) -> Result<ExportInfo> {
+        let mut hs = Client::options_handshake(opts)?;
+        let info = hs.info(&opts.export)?;
         hs.abort()?;
         Ok(info)
+    }
+
+    /// A handshake for options only (no transmission): TLS first when asked for.
+    fn options_handshake(opts: &ClientOptions) -> Result<Handshake> {
+        let timeout = opts.timeout.or(Some(Duration::from_secs(30)));
+        let mut hs = Handshake::connect(&opts.addr, timeout)?;
+        if let Some(tls) = &opts.tls {
+            hs.starttls(tls)?;
+        }
+        Ok(hs)
     }
 
     pub fn info(&self) -> &ExportInfo {

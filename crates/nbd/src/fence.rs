@@ -38,6 +38,24 @@ pub const FENCE_HEADER_LEN: usize = 72;
 /// released, so the next owner may take over without being told to force it.
 pub const FENCE_FLAG_RELEASE: u16 = 1;
 
+/// Option flag: the owner uses the whole export (a LUKS volume, an LVM PV, an export
+/// served as it is), not an md member's data area: the server keeps the record beside
+/// the export ([`FenceStore::store_beside`]), never in its first bytes, and reserves no
+/// area of it. An export whose record is kept beside it stays that way, whoever declares.
+pub const FENCE_FLAG_WHOLE: u16 = 2;
+
+/// Option flag: admit nothing, answer with the export's owner record
+/// ([`REP_CAIRN_OWNER`], then `NBD_REP_ACK`). How an owner of a whole export, whose
+/// record it cannot read in the export's bytes, learns the generation to beat.
+pub const FENCE_FLAG_QUERY: u16 = 4;
+
+/// The reply to [`FENCE_FLAG_QUERY`] before its ACK: the record's bytes (the format is
+/// cairn-cluster's), empty when the export was never owned. A private reply type, like
+/// the option, far above the ones proto.md assigns (and without the error bit).
+pub const REP_CAIRN_OWNER: u32 = 0x4352_4E4F; // "CRNO"
+
+const FENCE_FLAGS: u16 = FENCE_FLAG_RELEASE | FENCE_FLAG_WHOLE | FENCE_FLAG_QUERY;
+
 /// Who owns an array: a node (host) name and a random number drawn when the owning
 /// process started, so a restarted owner on the same host is a new owner.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -144,7 +162,7 @@ impl FenceToken {
             ));
         }
         let flags = be16(2);
-        if flags & !FENCE_FLAG_RELEASE != 0 {
+        if flags & !FENCE_FLAGS != 0 {
             return Err(format!("fence option flags {flags:#x} are unknown"));
         }
         let mut array = [0u8; 16];
@@ -208,6 +226,29 @@ pub trait FenceStore: Send + Sync + fmt::Debug {
         token: &FenceToken,
         released: bool,
     ) -> cairn_block::Result<()>;
+    /// The record kept beside export `export` (its owner uses the whole export), when
+    /// one is: `Stored::Owner`. `None`: none is kept beside it, the record (if any) is in
+    /// its first bytes.
+    fn load_beside(&self, _export: &str) -> cairn_block::Result<Option<Stored>> {
+        Ok(None)
+    }
+    /// Persists `token` beside export `export`, durable before it returns.
+    fn store_beside(
+        &self,
+        export: &str,
+        _token: &FenceToken,
+        _released: bool,
+    ) -> cairn_block::Result<()> {
+        Err(cairn_block::Error::new(
+            cairn_block::ErrorKind::Unsupported,
+            format!("this server keeps no owner records beside export {export:?}"),
+        ))
+    }
+    /// The bytes of the export's owner record (beside it, else in its first bytes),
+    /// answered to [`FENCE_FLAG_QUERY`]; empty: never owned.
+    fn record_bytes(&self, _export: &str, _dev: &dyn BlockDevice) -> cairn_block::Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
 }
 
 /// What a server said to a declared token.
@@ -255,6 +296,37 @@ pub fn declare_flags(
     }
 }
 
+/// Asks the server for the owner record of `export` ([`FENCE_FLAG_QUERY`]; `token`
+/// names the asking owner and is not admitted). `None`: the server does not enforce (it
+/// keeps no record of its own).
+pub fn query(
+    hs: &mut crate::client::Handshake,
+    export: &str,
+    token: &FenceToken,
+) -> crate::client::Result<Option<Vec<u8>>> {
+    use crate::proto::{REP_ACK, REP_ERR_UNSUP};
+    let data = token.encode_option_flags(export, FENCE_FLAG_QUERY | FENCE_FLAG_WHOLE);
+    let mut replies = hs.option(OPT_CAIRN_FENCE, &data)?;
+    let last = replies
+        .pop()
+        .ok_or_else(|| crate::client::Error::Protocol("no reply to the fence query".into()))?;
+    match last.reply {
+        REP_ACK => Ok(Some(
+            replies
+                .into_iter()
+                .find(|r| r.reply == REP_CAIRN_OWNER)
+                .map(|r| r.data)
+                .unwrap_or_default(),
+        )),
+        REP_ERR_UNSUP => Ok(None),
+        reply => Err(crate::client::Error::Option {
+            option: OPT_CAIRN_FENCE,
+            reply,
+            message: String::from_utf8_lossy(&last.data).into_owned(),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,7 +353,9 @@ mod tests {
             FenceToken::decode_option(&data).unwrap().2,
             FENCE_FLAG_RELEASE
         );
-        let data = t.encode_option_flags("d", 2);
+        let data = t.encode_option_flags("d", FENCE_FLAG_WHOLE | FENCE_FLAG_QUERY);
+        assert_eq!(FenceToken::decode_option(&data).unwrap().2, 6);
+        let data = t.encode_option_flags("d", 8);
         assert!(FenceToken::decode_option(&data)
             .unwrap_err()
             .contains("flags"));

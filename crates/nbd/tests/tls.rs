@@ -210,6 +210,39 @@ fn require_mode_says_nothing_before_tls() {
     assert_eq!(e.option_reply(), Some(REP_ERR_TLS_REQD), "{e}");
 }
 
+#[test]
+fn list_and_info_negotiate_tls_first() {
+    let Some(d) = creds() else { return };
+    let p = d.path();
+    let srv = tls_server(ServerTls::psk(&p.join("psk/keys.psk")).unwrap());
+    let port = tcp_port(&srv.tcp);
+    let o = uri(&format!(
+        "nbds://127.0.0.1:{port}/disk?tls-psk-file={}/psk/keys.psk&tls-username=alice",
+        p.display()
+    ));
+    let list = Client::list_exports_with(&o).expect("LIST over TLS");
+    assert_eq!(
+        list.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["disk"]
+    );
+    let info = Client::query_info_with(&o).expect("INFO over TLS");
+    assert_eq!(info.size, 8 << 20);
+    // In plaintext: TLS_REQD, as the data connection gets.
+    let e = Client::list_exports(&srv.tcp).expect_err("LIST in plaintext");
+    assert_eq!(e.option_reply(), Some(REP_ERR_TLS_REQD), "{e}");
+    let e = Client::query_info(&srv.tcp, "disk").expect_err("INFO in plaintext");
+    assert_eq!(e.option_reply(), Some(REP_ERR_TLS_REQD), "{e}");
+    // A wrong key: a TLS error, never a plaintext fallback.
+    let wrong = uri(&format!(
+        "nbds://127.0.0.1:{port}/disk?tls-psk-file={}/wrong/keys.psk&tls-username=alice",
+        p.display()
+    ));
+    assert!(matches!(
+        Client::list_exports_with(&wrong),
+        Err(Error::Tls(_))
+    ));
+}
+
 fn info_request(name: &str) -> Vec<u8> {
     let mut v = u32::try_from(name.len()).unwrap().to_be_bytes().to_vec();
     v.extend_from_slice(name.as_bytes());

@@ -134,11 +134,22 @@ impl OpenedExport {
         }
     }
 
-    /// Closes the stack from the top down: md arrays are marked clean. Dropping the
-    /// last clone closes the files.
+    /// Closes the stack from the top down: md arrays are marked clean, remote exports
+    /// used whole are given up. Dropping the last clone closes the files.
     pub fn close(&self) {
         for a in self.arrays() {
             let _ = crate::fence::close_array(&a);
+        }
+        crate::fence::release_exports(&self.leaves());
+    }
+
+    /// The files, devices and remote exports this stack uses whole (not as md members).
+    pub fn leaves(&self) -> Vec<PathBuf> {
+        match &self.layer {
+            Layer::File => vec![self.path.clone()],
+            Layer::Md(_) => Vec::new(),
+            Layer::Luks { below, .. } => below.leaves(),
+            Layer::Lv(lv) => lv.pvs.iter().flat_map(OpenedExport::leaves).collect(),
         }
     }
 }
@@ -279,7 +290,11 @@ pub fn check_unique(specs: &[ExportSpec]) -> Result<()> {
 /// Opens one file or block device, explaining failures in the user's terms.
 pub fn open(spec: &ExportSpec, o: &Options) -> Result<OpenedExport> {
     let (read_only, direct) = (o.read_only, o.direct);
-    let dev = if crate::leaf::is_remote(&spec.path) {
+    let dev = if let Some(c) = crate::fence::claim_export(&spec.path, o)? {
+        // Writable and remote: taken over first (lease, generation); the connection
+        // that declared the generation is the one served, behind the lease check.
+        c.claim.fence_device(c.device)
+    } else if crate::leaf::is_remote(&spec.path) {
         crate::leaf::open(&spec.path, read_only, direct, o.remote_timeout())?
     } else {
         open_local(spec, read_only, direct)?

@@ -52,10 +52,14 @@ pub struct Ownership {
     pub etcd: Option<(Etcd, Duration)>,
 }
 
-/// This process's hold on one array: its etcd lease and its remote members' generation.
+/// This process's hold on a set of remote devices one owner writes: an md array's members
+/// ([`claim`]), or one remote export used whole as a LUKS volume, a PV or a served export
+/// ([`claim_export`]). Its etcd lease and the devices' owner generation.
 #[derive(Debug)]
 pub struct Claim {
     uuid: [u8; 16],
+    /// The remote export used whole, for a claim of one ([`claim_export`]).
+    export: Option<PathBuf>,
     /// The remote members taken over, when there are any.
     owned: Option<Owned>,
     members: Vec<(String, ClientOptions)>,
@@ -81,6 +85,9 @@ impl Claim {
     /// array is known, by uuid before: one process may hold two claims of one array, a
     /// test playing two hosts).
     fn is_for(&self, array: &Array) -> bool {
+        if self.export.is_some() {
+            return false;
+        }
         match self.array.get() {
             Some(w) => std::ptr::eq(w.as_ptr(), array),
             None => self.uuid == array.uuid().0,
@@ -221,12 +228,17 @@ pub fn fence_member(array: &Array, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDe
     }
 }
 
-/// Whether any array below `e` is held as an etcd lease.
+/// Whether any array below `e`, or any remote export it uses whole, is held as an etcd
+/// lease.
 pub fn leased(e: &OpenedExport) -> bool {
     let all = claims();
+    let leaves = e.leaves();
     e.arrays()
         .iter()
         .any(|a| all.iter().any(|c| c.is_for(a) && c.guard.is_some()))
+        || all
+            .iter()
+            .any(|c| c.guard.is_some() && c.export.as_ref().is_some_and(|p| leaves.contains(p)))
 }
 
 /// Ties `claim` to the `array` assembled on it and, when it holds a lease, watches it:
@@ -406,6 +418,7 @@ pub fn claim(paths: &[PathBuf], opts: &Options) -> Result<Option<Claimed>> {
     let guard = lease.as_ref().map(Lease::guard);
     let claim = Arc::new(Claim {
         uuid: sb.set_uuid.0,
+        export: None,
         owned,
         members,
         lease: Mutex::new(lease),
@@ -419,6 +432,133 @@ pub fn claim(paths: &[PathBuf], opts: &Options) -> Result<Option<Claimed>> {
         devices,
         missing,
     }))
+}
+
+/// A 16-byte id for a remote export used whole, in its owner record and its etcd key:
+/// two 64-bit FNV-1a hashes of its URI (its query, the TLS files, left out: the same
+/// export reached with another key file is the same export).
+fn export_id(u: &cairn_nbd::uri::NbdUri) -> [u8; 16] {
+    let text = format!("{:?}/{}", u.listen().ok(), u.export);
+    let mut out = [0u8; 16];
+    for (i, seed) in [0xcbf2_9ce4_8422_2325u64, 0x6c62_272e_07bb_0142]
+        .iter()
+        .enumerate()
+    {
+        let mut h = *seed;
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        out[i * 8..i * 8 + 8].copy_from_slice(&h.to_le_bytes());
+    }
+    out
+}
+
+/// A remote export opened writable and used whole, with the connection it runs on.
+#[derive(Debug)]
+pub struct ClaimedExport {
+    pub claim: Arc<Claim>,
+    pub device: Arc<Client>,
+}
+
+/// Takes ownership of the remote export `path` opened writable and used whole (`serve
+/// URI`, `--luks URI`, a PV named by its URI): with an etcd, the export's lease first
+/// (`/cairn/exports/<id>/owner`); then the export itself, its record kept beside it by a
+/// cairn member server (the export's first bytes are its owner's data). Another owner
+/// that did not release it refuses the open, unless the lease is held or `--force`.
+/// `None`: nothing to claim (a local path, or opened read-only).
+pub fn claim_export(path: &Path, opts: &Options) -> Result<Option<ClaimedExport>> {
+    if opts.read_only || !leaf::is_remote(path) {
+        return Ok(None);
+    }
+    let u = leaf::parse_remote(path)?;
+    let shown = path.display().to_string();
+    let mut o = ClientOptions::from_uri(&u).map_err(|e| StackError::new(format!("{u}: {e}")))?;
+    o.timeout = Some(opts.remote_timeout());
+    let id = export_id(&u);
+    let me = owner::new_owner(&opts.ownership.node).map_err(StackError::new)?;
+    let lease = match opts.ownership.etcd.as_ref() {
+        Some((etcd, ttl)) => {
+            let key = format!("/cairn/exports/{}/owner", uuid_text(&id));
+            Some(
+                Lease::acquire(etcd, &key, me.to_string().as_bytes(), *ttl).map_err(
+                    |err| match err {
+                        LeaseError::Held(kv) => StackError::new(format!(
+                            "{shown}: the export is owned by {} (etcd lease {:x}); it is \
+                                 served by another host",
+                            String::from_utf8_lossy(&kv.value),
+                            kv.lease
+                        )),
+                        other => StackError::new(format!(
+                            "{shown}: cannot take its ownership lease: {other}"
+                        )),
+                    },
+                )?,
+            )
+        }
+        None => None,
+    };
+    let replace = opts.force || lease.is_some();
+    let owned = owner::take_over_whole(id, &me, &shown, &o, replace).map_err(|e| match e {
+        TakeoverError::Owned { .. } => StackError::new(format!(
+            "{e}. Two hosts must never write the same export: if that owner is gone for \
+             good (its host is down, not just unreachable), start with --force to take it \
+             over (with --etcd, its lease running out says so)"
+        )),
+        TakeoverError::Record { .. } => StackError::new(format!(
+            "cannot take ownership of {shown}: {e}. cairn does not guess who owns an export \
+             whose owner record is damaged; `cairn md owner '{shown}'` shows it"
+        )),
+        TakeoverError::Refused { .. } => StackError::new(format!("cannot reach {e}")),
+        TakeoverError::Member { .. } => StackError::new(format!("cannot reach {e}")),
+        _ => StackError::new(format!("cannot take ownership of {shown}: {e}")),
+    })?;
+    let device = owned.members[0].device.clone();
+    if !read_only_ok(&device) {
+        return Err(StackError::new(format!(
+            "{u} is read-only on its server; it cannot be written"
+        )));
+    }
+    let guard = lease.as_ref().map(Lease::guard);
+    let claim = Arc::new(Claim {
+        uuid: id,
+        export: Some(path.to_path_buf()),
+        owned: Some(owned),
+        members: vec![(shown, o)],
+        lease: Mutex::new(lease),
+        guard,
+        released: Mutex::new(false),
+        array: OnceLock::new(),
+    });
+    claims().push(claim.clone());
+    Ok(Some(ClaimedExport { claim, device }))
+}
+
+fn read_only_ok(c: &Client) -> bool {
+    !c.capabilities().read_only
+}
+
+fn uuid_text(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}:{}:{}:{}", &h[0..8], &h[8..16], &h[16..24], &h[24..32])
+}
+
+/// Gives up the claims of the remote exports used whole at `paths` (a stack closed on a
+/// failure path: nothing is served from them any more).
+pub fn release_exports(paths: &[PathBuf]) {
+    let mine: Vec<Arc<Claim>> = {
+        let mut all = claims();
+        let (mine, rest): (Vec<_>, Vec<_>) = all
+            .drain(..)
+            .partition(|c| c.export.as_ref().is_some_and(|e| paths.contains(e)));
+        *all = rest;
+        mine
+    };
+    for c in mine {
+        for (m, e) in c.release() {
+            tracing::warn!("{m}: the owner record was not released: {e}");
+        }
+    }
 }
 
 /// The array's etcd lease, taken only by a create-if-absent transaction; a lease held by

@@ -276,10 +276,12 @@ fn open_lvs(pvs: &[Spec], opts: &Options, keys: &mut Keys) -> Result<Vec<OpenedE
         }
     }
     let arrays = export::all_arrays(&opened);
+    let leaves: Vec<PathBuf> = opened.iter().flat_map(OpenedExport::leaves).collect();
     crate::lvm::open_lv_exports(opened, opts.read_only).inspect_err(|_| {
         for a in arrays {
             let _ = crate::fence::close_array(&a);
         }
+        crate::fence::release_exports(&leaves);
     })
 }
 
@@ -369,6 +371,8 @@ pub fn close_all(opened: &[OpenedExport]) {
     for a in export::all_arrays(opened) {
         let _ = crate::fence::close_array(&a);
     }
+    let leaves: Vec<PathBuf> = opened.iter().flat_map(OpenedExport::leaves).collect();
+    crate::fence::release_exports(&leaves);
 }
 
 /// Opens every `(name, spec)` in order; on a failure the ones opened before are closed

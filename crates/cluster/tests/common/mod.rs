@@ -48,6 +48,19 @@ impl Member {
     /// `fence`: whether the server enforces owners (cairn serve's disk-host role) or is a
     /// plain server (standing in for nbdkit / qemu-nbd).
     pub fn start(dev: Arc<dyn BlockDevice>, fence: bool) -> Member {
+        let store: Option<Arc<dyn cairn_nbd::fence::FenceStore>> = if fence {
+            Some(Arc::new(RecordStore))
+        } else {
+            None
+        };
+        Member::start_with_store(dev, store)
+    }
+
+    /// [`Member::start`] with this record store (`None`: a plain server).
+    pub fn start_with_store(
+        dev: Arc<dyn BlockDevice>,
+        store: Option<Arc<dyn cairn_nbd::fence::FenceStore>>,
+    ) -> Member {
         let mut config = ServerConfig::new(vec![Export {
             name: "disk".into(),
             description: String::new(),
@@ -55,9 +68,7 @@ impl Member {
             read_only: false,
         }]);
         config.shutdown_grace = Duration::from_secs(5);
-        if fence {
-            config.fence = Some(Arc::new(RecordStore));
-        }
+        config.fence = store;
         let dir = TempDir::new("member");
         let server = Server::new(config).expect("server");
         let listeners = server

@@ -27,8 +27,12 @@ pub(super) struct Gate {
 pub(super) struct GateState {
     /// The owner area has been read.
     loaded: bool,
-    /// The area holds another format: this export cannot be fenced and nothing is checked.
+    /// The area holds another format: this export cannot be fenced and nothing is checked
+    /// (unless its record is kept beside it).
     foreign: bool,
+    /// The record is kept beside the export (its owner uses the whole export,
+    /// `FENCE_FLAG_WHOLE`): no area of the export is reserved, whatever its first bytes.
+    beside: bool,
     /// The newest owner admitted or persisted.
     current: Option<FenceToken>,
     /// The record is damaged (what is wrong): nobody may write until an operator looks,
@@ -53,9 +57,28 @@ impl Gate {
     fn load(
         state: &mut GateState,
         store: &dyn FenceStore,
+        export: &str,
         dev: &dyn BlockDevice,
     ) -> Result<(), String> {
         if state.loaded {
+            return Ok(());
+        }
+        let beside = match store.load_beside(export) {
+            Ok(b) => b,
+            Err(e) if e.kind() == cairn_block::ErrorKind::Corrupt => {
+                tracing::error!("export's owner record is damaged: {e}; writes are refused");
+                state.damaged = Some(e.to_string());
+                state.loaded = true;
+                return Ok(());
+            }
+            Err(e) => return Err(format!("reading the owner record: {e}")),
+        };
+        if let Some(b) = beside {
+            state.beside = true;
+            if let Stored::Owner(t) = b {
+                state.current = Some(t);
+            }
+            state.loaded = true;
             return Ok(());
         }
         let stored = match store.load(dev) {
@@ -86,11 +109,14 @@ impl Gate {
     pub(super) fn admit(
         &self,
         store: &dyn FenceStore,
+        export: &str,
         dev: &dyn BlockDevice,
         read_only: bool,
         token: &FenceToken,
-        release: bool,
+        flags: u16,
     ) -> Result<(), Refusal> {
+        let release = flags & crate::fence::FENCE_FLAG_RELEASE != 0;
+        let whole = flags & crate::fence::FENCE_FLAG_WHOLE != 0;
         let policy = |message: String| Refusal {
             reply: REP_ERR_POLICY,
             message,
@@ -101,15 +127,16 @@ impl Gate {
         if s.current.is_none() {
             s.loaded = false;
             s.foreign = false;
+            s.beside = false;
             s.damaged = None;
         }
-        Gate::load(&mut s, store, dev).map_err(policy)?;
+        Gate::load(&mut s, store, export, dev).map_err(policy)?;
         if let Some(d) = &s.damaged {
             return Err(policy(format!(
                 "the owner record is damaged ({d}); `cairn md owner` shows it"
             )));
         }
-        if s.foreign {
+        if s.foreign && !whole && !s.beside {
             return Err(policy(
                 "this export's first bytes hold another format, so it cannot carry an owner \
                  record"
@@ -129,7 +156,8 @@ impl Gate {
             }
             Some(c) if token.same_owner(c) && !release => Ok(()),
             Some(c) if token.same_owner(c) => {
-                store.store(dev, token, true).map_err(|e| Refusal {
+                let beside = s.beside;
+                Gate::persist(store, export, dev, beside, token, true).map_err(|e| Refusal {
                     reply: REP_ERR_POLICY,
                     message: format!(
                         "recording the release of generation {}: {e}",
@@ -150,7 +178,8 @@ impl Gate {
                 "the export is read-only: a new owner generation cannot be recorded".into(),
             )),
             _ => {
-                store.store(dev, token, false).map_err(|e| Refusal {
+                let beside = whole || s.beside;
+                Gate::persist(store, export, dev, beside, token, false).map_err(|e| Refusal {
                     reply: REP_ERR_POLICY,
                     message: format!("recording generation {}: {e}", token.generation),
                 })?;
@@ -170,8 +199,27 @@ impl Gate {
                     );
                 }
                 s.current = Some(token.clone());
+                if beside {
+                    s.beside = true;
+                    s.foreign = false;
+                }
                 Ok(())
             }
+        }
+    }
+
+    fn persist(
+        store: &dyn FenceStore,
+        export: &str,
+        dev: &dyn BlockDevice,
+        beside: bool,
+        token: &FenceToken,
+        released: bool,
+    ) -> cairn_block::Result<()> {
+        if beside {
+            store.store_beside(export, token, released)
+        } else {
+            store.store(dev, token, released)
         }
     }
 
@@ -180,22 +228,23 @@ impl Gate {
     pub(super) fn check<'a>(
         &'a self,
         store: &dyn FenceStore,
-        dev: &dyn BlockDevice,
+        export: &super::Export,
         token: Option<&FenceToken>,
         kind: u16,
         offset: u64,
         length: u64,
     ) -> Result<Pass<'a>, (u32, String)> {
+        let (dev, export) = (&*export.device, export.name.as_str());
         let mut s = self.read();
         if !s.loaded {
             drop(s);
             {
                 let mut w = self.state.write().unwrap_or_else(|p| p.into_inner());
-                Gate::load(&mut w, store, dev).map_err(|m| (EIO, m))?;
+                Gate::load(&mut w, store, export, dev).map_err(|m| (EIO, m))?;
             }
             s = self.read();
         }
-        if s.foreign {
+        if s.foreign && !s.beside {
             return Ok(Some(s));
         }
         let writes = matches!(kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
@@ -229,7 +278,7 @@ impl Gate {
             }
             (None, _) => {}
         }
-        if writes && s.current.is_some() && offset < store.reserved() && length > 0 {
+        if writes && s.current.is_some() && !s.beside && offset < store.reserved() && length > 0 {
             return Err((
                 EPERM,
                 "the owner record at the start of the export is kept by the member server".into(),
@@ -253,12 +302,26 @@ impl super::handshake::Handshake<'_> {
         let Some(e) = self.shared.find(&name) else {
             return self.error(OPT, REP_ERR_UNKNOWN, &format!("no export named {name:?}"));
         };
+        if flags & crate::fence::FENCE_FLAG_QUERY != 0 {
+            return match store.record_bytes(&e.export.name, &*e.export.device) {
+                Ok(bytes) => {
+                    self.reply(OPT, crate::fence::REP_CAIRN_OWNER, &bytes)?;
+                    self.reply(OPT, REP_ACK, &[])
+                }
+                Err(err) => self.error(
+                    OPT,
+                    REP_ERR_POLICY,
+                    &format!("reading the owner record: {err}"),
+                ),
+            };
+        }
         match e.gate.admit(
             &*store,
+            &e.export.name,
             &*e.export.device,
             e.export.read_only,
             &token,
-            flags & crate::fence::FENCE_FLAG_RELEASE != 0,
+            flags,
         ) {
             Ok(()) => {
                 tracing::info!(

@@ -371,7 +371,7 @@ impl Transmission {
             .gate
             .check(
                 &**store,
-                &*self.export.export.device,
+                &self.export.export,
                 self.fence.as_ref(),
                 req.kind,
                 req.offset,
