@@ -79,6 +79,9 @@ for u in "${URIS[@]}"; do args+=(--name=m --uri="$u" --numjobs="$per"); done
 fio --output-format=json --output="$D/member.json" --ioengine=nbd --rw=randwrite --bs=4k \
   --size=256M --iodepth=8 --group_reporting=0 --time_based --runtime="$RUNTIME" "${args[@]}" >/dev/null
 member=$(iops "$D/member.json")
+# One member's own round trip for a 4k write at QD1 (the delay plus TCP and nbdkit).
+fio_write "${URIS[0]}" "$D/rtt.json" 1 1
+rtt_iops=$(iops "$D/rtt.json")
 
 "$CAIRN" md create --level "$LEVEL" --raid-devices "$MEMBERS" --chunk 64K --name rb \
   --write-hole "$WRITE_HOLE" \
@@ -109,9 +112,10 @@ after=$(member_ops)
 many=$(iops "$D/many.json")
 
 python3 - "$DELAY" "$MEMBERS" "$member" "$one" "$many" "$before" "$after" "$t0" "$t1" "$qd1" \
-  "$q0" "$q1" "$RUNTIME" <<'PY'
+  "$q0" "$q1" "$RUNTIME" "$rtt_iops" <<'PY'
 import sys
-delay, n, member, one, many, before, after, t0, t1, qd1, q0, q1, runtime = sys.argv[1:]
+delay, n, member, one, many, before, after, t0, t1, qd1, q0, q1, runtime, rtt_iops = sys.argv[1:]
+rtt = 1 / max(int(rtt_iops), 1)
 d = float(delay[:-2]) / 1000 if delay.endswith("ms") else float(delay.rstrip("s"))
 n, member, one, many = int(n), int(member), int(one), int(many)
 ops = (int(after) - int(before)) / (float(t1) - float(t0))
@@ -120,7 +124,9 @@ print(f"all {n} members at once, 16 jobs x QD8 (combined capacity): {member} IOP
 qd1_ops = (int(q1) - int(q0)) / max(int(qd1) * float(runtime), 1)
 print(f"array, 1 job QD1, no fsync: {qd1} IOPS ({1000/max(int(qd1),1):.2f} ms per write, "
       f"{qd1_ops:.2f} member operations each)")
-print(f"array, 1 job fsync=1:  {one} IOPS   (1/(2 x delay) = {1/(2*d):.0f}; ratio {one*2*d:.2f})")
+print(f"one member, 1 job QD1: {rtt_iops} IOPS (round trip {rtt*1000:.2f} ms)")
+print(f"array, 1 job fsync=1:  {one} IOPS   (1/(2 x delay) = {1/(2*d):.0f}; ratio {one*2*d:.2f}; "
+      f"1/(2 x round trip) = {1/(2*rtt):.0f}; ratio {one*2*rtt:.2f})")
 print(f"array, 16 jobs x QD8:  {many} IOPS; member operations {ops:.0f}/s of {cap} combined capacity = {ops/cap:.2f}")
 print(f"member operations per array write: {ops/max(many,1):.2f}")
 PY
