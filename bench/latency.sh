@@ -12,6 +12,9 @@
 #                         carries about 1.3 reads in flight per connection
 #   CAIRN=path/to/cairn     binary to serve with (default: target/release/cairn, built)
 #   CAIRN_SERVE_ARGS=...    extra `cairn serve` options (e.g. "--threads 1")
+#   FIO_DIRECT=--direct=1   fio's own runs on the file with O_DIRECT: with many
+#                           connections the file's page cache, not its delay, sets the
+#                           buffered runs' pace (each run starts cold all the same)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,7 +26,7 @@ while [ $# -gt 0 ]; do
     --runtime) RUNTIME=$2; shift ;;
     --size) SIZE=$2; shift ;;
     --connections) CONNS=$2; shift ;;
-    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "latency: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -59,13 +62,24 @@ PIDS+=($!)
 for _ in $(seq 100); do [ -f "$D/fuse/disk" ] && break; sleep 0.1; done
 [ -f "$D/fuse/disk" ] || { echo "latency: nbdfuse did not mount" >&2; exit 1; }
 
+# Each run starts with the file's pages out of the page cache: reads it cached would not
+# wait for the delay, and a run after another would find the pages that one read.
+cold() {
+  python3 -c 'import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+os.close(fd)' "$D/fuse/disk"
+}
+
 iops() { sed -n "/^{/,\$p" | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["read"]["iops"]))'; }
 
-direct=$(fio --output-format=json --name=direct --filename="$D/fuse/disk" --ioengine=psync \
+cold
+direct=$(fio --output-format=json --name=direct --filename="$D/fuse/disk" --ioengine=psync ${FIO_DIRECT:-} \
   --rw=randread --bs=4k --numjobs="$JOBS" --group_reporting --time_based --runtime="$RUNTIME" \
   --randrepeat=1 --norandommap | iops)
 
-uring=$(fio --output-format=json --name=uring --filename="$D/fuse/disk" --ioengine=io_uring \
+cold
+uring=$(fio --output-format=json --name=uring --filename="$D/fuse/disk" --ioengine=io_uring ${FIO_DIRECT:-} \
   --rw=randread --bs=4k --iodepth="$JOBS" --numjobs=1 --time_based --runtime="$RUNTIME" \
   --randrepeat=1 --norandommap | iops)
 
@@ -74,6 +88,7 @@ uring=$(fio --output-format=json --name=uring --filename="$D/fuse/disk" --ioengi
   >"$D/cairn.out" 2>"$D/cairn.log" &
 PIDS+=($!)
 for _ in $(seq 100); do [ -S "$D/cairn.sock" ] && break; sleep 0.1; done
+cold
 nbd=$(fio --output-format=json --name=nbd --ioengine=nbd --uri="nbd+unix:///disk?socket=$D/cairn.sock" \
   --rw=randread --bs=4k --iodepth="$JOBS" --numjobs=1 --size="$SIZE" --time_based \
   --runtime="$RUNTIME" --randrepeat=1 --norandommap | iops)
