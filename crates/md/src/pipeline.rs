@@ -502,15 +502,24 @@ impl MirrorRebuild<'_> {
     }
 }
 
+/// The lock-table keys of mirror units `units`, unit `k` being array bytes `range(k)`.
+fn mirror_unit_keys(
+    array: &Array,
+    units: std::ops::Range<u64>,
+    range: impl Fn(u64) -> (u64, u64),
+) -> Vec<u64> {
+    units
+        .map(range)
+        .filter(|&(_, n)| n > 0)
+        .flat_map(|(at, n)| array.mirror_keys(at, n))
+        .collect()
+}
+
 impl Stage for MirrorRebuild<'_> {
     type Buf = MirrorBuf;
 
     fn keys(&self, first: u64, count: u64) -> Vec<u64> {
-        (first..first + count)
-            .map(|k| self.range(k))
-            .filter(|&(_, n)| n > 0)
-            .flat_map(|(at, n)| self.array.mirror_keys(at, n))
-            .collect()
+        mirror_unit_keys(self.array, first..first + count, |k| self.range(k))
     }
 
     fn read(&self, k: u64, b: &mut MirrorBuf) {
@@ -578,11 +587,7 @@ impl Stage for MirrorResync<'_> {
     type Buf = MirrorBuf;
 
     fn keys(&self, first: u64, count: u64) -> Vec<u64> {
-        (first..first + count)
-            .map(|k| self.range(k))
-            .filter(|&(_, n)| n > 0)
-            .flat_map(|(at, n)| self.array.mirror_keys(at, n))
-            .collect()
+        mirror_unit_keys(self.array, first..first + count, |k| self.range(k))
     }
 
     fn read(&self, k: u64, b: &mut MirrorBuf) {
