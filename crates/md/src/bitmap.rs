@@ -168,7 +168,9 @@ impl Array {
                 dev.map(|d| (role, (role, d)))
             })
             .collect();
-        let jobs: Vec<(usize, (usize, Arc<dyn BlockDevice>))> = jobs;
+        // (role, (role, the device that holds its copy of the bitmap))
+        type Job = (usize, (usize, Arc<dyn BlockDevice>));
+        let jobs: Vec<Job> = jobs;
         let piece = |b: u64| &st.area[small(b * BLOCK)..small((b + 1) * BLOCK)];
         let results: Vec<(usize, Result<()>)> =
             if !jobs.is_empty() && jobs.iter().all(|(_, (_, d))| d.completes_later()) {
