@@ -28,6 +28,9 @@
 #   --runtime    seconds of each fio latency run (default 10)
 #   --mins       --speed-limit-min values (KiB/s) for the rebuilds under fio
 #   --json FILE  also write the results as JSON to FILE (always in the results directory)
+#   --preallocate-spare   the spare is a file with every page already allocated
+#                (fallocate), as a disk has every block: the rebuild's time then leaves
+#                out tmpfs allocating and zeroing the pages it writes (default: sparse)
 #   CAIRN=PATH   the cairn binary (default: build it, release)
 #
 # Writes the raw fio JSON, progress samples, server logs, machine details, results.json
@@ -45,6 +48,7 @@ RUNTIME=10
 HIGH=10000000
 MINS="1000 100000 $HIGH"
 JSON_OUT=
+PREALLOC=0
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) SIZE=128M; RUNTIME=2; LEVELS=6 ;;
@@ -54,7 +58,8 @@ while [ $# -gt 0 ]; do
     --runtime) RUNTIME=$2; shift ;;
     --mins) MINS=$2; shift ;;
     --json) JSON_OUT=$2; shift ;;
-    -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --preallocate-spare) PREALLOC=1 ;;
+    -h | --help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "rebuild: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -392,6 +397,7 @@ rebuild_once() { # LEVEL TAG MIN_KIB fio|idle
   "$CAIRN" md remove bench "$(basename "$old")" --control "$CTL" >>"$OUT/manage.log"
   rm -f "$old"
   truncate -s "$SIZE" "$spare"
+  if [ "$PREALLOC" = 1 ]; then fallocate -l "$SIZE" "$spare"; fi
   python3 "$HELPER" watch "$CTL" bench "$(basename "$spare")" "$samples" 1200 "$SERVER_PID" &
   watcher=$!
   PIDS+=("$watcher")
