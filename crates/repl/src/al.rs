@@ -6,7 +6,9 @@
 //! so they, and not the whole device, are resynced. The log holds at most `capacity`
 //! extents; to take a new one when full, the least recently used idle extent is evicted,
 //! after a flush on every replica and a write-out of the bitmaps (node.rs), so nothing an
-//! evicted extent held is left unaccounted for.
+//! evicted extent held is left unaccounted for. No write begins in an extent while the
+//! log that evicts it is being written: the log on disk names every extent with a write
+//! in flight, at every moment.
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
@@ -26,6 +28,10 @@ struct AlState {
     tick: u64,
     /// A thread is writing the log: others that need a change wait for it.
     updating: bool,
+    /// The extents that transaction evicts. They stay in `active` until it is durable,
+    /// but no write may begin in them meanwhile: the log being written no longer names
+    /// them, so such a write would be in flight in an extent the log does not hold.
+    evicting: Vec<u64>,
 }
 
 /// A change of the log to persist before the writes that asked for it go ahead.
@@ -73,7 +79,10 @@ impl ActivityLog {
         let want = self.extents(offset, len);
         let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            if want.clone().all(|e| st.active.contains_key(&e)) {
+            if want
+                .clone()
+                .all(|e| st.active.contains_key(&e) && !st.evicting.contains(&e))
+            {
                 st.tick += 1;
                 let tick = st.tick;
                 for e in want {
@@ -84,6 +93,8 @@ impl ActivityLog {
                 return Ok(());
             }
             if st.updating {
+                // Another thread is changing the log: an extent it adds is not durable
+                // yet, one it evicts is about to be forgotten. Wait for it.
                 st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
                 continue;
             }
@@ -118,12 +129,16 @@ impl ActivityLog {
             after.sort_unstable();
             let tx = Transaction { add, evict, after };
             st.updating = true;
+            st.evicting.clone_from(&tx.evict);
             drop(st);
             let r = persist(&tx);
             st = self.st.lock().unwrap_or_else(|p| p.into_inner());
             st.updating = false;
+            st.evicting.clear();
             if r.is_ok() {
                 for e in &tx.evict {
+                    // Idle when chosen, and no write began in it since (`evicting`).
+                    debug_assert_eq!(st.active.get(e).map(|a| a.0), Some(0));
                     st.active.remove(e);
                 }
                 for e in &tx.add {
@@ -201,6 +216,67 @@ mod tests {
         let al = ActivityLog::new(4 << 20, 4, &[]);
         assert!(al.begin(0, 4096, |_| Err::<(), _>("disk full")).is_err());
         assert!(al.active().is_empty());
+    }
+
+    /// Issue 17: a write into an extent that a transaction is evicting used to go ahead
+    /// while the log without that extent was being written, and the extent was then
+    /// forgotten with the write in flight. A primary killed at that moment came back
+    /// with a block written here and not on its peers (or the reverse) outside its log,
+    /// so its resync missed it. The log on disk must name every extent with a write in
+    /// flight.
+    #[test]
+    fn no_write_begins_in_an_extent_being_evicted() {
+        use std::sync::mpsc::channel;
+        use std::sync::Arc;
+        let mib = 1u64 << 20;
+        let al = Arc::new(ActivityLog::new(mib, 1, &[]));
+        // The log as persisted ("on disk").
+        let disk = Arc::new(Mutex::new(Vec::<u64>::new()));
+        let save = |disk: &Arc<Mutex<Vec<u64>>>, tx: &Transaction| {
+            disk.lock().unwrap().clone_from(&tx.after);
+            Ok::<(), ()>(())
+        };
+        al.begin(0, 4096, |tx| save(&disk, tx)).unwrap();
+        al.end(0, 4096);
+        assert_eq!(*disk.lock().unwrap(), vec![0]);
+        // A write into extent 1 evicts extent 0; its log write is held up.
+        let (in_persist, wait_in_persist) = channel();
+        let (go, wait_go) = channel::<()>();
+        let first = {
+            let (al, disk) = (al.clone(), disk.clone());
+            std::thread::spawn(move || {
+                al.begin(mib, 4096, |tx| {
+                    assert_eq!(tx.evict, vec![0]);
+                    in_persist.send(()).unwrap();
+                    wait_go.recv().unwrap();
+                    save(&disk, tx)
+                })
+            })
+        };
+        wait_in_persist.recv().unwrap();
+        // Meanwhile a write into extent 0.
+        let second = {
+            let (al, disk) = (al.clone(), disk.clone());
+            std::thread::spawn(move || al.begin(4096, 4096, |tx| save(&disk, tx)))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let early = second.is_finished();
+        go.send(()).unwrap();
+        first.join().unwrap().unwrap();
+        assert!(
+            !early,
+            "a write began in extent 0 while the log without it was being written"
+        );
+        // The write into extent 1 is done: the one into extent 0 takes it back.
+        al.end(mib, 4096);
+        second.join().unwrap().unwrap();
+        assert_eq!(
+            *disk.lock().unwrap(),
+            vec![0],
+            "the log on disk lacks the extent a write is in flight in"
+        );
+        assert_eq!(al.active(), vec![0]);
+        al.end(4096, 4096);
     }
 
     #[test]

@@ -294,6 +294,21 @@ impl Peer {
         self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The link for a write of `[offset, offset + len)`; without one, the write's bits
+    /// are set in this peer's bitmap before the link's lock is released. A link set
+    /// later (connect_peer, under the write lock) therefore finds in the bitmap every
+    /// write that went without it, even one still writing locally, and its resync
+    /// copies that block once the write's range is free. (Setting the bits after the
+    /// local write let a resync that began meanwhile end without them: the peer was
+    /// in sync by its state and lacked the write.)
+    fn link_or_mark(&self, offset: u64, len: u64) -> Option<Arc<Client>> {
+        let l = self.link.read().unwrap_or_else(|p| p.into_inner());
+        if l.is_none() {
+            self.bitmap.set_bytes(offset, len);
+        }
+        l.clone()
+    }
+
     fn set(&self, conn: Conn, repl: Repl) {
         let mut s = self.state();
         if s.conn != conn || s.repl != repl {
@@ -930,8 +945,11 @@ impl Node {
         let len = buf.len() as u64;
         let range = self.locks.lock_owned(offset, len);
         self.al.begin(offset, len, |tx| self.persist_al(tx))?;
-        let links: Vec<(&Arc<Peer>, Option<Arc<Client>>)> =
-            self.peers.iter().map(|p| (p, p.link())).collect();
+        let links: Vec<(&Arc<Peer>, Option<Arc<Client>>)> = self
+            .peers
+            .iter()
+            .map(|p| (p, p.link_or_mark(offset, len)))
+            .collect();
         // Every replica's write is on its way before the local one starts.
         let started: Vec<_> = links
             .iter()
@@ -1026,16 +1044,15 @@ impl Node {
         });
         // Every replica's write is on its way before the local one starts.
         for peer in &self.peers {
-            match peer.link() {
+            match peer.link_or_mark(offset, len) {
                 Some(link) => {
                     let (op2, peer2) = (op.clone(), peer.clone());
                     link.write_then(buf, offset, flags, Box::new(move |r| op2.answer(peer2, r)));
                 }
                 None => {
-                    // Not connected: tracked, and (with etcd) recorded as outdated
-                    // before this write is acknowledged. Done here, on the caller's
-                    // thread, as the waiting path does.
-                    peer.bitmap.set_bytes(offset, len);
+                    // Not connected: tracked (link_or_mark set the bits), and (with
+                    // etcd) recorded as outdated before this write is acknowledged.
+                    // Done here, on the caller's thread, as the waiting path does.
                     let m = self.ensure_outdated(peer);
                     let mut missed = op.missed.lock().unwrap_or_else(|p| p.into_inner());
                     *missed = std::mem::replace(&mut *missed, Ok(())).and(m);
@@ -2510,6 +2527,125 @@ mod tests {
         disk.read_at(&mut a, 0).unwrap();
         far_disk.read_at(&mut b, 0).unwrap();
         assert!(a == b, "the replicas differ after the resync");
+        node.demote().unwrap();
+        far_stop.shutdown();
+    }
+
+    /// A disk whose write at one offset, once armed, waits until it is let go.
+    #[derive(Debug)]
+    struct HeldDisk {
+        disk: Arc<dyn BlockDevice>,
+        at: Mutex<Option<u64>>,
+        entered: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+        go: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    }
+
+    impl BlockDevice for HeldDisk {
+        fn geometry(&self) -> Geometry {
+            self.disk.geometry()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.disk.capabilities()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            self.disk.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+            if *self.at.lock().unwrap() == Some(offset) {
+                *self.at.lock().unwrap() = None;
+                self.entered
+                    .lock()
+                    .unwrap()
+                    .take()
+                    .unwrap()
+                    .send(())
+                    .unwrap();
+                let go = self.go.lock().unwrap().take().unwrap();
+                let _ = go.recv_timeout(Duration::from_secs(30));
+            }
+            self.disk.write_at(buf, offset, flags)
+        }
+        fn flush(&self) -> Result<()> {
+            self.disk.flush()
+        }
+    }
+
+    /// A write that found the peer unconnected, still writing locally while the peer
+    /// thread connects it and runs its resync, must be in that resync: its bits used to
+    /// be set only after the local write, so a resync that began meanwhile ended without
+    /// them and the peer, "in sync", lacked the block.
+    #[test]
+    fn a_write_in_flight_while_the_peer_connects_is_resynced() {
+        let far_disk = fresh_of(16 << 20);
+        let far = Node::open(
+            NodeConfig::for_tests("home", "far", "a"),
+            far_disk.clone(),
+            Box::new(Store::open(far_disk.clone()).unwrap()),
+        )
+        .unwrap();
+        let (addr, far_stop) = serve_peers(&far);
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
+        let held = Arc::new(HeldDisk {
+            disk: fresh_of(16 << 20),
+            at: Mutex::new(None),
+            entered: Mutex::new(Some(entered_tx)),
+            go: Mutex::new(Some(go_rx)),
+        });
+        let disk: Arc<dyn BlockDevice> = held.clone();
+        let mut cfg = NodeConfig::for_tests("home", "a", "far");
+        cfg.peers[0].opts = ClientOptions::new(addr, "home");
+        let node = Node::open(
+            cfg,
+            disk.clone(),
+            Box::new(Store::open(disk.clone()).unwrap()),
+        )
+        .unwrap();
+        node.promote(true).unwrap();
+        let repl = || node.status().peers[0].replication;
+        let wait_established = |what: &str| {
+            let until = Instant::now() + Duration::from_secs(30);
+            while repl() != Repl::Established {
+                assert!(
+                    Instant::now() < until,
+                    "{what}: {:?}",
+                    node.status().peers[0]
+                );
+                thread::sleep(Duration::from_millis(10));
+            }
+        };
+        wait_established("the initial sync");
+        node.set_connect(Some("far"), false, false).unwrap();
+        // A write that finds no link and is held in its local write.
+        let at = 5 << 20;
+        *held.at.lock().unwrap() = Some(at);
+        let w = {
+            let node = node.clone();
+            thread::spawn(move || Volume(node).write_at(&[0xa5; 4096], at, WriteFlags::NONE))
+        };
+        entered.recv_timeout(Duration::from_secs(10)).unwrap();
+        node.set_connect(Some("far"), true, false).unwrap();
+        // The peer connects and resyncs meanwhile; its resync of the write's block waits
+        // for the write.
+        let until = Instant::now() + Duration::from_secs(3);
+        while repl() != Repl::Established && Instant::now() < until {
+            thread::sleep(Duration::from_millis(10));
+        }
+        go.send(()).unwrap();
+        w.join().unwrap().unwrap();
+        wait_established("the resync after the reconnect");
+        let n = usize::try_from(node.data_size).unwrap();
+        let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+        disk.read_at(&mut a, 0).unwrap();
+        far_disk.read_at(&mut b, 0).unwrap();
+        let differ: Vec<usize> = (0..n / 4096)
+            .filter(|&i| a[i * 4096..(i + 1) * 4096] != b[i * 4096..(i + 1) * 4096])
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "blocks that differ with the peer in sync: {differ:?}; out of sync: {} bytes",
+            node.status().peers[0].out_of_sync_bytes
+        );
         node.demote().unwrap();
         far_stop.shutdown();
     }

@@ -284,6 +284,23 @@ impl Node {
             s.last_error = None;
             s.discard_my_data = false;
         }
+        // Writes that found no link marked their blocks before the link was set
+        // (Peer::link_or_mark), some perhaps still writing here: a peer found in sync
+        // at the handshake needs a resync of those blocks all the same.
+        let late = !resync && peer.bitmap.count() > 0;
+        if late {
+            if let Err(e) = peer.request(
+                &Request::SyncStart {
+                    node: self.cfg.node.clone(),
+                    full: false,
+                },
+                self.cfg.peer_timeout,
+            ) {
+                self.lose(peer, &format!("resync: {e}"));
+                return Err(e);
+            }
+        }
+        let resync = resync || late;
         if !resync {
             self.clear_outdated(peer);
             peer.set(Conn::Connected, Repl::Established);
