@@ -32,6 +32,9 @@ struct AlState {
     /// but no write may begin in them meanwhile: the log being written no longer names
     /// them, so such a write would be in flight in an extent the log does not hold.
     evicting: Vec<u64>,
+    /// Threads waiting on `changed`: with none, a change wakes nobody and makes no
+    /// system call (every write ends here).
+    waiting: usize,
 }
 
 /// A change of the log to persist before the writes that asked for it go ahead.
@@ -95,7 +98,9 @@ impl ActivityLog {
             if st.updating {
                 // Another thread is changing the log: an extent it adds is not durable
                 // yet, one it evicts is about to be forgotten. Wait for it.
+                st.waiting += 1;
                 st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                st.waiting -= 1;
                 continue;
             }
             let add: Vec<u64> = want
@@ -114,7 +119,9 @@ impl ActivityLog {
                 // Not enough idle extents: wait for writes to finish. (With nothing
                 // busy, a request wider than the log takes more extents than the
                 // capacity, rather than wait for ever.)
+                st.waiting += 1;
                 st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                st.waiting -= 1;
                 continue;
             }
             idle.sort_unstable();
@@ -158,8 +165,11 @@ impl ActivityLog {
                 a.0 = a.0.saturating_sub(1);
             }
         }
+        let wake = st.waiting > 0;
         drop(st);
-        self.changed.notify_all();
+        if wake {
+            self.changed.notify_all();
+        }
     }
 
     /// Extents active now, sorted.

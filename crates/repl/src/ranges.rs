@@ -11,8 +11,16 @@ use std::sync::{Arc, Condvar, Mutex};
 
 #[derive(Debug, Default)]
 pub struct RangeLocks {
-    held: Mutex<Vec<(u64, u64)>>,
+    held: Mutex<Held>,
     freed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    ranges: Vec<(u64, u64)>,
+    /// Threads waiting on `freed`: a release wakes nobody, and makes no system call,
+    /// when there are none (the common case, every write of a replicated volume).
+    waiting: usize,
 }
 
 /// A held range; released on drop.
@@ -27,10 +35,12 @@ impl RangeLocks {
     pub fn lock(&self, offset: u64, len: u64) -> RangeGuard<'_> {
         let range = (offset, offset + len.max(1));
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        while held.iter().any(|&(a, b)| a < range.1 && range.0 < b) {
+        while held.ranges.iter().any(|&(a, b)| a < range.1 && range.0 < b) {
+            held.waiting += 1;
             held = self.freed.wait(held).unwrap_or_else(|p| p.into_inner());
+            held.waiting -= 1;
         }
-        held.push(range);
+        held.ranges.push(range);
         RangeGuard { locks: self, range }
     }
 
@@ -48,16 +58,23 @@ impl RangeLocks {
 
     fn release(&self, range: (u64, u64)) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = held.iter().position(|r| *r == range) {
-            held.swap_remove(i);
+        if let Some(i) = held.ranges.iter().position(|r| *r == range) {
+            held.ranges.swap_remove(i);
         }
+        let wake = held.waiting > 0;
         drop(held);
-        self.freed.notify_all();
+        if wake {
+            self.freed.notify_all();
+        }
     }
 
     /// Ranges held now.
     pub fn held(&self) -> usize {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ranges
+            .len()
     }
 }
 
