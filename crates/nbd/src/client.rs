@@ -1763,9 +1763,18 @@ impl PipeShared {
 
     /// The reader thread: every reply to its caller, until the stream ends.
     fn read_replies(&self, mut conn: Connection) {
+        // Replies that callbacks send on while more answers are buffered here go out
+        // together, before this thread next waits (crate::cork).
+        let _cork = crate::cork::Scope;
         let end = loop {
+            if conn.wire.reader.buffer().len() < SIMPLE_REPLY_LEN {
+                crate::cork::release();
+            }
             match conn.recv_one() {
                 Ok(Some(r)) => {
+                    if conn.wire.reader.buffer().len() >= SIMPLE_REPLY_LEN {
+                        crate::cork::hold();
+                    }
                     let w = self.waiters().by_cookie.remove(&r.cookie);
                     if let Some(w) = w {
                         w.deliver(Ok(r));

@@ -464,7 +464,10 @@ fn a_shared_client_against_nbdkit() {
         .args(["--filter=delay", "memory", "8M", "rdelay=50ms"])
         .spawn()
         .expect("start nbdkit");
-    wait_until("nbdkit listens", || sock.exists());
+    // The socket file appears before nbdkit listens on it: wait until it accepts.
+    wait_until("nbdkit listens", || {
+        std::os::unix::net::UnixStream::connect(&sock).is_ok()
+    });
     let client = Arc::new(
         Client::connect(&ClientOptions::new(
             cairn_nbd::Listen::Unix(sock.clone()),

@@ -60,6 +60,33 @@ impl From<cairn_block::Error> for Failure {
     }
 }
 
+/// Replies with at most this much payload may be gathered (crate::cork) and sent with
+/// others; larger ones go out at once.
+const CORK_PAYLOAD: usize = 16 << 10;
+
+/// Gathered replies are sent once they reach this many bytes.
+const CORK_BYTES: usize = 64 << 10;
+
+/// The connection's writing side: the stream, and replies gathered for it (crate::cork).
+struct Out {
+    w: Box<dyn Write + Send>,
+    pending: Vec<u8>,
+}
+
+impl Out {
+    fn send_pending(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let r = self.w.write_all(&self.pending);
+        self.pending.clear();
+        if self.pending.capacity() > 2 * CORK_BYTES {
+            self.pending.shrink_to(CORK_BYTES);
+        }
+        r
+    }
+}
+
 /// Largest buffer kept between requests.
 const KEEP_BUFFER: usize = 4 << 20;
 
@@ -70,8 +97,9 @@ const SPARE_BYTES: usize = 8 << 20;
 /// One connection in its transmission phase, shared by its reader (the connection's
 /// thread) and the pool workers running its requests.
 struct Transmission {
-    /// Replies are written whole under this lock, in the order requests finish.
-    writer: Mutex<Box<dyn Write + Send>>,
+    /// Replies are written whole under this lock, in the order requests finish (small
+    /// ones may wait in `pending` for the end of their thread's burst: crate::cork).
+    writer: Mutex<Out>,
     export: Arc<ExportEntry>,
     flags: u16,
     structured: bool,
@@ -207,7 +235,10 @@ pub(super) fn serve_connection(
         },
     );
     let t = Arc::new(Transmission {
-        writer: Mutex::new(writer),
+        writer: Mutex::new(Out {
+            w: writer,
+            pending: Vec::new(),
+        }),
         export: session.export,
         flags,
         structured: session.structured,
@@ -224,12 +255,22 @@ pub(super) fn serve_connection(
     });
     // This thread reads requests and hands each to the pool; a worker executes it and
     // writes its reply, so replies go out in the order requests finish.
+    // Replies of requests this thread runs while more are buffered are gathered and sent
+    // together before it next waits for input (crate::cork).
+    let cork = crate::cork::Scope;
     loop {
         if t.closing.load(Ordering::Acquire) {
             break;
         }
+        if reader.buffer().len() < REQUEST_HEADER_LEN {
+            crate::cork::release();
+        }
         let mut buf = t.spare_buffer();
-        match t.read_request(&mut reader, &mut buf) {
+        let incoming = t.read_request(&mut reader, &mut buf);
+        if reader.buffer().len() >= REQUEST_HEADER_LEN {
+            crate::cork::hold();
+        }
+        match incoming {
             Incoming::Stop => break,
             // The reader runs the request itself when the connection runs one request
             // at a time, when the request will be refused anyway, and when requests
@@ -250,6 +291,7 @@ pub(super) fn serve_connection(
             }
         }
     }
+    drop(cork);
     t.closing.store(true, Ordering::Release);
     // Every request read is answered (or its reply failed) before the connection ends.
     t.running.wait_empty();
@@ -259,8 +301,9 @@ pub(super) fn serve_connection(
             tracing::warn!("{peer}: flush at disconnect: {e}");
         }
     }
-    if let Ok(mut w) = t.writer.lock() {
-        let _ = w.flush();
+    if let Ok(mut out) = t.writer.lock() {
+        let _ = out.send_pending();
+        let _ = out.w.flush();
     }
     tracing::debug!("{peer}: disconnected");
 }
@@ -348,17 +391,21 @@ impl Transmission {
     }
 
     /// Sends a request's reply; a reply that cannot be sent ends the connection.
-    fn reply(&self, req: &Request, result: Result<(), Failure>, buf: &[u8]) {
+    fn reply(self: &Arc<Self>, req: &Request, result: Result<(), Failure>, buf: &[u8]) {
         if let Err(e) = self.send_reply(req, result, buf) {
-            if !self.closing.swap(true, Ordering::AcqRel) {
-                tracing::debug!("{}: writing reply: {e}; closing", self.peer);
-            }
-            // A client that does not read (the send timed out): end the connection both
-            // ways, so the reader and the other requests, blocked reading or waiting to
-            // write, let go of their buffers too.
-            if let Some(c) = self.shared.conns.lock().expect("conns lock").get(&self.id) {
-                c.ctl.shutdown_both();
-            }
+            self.send_failed(&e);
+        }
+    }
+
+    fn send_failed(&self, e: &io::Error) {
+        if !self.closing.swap(true, Ordering::AcqRel) {
+            tracing::debug!("{}: writing reply: {e}; closing", self.peer);
+        }
+        // A client that does not read (the send timed out): end the connection both
+        // ways, so the reader and the other requests, blocked reading or waiting to
+        // write, let go of their buffers too.
+        if let Some(c) = self.shared.conns.lock().expect("conns lock").get(&self.id) {
+            c.ctl.shutdown_both();
         }
     }
 
@@ -591,12 +638,50 @@ impl Transmission {
         Ok(())
     }
 
-    fn send_reply(&self, req: &Request, result: Result<(), Failure>, buf: &[u8]) -> io::Result<()> {
-        let mut w = self
+    /// Writes a reply, or gathers it when this thread holds (crate::cork) and it is
+    /// small. A reply written at once takes the bytes gathered before it along.
+    fn send_reply(
+        self: &Arc<Self>,
+        req: &Request,
+        result: Result<(), Failure>,
+        buf: &[u8],
+    ) -> io::Result<()> {
+        let payload = match &result {
+            Err(_) => MAX_STRING,
+            Ok(()) if req.kind == CMD_READ => usize::try_from(req.length).unwrap_or(usize::MAX),
+            Ok(()) if req.kind == CMD_BLOCK_STATUS => buf.len(),
+            Ok(()) => 0,
+        };
+        let mut out = self
             .writer
             .lock()
             .map_err(|_| io::Error::other("writer lock poisoned"))?;
-        let w: &mut dyn Write = &mut **w;
+        if payload > CORK_PAYLOAD {
+            out.send_pending()?;
+            return self.write_reply(&mut *out.w, req, result, buf);
+        }
+        self.write_reply(&mut out.pending, req, result, buf)?;
+        if out.pending.len() < CORK_BYTES && crate::cork::holding() {
+            drop(out);
+            let me: Arc<dyn crate::cork::Corked> = self.clone();
+            if crate::cork::defer(&me) {
+                return Ok(());
+            }
+            out = self
+                .writer
+                .lock()
+                .map_err(|_| io::Error::other("writer lock poisoned"))?;
+        }
+        out.send_pending()
+    }
+
+    fn write_reply(
+        &self,
+        w: &mut dyn Write,
+        req: &Request,
+        result: Result<(), Failure>,
+        buf: &[u8],
+    ) -> io::Result<()> {
         match result {
             Err(f) => {
                 if f.errno == EIO {
@@ -698,4 +783,16 @@ fn encode_block_status(
         return Err(Failure::new(EIO, "device returned no extents"));
     }
     Ok(())
+}
+
+impl crate::cork::Corked for Transmission {
+    fn uncork(&self) {
+        let r = match self.writer.lock() {
+            Ok(mut out) => out.send_pending(),
+            Err(_) => Err(io::Error::other("writer lock poisoned")),
+        };
+        if let Err(e) = r {
+            self.send_failed(&e);
+        }
+    }
 }
