@@ -25,7 +25,8 @@
 //!
 //! Ordering rules, each needed by replay (docs/write-hole.md has the reasons):
 //! * the entries of a write are durable (FUA) before any of its data or parity write is
-//!   issued;
+//!   issued (a batch's entries go out together, from this thread over members that
+//!   complete later, and every one has answered before `log_batch` returns);
 //! * a partial write whose rows overlap an earlier write to the same stripe that is not
 //!   yet durable flushes the members first, so a live entry's PP never includes data
 //!   that could still be lost;
