@@ -98,23 +98,13 @@ impl Array {
                 .map_or(usize::MAX, |l| l.member);
             jobs.push((first, (pos, n, locs, piece)));
         }
-        let results = fan_out(jobs, parallel, |(pos, n, locs, piece)| {
-            let mut bad: Vec<(usize, Error)> = Vec::new();
-            let mut good = None;
-            for loc in &locs {
-                if !self.is_up(loc.member) {
-                    continue;
-                }
-                match self.read_member(loc.member, piece, loc.sector.0 * SECTOR_SIZE) {
-                    Ok(()) => {
-                        good = Some(*loc);
-                        break;
-                    }
-                    Err(e) => bad.push((loc.member, e)),
-                }
-            }
-            (pos, n, locs, good, bad)
-        });
+        let results = match self.read_first_copies_later(jobs) {
+            Ok(results) => results,
+            Err(jobs) => fan_out(jobs, parallel, |(pos, n, locs, piece)| {
+                let (good, bad) = self.read_copies(&locs, 0, piece, Vec::new());
+                (pos, n, locs, good, bad)
+            }),
+        };
         for (pos, n, locs, good, bad) in results {
             match good {
                 Some(src) if !bad.is_empty() => self.repair_copies(pos, n, src, &locs, bad),
@@ -123,6 +113,74 @@ impl Array {
             }
         }
         Ok(())
+    }
+
+    /// [`Array::simple_read`]'s pieces when every piece's first copy that is up
+    /// completes later (remote members): every first read is sent from this thread and
+    /// all are waited for once ([`Array::read_later`]); a piece whose first copy failed
+    /// then goes on to its next copies here, one after another, as on the pool path.
+    /// Gives the pieces back, nothing read, when some first copy does not complete later
+    /// or a piece has no copy up.
+    fn read_first_copies_later<'b>(
+        &self,
+        jobs: Vec<(usize, Piece<'b>)>,
+    ) -> std::result::Result<Vec<PieceRead>, Vec<(usize, Piece<'b>)>> {
+        if jobs.iter().any(|(first, _)| *first == usize::MAX) {
+            return Err(jobs);
+        }
+        // Where each piece's first copy is, and the reads themselves.
+        let mut firsts = Vec::with_capacity(jobs.len());
+        let mut pieces = Vec::with_capacity(jobs.len());
+        let mut reads = Vec::with_capacity(jobs.len());
+        for (first, (pos, n, locs, piece)) in jobs {
+            let i = locs
+                .iter()
+                .position(|l| l.member == first)
+                .expect("the first copy is one of the piece's");
+            reads.push((first, piece, locs[i].sector.0 * SECTOR_SIZE));
+            firsts.push(i);
+            pieces.push((pos, n, locs));
+        }
+        let Some(failed) = self.read_later(&mut reads) else {
+            let back = pieces.into_iter().zip(reads);
+            return Err(back
+                .map(|((pos, n, locs), (first, piece, _))| (first, (pos, n, locs, piece)))
+                .collect());
+        };
+        Ok(pieces
+            .into_iter()
+            .zip(reads)
+            .zip(firsts.into_iter().zip(failed))
+            .map(|(((pos, n, locs), (first, piece, _)), (i, failed))| {
+                let (good, bad) = match failed {
+                    None => (Some(locs[i]), Vec::new()),
+                    Some(e) => self.read_copies(&locs, i + 1, piece, vec![(first, e)]),
+                };
+                (pos, n, locs, good, bad)
+            })
+            .collect())
+    }
+
+    /// Reads `piece` from the first copy of `locs[from..]` that is up and can read it,
+    /// one after another; `bad` holds the copies that failed before. Returns the copy
+    /// read and every copy that failed.
+    fn read_copies(
+        &self,
+        locs: &[Location],
+        from: usize,
+        piece: &mut [u8],
+        mut bad: Vec<(usize, Error)>,
+    ) -> (Option<Location>, Vec<(usize, Error)>) {
+        for loc in &locs[from..] {
+            if !self.is_up(loc.member) {
+                continue;
+            }
+            match self.read_member(loc.member, piece, loc.sector.0 * SECTOR_SIZE) {
+                Ok(()) => return (Some(*loc), bad),
+                Err(e) => bad.push((loc.member, e)),
+            }
+        }
+        (None, bad)
     }
 
     /// After a read error on some copies of `[pos, pos + n)`: rewrite them from the good
@@ -404,6 +462,18 @@ impl BlockDevice for Array {
         r
     }
 }
+
+/// A piece of a read of the simple levels: (array offset, length, copies, its buffer).
+type Piece<'b> = (u64, u64, Vec<Location>, &'b mut [u8]);
+
+/// A piece read: (array offset, length, copies, the copy read, the copies that failed).
+type PieceRead = (
+    u64,
+    u64,
+    Vec<Location>,
+    Option<Location>,
+    Vec<(usize, Error)>,
+);
 
 /// Counts a client request as in flight on the array until dropped.
 struct InFlight<'a>(&'a AtomicUsize);

@@ -25,7 +25,8 @@
 //!
 //! Ordering rules, each needed by replay (docs/write-hole.md has the reasons):
 //! * the entries of a write are durable (FUA) before any of its data or parity write is
-//!   issued;
+//!   issued (a batch's entries go out together, from this thread over members that
+//!   complete later, and every one has answered before `log_batch` returns);
 //! * a partial write whose rows overlap an earlier write to the same stripe that is not
 //!   yet durable flushes the members first, so a live entry's PP never includes data
 //!   that could still be lost;
@@ -41,7 +42,7 @@ use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 use crate::layout::{ParityLayout, StripeMap};
 use crate::ondisk::{Superblock, Uuid};
 use crate::parity::gf;
-use crate::state::{Array, Bytes};
+use crate::state::{unanswered, Array, Bytes};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
 mod format;
@@ -347,12 +348,11 @@ impl Ppl {
         }
         // The entries go to their parity members at once; all are durable (FUA) before
         // this returns, so before any data write of the batch is issued.
-        let failed =
-            cairn_block::overlap::fan_out(jobs, array.flush_overlap_pays(), |(pm, buf, pos)| {
-                self.write_abs(array, pm, &buf, self.ring_off + pos, WriteFlags::FUA)
-                    .err()
-                    .map(|e| (pm, e))
-            });
+        let jobs = jobs
+            .into_iter()
+            .map(|(pm, (_, buf, pos))| (pm, buf, self.ring_off + pos))
+            .collect();
+        let failed = self.write_all_abs(array, jobs, array.flush_overlap_pays());
         for (pm, e) in failed.into_iter().flatten() {
             // The parity member is out; its planned write fails too, which is what a
             // member failure means for the stripe anyway.
@@ -472,22 +472,33 @@ impl Ppl {
         cairn_block::BlockDevice::flush(array)?;
         let mut st = self.lock();
         let next = st.next_seq;
+        // Each ring's durable-complete entries, and the floor past them.
+        let mut done = Vec::new();
         for role in 0..st.rings.len() {
             let n = st.rings[role]
                 .live
                 .iter()
                 .take_while(|l| self.is_durable(l.done))
                 .count();
-            if n == 0 {
-                continue;
+            if n > 0 {
+                let floor = st.rings[role].live.get(n).map_or(next, |l| l.seq);
+                done.push((role, n, floor, array.is_up(role)));
             }
-            let floor = st.rings[role].live.get(n).map_or(next, |l| l.seq);
-            let up = array.is_up(role);
-            if up {
-                if let Err(e) = self.write_header(array, role, floor) {
-                    array.fail_member(role, &e);
-                }
-            }
+        }
+        // The new floors go to every ring at once, before any of the space is reused.
+        let headers = done
+            .iter()
+            .filter(|d| d.3)
+            .map(|&(role, _, floor, _)| (role, self.header(floor), self.header_off))
+            .collect();
+        for (role, e) in self
+            .write_all_abs(array, headers, array.flush_overlap_pays())
+            .into_iter()
+            .flatten()
+        {
+            array.fail_member(role, &e);
+        }
+        for (role, n, floor, up) in done {
             let gone: Vec<Live> = st.rings[role].live.drain(..n).collect();
             // A member that is not up gets a header again before its next entry.
             st.rings[role].floor = if up { floor } else { 0 };
@@ -508,15 +519,53 @@ impl Ppl {
         Ok(())
     }
 
-    fn write_header(&self, array: &Array, role: usize, floor: u64) -> Result<()> {
-        let h = RingHeader {
+    /// [`Ppl::write_abs`] for every `(role, buf, off)` (FUA), issued as `how` says;
+    /// each job's failure. Over members that are all up and complete later, every write
+    /// is sent from this thread and all are waited for once (an answer the device
+    /// dropped is a failure); either way every write has returned, durable or failed,
+    /// when this returns.
+    fn write_all_abs(
+        &self,
+        array: &Array,
+        jobs: Vec<(usize, Vec<u8>, u64)>,
+        how: cairn_block::overlap::Overlap,
+    ) -> Vec<Option<(usize, Error)>> {
+        let Some(members) = array.later_members(jobs.iter().map(|(role, _, _)| *role)) else {
+            let jobs = jobs.into_iter().map(|j| (j.0, j)).collect();
+            return cairn_block::overlap::fan_out(jobs, how, |(role, buf, off)| {
+                self.write_abs(array, role, &buf, off, WriteFlags::FUA)
+                    .err()
+                    .map(|e| (role, e))
+            });
+        };
+        let answers = cairn_block::overlap::start_all(
+            jobs.iter().zip(&members).collect(),
+            |((_, buf, off), m), answer| m.dev.write_then(buf, *off, WriteFlags::FUA, answer),
+        );
+        jobs.into_iter()
+            .zip(answers)
+            .map(|((role, _, off), answer)| {
+                let e = answer.unwrap_or_else(|| Err(unanswered())).err()?;
+                Some((role, Self::abs_failed(array, role, off, e)))
+            })
+            .collect()
+    }
+
+    /// The ring header with sequence floor `floor`, encoded.
+    fn header(&self, floor: u64) -> Vec<u8> {
+        RingHeader {
             ring_off: self.ring_off,
             ring_len: self.ring_len,
             floor,
             log_id: self.log_id,
             uuid: self.uuid,
-        };
-        self.write_abs(array, role, &h.encode(), self.header_off, WriteFlags::FUA)
+        }
+        .encode()
+    }
+
+    fn write_header(&self, array: &Array, role: usize, floor: u64) -> Result<()> {
+        let h = self.header(floor);
+        self.write_abs(array, role, &h, self.header_off, WriteFlags::FUA)
     }
 
     fn write_abs(
@@ -530,12 +579,16 @@ impl Ppl {
         let Some(m) = array.slots[role].member() else {
             return Err(Error::new(ErrorKind::Degraded, "member missing"));
         };
-        m.dev.write_at(buf, off, flags).map_err(|e| {
-            e.context(format!(
-                "{}: partial-parity log write at byte {off}",
-                array.describe_role(role)
-            ))
-        })
+        m.dev
+            .write_at(buf, off, flags)
+            .map_err(|e| Self::abs_failed(array, role, off, e))
+    }
+
+    fn abs_failed(array: &Array, role: usize, off: u64, e: Error) -> Error {
+        e.context(format!(
+            "{}: partial-parity log write at byte {off}",
+            array.describe_role(role)
+        ))
     }
 
     /// Empties the log: every write so far must be durable (the caller flushed). Used on

@@ -611,7 +611,10 @@ impl Array {
 
     /// The members of `roles` when every one is up and completes its operations later
     /// by itself (remote members, [`BlockDevice::completes_later`]); `None` otherwise.
-    fn later_members(&self, roles: impl Iterator<Item = usize>) -> Option<Vec<Arc<Member>>> {
+    pub(crate) fn later_members(
+        &self,
+        roles: impl Iterator<Item = usize>,
+    ) -> Option<Vec<Arc<Member>>> {
         if self.is_fenced() {
             return None;
         }
@@ -633,23 +636,40 @@ impl Array {
         jobs: Vec<(usize, ReadJob<'_>)>,
         how: Overlap,
     ) -> Vec<Option<(usize, Error)>> {
-        let Some(members) = self.later_members(jobs.iter().map(|(_, (role, _, _))| *role)) else {
-            return fan_out(jobs, how, |(role, buf, off)| {
-                self.read_member(role, buf, off).err().map(|e| (role, e))
-            });
-        };
-        let largest = jobs.iter().map(|(_, (_, b, _))| b.len()).max().unwrap_or(0);
+        let (tags, mut reads): (Vec<usize>, Vec<ReadJob<'_>>) = jobs.into_iter().unzip();
+        if let Some(failed) = self.read_later(&mut reads) {
+            return reads
+                .iter()
+                .zip(failed)
+                .map(|((role, _, _), e)| e.map(|e| (*role, e)))
+                .collect();
+        }
+        fan_out(
+            tags.into_iter().zip(reads).collect(),
+            how,
+            |(role, buf, off)| self.read_member(role, buf, off).err().map(|e| (role, e)),
+        )
+    }
+
+    /// The reads `(role, buf, off)` of `jobs` when every member they touch is up and
+    /// completes later: each sent from this thread, all waited for once, and each one's
+    /// error with what follows from it as in [`Array::read_member`]. `None`, nothing
+    /// read, when some member is not up or does not complete later.
+    pub(crate) fn read_later(&self, jobs: &mut [ReadJob<'_>]) -> Option<Vec<Option<Error>>> {
+        let members = self.later_members(jobs.iter().map(|(role, _, _)| *role))?;
+        let largest = jobs.iter().map(|(_, b, _)| b.len()).max().unwrap_or(0);
         let t = std::time::Instant::now();
         let answers = start_all(
             jobs.iter().zip(&members).collect(),
-            |((_, (_, buf, off)), m), answer| m.dev.read_then(buf.len(), m.base + off, answer),
+            |((_, buf, off), m), answer| m.dev.read_then(buf.len(), m.base + off, answer),
         );
         self.member_latency.sample(largest, t.elapsed());
-        jobs.into_iter()
+        let failed = jobs
+            .iter_mut()
             .zip(members)
             .zip(answers)
-            .map(|(((_, (role, buf, off)), m), answer)| {
-                let at = m.base + off;
+            .map(|(((role, buf, off), m), answer)| {
+                let at = m.base + *off;
                 let e = match answer {
                     Some(Ok(data)) if data.len() == buf.len() => {
                         buf.copy_from_slice(&data);
@@ -662,9 +682,10 @@ impl Array {
                     Some(Err(e)) => e,
                     None => unanswered(),
                 };
-                Some((role, self.member_read_failed(role, buf.len(), at, e)))
+                Some(self.member_read_failed(*role, buf.len(), at, e))
             })
-            .collect()
+            .collect();
+        Some(failed)
     }
 
     /// [`Array::write_member`] for every `(tag, (role, buf, off))`, issued as `how`

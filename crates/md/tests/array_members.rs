@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -719,6 +719,91 @@ fn bitmap_guided_re_add_rebuilds_only_dirty_chunks() {
     }
 }
 
+/// Client writes in `pipelined_mirror_rebuild_and_resync_over_slow_members` are at most
+/// this large; a larger member operation is the background work's.
+const CLIENT_MAX: usize = 32 << 10;
+
+/// Makes the background work and a client write overlap by construction: once armed,
+/// the client writes only at the end of the array (no unit the work locks first), and
+/// the work's first member operation waits until such a write has finished since
+/// [`Gate::hold_from`]. The wait gives up after 10 s (`timed_out`), so a broken
+/// assumption fails the test instead of hanging it.
+#[derive(Default)]
+struct Gate {
+    armed: AtomicBool,
+    released: AtomicBool,
+    timed_out: AtomicBool,
+    /// Client writes finished at the end of the array since arming.
+    end_writes: AtomicU64,
+    /// What `end_writes` must pass before the work goes on.
+    from: AtomicU64,
+}
+
+impl Gate {
+    /// Whether the client must keep to the end of the array.
+    fn holding(&self) -> bool {
+        self.armed.load(Ordering::Acquire) && !self.released.load(Ordering::Acquire)
+    }
+
+    /// Holds the work's first operation until `end_writes` passes its value now.
+    fn hold_from(&self) {
+        self.from
+            .store(self.end_writes.load(Ordering::Acquire), Ordering::Release);
+    }
+
+    /// A member operation of `len` bytes is about to start.
+    fn pass(&self, len: usize) {
+        if len <= CLIENT_MAX || !self.holding() {
+            return;
+        }
+        let t = Instant::now();
+        while self.end_writes.load(Ordering::Acquire) <= self.from.load(Ordering::Acquire) {
+            if t.elapsed() > Duration::from_secs(10) {
+                self.timed_out.store(true, Ordering::Release);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.released.store(true, Ordering::Release);
+    }
+}
+
+/// A member behind a [`Gate`].
+#[derive(Debug)]
+struct Gated(Arc<DelayDisk>, Arc<Gate>);
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Gate")
+    }
+}
+
+impl BlockDevice for Gated {
+    fn geometry(&self) -> cairn_block::Geometry {
+        self.0.geometry()
+    }
+    fn capabilities(&self) -> cairn_block::Capabilities {
+        self.0.capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> cairn_block::Result<()> {
+        self.1.pass(buf.len());
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> cairn_block::Result<()> {
+        self.1.pass(buf.len());
+        self.0.write_at(buf, offset, flags)
+    }
+    fn flush(&self) -> cairn_block::Result<()> {
+        self.0.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> cairn_block::Result<()> {
+        self.0.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> cairn_block::Result<()> {
+        self.0.write_zeroes(offset, len, flags)
+    }
+}
+
 /// RAID1/10 over members with latency: the rebuild and the resync read the next window
 /// of 1 MiB units while the current one is written (pipeline.rs), holding its locks. A
 /// client writing (and reading back) all the while must find every byte it wrote; the
@@ -765,9 +850,10 @@ fn pipelined_mirror_rebuild_and_resync_over_slow_members() {
             for d in &slow {
                 d.set_delay(Duration::from_millis(1));
             }
+            let gate = Arc::new(Gate::default());
             let devs = slow
                 .iter()
-                .map(|d| d.clone() as Arc<dyn BlockDevice>)
+                .map(|d| Arc::new(Gated(d.clone(), gate.clone())) as Arc<dyn BlockDevice>)
                 .collect();
             let a = Arc::new(
                 Array::assemble(devs, names(m.len()), AssembleOptions::default()).unwrap(),
@@ -782,6 +868,7 @@ fn pipelined_mirror_rebuild_and_resync_over_slow_members() {
                 let spare = spare_like(&m);
                 let s = Arc::new(DelayDisk::new(spare.clone() as Arc<dyn BlockDevice>));
                 s.set_delay(Duration::from_millis(1));
+                let s = Arc::new(Gated(s, gate.clone()));
                 a.add(s as Arc<dyn BlockDevice>, "spare.img".into(), false)
                     .unwrap();
                 m[v] = spare;
@@ -790,15 +877,28 @@ fn pipelined_mirror_rebuild_and_resync_over_slow_members() {
             let stop = Arc::new(AtomicBool::new(false));
             let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let writer = {
-                let (a, model, stop, count) =
-                    (a.clone(), model.clone(), stop.clone(), count.clone());
+                let (a, model, stop, count, gate) = (
+                    a.clone(),
+                    model.clone(),
+                    stop.clone(),
+                    count.clone(),
+                    gate.clone(),
+                );
                 let mut rng = SmallRng::seed_from_u64(seed ^ 0xabcd);
                 std::thread::spawn(move || {
                     let size = a.geometry().size;
                     let mut n = 0u64;
                     while !stop.load(Ordering::Acquire) || n < 20 {
                         let len = rng.gen_range(1..=64u64) * 512;
-                        let off = rng.gen_range(0..(size - len) / 512) * 512;
+                        // While the gate holds, in the last 64 KiB: away from the unit
+                        // the work holds first.
+                        let holding = gate.holding();
+                        let lo = if holding {
+                            (size - (64 << 10)) / 512
+                        } else {
+                            0
+                        };
+                        let off = rng.gen_range(lo..(size - len) / 512) * 512;
                         let mut buf = vec![0u8; len as usize];
                         rng.fill(&mut buf[..]);
                         let mut model = model.lock().unwrap();
@@ -810,6 +910,9 @@ fn pipelined_mirror_rebuild_and_resync_over_slow_members() {
                         assert_eq!(back, buf, "a write read back");
                         n += 1;
                         count.store(n, Ordering::Release);
+                        if holding {
+                            gate.end_writes.fetch_add(1, Ordering::AcqRel);
+                        }
                     }
                     n
                 })
@@ -817,12 +920,29 @@ fn pipelined_mirror_rebuild_and_resync_over_slow_members() {
             while count.load(Ordering::Acquire) < 2 {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            // Unpaced, on this thread, while the writer runs.
+            // The writer keeps to the end of the array from its next write on; once one
+            // such write is done, none of its writes can wait for the work's first unit.
+            gate.armed.store(true, Ordering::Release);
+            let armed = gate.end_writes.load(Ordering::Acquire);
+            while gate.end_writes.load(Ordering::Acquire) == armed {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            gate.hold_from();
+            // Unpaced, on this thread, while the writer runs; its first member operation
+            // waits for a client write to finish.
             let before = count.load(Ordering::Acquire);
             a.run_pending().unwrap();
             let during = count.load(Ordering::Acquire) - before;
             stop.store(true, Ordering::Release);
             let writes = writer.join().unwrap();
+            assert!(
+                gate.released.load(Ordering::Acquire),
+                "{name}: the work never reached a member"
+            );
+            assert!(
+                !gate.timed_out.load(Ordering::Acquire),
+                "{name}: no client write finished while the work waited"
+            );
             assert!(during > 0, "{name}: no write overlapped the work");
             let r = a.report();
             assert!(

@@ -5,13 +5,21 @@
 //! thread), where the array starts every member operation from one thread and waits
 //! once; and member failures seen on that path.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use cairn_block::testkit::conformance::{run_with, Options};
 use cairn_block::testkit::{DelayDisk, FaultyDisk};
-use cairn_block::{BlockDevice, Geometry, MemDisk, ReadDone, Result, WriteDone, WriteFlags};
-use cairn_md::{Array, AssembleOptions, CreateOptions, Level, MemberState, Sectors};
+use cairn_block::{
+    BlockDevice, ErrorKind, Geometry, MemDisk, ReadDone, Result, WriteDone, WriteFlags,
+};
+use cairn_md::{
+    Array, AssembleOptions, CreateOptions, FeaturePolicy, Level, MemberState, Sectors, Superblock,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 /// Runs the suite on fresh arrays of `level` over `n` slow members, roles in `missing`
 /// left out at assembly.
@@ -240,4 +248,372 @@ fn a_member_that_never_answers_is_failed_not_waited_for() {
     let mut back = vec![0u8; data.len()];
     a.read_at(&mut back, 0).unwrap();
     assert!(back == data);
+}
+
+#[test]
+fn ppl_over_members_that_complete_later_degraded() {
+    // RAID5 keeps its partial-parity log by default (write_journal); healthy above.
+    suite_of(Level::Raid5, 4, &[0], true);
+}
+
+// ---- how the operations reach members that complete later ----------------------------
+
+/// What [`Counted`] members saw, shared by every member of one array.
+#[derive(Default)]
+struct Seen {
+    /// Synchronous reads and writes (`read_at`, `write_at`) since the last reset.
+    sync: AtomicU64,
+    /// `(member, 'r' | 'w' | 'f', offset, calling thread)` of each `*_then`.
+    later: Mutex<Vec<(usize, char, u64, ThreadId)>>,
+    /// Read answers held back until `expect` reads are outstanding together.
+    held: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    expect: AtomicUsize,
+    /// The most read answers held at once.
+    most: AtomicUsize,
+    /// Held answers released by the watchdog, not by `expect` being reached.
+    timed_out: AtomicBool,
+}
+
+impl Seen {
+    fn reset(&self, expect: usize) {
+        self.sync.store(0, Ordering::SeqCst);
+        self.later.lock().unwrap().clear();
+        self.most.store(0, Ordering::SeqCst);
+        self.expect.store(expect, Ordering::SeqCst);
+    }
+
+    fn later_ops(&self, kind: char) -> Vec<(usize, u64, ThreadId)> {
+        let later = self.later.lock().unwrap();
+        later
+            .iter()
+            .filter(|c| c.1 == kind)
+            .map(|&(m, _, off, t)| (m, off, t))
+            .collect()
+    }
+
+    /// Holds `answer` while fewer than `expect` reads are outstanding; with `expect`
+    /// reached, answers all of them (from another thread). A watchdog answers what is
+    /// still held after two seconds, so a path that waits for each read in turn shows
+    /// as `timed_out` rather than as a hang.
+    fn hold(self: &Arc<Seen>, answer: Box<dyn FnOnce() + Send>) {
+        let expect = self.expect.load(Ordering::SeqCst);
+        if expect == 0 {
+            std::thread::spawn(answer);
+            return;
+        }
+        let mut held = self.held.lock().unwrap();
+        held.push(answer);
+        self.most.fetch_max(held.len(), Ordering::SeqCst);
+        if held.len() >= expect {
+            let all = std::mem::take(&mut *held);
+            std::thread::spawn(move || all.into_iter().for_each(|a| a()));
+        } else if held.len() == 1 {
+            let seen = self.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(2));
+                let all = std::mem::take(&mut *seen.held.lock().unwrap());
+                if !all.is_empty() {
+                    seen.timed_out.store(true, Ordering::SeqCst);
+                }
+                all.into_iter().for_each(|a| a());
+            });
+        }
+    }
+}
+
+/// A member that completes later and records how each operation reached it.
+struct Counted {
+    inner: Arc<dyn BlockDevice>,
+    member: usize,
+    seen: Arc<Seen>,
+}
+
+impl std::fmt::Debug for Counted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Counted({})", self.member)
+    }
+}
+
+impl Counted {
+    fn note(&self, kind: char, off: u64) {
+        let me = std::thread::current().id();
+        self.seen
+            .later
+            .lock()
+            .unwrap()
+            .push((self.member, kind, off, me));
+    }
+}
+
+impl BlockDevice for Counted {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.seen.sync.fetch_add(1, Ordering::SeqCst);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.seen.sync.fetch_add(1, Ordering::SeqCst);
+        self.inner.write_at(buf, offset, flags)
+    }
+    fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
+        self.note('r', offset);
+        let mut buf = vec![0u8; len];
+        let r = self.inner.read_at(&mut buf, offset).map(|()| buf);
+        self.seen.hold(Box::new(move || done(r)));
+    }
+    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        self.note('w', offset);
+        let (inner, buf) = (self.inner.clone(), buf.to_vec());
+        std::thread::spawn(move || done(inner.write_at(&buf, offset, flags)));
+    }
+    fn flush_then(&self, done: WriteDone) {
+        self.note('f', 0);
+        let inner = self.inner.clone();
+        std::thread::spawn(move || done(inner.flush()));
+    }
+    fn completes_later(&self) -> bool {
+        true
+    }
+}
+
+/// An array of `level` created over `n` plain members, then assembled over [`Counted`]
+/// wrappers of them sharing one [`Seen`].
+fn counted_array(level: Level, n: usize) -> (Array, Arc<Seen>, Vec<Arc<dyn BlockDevice>>) {
+    let mems: Vec<Arc<dyn BlockDevice>> = (0..n)
+        .map(|_| Arc::new(MemDisk::new(4 << 20)) as Arc<dyn BlockDevice>)
+        .collect();
+    let mut o = CreateOptions::new(level, "counted");
+    o.chunk = Some(Sectors(16));
+    o.members_zeroed = true;
+    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+    let a = Array::create(mems.clone(), names.clone(), &o).unwrap();
+    a.close().unwrap();
+    drop(a);
+    let seen = Arc::new(Seen::default());
+    let devs = mems
+        .iter()
+        .enumerate()
+        .map(|(member, m)| -> Arc<dyn BlockDevice> {
+            Arc::new(Counted {
+                inner: m.clone(),
+                member,
+                seen: seen.clone(),
+            })
+        })
+        .collect();
+    let a = Array::assemble(devs, names, AssembleOptions::default()).unwrap();
+    (a, seen, mems)
+}
+
+#[test]
+fn a_read_of_several_pieces_sends_every_piece_before_waiting() {
+    // (level, members, array offset (from the end when linear), pieces of a 64 KiB
+    // read: 8 KiB chunks, or linear's two members)
+    for (level, n, pieces) in [
+        (Level::Raid0, 4, 8),
+        (Level::Raid10, 4, 8),
+        (Level::Linear, 2, 2),
+        (Level::Raid1, 2, 1),
+    ] {
+        let (a, seen, _) = counted_array(level, n);
+        let size = a.geometry().size;
+        // Linear: across the boundary between its two equal members.
+        let off = if level == Level::Linear {
+            size / 2 - (32 << 10)
+        } else {
+            64 << 10
+        };
+        let data = pattern(64 << 10, 11);
+        a.write_at(&data, off, WriteFlags::NONE).unwrap();
+        seen.reset(pieces);
+        let mut back = vec![0u8; data.len()];
+        a.read_at(&mut back, off).unwrap();
+        assert!(back == data, "{level}: read back differs");
+        let reads = seen.later_ops('r');
+        let me = std::thread::current().id();
+        assert_eq!(
+            seen.sync.load(Ordering::SeqCst),
+            0,
+            "{level}: a member was read synchronously (through the worker pool)"
+        );
+        assert_eq!(reads.len(), pieces, "{level}: member reads {reads:?}");
+        assert!(
+            reads.iter().all(|r| r.2 == me),
+            "{level}: a member read was sent from another thread"
+        );
+        assert_eq!(
+            seen.most.load(Ordering::SeqCst),
+            pieces,
+            "{level}: not every piece was outstanding at once"
+        );
+        assert!(
+            !seen.timed_out.load(Ordering::SeqCst),
+            "{level}: waited per piece"
+        );
+    }
+}
+
+/// A member answering reads as `how` says (writes and flushes go through): dropping
+/// the answer (a bug below), or refusing as a lost connection does.
+#[derive(Debug)]
+struct BadReads {
+    inner: DelayDisk,
+    gone: bool,
+}
+
+impl BlockDevice for BadReads {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.inner.write_at(buf, offset, flags)
+    }
+    fn read_then(&self, _len: usize, _offset: u64, done: ReadDone) {
+        if self.gone {
+            let e = cairn_block::Error::new(ErrorKind::Gone, "the connection was lost");
+            std::thread::spawn(move || done(Err(e)));
+        } else {
+            std::thread::spawn(move || drop(done));
+        }
+    }
+    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
+        self.inner.write_then(buf, offset, flags, done);
+    }
+    fn flush_then(&self, done: WriteDone) {
+        self.inner.flush_then(done);
+    }
+    fn completes_later(&self) -> bool {
+        true
+    }
+}
+
+/// `level` over `n` members that complete later, member `bad` answering reads badly.
+fn bad_reads_array(level: Level, n: usize, bad: usize, gone: bool) -> Array {
+    let mems: Vec<Arc<dyn BlockDevice>> = (0..n)
+        .map(|_| Arc::new(MemDisk::new(4 << 20)) as Arc<dyn BlockDevice>)
+        .collect();
+    let mut o = CreateOptions::new(level, "bad-reads");
+    o.chunk = Some(Sectors(16));
+    o.members_zeroed = true;
+    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+    let a = Array::create(mems.clone(), names.clone(), &o).unwrap();
+    a.close().unwrap();
+    drop(a);
+    let devs = mems
+        .iter()
+        .enumerate()
+        .map(|(i, m)| -> Arc<dyn BlockDevice> {
+            let d = DelayDisk::completing_later(m.clone());
+            if i == bad {
+                Arc::new(BadReads { inner: d, gone })
+            } else {
+                Arc::new(d)
+            }
+        })
+        .collect();
+    Array::assemble(devs, names, AssembleOptions::default()).unwrap()
+}
+
+#[test]
+fn mirror_reads_on_the_later_path_fall_back_to_the_next_copy() {
+    // RAID1 alternates its first copy (two reads ask member 1 once); RAID10's first
+    // copy of each piece is the even member, so member 0 is asked for half the pieces.
+    for (level, n, bad) in [(Level::Raid1, 2, 1), (Level::Raid10, 4, 0)] {
+        for gone in [false, true] {
+            let a = bad_reads_array(level, n, bad, gone);
+            let data = pattern(256 << 10, 13);
+            a.write_at(&data, 0, WriteFlags::NONE).unwrap();
+            let mut back = vec![0u8; data.len()];
+            for _ in 0..2 {
+                a.read_at(&mut back, 0).unwrap();
+                assert!(back == data, "{level}, gone {gone}: wrong data");
+            }
+            let r = a.report();
+            let faulty = r.members[bad].state == MemberState::Faulty;
+            // A lost connection fails the member; an unanswered read is a read error,
+            // repaired (the copy rewritten), as on every other read path.
+            assert_eq!(faulty, gone, "{level}, gone {gone}: {}", r.state_text);
+        }
+    }
+}
+
+#[test]
+fn a_read_error_on_one_copy_of_a_raid10_piece_is_repaired() {
+    let (a, bad) = later_array(Level::Raid10, 4, 0);
+    let data = pattern(512 << 10, 17);
+    a.write_at(&data, 0, WriteFlags::NONE).unwrap();
+    bad.reset_stats();
+    bad.fail_range(cairn_block::testkit::Op::Read, 0..(8 << 20));
+    let mut back = vec![0u8; data.len()];
+    a.read_at(&mut back, 0).unwrap();
+    assert!(back == data, "a read error reached the caller's data");
+    let s = bad.stats();
+    assert!(s.failed > 0, "member 0 was never asked: {s:?}");
+    assert!(s.writes > 0, "nothing was rewritten on member 0: {s:?}");
+    let r = a.report();
+    assert_ne!(
+        r.members[0].state,
+        MemberState::Faulty,
+        "a bad sector failed the member: {}",
+        r.state_text
+    );
+    // The rewritten copy reads back once the member reads again.
+    bad.heal();
+    a.read_at(&mut back, 0).unwrap();
+    assert!(back == data);
+}
+
+#[test]
+fn the_partial_parity_log_writes_on_the_later_path() {
+    let (a, seen, mems) = counted_array(Level::Raid5, 4);
+    let sb = Superblock::read_from(&*mems[0], "d0", FeaturePolicy::Supported).unwrap();
+    let header = (8 + u64::try_from(sb.bblog_offset).unwrap() + u64::from(sb.bblog_size)) * 512;
+    let header = header.div_ceil(4096) * 4096;
+    let data_start = sb.data_offset.0 * 512;
+    // The first write marks the superblocks dirty; what follows is the steady state.
+    a.write_at(&pattern(4096, 1), 0, WriteFlags::NONE).unwrap();
+    seen.reset(0);
+    let seed = cairn_block::testkit::test_seed("ppl later");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let size = a.geometry().size;
+    let mut model = vec![0u8; usize::try_from(size).unwrap()];
+    a.read_at(&mut model, 0).unwrap();
+    // About 200 KiB of entries per ring per 100 writes: the rings (under 1 MiB) wrap.
+    for i in 0..1000u32 {
+        let off = rng.gen_range(0..size / 4096) * 4096;
+        let data = pattern(4096, u8::try_from(i % 251).unwrap());
+        a.write_at(&data, off, WriteFlags::NONE).unwrap();
+        let at = usize::try_from(off).unwrap();
+        model[at..at + 4096].copy_from_slice(&data);
+        if i % 50 == 49 {
+            a.flush().unwrap();
+        }
+    }
+    let writes = seen.later_ops('w');
+    let entries = writes
+        .iter()
+        .filter(|w| w.1 > header && w.1 < data_start)
+        .count();
+    let headers = writes.iter().filter(|w| w.1 == header).count();
+    assert!(
+        entries >= 1000,
+        "seed {seed}: {entries} log entries written"
+    );
+    assert!(headers > 0, "seed {seed}: the ring was never reclaimed");
+    assert_eq!(
+        seen.sync.load(Ordering::SeqCst),
+        0,
+        "seed {seed}: a member was written or read synchronously"
+    );
+    let mut back = vec![0u8; model.len()];
+    a.read_at(&mut back, 0).unwrap();
+    assert!(
+        back == model,
+        "seed {seed}: the array differs from the model"
+    );
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_block::testkit::conformance::{run_with, Options};
-use cairn_block::testkit::FaultyDisk;
+use cairn_block::testkit::{DelayDisk, FaultyDisk};
 use cairn_block::{BlockDevice, Geometry, MemDisk, Result, WriteFlags};
 use cairn_md::{Array, AssembleOptions, Level, StripeCache, StripeCacheOptions};
 use common::{create, us, Shape, KIB};
@@ -429,11 +429,29 @@ fn holding_stops_when_it_stops_paying() {
 
 /// Random 4 KiB writes from several threads at once are seldom held: they rarely start a
 /// stripe or end the one before, which is what a stream looks like.
+///
+/// How many random writes fall inside the stream window is what decides it, so the
+/// members take 1 ms per operation: the window (at least four writes' time below, which
+/// is then longer than the 2 ms hold) spans the same few writes per writer in any build,
+/// rather than a count of writes that depends on how fast memory is copied (a release
+/// build on memory members fits some hundred writes into the hold time).
 #[test]
 fn concurrent_random_writes_are_seldom_held() {
     let shape = Shape::new(Level::Raid5, None, 64, 3).rows(256);
-    let (array, _disks) = counted(&shape);
-    let cache = StripeCache::new(array, cache_opts(2));
+    let members: Vec<Arc<DelayDisk>> = shape
+        .member_bytes()
+        .into_iter()
+        .map(|b| Arc::new(DelayDisk::new(Arc::new(MemDisk::new(b)))))
+        .collect();
+    let devs = members
+        .iter()
+        .map(|m| m.clone() as Arc<dyn BlockDevice>)
+        .collect();
+    let array = Array::create(devs, common::names(members.len()), &shape.create_options()).unwrap();
+    for m in &members {
+        m.set_delay(Duration::from_millis(1));
+    }
+    let cache = StripeCache::new(Arc::new(array), cache_opts(2));
     let blocks = cache.geometry().size / 4096;
     let start = Barrier::new(4);
     std::thread::scope(|s| {
