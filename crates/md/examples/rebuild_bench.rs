@@ -139,7 +139,10 @@ fn main() {
             .map_or("in memory".to_string(), |d| format!("in files in {d}"))
     );
     for level in [Level::Raid6, Level::Raid5] {
-        if only.as_deref().is_some_and(|o| format!("raid{o}") != level.to_string()) {
+        if only
+            .as_deref()
+            .is_some_and(|o| format!("raid{o}") != level.to_string())
+        {
             continue;
         }
         let mut best = 0f64;
