@@ -1637,6 +1637,8 @@ pub struct Pipeline {
 
 struct PipeShared {
     sender: Mutex<PipeSender>,
+    /// To end the stream when requests held back (crate::cork) cannot be sent.
+    socket: Option<Socket>,
     in_flight: Arc<Mutex<HashMap<u64, InFlight>>>,
     waiters: Mutex<Waiters>,
 }
@@ -1699,6 +1701,8 @@ pub struct Pending {
 impl Pending {
     /// Waits for the reply; an error reply is `Err(Error::Request)`.
     pub fn wait(self) -> Result<Reply> {
+        // The request may be among those this thread held back.
+        crate::cork::release();
         match self.rx.recv() {
             Ok(r) => r?.result(),
             Err(_) => Err(Error::Protocol(
@@ -1740,6 +1744,10 @@ impl Connection {
                 writer,
                 next_cookie: self.next_cookie,
             }),
+            socket: match &self.wire.socket {
+                Some(s) => Some(s.try_clone()?),
+                None => None,
+            },
             in_flight: self.in_flight.clone(),
             waiters: Mutex::new(Waiters::default()),
         });
@@ -1753,6 +1761,21 @@ impl Connection {
             tls,
             reader: Some(reader),
         })
+    }
+}
+
+/// Requests with at most this much payload may be held back (crate::cork).
+const GATHER_PAYLOAD: usize = 16 << 10;
+
+impl crate::cork::Corked for PipeShared {
+    fn uncork(&self) {
+        let mut s = self.sender.lock().unwrap_or_else(|p| p.into_inner());
+        if s.writer.flush().is_err() {
+            // As a failed send: the reader sees the end and fails what is in flight.
+            if let Some(sock) = &self.socket {
+                sock.shutdown(std::net::Shutdown::Both);
+            }
+        }
     }
 }
 
@@ -1885,11 +1908,20 @@ impl Pipeline {
             );
         let mut req = RawRequest::new(kind, flags, offset, length);
         req.cookie = cookie;
+        // A small request may wait for the end of this thread's burst (crate::cork);
+        // anything else goes now, with whatever waited before it.
+        let gather = payload.len() <= GATHER_PAYLOAD && crate::cork::may_gather_requests();
         let sent = s
             .writer
             .write_all(&req.encode())
             .and_then(|()| s.writer.write_all(payload))
-            .and_then(|()| s.writer.flush());
+            .and_then(|()| if gather { Ok(()) } else { s.writer.flush() });
+        if gather && sent.is_ok() {
+            drop(s);
+            let me: Arc<dyn crate::cork::Corked> = self.shared.clone();
+            crate::cork::defer(&me);
+            return Ok(());
+        }
         if let Err(e) = sent {
             // Part of a request may be on the wire: the stream is lost. The reader sees
             // the end and fails everything in flight.

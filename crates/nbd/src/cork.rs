@@ -16,6 +16,12 @@
 //! on unwinding). A thread that is not holding writes at once, and sends any bytes
 //! another thread gathered for the same connection with its own. Nothing a holding thread
 //! waits for (budgets, range locks, a device) depends on a reply reaching the client.
+//!
+//! Requests to a peer can be gathered the same way, but only where the caller says so
+//! ([`gathering`]: a replicated volume's protocol C writes): a request held back is one
+//! whose answer nobody has yet, so a holding thread that waits for *anything* an answer
+//! could be needed for (a budget of requests in flight, a range or activity-log extent
+//! an earlier write holds, a reply) must [`release`] first. Those waits do.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -28,6 +34,26 @@ pub(crate) trait Corked: Send + Sync {
 thread_local! {
     /// `Some` while this thread holds: the writers it gathered replies in.
     static HELD: RefCell<Option<Vec<Arc<dyn Corked>>>> = const { RefCell::new(None) };
+    /// Inside [`gathering`]: requests sent to a peer may be held back too.
+    static GATHER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the requests it sends on NBD client pipelines gathered while this
+/// thread holds (else sent at once, as always).
+pub fn gathering<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            GATHER.with(|g| g.set(self.0));
+        }
+    }
+    let _reset = Reset(GATHER.with(|g| g.replace(true)));
+    f()
+}
+
+/// Whether a request sent now may be held back.
+pub(crate) fn may_gather_requests() -> bool {
+    GATHER.with(std::cell::Cell::get) && holding()
 }
 
 /// From now on, small replies written by this thread are gathered.
@@ -41,7 +67,7 @@ pub(crate) fn hold() {
 }
 
 /// Whether this thread is holding.
-pub(crate) fn holding() -> bool {
+pub fn holding() -> bool {
     HELD.with(|h| h.borrow().is_some())
 }
 
@@ -61,8 +87,9 @@ pub(crate) fn defer(w: &Arc<dyn Corked>) -> bool {
     })
 }
 
-/// Sends everything this thread gathered and stops holding.
-pub(crate) fn release() {
+/// Sends everything this thread gathered and stops holding. Call it before waiting for
+/// anything that a request held back here could be needed for.
+pub fn release() {
     let list = HELD.with(|h| h.borrow_mut().take());
     for w in list.into_iter().flatten() {
         w.uncork();

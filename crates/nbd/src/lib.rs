@@ -4,7 +4,7 @@
 //! The crate knows nothing of RAID, LUKS or LVM: it serves any [`cairn_block::BlockDevice`].
 
 pub mod client;
-mod cork;
+pub mod cork;
 pub mod fence;
 pub mod proto;
 pub mod server;

@@ -771,6 +771,8 @@ impl Node {
             {
                 return r;
             }
+            // Frozen: writes this thread held back (cairn_nbd::cork) go out first.
+            cairn_nbd::cork::release();
             thread::sleep(Duration::from_millis(100));
         }
     }
@@ -1047,7 +1049,16 @@ impl Node {
             match peer.link_or_mark(offset, len) {
                 Some(link) => {
                     let (op2, peer2) = (op.clone(), peer.clone());
-                    link.write_then(buf, offset, flags, Box::new(move |r| op2.answer(peer2, r)));
+                    // Sent with the rest of the burst this thread is working through
+                    // (cairn_nbd::cork): the waits that could need it send it first.
+                    cairn_nbd::cork::gathering(|| {
+                        link.write_then(
+                            buf,
+                            offset,
+                            flags,
+                            Box::new(move |r| op2.answer(peer2, r)),
+                        );
+                    });
                 }
                 None => {
                     // Not connected: tracked (link_or_mark set the bits), and (with
