@@ -958,13 +958,15 @@ fn slow_copy_shapes() -> Vec<Shape> {
     ]
 }
 
-/// A client writing (and reading back) random pieces of `a` until `stop`, at least
-/// `min` times, updating `model`; returns its count.
+/// A client writing (and reading back) random pieces of `a` until `stop` (at least 10),
+/// updating `model`; returns its count. Every other write lands near the array byte
+/// `near` gives for the background job's progress (0 to 1), where the copy is.
 fn racing_writer(
     a: &Arc<Array>,
     model: &Arc<std::sync::Mutex<Vec<u8>>>,
     stop: &Arc<AtomicBool>,
     seed: u64,
+    near: fn(f64, u64) -> u64,
 ) -> std::thread::JoinHandle<u64> {
     let (a, model, stop) = (a.clone(), model.clone(), stop.clone());
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -972,8 +974,18 @@ fn racing_writer(
         let size = a.geometry().size;
         let mut n = 0u64;
         while !stop.load(Ordering::Acquire) || n < 10 {
-            let len = rng.gen_range(1..=64u64) * 512;
-            let off = rng.gen_range(0..(size - len) / 512) * 512;
+            let len = rng.gen_range(1..=16u64) * 512;
+            let progress = a
+                .background()
+                .filter(|st| st.total_bytes > 0)
+                .map(|st| st.done_bytes as f64 / st.total_bytes as f64);
+            let off = match progress {
+                Some(p) if n % 2 == 0 => {
+                    let at = near(p, size) + rng.gen_range(0..256u64 << 10);
+                    at.min(size - len) / 512 * 512
+                }
+                _ => rng.gen_range(0..(size - len) / 512) * 512,
+            };
             let mut buf = vec![0u8; len as usize];
             rng.fill(&mut buf[..]);
             let mut model = model.lock().unwrap();
@@ -1032,7 +1044,11 @@ fn a_pipelined_replace_over_slow_members() {
             a.replace("disk0.img", Some((target, "new.img".into())), false)
                 .unwrap();
             let stop = Arc::new(AtomicBool::new(false));
-            let writer = racing.then(|| racing_writer(&a, &model, &stop, seed ^ 0x7e91));
+            let writer = racing.then(|| {
+                racing_writer(&a, &model, &stop, seed ^ 0x7e91, |p, size| {
+                    (p * size as f64) as u64
+                })
+            });
             a.run_pending().unwrap();
             stop.store(true, Ordering::Release);
             let writes = writer.map(|w| w.join().unwrap());
@@ -1126,7 +1142,12 @@ fn a_pipelined_guided_re_add_over_slow_members() {
             assert!(msg.message.contains("only the"), "{name}: {msg}");
             let model = Arc::new(std::sync::Mutex::new(model));
             let stop = Arc::new(AtomicBool::new(false));
-            let writer = racing.then(|| racing_writer(&a, &model, &stop, seed ^ 0x2ead));
+            // The dirty work is mostly the long run.
+            let writer = racing.then(|| {
+                racing_writer(&a, &model, &stop, seed ^ 0x2ead, |p, size| {
+                    size / 5 + (p * size as f64 * 0.6) as u64
+                })
+            });
             a.run_pending().unwrap();
             stop.store(true, Ordering::Release);
             let racing_writes = writer.map(|w| w.join().unwrap());
