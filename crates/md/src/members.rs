@@ -845,7 +845,7 @@ impl Array {
         walk.drop_ahead();
         if matches!(self.layout, ArrayLayout::Parity(_)) {
             let _g = self.lock_stripes(first..k);
-            if self.bitmap_range_dirty(first * step, k * step) {
+            if self.bitmap_range_dirty(first * step, (k * step).min(end)) {
                 return 0;
             }
             self.slots[role].synced.store(k * step, Ordering::Release);

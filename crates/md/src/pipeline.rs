@@ -1,11 +1,12 @@
 //! Background work, pipelined: while one window of units (parity stripes, or pieces of
 //! mirrors) is computed and written, the member reads of the next window run on an I/O
-//! worker. The rebuild of a member and the resync use it on every redundant level
-//! ([`Rebuild`], [`Resync`], [`MirrorRebuild`], [`MirrorResync`]), and so does the scrub
-//! (`crate::scrub::ScrubStage`, which compares instead of computing).
+//! worker. The rebuild of a member (a bitmap-guided re-add too), the copy of a member
+//! onto its replacement and the resync use it on every redundant level ([`Rebuild`],
+//! [`ReplaceCopy`], [`Resync`], [`MirrorRebuild`], [`MirrorResync`]), and so does the
+//! scrub (`crate::scrub::ScrubStage`, which compares instead of computing).
 //!
 //! ```text
-//!   run_recovery / run_resync ── Pipe::step(first, read_ahead) ─────────────────────
+//!   run_recovery / run_replace / run_resync ── Pipe::step(first, read_ahead) ───────
 //!      window N   : locks held (taken when N was read ahead, or now)
 //!      window N+1 : locks tried (never waited for: see below); if all were free
 //!                     overlap( [ compute + write N   (this thread)              ,
@@ -37,6 +38,12 @@
 //! data chunks and writes P (and Q); a stripe the bitmap says is clean is skipped, one
 //! with a data member down takes `resync_stripe`'s degraded path. Buffers are kept from
 //! window to window.
+//!
+//! A bitmap-guided re-add walks the same units, and a unit with no dirty bit (looked at
+//! under its locks) costs no I/O; `Array::skip_clean_units` jumps long clean runs between
+//! steps. The copy onto a replacement reads the member itself (parity: a chunk whose read
+//! fails is rebuilt from the row; mirrors: another copy is read) and moves
+//! `replacement_synced` as the rebuild moves `synced`.
 //!
 //! Mirrors (RAID1/10) walk units of `MIRROR_STEP` (1 MiB; RAID10's rebuild in whole
 //! chunks, as `Array::raid10_scan` maps them): a unit's lock keys are the mirror regions

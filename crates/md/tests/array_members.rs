@@ -980,7 +980,7 @@ fn racing_writer(
                 .filter(|st| st.total_bytes > 0)
                 .map(|st| st.done_bytes as f64 / st.total_bytes as f64);
             let off = match progress {
-                Some(p) if n % 2 == 0 => {
+                Some(p) if n.is_multiple_of(2) => {
                     let at = near(p, size) + rng.gen_range(0..256u64 << 10);
                     at.min(size - len) / 512 * 512
                 }
