@@ -24,10 +24,6 @@ use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
 use crate::assemble::random_bytes;
 use crate::background::{Job, Pacer, SpeedLimits, MIRROR_STEP};
-
-/// Units of clean bitmap a guided re-add jumps over at once (under their stripe locks
-/// for parity levels).
-const CLEAN_RUN: u64 = 256;
 use crate::layout::ArrayLayout;
 use crate::ondisk::{DevRole, FeaturePolicy, Features, Superblock, Uuid};
 use crate::pipeline::{MirrorRebuild, Pipe, Rebuild, ReplaceCopy, Walk};
@@ -35,6 +31,10 @@ use crate::probe::probe_signatures;
 use crate::slot::Member;
 use crate::state::{Array, Extra};
 use crate::units::{small, Sectors, SECTOR_SIZE};
+
+/// Units of clean bitmap a guided re-add jumps over at once (under their stripe locks
+/// for parity levels).
+const CLEAN_RUN: u64 = 256;
 
 /// Where a named member sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1195,3 +1195,52 @@ fn a_pipelined_guided_re_add_over_slow_members() {
         }
     }
 }
+
+/// A replacement whose writes fail part-way through the pipelined copy is dropped: the
+/// copy ends with the error, the member it was to replace goes on serving its role, and
+/// nothing is lost.
+#[test]
+fn a_replacement_failing_writes_is_dropped_and_the_member_serves() {
+    let seed = test_seed("array_members replacement fails");
+    println!("seed {seed}");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for shape in [
+        Shape::new(Level::Raid5, None, 16, 4).rows(64),
+        Shape::new(Level::Raid1, None, 64, 2).rows(64),
+    ] {
+        let name = shape.name();
+        let (a, m) = create(&shape);
+        let model = fill(&a, &mut rng);
+        let off = data_offset_of(&*m[0]);
+        let extent = shape.rows * shape.chunk_kib * 1024;
+        let new = Arc::new(FaultyDisk::new(MemDisk::new(m[0].geometry().size)));
+        let bad_at = off + extent / 2;
+        new.handle()
+            .fail_range(cairn_block::testkit::Op::Write, bad_at..bad_at + (64 << 10));
+        a.replace(
+            "disk0.img",
+            Some((new.clone() as Arc<dyn BlockDevice>, "new.img".into())),
+            false,
+        )
+        .unwrap();
+        let e = a.run_pending().unwrap_err();
+        println!("{name}: {e}");
+        let st = a.background().unwrap();
+        assert!(st.state.starts_with("failed"), "{name}: {st:?}");
+        let r = a.report();
+        assert!(
+            !r.members
+                .iter()
+                .any(|x| x.state == MemberState::Replacement),
+            "{name}: {r:?}"
+        );
+        assert!(!r.state.degraded, "{name}: {r:?}");
+        assert_eq!(roles_of(&a)[0].as_deref(), Some("disk0.img"), "{name}");
+        check(&a, &model, &name);
+        a.close().unwrap();
+        drop(a);
+        for leave_out in 0..shape.members {
+            check_without(&m, leave_out, &model, &name);
+        }
+    }
+}
