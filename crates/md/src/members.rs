@@ -26,11 +26,15 @@ use crate::assemble::random_bytes;
 use crate::background::{Job, Pacer, SpeedLimits, MIRROR_STEP};
 use crate::layout::ArrayLayout;
 use crate::ondisk::{DevRole, FeaturePolicy, Features, Superblock, Uuid};
-use crate::pipeline::{MirrorRebuild, Pipe, Rebuild, Walk};
+use crate::pipeline::{MirrorRebuild, Pipe, Rebuild, ReplaceCopy, Walk};
 use crate::probe::probe_signatures;
 use crate::slot::Member;
 use crate::state::{Array, Extra};
-use crate::units::{small, Sectors, StripeNo, SECTOR_SIZE};
+use crate::units::{small, Sectors, SECTOR_SIZE};
+
+/// Units of clean bitmap a guided re-add jumps over at once (under their stripe locks
+/// for parity levels).
+const CLEAN_RUN: u64 = 256;
 
 /// Where a named member sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -704,25 +708,29 @@ impl Array {
         let mut pacer = Pacer::new(self, limits, done);
         let mut last_cp = std::time::Instant::now();
         // Windows of units, the next one read meanwhile (pipeline.rs); a bitmap-guided
-        // re-add copies only what the bitmap says, unit by unit.
-        let mut pipe: Option<Box<dyn Walk + '_>> = match (&self.layout, guided) {
-            (_, true) => None,
-            (ArrayLayout::Parity(pl), false) => {
+        // re-add works only on the dirty units of a window, and jumps over runs of clean
+        // ones (`skip_clean_units`).
+        let units = end.div_ceil(step);
+        let mut pipe: Option<Box<dyn Walk + '_>> = match &self.layout {
+            ArrayLayout::Parity(pl) => {
                 let stage = Rebuild {
                     array: self,
                     pl,
                     role,
+                    guided,
                 };
-                Some(Box::new(Pipe::new(self, stage, step, end.div_ceil(step))))
+                Some(Box::new(Pipe::new(self, stage, step, units)))
             }
-            (ArrayLayout::Raid1(_) | ArrayLayout::Raid10(_), false) => {
+            ArrayLayout::Raid1(_) | ArrayLayout::Raid10(_) => {
                 let stage = MirrorRebuild {
                     array: self,
                     role,
                     step,
                     end,
+                    guided,
+                    to_replacement: false,
                 };
-                Some(Box::new(Pipe::new(self, stage, step, end.div_ceil(step))))
+                Some(Box::new(Pipe::new(self, stage, step, units)))
             }
             _ => None,
         };
@@ -739,14 +747,28 @@ impl Array {
                 ));
             }
             let mut n = step.min(end - pos);
-            let worked = if self.skip_clean_unit(role, pos) {
-                0
-            } else if let Some(pipe) = pipe.as_mut() {
-                let (count, _) = pipe.step(pos / step, pacer.unhindered(self))?;
-                n = (count * step).min(end - pos);
-                n
-            } else {
-                self.rebuild_unit(role, pos, n)?
+            let worked = match pipe.as_mut() {
+                Some(pipe) => {
+                    let first = pos / step;
+                    let skipped = if guided {
+                        self.skip_clean_units(role, &mut **pipe, first, units, step, end)
+                    } else {
+                        0
+                    };
+                    if skipped > 0 {
+                        n = (skipped * step).min(end - pos);
+                        0
+                    } else {
+                        let (count, worked) = pipe.step(first, pacer.unhindered(self))?;
+                        n = (count * step).min(end - pos);
+                        if guided {
+                            worked
+                        } else {
+                            n
+                        }
+                    }
+                }
+                None => 0,
             };
             pos += n;
             done = if guided { done + worked } else { pos };
@@ -792,31 +814,55 @@ impl Array {
         Ok(true)
     }
 
-    /// For a bitmap-guided re-add: when the bitmap has no dirty bit over member unit
-    /// `[pos, pos + n)` of `role`, the member already holds it; marks it rebuilt and
-    /// returns true. The bits are read live (they are never cleared while a member is
-    /// being rebuilt), under the stripe's lock for parity levels: a write sets its bits
-    /// before it takes that lock, so none can slip past unseen.
-    fn skip_clean_unit(&self, role: usize, pos: u64) -> bool {
-        if !self.guided(role) {
-            return false;
+    /// For a bitmap-guided re-add at unit `first` (of `units`, each `step` member bytes
+    /// up to `end`): jumps over the run of units from `first` on that the bitmap says
+    /// `role` already holds (at most [`CLEAN_RUN`]), and returns how many it marked
+    /// rebuilt; 0 when `first` is dirty, or when the window `walk` read ahead holds dirty
+    /// units too (their reads are done: the walk goes on with it). The bits are looked
+    /// at without a lock to find the run, then for parity levels again under the run's
+    /// stripe locks before `synced` passes it: a write sets its bits before it takes
+    /// that lock, so none can slip past unseen (and they are not cleared while a member
+    /// is rebuilt). Mirror writes reach a member being rebuilt anyway.
+    fn skip_clean_units(
+        &self,
+        role: usize,
+        walk: &mut dyn Walk,
+        first: u64,
+        units: u64,
+        step: u64,
+        end: u64,
+    ) -> u64 {
+        let mut k = first;
+        while k < units && k - first < CLEAN_RUN && !self.guided_unit_dirty(k, step, end) {
+            k += 1;
         }
-        match &self.layout {
-            ArrayLayout::Parity(pl) => {
-                let c = pl.chunk().0 * SECTOR_SIZE;
-                let stripe = pos / c;
-                let _g = self.lock_stripe(stripe);
-                if self.bitmap_range_dirty(stripe * c, (stripe + 1) * c) {
-                    return false;
-                }
-                self.slots[role]
-                    .synced
-                    .store((stripe + 1) * c, Ordering::Release);
-                true
+        let run = k - first;
+        if run == 0 || walk.ahead().is_some_and(|(f, c)| f == first && c > run) {
+            return 0;
+        }
+        // Whatever is ahead is clean: no read is lost, and no lock is held out of order
+        // while the run's are taken.
+        walk.drop_ahead();
+        if matches!(self.layout, ArrayLayout::Parity(_)) {
+            let _g = self.lock_stripes(first..k);
+            if self.bitmap_range_dirty(first * step, (k * step).min(end)) {
+                return 0;
             }
-            // Mirrors skip per bitmap chunk in copy_dirty.
-            _ => false,
+            self.slots[role].synced.store(k * step, Ordering::Release);
         }
+        run
+    }
+
+    /// Whether the bitmap has a dirty bit over unit `k` of a rebuild (member bytes
+    /// `[k·step, (k + 1)·step)` up to `end`; RAID10: the array bytes they stand for).
+    fn guided_unit_dirty(&self, k: u64, step: u64, end: u64) -> bool {
+        let pos = k * step;
+        let n = step.min(end.saturating_sub(pos));
+        let (from, len) = match &self.layout {
+            ArrayLayout::Raid10(_) => self.raid10_scan(pos, n),
+            _ => (pos, n),
+        };
+        len > 0 && self.bitmap_range_dirty(from, from + len)
     }
 
     /// The member bytes a guided re-add will copy from member offset `pos` to `end`, as
@@ -864,31 +910,6 @@ impl Array {
         self.slots[role].bitmap_guided.load(Ordering::Acquire)
     }
 
-    /// Copies array bytes `[pos, pos + n)` onto `role`, or for a guided re-add only the
-    /// bitmap chunks in it with bits set (mirror writes reach a member being rebuilt
-    /// anyway, so a clean chunk stays right). Returns the bytes copied.
-    fn copy_dirty(&self, role: usize, pos: u64, n: u64) -> Result<u64> {
-        let chunk = match self.bitmap_chunk() {
-            Some(c) if self.guided(role) => c,
-            _ => {
-                self.copy_mirror_range(role, pos, n, false)?;
-                return Ok(n);
-            }
-        };
-        let end = pos + n;
-        let mut at = pos;
-        let mut copied = 0;
-        while at < end {
-            let stop = ((at / chunk + 1) * chunk).min(end);
-            if self.bitmap_range_dirty(at, stop) {
-                self.copy_mirror_range(role, at, stop - at, false)?;
-                copied += stop - at;
-            }
-            at = stop;
-        }
-        Ok(copied)
-    }
-
     /// Writes the rebuild checkpoints into the superblocks.
     pub(crate) fn checkpoint_recovery(&self) -> Result<()> {
         self.flush()?;
@@ -913,36 +934,6 @@ impl Array {
         }
     }
 
-    /// Rebuilds member bytes `[pos, pos + n)` of `role` (parity: one stripe; RAID1: the
-    /// same array bytes; RAID10: array bytes `[pos·k, ...)` scanned for pieces on
-    /// `role`, see [`Array::raid10_scan`]).
-    fn rebuild_unit(&self, role: usize, pos: u64, n: u64) -> Result<u64> {
-        match &self.layout {
-            ArrayLayout::Parity(pl) => {
-                let c = pl.chunk().0 * SECTOR_SIZE;
-                let stripe = pos / c;
-                let _g = self.lock_stripe(stripe);
-                let map = pl.stripe_map(StripeNo(stripe));
-                let mut down = self.down_mask_at(stripe * c);
-                down[role] = true;
-                let mut errs = Vec::new();
-                let rows = self.read_row(pl, &map, stripe, 0, c, &mut down, &mut errs)?;
-                self.write_member(role, &rows[role], stripe * c, WriteFlags::NONE)
-                    .inspect_err(|e| self.fail_member(role, e))?;
-                self.slots[role]
-                    .synced
-                    .store((stripe + 1) * c, Ordering::Release);
-                Ok(n)
-            }
-            ArrayLayout::Raid1(_) => self.copy_dirty(role, pos, n),
-            ArrayLayout::Raid10(_) => {
-                let (from, len) = self.raid10_scan(pos, n);
-                self.copy_dirty(role, from, len)
-            }
-            _ => Ok(0),
-        }
-    }
-
     /// RAID10 rebuilds walk the array, not the member: member unit `[pos, pos + n)` of
     /// the walk covers array bytes `[pos·A/M, (pos + n)·A/M)` (A the array size, M the
     /// member extent), so the walk ends with the array.
@@ -964,16 +955,9 @@ impl Array {
     }
 
     /// Copies array bytes `[pos, pos + n)` onto `role` (or its replacement) from
-    /// another copy, under the mirror locks.
-    fn copy_mirror_range(&self, role: usize, pos: u64, n: u64, to_replacement: bool) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        let _guards = self.lock_mirrors(pos, n);
-        self.copy_mirror_range_locked(role, pos, n, to_replacement)
-    }
-
-    /// [`Array::copy_mirror_range`] with the mirror locks held by the caller.
+    /// another copy (the member itself first when replacing), with the mirror locks held
+    /// by the caller: the pipelined copies' path for a piece no copy was read for, which
+    /// tries every copy again and says why none could be read.
     pub(crate) fn copy_mirror_range_locked(
         &self,
         role: usize,
@@ -1019,12 +1003,7 @@ impl Array {
             }
             let off = dst.sector.0 * SECTOR_SIZE;
             if to_replacement {
-                let r = self.slots[role]
-                    .replacement()
-                    .ok_or_else(|| Error::new(ErrorKind::Io, "the replacement was dropped"))?;
-                r.dev
-                    .write_at(&data, r.base + off, WriteFlags::NONE)
-                    .inspect_err(|e| self.drop_replacement(role, e))?;
+                self.write_replacement_copy(role, &data, off)?;
             } else {
                 self.write_member(role, &data, off, WriteFlags::NONE)
                     .inspect_err(|e| self.fail_member(role, e))?;
@@ -1033,7 +1012,20 @@ impl Array {
         Ok(())
     }
 
+    /// Writes `data` to the replacement being built for `role` at byte `off` of its data
+    /// area; a replacement that fails is dropped (the member goes on serving).
+    pub(crate) fn write_replacement_copy(&self, role: usize, data: &[u8], off: u64) -> Result<()> {
+        let r = self.slots[role]
+            .replacement()
+            .ok_or_else(|| Error::new(ErrorKind::Io, "the replacement was dropped"))?;
+        r.dev
+            .write_at(data, r.base + off, WriteFlags::NONE)
+            .inspect_err(|e| self.drop_replacement(role, e))
+    }
+
     /// Copies the member of `role` onto its replacement, then hands the role over.
+    /// Pipelined as the rebuild is (pipeline.rs): the next window of the member is read
+    /// while the current one is written to the replacement, under their locks.
     pub(crate) fn run_replace(
         &self,
         role: usize,
@@ -1043,51 +1035,59 @@ impl Array {
         let slot = &self.slots[role];
         let step = self.rebuild_step();
         let end = self.member_extent_bytes();
+        let units = end.div_ceil(step);
         let mut pos = 0;
         let mut pacer = Pacer::new(self, limits, 0);
+        let mut pipe: Option<Box<dyn Walk + '_>> = match &self.layout {
+            ArrayLayout::Parity(pl) => {
+                let stage = ReplaceCopy {
+                    array: self,
+                    pl,
+                    role,
+                };
+                Some(Box::new(Pipe::new(self, stage, step, units)))
+            }
+            ArrayLayout::Raid1(_) | ArrayLayout::Raid10(_) => {
+                let stage = MirrorRebuild {
+                    array: self,
+                    role,
+                    step,
+                    end,
+                    guided: false,
+                    to_replacement: true,
+                };
+                Some(Box::new(Pipe::new(self, stage, step, units)))
+            }
+            _ => None,
+        };
         while pos < end {
             if self.stopping() {
                 return Ok(false);
             }
-            let Some(r) = slot.replacement() else {
+            if slot.replacement().is_none() {
+                drop(pipe);
                 self.forget_replacement(role);
                 return Err(Error::new(ErrorKind::Io, "the replacement was dropped"));
-            };
-            let n = step.min(end - pos);
-            match &self.layout {
-                ArrayLayout::Parity(pl) => {
-                    let c = pl.chunk().0 * SECTOR_SIZE;
-                    let stripe = pos / c;
-                    let _g = self.lock_stripe(stripe);
-                    let mut data = vec![0u8; small(c)];
-                    if self.read_member(role, &mut data, stripe * c).is_err() {
-                        let map = pl.stripe_map(StripeNo(stripe));
-                        let mut down = self.down_mask_at(stripe * c);
-                        down[role] = true;
-                        let mut errs = Vec::new();
-                        let rows = self.read_row(pl, &map, stripe, 0, c, &mut down, &mut errs)?;
-                        data.clone_from(&rows[role]);
-                    }
-                    r.dev
-                        .write_at(&data, r.base + stripe * c, WriteFlags::NONE)
-                        .inspect_err(|e| self.drop_replacement(role, e))?;
-                    slot.replacement_synced
-                        .store((stripe + 1) * c, Ordering::Release);
-                }
-                ArrayLayout::Raid1(_) => self.copy_mirror_range(role, pos, n, true)?,
-                ArrayLayout::Raid10(_) => {
-                    let (from, len) = self.raid10_scan(pos, n);
-                    self.copy_mirror_range(role, from, len, true)?;
-                }
-                _ => {}
+            }
+            let mut n = step.min(end - pos);
+            if let Some(pipe) = pipe.as_mut() {
+                let (count, _) = pipe.step(pos / step, pacer.unhindered(self))?;
+                n = (count * step).min(end - pos);
             }
             pos += n;
             if let Some(j) = job {
                 j.done.store(pos, Ordering::Relaxed);
                 j.worked.fetch_add(n, Ordering::Relaxed);
             }
+            if pacer.pause_due(self, pos) {
+                // A pause for the speed limits holds no stripe lock.
+                if let Some(pipe) = pipe.as_mut() {
+                    pipe.drop_ahead();
+                }
+            }
             pacer.step(self, job, pos);
         }
+        drop(pipe);
         self.flush()?;
         // Hand over with every write excluded, so none lands on one device only.
         let _all = self.lock_all();

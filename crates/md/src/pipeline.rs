@@ -1,11 +1,12 @@
 //! Background work, pipelined: while one window of units (parity stripes, or pieces of
 //! mirrors) is computed and written, the member reads of the next window run on an I/O
-//! worker. The rebuild of a member and the resync use it on every redundant level
-//! ([`Rebuild`], [`Resync`], [`MirrorRebuild`], [`MirrorResync`]), and so does the scrub
-//! (`crate::scrub::ScrubStage`, which compares instead of computing).
+//! worker. The rebuild of a member (a bitmap-guided re-add too), the copy of a member
+//! onto its replacement and the resync use it on every redundant level ([`Rebuild`],
+//! [`ReplaceCopy`], [`Resync`], [`MirrorRebuild`], [`MirrorResync`]), and so does the
+//! scrub (`crate::scrub::ScrubStage`, which compares instead of computing).
 //!
 //! ```text
-//!   run_recovery / run_resync ── Pipe::step(first, read_ahead) ─────────────────────
+//!   run_recovery / run_replace / run_resync ── Pipe::step(first, read_ahead) ───────
 //!      window N   : locks held (taken when N was read ahead, or now)
 //!      window N+1 : locks tried (never waited for: see below); if all were free
 //!                     overlap( [ compute + write N   (this thread)              ,
@@ -37,6 +38,12 @@
 //! data chunks and writes P (and Q); a stripe the bitmap says is clean is skipped, one
 //! with a data member down takes `resync_stripe`'s degraded path. Buffers are kept from
 //! window to window.
+//!
+//! A bitmap-guided re-add walks the same units, and a unit with no dirty bit (looked at
+//! under its locks) costs no I/O; `Array::skip_clean_units` jumps long clean runs between
+//! steps. The copy onto a replacement reads the member itself (parity: a chunk whose read
+//! fails is rebuilt from the row; mirrors: another copy is read) and moves
+//! `replacement_synced` as the rebuild moves `synced`.
 //!
 //! Mirrors (RAID1/10) walk units of `MIRROR_STEP` (1 MiB; RAID10's rebuild in whole
 //! chunks, as `Array::raid10_scan` maps them): a unit's lock keys are the mirror regions
@@ -88,6 +95,8 @@ pub(crate) trait Walk {
     fn step(&mut self, first: u64, read_ahead: bool) -> Result<(u64, u64)>;
     /// See [`Pipe::drop_ahead`].
     fn drop_ahead(&mut self);
+    /// See [`Pipe::ahead`].
+    fn ahead(&self) -> Option<(u64, u64)>;
 }
 
 impl<S: Stage> Walk for Pipe<'_, S> {
@@ -96,6 +105,9 @@ impl<S: Stage> Walk for Pipe<'_, S> {
     }
     fn drop_ahead(&mut self) {
         Pipe::drop_ahead(self);
+    }
+    fn ahead(&self) -> Option<(u64, u64)> {
+        Pipe::ahead(self)
     }
 }
 
@@ -230,6 +242,11 @@ impl<'a, S: Stage> Pipe<'a, S> {
         }
     }
 
+    /// The first unit and the count of the window read ahead, if one is.
+    pub(crate) fn ahead(&self) -> Option<(u64, u64)> {
+        self.ahead.as_ref().map(|(w, _)| (w.first, w.count))
+    }
+
     fn window_of(&mut self, first: u64, count: u64) -> Window<S::Buf> {
         let keep = self.spare.len().saturating_sub(small(count));
         let mut bufs = self.spare.split_off(keep);
@@ -272,13 +289,19 @@ pub(crate) struct RebuildBuf {
     scratch: Vec<u8>,
     /// Whether the sources were read (false: the general path rebuilds this stripe).
     read: bool,
+    /// A bitmap-guided re-add, and the bitmap says the member holds this stripe.
+    skip: bool,
 }
 
-/// Rebuilds the member of `role` stripe by stripe.
+/// Rebuilds the member of `role` stripe by stripe; for a bitmap-guided re-add
+/// (`guided`) only the stripes with a dirty bit, looked at under the stripe's lock (a
+/// write sets its bits before it takes that lock, so none slips past unseen; the bits
+/// are not cleared while a member is rebuilt).
 pub(crate) struct Rebuild<'a> {
     pub(crate) array: &'a Array,
     pub(crate) pl: &'a ParityLayout,
     pub(crate) role: usize,
+    pub(crate) guided: bool,
 }
 
 impl Rebuild<'_> {
@@ -292,10 +315,14 @@ impl Stage for Rebuild<'_> {
 
     fn read(&self, stripe: u64, st: &mut RebuildBuf) {
         let c = self.chunk();
+        st.sources.clear();
+        st.skip = self.guided && !self.array.bitmap_range_dirty(stripe * c, (stripe + 1) * c);
+        if st.skip {
+            return;
+        }
         let map = self.pl.stripe_map(StripeNo(stripe));
         let mut down = self.array.down_mask_at(stripe * c);
         down[self.role] = false;
-        st.sources.clear();
         st.read = !down.iter().any(|&d| d);
         if !st.read {
             return;
@@ -338,6 +365,9 @@ impl Stage for Rebuild<'_> {
     }
 
     fn finish(&self, stripe: u64, st: &mut RebuildBuf) -> Result<u64> {
+        if st.skip {
+            return Ok(0);
+        }
         let a = self.array;
         let c = self.chunk();
         let at = stripe * c;
@@ -384,6 +414,67 @@ impl Stage for Rebuild<'_> {
         // the member.
         self.array.slots[self.role]
             .synced
+            .store(end * self.chunk(), Ordering::Release);
+    }
+}
+
+// ---- the copy of a member onto its replacement -------------------------------------
+
+/// The buffers of one stripe of a replacement copy.
+#[derive(Default)]
+pub(crate) struct ReplaceBuf {
+    chunk: Vec<u8>,
+    /// The member's chunk was read (false: it is rebuilt from the rest of the row).
+    read: bool,
+}
+
+/// Copies the member of `role` onto its replacement stripe by stripe: the member's own
+/// chunk, or where that read fails the chunk rebuilt from the others (`read_row`).
+pub(crate) struct ReplaceCopy<'a> {
+    pub(crate) array: &'a Array,
+    pub(crate) pl: &'a ParityLayout,
+    pub(crate) role: usize,
+}
+
+impl ReplaceCopy<'_> {
+    fn chunk(&self) -> u64 {
+        self.pl.chunk().0 * SECTOR_SIZE
+    }
+}
+
+impl Stage for ReplaceCopy<'_> {
+    type Buf = ReplaceBuf;
+
+    fn read(&self, stripe: u64, b: &mut ReplaceBuf) {
+        let c = self.chunk();
+        b.chunk.resize(small(c), 0);
+        b.read = self
+            .array
+            .read_member(self.role, &mut b.chunk, stripe * c)
+            .is_ok();
+    }
+
+    fn finish(&self, stripe: u64, b: &mut ReplaceBuf) -> Result<u64> {
+        let a = self.array;
+        let c = self.chunk();
+        let at = stripe * c;
+        if !b.read {
+            let map = self.pl.stripe_map(StripeNo(stripe));
+            let mut down = a.down_mask_at(at);
+            down[self.role] = true;
+            let mut errs = Vec::new();
+            let rows = a.read_row(self.pl, &map, stripe, 0, c, &mut down, &mut errs)?;
+            b.chunk.clone_from(&rows[self.role]);
+        }
+        a.write_replacement_copy(self.role, &b.chunk, at)?;
+        Ok(c)
+    }
+
+    fn done(&self, end: u64, _: &mut [ReplaceBuf]) {
+        // Before the locks go: a client write to these stripes from now on must reach
+        // the replacement too.
+        self.array.slots[self.role]
+            .replacement_synced
             .store(end * self.chunk(), Ordering::Release);
     }
 }
@@ -445,6 +536,8 @@ struct CopyPiece {
 #[derive(Default)]
 pub(crate) struct MirrorBuf {
     pieces: Vec<CopyPiece>,
+    /// The bytes of work the unit counts (a rebuild; the resync counts its pieces).
+    worked: u64,
     /// Spare piece buffers from earlier units.
     spare: Vec<Vec<u8>>,
 }
@@ -479,15 +572,20 @@ fn read_first(
     None
 }
 
-/// Rebuilds the member of `role` of a RAID1/10 array (not a bitmap-guided re-add) in
-/// units of `step` member bytes, as `run_recovery` walks it: unit `k` is member bytes
-/// `[k·step, (k + 1)·step)`, which for RAID10 stand for the array bytes
-/// `Array::raid10_scan` gives.
+/// Rebuilds the member of `role` of a RAID1/10 array in units of `step` member bytes,
+/// as `run_recovery` walks it: unit `k` is member bytes `[k·step, (k + 1)·step)`, which
+/// for RAID10 stand for the array bytes `Array::raid10_scan` gives. A bitmap-guided
+/// re-add (`guided`) copies only the bitmap chunks with a dirty bit (mirror writes reach
+/// a member being rebuilt anyway, so a clean chunk stays right) and counts those bytes.
+/// With `to_replacement` it copies the member itself (the first source tried, the
+/// other copies after it) onto its replacement instead.
 pub(crate) struct MirrorRebuild<'a> {
     pub(crate) array: &'a Array,
     pub(crate) role: usize,
     pub(crate) step: u64,
     pub(crate) end: u64,
+    pub(crate) guided: bool,
+    pub(crate) to_replacement: bool,
 }
 
 impl MirrorRebuild<'_> {
@@ -515,6 +613,37 @@ fn mirror_unit_keys(
         .collect()
 }
 
+impl MirrorRebuild<'_> {
+    /// Reads the piece of array bytes `[at, at + len)` whose copies are `locs`, if one
+    /// of them is on the member rebuilt.
+    fn read_piece(&self, b: &mut MirrorBuf, at: u64, len: u64, locs: &[crate::layout::Location]) {
+        let Some(dst) = locs.iter().find(|l| l.member == self.role) else {
+            return;
+        };
+        let dst = dst.sector.0 * SECTOR_SIZE;
+        let mut data = b.buffer(len);
+        let mut sources: Vec<_> = locs
+            .iter()
+            .copied()
+            .filter(|l| self.array.is_up(l.member))
+            .collect();
+        if self.to_replacement {
+            // The member itself first (it is the natural source).
+            sources.sort_by_key(|l| l.member != self.role);
+        } else {
+            sources.retain(|l| l.member != self.role);
+        }
+        let src = read_first(self.array, sources.into_iter(), &mut data);
+        b.pieces.push(CopyPiece {
+            at,
+            len,
+            data: src.is_some().then_some(data),
+            src: src.unwrap_or(usize::MAX),
+            dst,
+        });
+    }
+}
+
 impl Stage for MirrorRebuild<'_> {
     type Buf = MirrorBuf;
 
@@ -525,44 +654,52 @@ impl Stage for MirrorRebuild<'_> {
     fn read(&self, k: u64, b: &mut MirrorBuf) {
         b.recycle();
         let (pos, n) = self.range(k);
+        b.worked = if self.guided {
+            0
+        } else {
+            self.step.min(self.end.saturating_sub(k * self.step))
+        };
         if n == 0 {
             return;
         }
-        for (at, len, locs) in self.array.mirror_pieces(pos, n) {
-            let Some(dst) = locs.iter().find(|l| l.member == self.role) else {
-                continue;
-            };
-            let dst = dst.sector.0 * SECTOR_SIZE;
-            let mut data = b.buffer(len);
-            let sources = locs
-                .iter()
-                .copied()
-                .filter(|l| l.member != self.role && self.array.is_up(l.member));
-            let src = read_first(self.array, sources, &mut data);
-            b.pieces.push(CopyPiece {
-                at,
-                len,
-                data: src.is_some().then_some(data),
-                src: src.unwrap_or(usize::MAX),
-                dst,
-            });
+        let guide = self.array.bitmap_chunk().filter(|_| self.guided);
+        let Some(bitmap_chunk) = guide else {
+            for (at, len, locs) in self.array.mirror_pieces(pos, n) {
+                self.read_piece(b, at, len, &locs);
+            }
+            return;
+        };
+        // Bitmap chunk by bitmap chunk, the dirty ones only.
+        let mut from = pos;
+        while from < pos + n {
+            let stop = ((from / bitmap_chunk + 1) * bitmap_chunk).min(pos + n);
+            if self.array.bitmap_range_dirty(from, stop) {
+                b.worked += stop - from;
+                for (at, len, locs) in self.array.mirror_pieces(from, stop - from) {
+                    self.read_piece(b, at, len, &locs);
+                }
+            }
+            from = stop;
         }
     }
 
-    fn finish(&self, k: u64, b: &mut MirrorBuf) -> Result<u64> {
+    fn finish(&self, _: u64, b: &mut MirrorBuf) -> Result<u64> {
         let a = self.array;
         for p in &b.pieces {
             match &p.data {
+                Some(data) if self.to_replacement => {
+                    a.write_replacement_copy(self.role, data, p.dst)?;
+                }
                 Some(data) => {
                     a.write_member(self.role, data, p.dst, WriteFlags::NONE)
                         .inspect_err(|e| a.fail_member(self.role, e))?;
                 }
                 // No source read: the one-unit path tries every copy again and says why
                 // none could be read.
-                None => a.copy_mirror_range_locked(self.role, p.at, p.len, false)?,
+                None => a.copy_mirror_range_locked(self.role, p.at, p.len, self.to_replacement)?,
             }
         }
-        Ok(self.step.min(self.end.saturating_sub(k * self.step)))
+        Ok(b.worked)
     }
 }
 

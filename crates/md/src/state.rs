@@ -1219,11 +1219,6 @@ impl Array {
         self.locks.lock_all()
     }
 
-    /// Locks the mirror regions of array bytes `[off, off + len)` (RAID1/10).
-    pub(crate) fn lock_mirrors(&self, off: u64, len: u64) -> Vec<MutexGuard<'_, ()>> {
-        self.locks.lock_many(self.mirror_keys(off, len))
-    }
-
     /// [`Array::pieces`] for the mirrored levels.
     pub(crate) fn mirror_pieces(&self, off: u64, len: u64) -> Vec<(u64, u64, Vec<Location>)> {
         self.pieces(off, len)

@@ -1008,3 +1008,395 @@ fn pipelined_mirror_rebuild_and_resync_over_slow_members() {
         }
     }
 }
+
+/// What the member operations of a copy did, in the members' data areas: the bytes
+/// written to the device copied to, and whether one of its writes was ever in flight
+/// while a read of another member was. A pipelined copy reads the next window while it
+/// writes the current one; a unit-by-unit copy never has both in flight at once.
+#[derive(Debug, Default)]
+struct Gauge {
+    reads: std::sync::atomic::AtomicU64,
+    writes: std::sync::atomic::AtomicU64,
+    overlapped: AtomicBool,
+    written: std::sync::atomic::AtomicU64,
+}
+
+/// A member (or the device copied to, `target`) counted by a [`Gauge`]; operations
+/// below `data_offset` (superblock, bitmap) are not counted.
+#[derive(Debug)]
+struct Gauged {
+    inner: Arc<dyn BlockDevice>,
+    gauge: Arc<Gauge>,
+    data_offset: u64,
+    target: bool,
+}
+
+impl BlockDevice for Gauged {
+    fn geometry(&self) -> cairn_block::Geometry {
+        self.inner.geometry()
+    }
+    fn capabilities(&self) -> cairn_block::Capabilities {
+        self.inner.capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> cairn_block::Result<()> {
+        if self.target || offset < self.data_offset {
+            return self.inner.read_at(buf, offset);
+        }
+        let g = &self.gauge;
+        g.reads.fetch_add(1, Ordering::SeqCst);
+        if g.writes.load(Ordering::SeqCst) > 0 {
+            g.overlapped.store(true, Ordering::SeqCst);
+        }
+        let r = self.inner.read_at(buf, offset);
+        g.reads.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> cairn_block::Result<()> {
+        if !self.target || offset < self.data_offset {
+            return self.inner.write_at(buf, offset, flags);
+        }
+        let g = &self.gauge;
+        g.written.fetch_add(buf.len() as u64, Ordering::SeqCst);
+        g.writes.fetch_add(1, Ordering::SeqCst);
+        if g.reads.load(Ordering::SeqCst) > 0 {
+            g.overlapped.store(true, Ordering::SeqCst);
+        }
+        let r = self.inner.write_at(buf, offset, flags);
+        g.writes.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+    fn flush(&self) -> cairn_block::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// `dev` behind a 1 ms DelayDisk, counted by `gauge`.
+fn gauged(
+    dev: Arc<dyn BlockDevice>,
+    gauge: &Arc<Gauge>,
+    data_offset: u64,
+    target: bool,
+) -> Arc<dyn BlockDevice> {
+    let slow = DelayDisk::new(dev);
+    slow.set_delay(Duration::from_millis(1));
+    Arc::new(Gauged {
+        inner: Arc::new(slow),
+        gauge: gauge.clone(),
+        data_offset,
+        target,
+    })
+}
+
+fn data_offset_of(dev: &dyn BlockDevice) -> u64 {
+    cairn_md::Superblock::read_from(dev, "m", cairn_md::FeaturePolicy::Supported)
+        .unwrap()
+        .data_offset
+        .0
+        * 512
+}
+
+/// Shapes for the pipelined copies over slow members: enough units that the walk takes
+/// several windows (parity: 16 stripes; mirrors: 4 units of 1 MiB).
+fn slow_copy_shapes() -> Vec<Shape> {
+    let r10 = Raid10Layout {
+        near: 2,
+        far: 1,
+        offset: false,
+    }
+    .to_raw();
+    vec![
+        Shape::new(Level::Raid5, None, 16, 4).rows(256),
+        Shape::new(Level::Raid6, None, 16, 5).rows(256),
+        Shape::new(Level::Raid1, None, 64, 2).rows(256),
+        // 64 KiB chunks: a window's lock keys (one per chunk) and the next window's
+        // fit the lock table together, so the read-ahead gets its locks.
+        Shape::new(Level::Raid10, Some(r10), 64, 4).rows(256),
+    ]
+}
+
+/// A client writing (and reading back) random pieces of `a` until `stop` (at least 10),
+/// updating `model`; returns its count. Every other write lands near the array byte
+/// `near` gives for the background job's progress (0 to 1), where the copy is.
+fn racing_writer(
+    a: &Arc<Array>,
+    model: &Arc<std::sync::Mutex<Vec<u8>>>,
+    stop: &Arc<AtomicBool>,
+    seed: u64,
+    near: fn(f64, u64) -> u64,
+) -> std::thread::JoinHandle<u64> {
+    let (a, model, stop) = (a.clone(), model.clone(), stop.clone());
+    let mut rng = SmallRng::seed_from_u64(seed);
+    std::thread::spawn(move || {
+        let size = a.geometry().size;
+        let mut n = 0u64;
+        while !stop.load(Ordering::Acquire) || n < 10 {
+            let len = rng.gen_range(1..=16u64) * 512;
+            let progress = a
+                .background()
+                .filter(|st| st.total_bytes > 0)
+                .map(|st| st.done_bytes as f64 / st.total_bytes as f64);
+            let off = match progress {
+                Some(p) if n.is_multiple_of(2) => {
+                    let at = near(p, size) + rng.gen_range(0..256u64 << 10);
+                    at.min(size - len) / 512 * 512
+                }
+                _ => rng.gen_range(0..(size - len) / 512) * 512,
+            };
+            let mut buf = vec![0u8; len as usize];
+            rng.fill(&mut buf[..]);
+            let mut model = model.lock().unwrap();
+            a.write_at(&buf, off, WriteFlags::NONE).unwrap();
+            model[off as usize..(off + len) as usize].copy_from_slice(&buf);
+            drop(model);
+            let mut back = vec![0u8; len as usize];
+            a.read_at(&mut back, off).unwrap();
+            assert_eq!(back, buf, "a write read back");
+            n += 1;
+        }
+        n
+    })
+}
+
+/// `cairn md replace` over slow members, pipelined (pipeline.rs): the member replaced
+/// has a bad range, which the copy rebuilds from the others (parity) or reads from
+/// another copy (mirrors). Alone, the replacement ends byte for byte equal to the member
+/// and the copy overlaps its reads with its writes; with a client writing all the
+/// while, every write is kept, and the new member carries its part.
+#[test]
+fn a_pipelined_replace_over_slow_members() {
+    let seed = test_seed("array_members pipelined replace");
+    println!("seed {seed}");
+    for shape in slow_copy_shapes() {
+        for racing in [false, true] {
+            let name = format!("{}{}", shape.name(), if racing { " racing" } else { "" });
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let (a, m) = create(&shape);
+            a.close().unwrap();
+            drop(a);
+            let off = data_offset_of(&*m[0]);
+            let extent = shape.rows * shape.chunk_kib * 1024;
+            // Member 0, the one replaced, fails reads of 64 KiB in the middle of its data.
+            let bad = Arc::new(FaultyDisk::new(MemDisk::from_bytes(&m[0].to_vec())));
+            let bad_at = off + extent / 2;
+            bad.handle()
+                .fail_range(cairn_block::testkit::Op::Read, bad_at..bad_at + (64 << 10));
+            let gauge = Arc::new(Gauge::default());
+            let devs = (0..shape.members)
+                .map(|i| {
+                    let d = if i == 0 {
+                        bad.clone() as Arc<dyn BlockDevice>
+                    } else {
+                        m[i].clone() as Arc<dyn BlockDevice>
+                    };
+                    gauged(d, &gauge, off, false)
+                })
+                .collect();
+            let a = Arc::new(
+                Array::assemble(devs, names(shape.members), AssembleOptions::default()).unwrap(),
+            );
+            let model = Arc::new(std::sync::Mutex::new(fill(&a, &mut rng)));
+            let new = spare_like(&m);
+            let target = gauged(new.clone() as Arc<dyn BlockDevice>, &gauge, off, true);
+            a.replace("disk0.img", Some((target, "new.img".into())), false)
+                .unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let writer = racing.then(|| {
+                racing_writer(&a, &model, &stop, seed ^ 0x7e91, |p, size| {
+                    (p * size as f64) as u64
+                })
+            });
+            a.run_pending().unwrap();
+            stop.store(true, Ordering::Release);
+            let writes = writer.map(|w| w.join().unwrap());
+            assert_eq!(roles_of(&a)[0].as_deref(), Some("new.img"), "{name}");
+            let model = model.lock().unwrap().clone();
+            check(&*a, &model, &name);
+            a.close().unwrap();
+            drop(a);
+            assert_eq!(data_offset_of(&*new), off, "{name}");
+            if !racing {
+                let old = bad.inner().to_vec();
+                let copy = new.to_vec();
+                let range = off as usize..(off + extent) as usize;
+                assert!(
+                    old[range.clone()] == copy[range],
+                    "{name}: the replacement differs from the member"
+                );
+                assert!(
+                    gauge.overlapped.load(Ordering::SeqCst),
+                    "{name}: no replacement write overlapped a member read"
+                );
+            }
+            let mut m = m;
+            m[0] = new;
+            for leave_out in 1..shape.members {
+                check_without(&m, leave_out, &model, &name);
+            }
+            println!(
+                "{name}: {} KiB written to the replacement, {writes:?} racing writes",
+                gauge.written.load(Ordering::SeqCst) >> 10
+            );
+        }
+    }
+}
+
+/// A bitmap-guided re-add over slow members, pipelined: it writes to the member only the
+/// bitmap's dirty chunks (parity levels and RAID1 count member bytes: exactly the dirty
+/// bits times the bitmap chunk; RAID10's bitmap counts array bytes, of which the member
+/// holds a part), reads ahead within a long dirty run (a read overlaps a write to the
+/// member), and jumps the clean ones; with a client writing all the while every write is
+/// kept. Either way the re-added member carries its part afterwards.
+#[test]
+fn a_pipelined_guided_re_add_over_slow_members() {
+    let seed = test_seed("array_members pipelined re-add");
+    println!("seed {seed}");
+    for shape in slow_copy_shapes() {
+        for racing in [false, true] {
+            let name = format!("{}{}", shape.name(), if racing { " racing" } else { "" });
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let mut opts = shape.create_options();
+            let bitmap_chunk = 64 << 10;
+            opts.bitmap = cairn_md::BitmapChoice::Internal {
+                chunk_bytes: Some(bitmap_chunk),
+            };
+            let m = common::mem_members(&shape);
+            let a = Array::create(dyn_members(&m), names(m.len()), &opts).unwrap();
+            let model = fill(&a, &mut rng);
+            a.close().unwrap();
+            drop(a);
+            let off = data_offset_of(&*m[0]);
+            let gauge = Arc::new(Gauge::default());
+            let devs = m
+                .iter()
+                .map(|d| gauged(d.clone() as Arc<dyn BlockDevice>, &gauge, off, false))
+                .collect();
+            let a = Arc::new(
+                Array::assemble(devs, names(m.len()), AssembleOptions::default()).unwrap(),
+            );
+            a.set_bitmap_daemon_sleep(Duration::ZERO);
+            a.fail("disk1.img").unwrap();
+            a.remove("disk1.img").unwrap();
+            // While it is out: a long run (several windows of units) and a few
+            // scattered 4 KiB writes.
+            let mut model = model;
+            let size = model.len() as u64;
+            let long = (size / 5 / bitmap_chunk * bitmap_chunk, size * 3 / 5);
+            let mut writes = vec![long];
+            for _ in 0..5 {
+                writes.push((rng.gen_range(0..size / 4096) * 4096, 4096));
+            }
+            for (at, len) in writes {
+                let mut b = vec![0u8; len as usize];
+                rng.fill(&mut b[..]);
+                a.write_at(&b, at, WriteFlags::NONE).unwrap();
+                model[at as usize..(at + len) as usize].copy_from_slice(&b);
+            }
+            a.flush().unwrap();
+            let info = a.bitmap_info().unwrap();
+            let target = gauged(m[1].clone() as Arc<dyn BlockDevice>, &gauge, off, true);
+            let msg = a.add(target, "disk1.img".into(), false).unwrap();
+            assert!(msg.message.contains("only the"), "{name}: {msg}");
+            let model = Arc::new(std::sync::Mutex::new(model));
+            let stop = Arc::new(AtomicBool::new(false));
+            // The dirty work is mostly the long run.
+            let writer = racing.then(|| {
+                racing_writer(&a, &model, &stop, seed ^ 0x2ead, |p, size| {
+                    size / 5 + (p * size as f64 * 0.6) as u64
+                })
+            });
+            a.run_pending().unwrap();
+            stop.store(true, Ordering::Release);
+            let racing_writes = writer.map(|w| w.join().unwrap());
+            let st = a.background().unwrap();
+            assert_eq!(st.state, "finished", "{name}");
+            assert!(!a.report().state.degraded, "{name}");
+            let written = gauge.written.load(Ordering::SeqCst);
+            if !racing {
+                let dirty_bytes = info.dirty * info.chunk_bytes;
+                assert!(written > 0, "{name}");
+                if shape.level == Level::Raid10 {
+                    assert!(
+                        written <= dirty_bytes && st.worked_bytes <= dirty_bytes,
+                        "{name}: {written} bytes written, {} worked, for {} dirty bits",
+                        st.worked_bytes,
+                        info.dirty
+                    );
+                } else {
+                    assert_eq!(
+                        (written, st.worked_bytes),
+                        (dirty_bytes, dirty_bytes),
+                        "{name}: bytes written and worked for {} dirty bits",
+                        info.dirty
+                    );
+                }
+                assert!(
+                    gauge.overlapped.load(Ordering::SeqCst),
+                    "{name}: no write to the member overlapped a read of the others"
+                );
+            }
+            let model = model.lock().unwrap().clone();
+            check(&*a, &model, &name);
+            a.close().unwrap();
+            drop(a);
+            for leave_out in (0..shape.members).filter(|&i| i != 1) {
+                check_without(&m, leave_out, &model, &name);
+            }
+            println!(
+                "{name}: {} dirty bits of {} KiB, {} KiB written to the member, \
+                 {racing_writes:?} racing writes",
+                info.dirty,
+                info.chunk_bytes >> 10,
+                written >> 10
+            );
+        }
+    }
+}
+
+/// A replacement whose writes fail part-way through the pipelined copy is dropped: the
+/// copy ends with the error, the member it was to replace goes on serving its role, and
+/// nothing is lost.
+#[test]
+fn a_replacement_failing_writes_is_dropped_and_the_member_serves() {
+    let seed = test_seed("array_members replacement fails");
+    println!("seed {seed}");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for shape in [
+        Shape::new(Level::Raid5, None, 16, 4).rows(64),
+        Shape::new(Level::Raid1, None, 64, 2).rows(64),
+    ] {
+        let name = shape.name();
+        let (a, m) = create(&shape);
+        let model = fill(&a, &mut rng);
+        let off = data_offset_of(&*m[0]);
+        let extent = shape.rows * shape.chunk_kib * 1024;
+        let new = Arc::new(FaultyDisk::new(MemDisk::new(m[0].geometry().size)));
+        let bad_at = off + extent / 2;
+        new.handle()
+            .fail_range(cairn_block::testkit::Op::Write, bad_at..bad_at + (64 << 10));
+        a.replace(
+            "disk0.img",
+            Some((new.clone() as Arc<dyn BlockDevice>, "new.img".into())),
+            false,
+        )
+        .unwrap();
+        let e = a.run_pending().unwrap_err();
+        println!("{name}: {e}");
+        let st = a.background().unwrap();
+        assert!(st.state.starts_with("failed"), "{name}: {st:?}");
+        let r = a.report();
+        assert!(
+            !r.members
+                .iter()
+                .any(|x| x.state == MemberState::Replacement),
+            "{name}: {r:?}"
+        );
+        assert!(!r.state.degraded, "{name}: {r:?}");
+        assert_eq!(roles_of(&a)[0].as_deref(), Some("disk0.img"), "{name}");
+        check(&a, &model, &name);
+        a.close().unwrap();
+        drop(a);
+        for leave_out in 0..shape.members {
+            check_without(&m, leave_out, &model, &name);
+        }
+    }
+}
