@@ -2414,6 +2414,118 @@ mod tests {
         node.demote().unwrap();
     }
 
+    /// Overlapping writes that reach the primary in one burst are all answered, and
+    /// both replicas end with the last: the reader runs them one after the other and
+    /// holds back each one's request to the peer (cairn_nbd::cork), so the second waits
+    /// for a range whose write this very thread has not sent yet. The wait must send it
+    /// first, or the connection hangs.
+    #[test]
+    fn a_burst_of_overlapping_writes_is_answered() {
+        use cairn_nbd::{Export, Listen, Server, ServerConfig};
+        use std::io::{Read, Write};
+        let far_disk = fresh_of(16 << 20);
+        let far = {
+            let meta = Box::new(Store::open(far_disk.clone()).unwrap());
+            Node::open(
+                NodeConfig::for_tests("home", "far", "a"),
+                far_disk.clone(),
+                meta,
+            )
+            .unwrap()
+        };
+        let (addr, far_stop) = serve_peers(&far);
+        let disk = fresh_of(16 << 20);
+        let mut cfg = NodeConfig::for_tests("home", "a", "far");
+        cfg.peers[0].opts = ClientOptions::new(addr, "home");
+        let node = Node::open(
+            cfg,
+            disk.clone(),
+            Box::new(Store::open(disk.clone()).unwrap()),
+        )
+        .unwrap();
+        node.promote(true).unwrap();
+        let until = Instant::now() + Duration::from_secs(30);
+        while node.status().peers[0].replication != Repl::Established {
+            assert!(Instant::now() < until, "{:?}", node.status().peers[0]);
+            thread::sleep(Duration::from_millis(10));
+        }
+        let srv = Server::new(ServerConfig::new(vec![Export {
+            name: "home".into(),
+            description: String::new(),
+            device: Arc::new(Volume(node.clone())),
+            read_only: false,
+        }]))
+        .unwrap();
+        let l = srv
+            .bind(&[Listen::Tcp("127.0.0.1:0".parse().unwrap())])
+            .unwrap();
+        let Listen::Tcp(at) = l.addresses().remove(0) else {
+            panic!("not TCP")
+        };
+        let stop = srv.shutdown_handle();
+        thread::spawn(move || srv.serve(l));
+
+        // The fixed newstyle handshake, by hand (NBD_OPT_EXPORT_NAME, no zeroes).
+        let mut s = std::net::TcpStream::connect(at).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello).unwrap();
+        s.write_all(&3u32.to_be_bytes()).unwrap();
+        let mut opt = Vec::new();
+        opt.extend_from_slice(b"IHAVEOPT");
+        opt.extend_from_slice(&1u32.to_be_bytes());
+        opt.extend_from_slice(&4u32.to_be_bytes());
+        opt.extend_from_slice(b"home");
+        s.write_all(&opt).unwrap();
+        let mut info = [0u8; 10];
+        s.read_exact(&mut info).unwrap();
+        let request = |cookie: u64, off: u64, fill: u8| {
+            let mut r = Vec::with_capacity(28 + 4096);
+            r.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+            r.extend_from_slice(&0u16.to_be_bytes());
+            r.extend_from_slice(&1u16.to_be_bytes()); // WRITE
+            r.extend_from_slice(&cookie.to_be_bytes());
+            r.extend_from_slice(&off.to_be_bytes());
+            r.extend_from_slice(&4096u32.to_be_bytes());
+            r.extend_from_slice(&[fill; 4096]);
+            r
+        };
+        let replies = |s: &mut std::net::TcpStream, n: usize| {
+            for _ in 0..n {
+                let mut r = [0u8; 16];
+                s.read_exact(&mut r)
+                    .expect("a reply (none within 20 s: the burst hangs)");
+                assert_eq!(&r[4..8], &[0, 0, 0, 0], "error in reply {r:?}");
+            }
+        };
+        // Writes one at a time first, until the server runs them on the reader.
+        for i in 0..200u64 {
+            s.write_all(&request(i + 1, (i % 64) * 65536, 1)).unwrap();
+            replies(&mut s, 1);
+        }
+        for round in 0..20u8 {
+            let mut burst = Vec::new();
+            for i in 0..8u8 {
+                burst.extend(request(1000 + u64::from(i), 4096, round * 8 + i));
+            }
+            s.write_all(&burst).unwrap();
+            replies(&mut s, 8);
+            let last = round * 8 + 7;
+            for dev in [&disk, &far_disk] {
+                let mut got = vec![0u8; 4096];
+                dev.read_at(&mut got, 4096).unwrap();
+                assert!(
+                    got.iter().all(|&b| b == last),
+                    "round {round}: {} {}",
+                    got[0],
+                    Arc::ptr_eq(dev, &disk)
+                );
+            }
+        }
+        stop.shutdown();
+        far_stop.shutdown();
+    }
+
     fn fresh_of(size: u64) -> Arc<dyn BlockDevice> {
         let dev: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(size));
         let p = CreateParams {
