@@ -96,6 +96,26 @@ pub fn release() {
     }
 }
 
+/// `Condvar::wait` for a thread that may hold: it first sends what this thread held back
+/// and returns at once, relocked, so the caller checks its condition again (what it
+/// waited for may have been among the requests held back). Lock poisoning is ignored, as
+/// everywhere in cairn's waits.
+pub fn wait<'a, T>(
+    lock: &'a std::sync::Mutex<T>,
+    cv: &std::sync::Condvar,
+    guard: std::sync::MutexGuard<'a, T>,
+) -> std::sync::MutexGuard<'a, T> {
+    if holding() {
+        drop(guard);
+        release();
+        return lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    }
+    cv.wait(guard)
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Releases when dropped: a loop that holds keeps one for its whole life.
 pub(crate) struct Scope;
 

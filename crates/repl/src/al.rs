@@ -98,16 +98,9 @@ impl ActivityLog {
             if st.updating {
                 // Another thread is changing the log: an extent it adds is not durable
                 // yet, one it evicts is about to be forgotten. Wait for it.
-                if cairn_nbd::cork::holding() {
-                    // Writes this thread held back (cairn_nbd::cork) may be what the
-                    // change waits for.
-                    drop(st);
-                    cairn_nbd::cork::release();
-                    st = self.st.lock().unwrap_or_else(|p| p.into_inner());
-                    continue;
-                }
                 st.waiting += 1;
-                st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                // Writes this thread held back (cairn_nbd::cork) may be what it waits for.
+                st = cairn_nbd::cork::wait(&self.st, &self.changed, st);
                 st.waiting -= 1;
                 continue;
             }
@@ -127,16 +120,9 @@ impl ActivityLog {
                 // Not enough idle extents: wait for writes to finish. (With nothing
                 // busy, a request wider than the log takes more extents than the
                 // capacity, rather than wait for ever.)
-                if cairn_nbd::cork::holding() {
-                    // Writes this thread held back (cairn_nbd::cork) may be what the
-                    // change waits for.
-                    drop(st);
-                    cairn_nbd::cork::release();
-                    st = self.st.lock().unwrap_or_else(|p| p.into_inner());
-                    continue;
-                }
                 st.waiting += 1;
-                st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                // Writes this thread held back (cairn_nbd::cork) may be what it waits for.
+                st = cairn_nbd::cork::wait(&self.st, &self.changed, st);
                 st.waiting -= 1;
                 continue;
             }

@@ -2423,26 +2423,9 @@ mod tests {
     fn a_burst_of_overlapping_writes_is_answered() {
         use cairn_nbd::{Export, Listen, Server, ServerConfig};
         use std::io::{Read, Write};
-        let far_disk = fresh_of(16 << 20);
-        let far = {
-            let meta = Box::new(Store::open(far_disk.clone()).unwrap());
-            Node::open(
-                NodeConfig::for_tests("home", "far", "a"),
-                far_disk.clone(),
-                meta,
-            )
-            .unwrap()
-        };
-        let (addr, far_stop) = serve_peers(&far);
+        let (_far, far_disk, addr, far_stop) = far_secondary();
         let disk = fresh_of(16 << 20);
-        let mut cfg = NodeConfig::for_tests("home", "a", "far");
-        cfg.peers[0].opts = ClientOptions::new(addr, "home");
-        let node = Node::open(
-            cfg,
-            disk.clone(),
-            Box::new(Store::open(disk.clone()).unwrap()),
-        )
-        .unwrap();
+        let node = node_a_towards(addr, &disk, |_| {});
         node.promote(true).unwrap();
         let until = Instant::now() + Duration::from_secs(30);
         while node.status().peers[0].replication != Repl::Established {
@@ -2539,6 +2522,44 @@ mod tests {
         dev
     }
 
+    /// Node "far" on a fresh 16 MiB disk, served to its peers on a loopback port: the
+    /// node, its disk, the address and the server's handle.
+    fn far_secondary() -> (
+        Arc<Node>,
+        Arc<dyn BlockDevice>,
+        cairn_nbd::Listen,
+        cairn_nbd::ShutdownHandle,
+    ) {
+        let far_disk = fresh_of(16 << 20);
+        let meta = Box::new(Store::open(far_disk.clone()).unwrap());
+        let far = Node::open(
+            NodeConfig::for_tests("home", "far", "a"),
+            far_disk.clone(),
+            meta,
+        )
+        .unwrap();
+        let (addr, stop) = serve_peers(&far);
+        (far, far_disk, addr, stop)
+    }
+
+    /// Node "a" on `disk`, with "far" at `addr` as its peer, its configuration changed by
+    /// `adjust` first.
+    fn node_a_towards(
+        addr: cairn_nbd::Listen,
+        disk: &Arc<dyn BlockDevice>,
+        adjust: impl FnOnce(&mut NodeConfig),
+    ) -> Arc<Node> {
+        let mut cfg = NodeConfig::for_tests("home", "a", "far");
+        cfg.peers[0].opts = ClientOptions::new(addr, "home");
+        adjust(&mut cfg);
+        Node::open(
+            cfg,
+            disk.clone(),
+            Box::new(Store::open(disk.clone()).unwrap()),
+        )
+        .unwrap()
+    }
+
     /// Serves `node` to its peers as `cairn repl up` does (the data area behind the
     /// fence gate, and the replication handshake) on a loopback port.
     fn serve_peers(node: &Arc<Node>) -> (cairn_nbd::Listen, cairn_nbd::ShutdownHandle) {
@@ -2570,33 +2591,17 @@ mod tests {
     /// without spinning, until the lease is valid again; then the resync ends as usual.
     #[test]
     fn a_resync_waits_for_a_lost_lease_without_spinning() {
-        let far_disk = fresh_of(16 << 20);
-        let far = {
-            let meta = Box::new(Store::open(far_disk.clone()).unwrap());
-            Node::open(
-                NodeConfig::for_tests("home", "far", "a"),
-                far_disk.clone(),
-                meta,
-            )
-            .unwrap()
-        };
-        let (addr, far_stop) = serve_peers(&far);
+        let (_far, far_disk, addr, far_stop) = far_secondary();
         let disk = fresh_of(16 << 20);
         disk.write_at(&[0x5a; 1 << 20], 3 << 20, WriteFlags::NONE)
             .unwrap();
-        let mut cfg = NodeConfig::for_tests("home", "a", "far");
-        cfg.peers[0].opts = ClientOptions::new(addr, "home");
-        // Slow enough to be caught half-way: about 2 s for the 15 MiB of data.
-        cfg.resync = RateLimits {
-            min_bytes_per_sec: 1 << 20,
-            max_bytes_per_sec: 8 << 20,
-        };
-        let node = Node::open(
-            cfg,
-            disk.clone(),
-            Box::new(Store::open(disk.clone()).unwrap()),
-        )
-        .unwrap();
+        let node = node_a_towards(addr, &disk, |cfg| {
+            // Slow enough to be caught half-way: about 2 s for the 15 MiB of data.
+            cfg.resync = RateLimits {
+                min_bytes_per_sec: 1 << 20,
+                max_bytes_per_sec: 8 << 20,
+            };
+        });
         let guard = LeaseGuard::for_tests(Instant::now() + Duration::from_secs(3600));
         node.promote(true).unwrap();
         *node.guard.write().unwrap() = Some(guard.clone());

@@ -36,16 +36,10 @@ impl RangeLocks {
         let range = (offset, offset + len.max(1));
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         while held.ranges.iter().any(|&(a, b)| a < range.1 && range.0 < b) {
-            if cairn_nbd::cork::holding() {
-                // The write holding the range may be among the requests this thread
-                // held back (cairn_nbd::cork): send them before waiting for it.
-                drop(held);
-                cairn_nbd::cork::release();
-                held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
             held.waiting += 1;
-            held = self.freed.wait(held).unwrap_or_else(|p| p.into_inner());
+            // The write holding the range may be among the requests this thread held
+            // back (cairn_nbd::cork): they are sent before waiting for it.
+            held = cairn_nbd::cork::wait(&self.held, &self.freed, held);
             held.waiting -= 1;
         }
         held.ranges.push(range);

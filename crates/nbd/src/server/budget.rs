@@ -36,15 +36,9 @@ impl Budget {
     pub(super) fn take(self: &Arc<Self>, n: usize) -> Held {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while st.held > 0 && st.held.saturating_add(n) > self.limit {
-            if crate::cork::holding() {
-                // What this thread held back may be what frees the budget.
-                drop(st);
-                crate::cork::release();
-                st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
             st.waiting += 1;
-            st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
+            // What this thread held back (crate::cork) may be what frees the budget.
+            st = crate::cork::wait(&self.state, &self.freed, st);
             st.waiting -= 1;
         }
         st.held += n;
@@ -58,14 +52,8 @@ impl Budget {
     pub(super) fn wait_empty(&self) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while st.held > 0 {
-            if crate::cork::holding() {
-                drop(st);
-                crate::cork::release();
-                st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
             st.waiting += 1;
-            st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = crate::cork::wait(&self.state, &self.freed, st);
             st.waiting -= 1;
         }
     }
