@@ -92,6 +92,9 @@ EOF
 #   trickle:   the same, sending its handshake one byte every 0.5 s.
 #   unread N:  N connections that each ask for four 32 MiB reads and never read the
 #              replies; prints "ready", holds them until killed.
+#   unread4k N: N connections that send 4 KiB reads in bursts of 64 (replies the
+#              server gathers per burst) and never read the replies; prints "ready",
+#              then the seconds until the server cut every one of them (a send fails).
 write_client() {
   cat >"$WORK/client.py" <<'EOF'
 import socket, struct, sys, time
@@ -147,6 +150,34 @@ elif mode == "unread":
             s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 0, k, 0, 32 << 20))
         held.append(s)
     print("ready", flush=True)
+    time.sleep(600)
+elif mode == "unread4k":
+    held = []
+    t0 = time.monotonic()
+    for i in range(n):
+        s = connect()
+        greeting(s)
+        s.sendall(OPT)
+        got = b""
+        while len(got) < 10:
+            got += s.recv(10 - len(got))
+        s.settimeout(0.2)
+        held.append(s)
+    print("ready", flush=True)
+    burst = b"".join(struct.pack(">IHHQQI", 0x25609513, 0, 0, k, k * 4096, 4096) for k in range(64))
+    cut = set()
+    while len(cut) < n and time.monotonic() - t0 < 60:
+        for i, s in enumerate(held):
+            if i in cut:
+                continue
+            try:
+                s.send(burst)
+            except socket.timeout:
+                pass
+            except OSError:
+                cut.add(i)
+        time.sleep(0.05)
+    print("cut" if len(cut) == n else "not cut", round(time.monotonic() - t0, 1), flush=True)
     time.sleep(600)
 EOF
 }
@@ -237,6 +268,37 @@ t_unread_replies() {
   expect_eq "$CAIRN_STATUS" 0 "exit status"
 }
 
+# Clients that send 4 KiB reads in bursts and never read the replies: the replies the
+# server gathers per burst (crates/nbd/src/cork.rs) are bounded, the clients are cut after
+# --client-timeout, memory stays small, and another client is served meanwhile.
+t_unread_small_replies() {
+  need_tool nbdsh
+  write_client
+  truncate -s 64M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" --client-timeout 3 "$WORK/disk.img"
+  /usr/bin/python3 "$WORK/client.py" "$CAIRN_SOCK" unread4k 8 >"$WORK/unread4k.out" 2>&1 &
+  local bad=$!
+  register pid $bad
+  wait_ready "$WORK/unread4k.out"
+  sleep 1
+  nbdsh -u "$(unix_uri disk)" -c 'assert len(h.pread(4096, 0)) == 4096' ||
+    fail "a good client was not served beside the ones that do not read"
+  local i
+  for i in $(seq 600); do grep -q "cut" "$WORK/unread4k.out" && break; sleep 0.1; done
+  say "NOTE: $(tail -1 "$WORK/unread4k.out")"
+  grep -q "^cut" "$WORK/unread4k.out" || fail "clients that never read were not cut: $(cat "$WORK/unread4k.out")"
+  local hwm
+  hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$CAIRN_PID/status")
+  say "NOTE: peak RSS with 8 clients not reading 4 KiB replies: $((hwm / 1024)) MiB"
+  [ "$hwm" -le $((200 << 10)) ] || fail "peak RSS $((hwm / 1024)) MiB"
+  nbdsh -u "$(unix_uri disk)" -c 'assert len(h.pread(4096, 0)) == 4096' ||
+    fail "no client served after the cut"
+  kill $bad
+  wait $bad 2>/dev/null || true
+  stop_cairn INT
+  expect_eq "$CAIRN_STATUS" 0 "exit status"
+}
+
 # The control socket: a request sent a byte at a time is answered 408 and closed once
 # its time (10 s) is up, not held for as long as the client keeps trickling.
 t_control_deadline() {
@@ -282,5 +344,6 @@ run_test hijacked-runtime-dir t_hijacked_runtime_dir
 run_test descriptor-limit t_descriptor_limit
 run_test handshake-timeout t_handshake_timeout
 run_test unread-replies t_unread_replies
+run_test unread-small-replies t_unread_small_replies
 run_test control-deadline t_control_deadline
 finish
