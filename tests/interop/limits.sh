@@ -244,6 +244,14 @@ t_handshake_timeout() {
     fail "an idle client past its handshake was cut"
 }
 
+# peak_rss_within MIB WHAT: cairn's peak resident memory so far is at most MIB (noted).
+peak_rss_within() {
+  local hwm
+  hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$CAIRN_PID/status")
+  say "NOTE: peak RSS with $2: $((hwm / 1024)) MiB"
+  [ "$hwm" -le $(($1 << 10)) ] || fail "peak RSS $((hwm / 1024)) MiB with $2"
+}
+
 # Clients that ask for 32 MiB reads and never read the replies: the server's memory stays
 # within its in-flight budget, they are cut after --client-timeout, and others are served.
 t_unread_replies() {
@@ -258,10 +266,7 @@ t_unread_replies() {
   sleep 2
   nbdsh -u "$(unix_uri disk)" -c 'assert len(h.pread(1 << 20, 0)) == 1 << 20' ||
     fail "a good client was not served beside the ones that do not read"
-  local hwm
-  hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$CAIRN_PID/status")
-  say "NOTE: peak RSS with 20 clients not reading 32 MiB replies: $((hwm / 1024)) MiB"
-  [ "$hwm" -le $((400 << 10)) ] || fail "peak RSS $((hwm / 1024)) MiB"
+  peak_rss_within 400 "20 clients not reading 32 MiB replies"
   kill $bad
   wait $bad 2>/dev/null || true
   stop_cairn INT
@@ -287,10 +292,7 @@ t_unread_small_replies() {
   for i in $(seq 600); do grep -q "cut" "$WORK/unread4k.out" && break; sleep 0.1; done
   say "NOTE: $(tail -1 "$WORK/unread4k.out")"
   grep -q "^cut" "$WORK/unread4k.out" || fail "clients that never read were not cut: $(cat "$WORK/unread4k.out")"
-  local hwm
-  hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$CAIRN_PID/status")
-  say "NOTE: peak RSS with 8 clients not reading 4 KiB replies: $((hwm / 1024)) MiB"
-  [ "$hwm" -le $((200 << 10)) ] || fail "peak RSS $((hwm / 1024)) MiB"
+  peak_rss_within 200 "8 clients not reading 4 KiB replies"
   nbdsh -u "$(unix_uri disk)" -c 'assert len(h.pread(4096, 0)) == 4096' ||
     fail "no client served after the cut"
   kill $bad
