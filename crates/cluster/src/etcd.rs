@@ -33,6 +33,9 @@ pub enum EtcdError {
     Io(String),
     /// etcd answered with an error, or with something this client does not understand.
     Server(String),
+    /// The member answered that it cannot serve now (HTTP 503: no leader, no quorum,
+    /// stopping). Another member may.
+    Unavailable(String),
 }
 
 impl fmt::Display for EtcdError {
@@ -40,7 +43,7 @@ impl fmt::Display for EtcdError {
         match self {
             EtcdError::Url(m) => write!(f, "etcd URL: {m}"),
             EtcdError::Io(m) => write!(f, "etcd: {m}"),
-            EtcdError::Server(m) => write!(f, "etcd answered: {m}"),
+            EtcdError::Server(m) | EtcdError::Unavailable(m) => write!(f, "etcd answered: {m}"),
         }
     }
 }
@@ -205,9 +208,13 @@ impl Etcd {
     fn post(&self, path: &str, body: &Value) -> Result<Value> {
         let (i, s) = self.connect()?;
         let r = self.exchange(&self.authorities[i], s, path, body);
-        if matches!(r, Err(EtcdError::Io(_))) && self.authorities.len() > 1 {
+        if matches!(r, Err(EtcdError::Io(_) | EtcdError::Unavailable(_)))
+            && self.authorities.len() > 1
+        {
             // The member took the connection but not the request (cut off, stopped, no
-            // quorum and too slow to say so): the next request tries the next member.
+            // quorum and too slow to say so), or said it cannot serve (503): the next
+            // request tries the next member. This one is not sent again: it may have
+            // been applied.
             let _ = self.current.compare_exchange(
                 i,
                 (i + 1) % self.authorities.len(),
@@ -268,7 +275,12 @@ impl Etcd {
                 .or_else(|| v.get("error"))
                 .and_then(Value::as_str)
                 .unwrap_or("no message");
-            return Err(EtcdError::Server(format!("HTTP {status} on {path}: {msg}")));
+            let m = format!("HTTP {status} on {path}: {msg}");
+            return Err(if status == 503 {
+                EtcdError::Unavailable(m)
+            } else {
+                EtcdError::Server(m)
+            });
         }
         if let Some(e) = v.get("error") {
             return Err(EtcdError::Server(format!("{path}: {e}")));
@@ -464,6 +476,51 @@ fn dechunk(mut b: &[u8]) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-request-per-connection HTTP server that answers every request with
+    /// `status` and `body`; its `http://` URL.
+    fn answering(status: &'static str, body: &'static str) -> String {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut req = [0u8; 4096];
+                let _ = s.read(&mut req);
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        url
+    }
+
+    #[test]
+    fn a_member_without_a_leader_sends_the_next_request_to_the_next_member() {
+        let sick = answering(
+            "503 Service Unavailable",
+            r#"{"error":"etcdserver: no leader","code":14,"message":"etcdserver: no leader"}"#,
+        );
+        let well = answering("200 OK", r#"{"result":{"ID":"7","TTL":"9"}}"#);
+        let e = Etcd::new(&format!("{sick},{well}")).unwrap();
+        let err = e.keepalive(7).unwrap_err();
+        assert!(matches!(err, EtcdError::Unavailable(_)), "{err:?}");
+        assert!(err.to_string().contains("no leader"), "{err}");
+        assert_eq!(
+            e.current_url(),
+            well,
+            "still on the member without a leader"
+        );
+        assert_eq!(e.keepalive(7).unwrap(), 9);
+        // Another error (the member serves, the request is wrong) does not move on.
+        let bad = answering("400 Bad Request", r#"{"error":"bad","message":"bad"}"#);
+        let e = Etcd::new(&format!("{bad},{well}")).unwrap();
+        assert!(matches!(e.keepalive(7), Err(EtcdError::Server(_))));
+        assert_eq!(e.current_url(), bad);
+    }
 
     #[test]
     fn urls() {
