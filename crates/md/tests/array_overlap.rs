@@ -217,30 +217,42 @@ impl BlockDevice for Mute {
     }
 }
 
-#[test]
-fn a_member_that_never_answers_is_failed_not_waited_for() {
-    let mems: Vec<Arc<dyn BlockDevice>> = (0..4)
+/// `level` created over `n` zeroed 4 MiB memory members (16-sector chunks) and closed,
+/// then assembled over `wrap(role, member)` of each: the array and the plain members.
+fn reassembled_over(
+    level: Level,
+    n: usize,
+    name: &str,
+    wrap: impl Fn(usize, Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice>,
+) -> (Array, Vec<Arc<dyn BlockDevice>>) {
+    let mems: Vec<Arc<dyn BlockDevice>> = (0..n)
         .map(|_| Arc::new(MemDisk::new(4 << 20)) as Arc<dyn BlockDevice>)
         .collect();
-    let mut o = CreateOptions::new(Level::Raid5, "mute");
+    let mut o = CreateOptions::new(level, name);
     o.chunk = Some(Sectors(16));
     o.members_zeroed = true;
-    let names: Vec<String> = (0..4).map(|i| format!("d{i}")).collect();
+    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
     let a = Array::create(mems.clone(), names.clone(), &o).unwrap();
     a.close().unwrap();
     drop(a);
-    let devs: Vec<Arc<dyn BlockDevice>> = mems
+    let devs = mems
         .iter()
         .enumerate()
-        .map(|(i, m)| -> Arc<dyn BlockDevice> {
-            if i == 2 {
-                Arc::new(Mute(m.clone()))
-            } else {
-                Arc::new(DelayDisk::completing_later(m.clone()))
-            }
-        })
+        .map(|(i, m)| wrap(i, m.clone()))
         .collect();
     let a = Array::assemble(devs, names, AssembleOptions::default()).unwrap();
+    (a, mems)
+}
+
+#[test]
+fn a_member_that_never_answers_is_failed_not_waited_for() {
+    let (a, _) = reassembled_over(Level::Raid5, 4, "mute", |i, m| -> Arc<dyn BlockDevice> {
+        if i == 2 {
+            Arc::new(Mute(m))
+        } else {
+            Arc::new(DelayDisk::completing_later(m))
+        }
+    });
     let data = pattern(128 << 10, 5);
     a.write_at(&data, 0, WriteFlags::NONE).unwrap();
     let r = a.report();
@@ -381,29 +393,14 @@ impl BlockDevice for Counted {
 /// An array of `level` created over `n` plain members, then assembled over [`Counted`]
 /// wrappers of them sharing one [`Seen`].
 fn counted_array(level: Level, n: usize) -> (Array, Arc<Seen>, Vec<Arc<dyn BlockDevice>>) {
-    let mems: Vec<Arc<dyn BlockDevice>> = (0..n)
-        .map(|_| Arc::new(MemDisk::new(4 << 20)) as Arc<dyn BlockDevice>)
-        .collect();
-    let mut o = CreateOptions::new(level, "counted");
-    o.chunk = Some(Sectors(16));
-    o.members_zeroed = true;
-    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
-    let a = Array::create(mems.clone(), names.clone(), &o).unwrap();
-    a.close().unwrap();
-    drop(a);
     let seen = Arc::new(Seen::default());
-    let devs = mems
-        .iter()
-        .enumerate()
-        .map(|(member, m)| -> Arc<dyn BlockDevice> {
-            Arc::new(Counted {
-                inner: m.clone(),
-                member,
-                seen: seen.clone(),
-            })
+    let (a, mems) = reassembled_over(level, n, "counted", |member, inner| {
+        Arc::new(Counted {
+            inner,
+            member,
+            seen: seen.clone(),
         })
-        .collect();
-    let a = Array::assemble(devs, names, AssembleOptions::default()).unwrap();
+    });
     (a, seen, mems)
 }
 
@@ -494,29 +491,15 @@ impl BlockDevice for BadReads {
 
 /// `level` over `n` members that complete later, member `bad` answering reads badly.
 fn bad_reads_array(level: Level, n: usize, bad: usize, gone: bool) -> Array {
-    let mems: Vec<Arc<dyn BlockDevice>> = (0..n)
-        .map(|_| Arc::new(MemDisk::new(4 << 20)) as Arc<dyn BlockDevice>)
-        .collect();
-    let mut o = CreateOptions::new(level, "bad-reads");
-    o.chunk = Some(Sectors(16));
-    o.members_zeroed = true;
-    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
-    let a = Array::create(mems.clone(), names.clone(), &o).unwrap();
-    a.close().unwrap();
-    drop(a);
-    let devs = mems
-        .iter()
-        .enumerate()
-        .map(|(i, m)| -> Arc<dyn BlockDevice> {
-            let d = DelayDisk::completing_later(m.clone());
-            if i == bad {
-                Arc::new(BadReads { inner: d, gone })
-            } else {
-                Arc::new(d)
-            }
-        })
-        .collect();
-    Array::assemble(devs, names, AssembleOptions::default()).unwrap()
+    reassembled_over(level, n, "bad-reads", |i, m| -> Arc<dyn BlockDevice> {
+        let d = DelayDisk::completing_later(m);
+        if i == bad {
+            Arc::new(BadReads { inner: d, gone })
+        } else {
+            Arc::new(d)
+        }
+    })
+    .0
 }
 
 #[test]
