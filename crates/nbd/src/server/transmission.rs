@@ -656,12 +656,14 @@ impl Transmission {
             .writer
             .lock()
             .map_err(|_| io::Error::other("writer lock poisoned"))?;
-        if payload > CORK_PAYLOAD {
+        let holding = crate::cork::holding();
+        if payload > CORK_PAYLOAD || (!holding && out.pending.is_empty()) {
+            // Straight to the stream: nothing to gather it with, so no copy.
             out.send_pending()?;
             return self.write_reply(&mut *out.w, req, result, buf);
         }
         self.write_reply(&mut out.pending, req, result, buf)?;
-        if out.pending.len() < CORK_BYTES && crate::cork::holding() {
+        if out.pending.len() < CORK_BYTES && holding {
             drop(out);
             let me: Arc<dyn crate::cork::Corked> = self.clone();
             if crate::cork::defer(&me) {
