@@ -143,7 +143,7 @@ pub struct Extent {
 }
 
 /// Called once with the result of a write started by [`BlockDevice::write_then`] (or a
-/// flush started by [`BlockDevice::flush_then`]).
+/// flush or discard started by [`BlockDevice::flush_then`], [`BlockDevice::discard_then`]).
 pub type WriteDone = Box<dyn FnOnce(Result<()>) + Send>;
 
 /// Called once with the bytes of a read started by [`BlockDevice::read_then`] (exactly
@@ -197,12 +197,19 @@ pub trait BlockDevice: Send + Sync + Debug {
         done(self.flush());
     }
 
-    /// Whether [`BlockDevice::read_then`], [`BlockDevice::write_then`] and
-    /// [`BlockDevice::flush_then`] return before the operation is done (a network
-    /// device: the request is sent, the answer comes later on another thread). A layer
-    /// with several operations for such devices starts them all from one thread and
-    /// waits once, instead of handing each to a worker thread. `false` (the default)
-    /// means they run to completion on the calling thread.
+    /// Starts a discard and calls `done` with its result ([`BlockDevice::discard`]'s
+    /// rules, "returns" read as "calls `done`"). The default discards on the calling
+    /// thread.
+    fn discard_then(&self, offset: u64, len: u64, done: WriteDone) {
+        done(self.discard(offset, len));
+    }
+
+    /// Whether [`BlockDevice::read_then`], [`BlockDevice::write_then`],
+    /// [`BlockDevice::flush_then`] and [`BlockDevice::discard_then`] return before the
+    /// operation is done (a network device: the request is sent, the answer comes later
+    /// on another thread). A layer with several operations for such devices starts them
+    /// all from one thread and waits once, instead of handing each to a worker thread.
+    /// `false` (the default) means they run to completion on the calling thread.
     fn completes_later(&self) -> bool {
         false
     }
@@ -344,6 +351,9 @@ macro_rules! forward_block_device {
             }
             fn flush_then(&self, done: WriteDone) {
                 (**self).flush_then(done)
+            }
+            fn discard_then(&self, offset: u64, len: u64, done: WriteDone) {
+                (**self).discard_then(offset, len, done)
             }
             fn completes_later(&self) -> bool {
                 (**self).completes_later()

@@ -415,6 +415,12 @@ impl BlockDevice for FencedDevice {
             Err(e) => done(Err(e)),
         }
     }
+    fn discard_then(&self, offset: u64, len: u64, done: WriteDone) {
+        match self.lease.check("discard") {
+            Ok(()) => self.inner.discard_then(offset, len, done),
+            Err(e) => done(Err(e)),
+        }
+    }
     fn completes_later(&self) -> bool {
         self.inner.completes_later()
     }

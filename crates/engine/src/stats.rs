@@ -414,6 +414,18 @@ impl<D: BlockDevice> BlockDevice for StatsDisk<D> {
             done(r);
         }));
     }
+    fn discard_then(&self, offset: u64, len: u64, done: WriteDone) {
+        let stats = self.stats.clone();
+        let start = stats.begin();
+        self.inner.discard_then(
+            offset,
+            len,
+            Box::new(move |r| {
+                stats.end(Op::Discard, len, start, r.is_ok());
+                done(r);
+            }),
+        );
+    }
     fn completes_later(&self) -> bool {
         self.inner.completes_later()
     }

@@ -9,14 +9,18 @@
 //! ```
 //!
 //! Requests are split at segment and stripe-chunk boundaries; flush goes to every PV the
-//! LV uses, FUA, discard and write_zeroes pass down piece by piece. A read or write that
-//! spans several PVs (a striped LV) issues its pieces at once when the PVs are slow
-//! (`cairn_block::overlap`), by PV when large, one after another on PVs in memory.
+//! LV uses, FUA and write_zeroes pass down piece by piece. A read or write that spans
+//! several PVs (a striped LV) issues its pieces at once when the PVs are slow
+//! (`cairn_block::overlap`), by PV when large, one after another on PVs in memory. A
+//! discard joins a PV's adjacent pieces into one request per PV; over PVs that complete
+//! later (remote PVs) it sends them all from the calling thread and waits once
+//! (`overlap::start_all`).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use cairn_block::overlap::{fan_out, Latency, Overlap};
+use cairn_block::overlap::{fan_out, start_all, Latency, Overlap};
 use cairn_block::{
     BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
 };
@@ -340,6 +344,26 @@ impl LogicalVolume {
     }
 }
 
+/// `pieces` (PV index, PV offset, LV offset, length) with each piece that continues its
+/// PV's previous piece on that PV joined to it: a discard spanning many stripe chunks is
+/// one request per PV, not one per chunk.
+fn join_per_pv(pieces: Vec<(usize, u64, u64, u64)>) -> Vec<(usize, u64, u64, u64)> {
+    let mut out: Vec<(usize, u64, u64, u64)> = Vec::new();
+    let mut last: HashMap<usize, usize> = HashMap::new();
+    for (pv, pv_off, off, n) in pieces {
+        if let Some(&i) = last.get(&pv) {
+            let j = &mut out[i];
+            if j.1 + j.3 == pv_off {
+                j.3 += n;
+                continue;
+            }
+        }
+        last.insert(pv, out.len());
+        out.push((pv, pv_off, off, n));
+    }
+    out
+}
+
 fn to_usize(v: u64) -> usize {
     // Pieces are bounded by the caller's buffer length, which is a usize.
     usize::try_from(v).expect("piece length fits the buffer")
@@ -443,7 +467,34 @@ impl BlockDevice for LogicalVolume {
         if let Some(a) = &self.raid {
             return a.discard(offset, len);
         }
-        self.for_pieces(offset, len, |dev, pv_off, _, n| dev.discard(pv_off, n))
+        let jobs = join_per_pv(self.pieces(offset, len)?);
+        let context = |e: Error, off: u64| e.context(format!("LV {} at {off}", self.name));
+        let later = jobs.len() > 1 && jobs.iter().all(|j| self.pvs[j.0].1.completes_later());
+        if !later {
+            for (pv, pv_off, off, n) in jobs {
+                self.pvs[pv]
+                    .1
+                    .discard(pv_off, n)
+                    .map_err(|e| context(e, off))?;
+            }
+            return Ok(());
+        }
+        // PVs that complete later: every discard sent from here, one wait; the first
+        // error in LV order is the answer, as above (where it stops the ones after it).
+        let answers = start_all(jobs.iter().collect(), |&(pv, pv_off, _, n), answer| {
+            self.pvs[pv].1.discard_then(pv_off, n, answer);
+        });
+        for (&(_, _, off, _), answer) in jobs.iter().zip(answers) {
+            answer
+                .unwrap_or_else(|| {
+                    Err(Error::new(
+                        ErrorKind::Io,
+                        "the PV dropped the discard without answering",
+                    ))
+                })
+                .map_err(|e| context(e, off))?;
+        }
+        Ok(())
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {

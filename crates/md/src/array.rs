@@ -25,6 +25,7 @@
 //! background.rs) has run to the end; a clean stop part-way records a checkpoint.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use std::sync::Arc;
@@ -312,25 +313,85 @@ impl Array {
         } else {
             Vec::new()
         };
+        let jobs = self.discard_jobs(off, len);
+        let Some(members) = self.later_members(jobs.iter().map(|j| j.role)) else {
+            for j in &jobs {
+                let m = self.up_member(j.role)?;
+                m.dev
+                    .discard(m.base + j.member_off, j.len)
+                    .map_err(|e| self.member_discard_failed(j, e))?;
+            }
+            return Ok(());
+        };
+        // Members that complete later: every discard sent from here, one wait. The first
+        // error in job order is the answer, as on the path above, where it stops the
+        // discards after it; here those have been sent, which a discard allows.
+        let answers = start_all(jobs.iter().zip(&members).collect(), |(j, m), answer| {
+            m.dev.discard_then(m.base + j.member_off, j.len, answer)
+        });
+        for (j, answer) in jobs.iter().zip(answers) {
+            answer
+                .unwrap_or_else(|| Err(unanswered()))
+                .map_err(|e| self.member_discard_failed(j, e))?;
+        }
+        Ok(())
+    }
+
+    /// The member discards of `[off, off + len)`, in the order of the array bytes they
+    /// cover: one per piece and copy that takes writes, a piece that continues its
+    /// member's previous discard on that member joining it. A discard spanning many
+    /// chunks is then one request per member (RAID0, near RAID10), not one per chunk:
+    /// over members that complete later, every one is outstanding at once.
+    fn discard_jobs(&self, off: u64, len: u64) -> Vec<DiscardJob> {
+        let mut jobs: Vec<DiscardJob> = Vec::new();
+        let mut last: HashMap<usize, usize> = HashMap::new();
         for (pos, n, locs) in self.pieces(off, len) {
             for loc in &locs {
                 if !self.is_writable(loc.member) {
                     continue;
                 }
-                let m = self.up_member(loc.member)?;
-                m.dev
-                    .discard(m.base + loc.sector.0 * SECTOR_SIZE, n)
-                    .map_err(|e| {
-                        e.context(format!(
-                            "{}: discard of array bytes {pos}..{}",
-                            self.describe_role(loc.member),
-                            pos + n
-                        ))
-                    })?;
+                let member_off = loc.sector.0 * SECTOR_SIZE;
+                if let Some(&i) = last.get(&loc.member) {
+                    let j = &mut jobs[i];
+                    if j.member_off + j.len == member_off {
+                        j.len += n;
+                        j.array_end = pos + n;
+                        continue;
+                    }
+                }
+                last.insert(loc.member, jobs.len());
+                jobs.push(DiscardJob {
+                    role: loc.member,
+                    member_off,
+                    len: n,
+                    array_start: pos,
+                    array_end: pos + n,
+                });
             }
         }
-        Ok(())
+        jobs
     }
+
+    fn member_discard_failed(&self, j: &DiscardJob, e: Error) -> Error {
+        e.context(format!(
+            "{}: discard of {} bytes at member offset {} (array bytes {}..{})",
+            self.describe_role(j.role),
+            j.len,
+            j.member_off,
+            j.array_start,
+            j.array_end
+        ))
+    }
+}
+
+/// One member discard of [`Array::discard`]: `len` bytes at `member_off` of `role`'s
+/// data area, for array bytes within `array_start..array_end`.
+struct DiscardJob {
+    role: usize,
+    member_off: u64,
+    len: u64,
+    array_start: u64,
+    array_end: u64,
 }
 
 impl BlockDevice for Array {

@@ -13,7 +13,8 @@ use std::time::Duration;
 use cairn_block::testkit::conformance::{run_with, Options};
 use cairn_block::testkit::{DelayDisk, FaultyDisk};
 use cairn_block::{
-    BlockDevice, ErrorKind, Geometry, MemDisk, ReadDone, Result, WriteDone, WriteFlags,
+    BlockDevice, Capabilities, ErrorKind, Geometry, MemDisk, ReadDone, Result, WriteDone,
+    WriteFlags,
 };
 use cairn_md::{
     Array, AssembleOptions, CreateOptions, FeaturePolicy, Level, MemberState, Sectors, Superblock,
@@ -275,12 +276,14 @@ fn ppl_over_members_that_complete_later_degraded() {
 struct Seen {
     /// Synchronous reads and writes (`read_at`, `write_at`) since the last reset.
     sync: AtomicU64,
-    /// `(member, 'r' | 'w' | 'f', offset, calling thread)` of each `*_then`.
+    /// `(member, 'r' | 'w' | 'f' | 'd', offset, calling thread)` of each `*_then`.
     later: Mutex<Vec<(usize, char, u64, ThreadId)>>,
-    /// Read answers held back until `expect` reads are outstanding together.
+    /// Synchronous discards since the last reset.
+    sync_discards: AtomicU64,
+    /// Read and discard answers held back until `expect` are outstanding together.
     held: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
     expect: AtomicUsize,
-    /// The most read answers held at once.
+    /// The most answers held at once.
     most: AtomicUsize,
     /// Held answers released by the watchdog, not by `expect` being reached.
     timed_out: AtomicBool,
@@ -289,6 +292,7 @@ struct Seen {
 impl Seen {
     fn reset(&self, expect: usize) {
         self.sync.store(0, Ordering::SeqCst);
+        self.sync_discards.store(0, Ordering::SeqCst);
         self.later.lock().unwrap().clear();
         self.most.store(0, Ordering::SeqCst);
         self.expect.store(expect, Ordering::SeqCst);
@@ -303,10 +307,10 @@ impl Seen {
             .collect()
     }
 
-    /// Holds `answer` while fewer than `expect` reads are outstanding; with `expect`
-    /// reached, answers all of them (from another thread). A watchdog answers what is
-    /// still held after two seconds, so a path that waits for each read in turn shows
-    /// as `timed_out` rather than as a hang.
+    /// Holds `answer` while fewer than `expect` operations are outstanding; with
+    /// `expect` reached, answers all of them (from another thread). A watchdog answers
+    /// what is still held after two seconds, so a path that waits for each operation in
+    /// turn shows as `timed_out` rather than as a hang.
     fn hold(self: &Arc<Seen>, answer: Box<dyn FnOnce() + Send>) {
         let expect = self.expect.load(Ordering::SeqCst);
         if expect == 0 {
@@ -360,6 +364,18 @@ impl Counted {
 impl BlockDevice for Counted {
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.seen.sync_discards.fetch_add(1, Ordering::SeqCst);
+        self.inner.discard(offset, len)
+    }
+    fn discard_then(&self, offset: u64, len: u64, done: WriteDone) {
+        self.note('d', offset);
+        let r = self.inner.discard(offset, len);
+        self.seen.hold(Box::new(move || done(r)));
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.seen.sync.fetch_add(1, Ordering::SeqCst);
@@ -599,4 +615,101 @@ fn the_partial_parity_log_writes_on_the_later_path() {
         back == model,
         "seed {seed}: the array differs from the model"
     );
+}
+
+#[test]
+fn a_discard_over_every_member_sends_every_member_discard_before_waiting() {
+    // (level, members, member discards: one per member, a member's chunks joined into
+    // one range). RAID4/5/6 do not pass discards down (state.rs).
+    for (level, n, discards) in [
+        (Level::Raid0, 4, 4),
+        (Level::Raid10, 4, 4),
+        (Level::Linear, 2, 2),
+        (Level::Raid1, 2, 2),
+    ] {
+        let (a, seen, _) = counted_array(level, n);
+        let size = a.geometry().size;
+        // 256 KiB written, then 160 KiB of it discarded from 12 KiB in (8 KiB chunks:
+        // partial chunks at both ends). Linear: across the boundary of its two members.
+        let off = if level == Level::Linear {
+            size / 2 - (128 << 10)
+        } else {
+            64 << 10
+        };
+        let data = pattern(256 << 10, 17);
+        a.write_at(&data, off, WriteFlags::NONE).unwrap();
+        let (d_at, d_len) = (12usize << 10, 160usize << 10);
+        seen.reset(discards);
+        a.discard(off + d_at as u64, d_len as u64).unwrap();
+        let sent = seen.later_ops('d');
+        let me = std::thread::current().id();
+        assert_eq!(
+            seen.sync_discards.load(Ordering::SeqCst),
+            0,
+            "{level}: a member discard was synchronous"
+        );
+        assert_eq!(sent.len(), discards, "{level}: member discards {sent:?}");
+        let mut members: Vec<usize> = sent.iter().map(|d| d.0).collect();
+        members.sort_unstable();
+        assert_eq!(members, (0..n).collect::<Vec<_>>(), "{level}: {sent:?}");
+        assert!(
+            sent.iter().all(|d| d.2 == me),
+            "{level}: a member discard was sent from another thread"
+        );
+        assert_eq!(
+            seen.most.load(Ordering::SeqCst),
+            discards,
+            "{level}: not every member discard was outstanding at once"
+        );
+        assert!(
+            !seen.timed_out.load(Ordering::SeqCst),
+            "{level}: waited per member discard"
+        );
+        // Memory members read discarded bytes as zeroes.
+        seen.reset(0);
+        let mut expect = data.clone();
+        expect[d_at..d_at + d_len].fill(0);
+        let mut back = vec![0u8; data.len()];
+        a.read_at(&mut back, off).unwrap();
+        assert!(back == expect, "{level}: read back differs from the model");
+        if matches!(level, Level::Raid1 | Level::Raid10) {
+            let r = a.scrub(false, &|_, _| true).unwrap();
+            assert_eq!(r.mismatch_sectors, 0, "{level}: copies disagree");
+        }
+    }
+}
+
+#[test]
+fn a_member_that_fails_discards_on_the_later_path_fails_the_discard_not_the_member() {
+    for (level, n) in [(Level::Raid0, 4), (Level::Raid10, 4), (Level::Raid1, 2)] {
+        let (a, bad) = later_array(level, n, 1);
+        let data = pattern(512 << 10, 23);
+        a.write_at(&data, 0, WriteFlags::NONE).unwrap();
+        bad.fail_range(cairn_block::testkit::Op::Discard, 0..(8 << 20));
+        let e = a.discard(64 << 10, 256 << 10).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{level}: {e}");
+        assert!(e.to_string().contains("(role 1)"), "{level}: {e}");
+        let r = a.report();
+        assert!(
+            r.members.iter().all(|m| m.state != MemberState::Faulty),
+            "{level}: a discard error failed a member: {}",
+            r.state_text
+        );
+        assert!(!r.state.degraded, "{level}: {}", r.state_text);
+        // Outside the discarded range the data is untouched; inside, unspecified.
+        let mut back = vec![0u8; 64 << 10];
+        a.read_at(&mut back, 0).unwrap();
+        assert!(
+            back[..] == data[..64 << 10],
+            "{level}: data before the discard"
+        );
+        a.read_at(&mut back, 320 << 10).unwrap();
+        assert!(
+            back[..] == data[320 << 10..384 << 10],
+            "{level}: data after the discard"
+        );
+        // Healed, the member takes discards again.
+        bad.heal();
+        a.discard(0, 512 << 10).unwrap();
+    }
 }

@@ -2382,6 +2382,46 @@ impl Client {
         }
     }
 
+    /// Sends a discard (TRIM, in pieces of at most 1 GiB, every piece at once) and
+    /// returns; `done` is called once with the result when every piece is answered, on a
+    /// pipeline's reader thread (here, when the server did not offer TRIM or nothing
+    /// could be sent).
+    pub fn discard_then(&self, offset: u64, len: u64, done: WriteDone) {
+        if !self.info.has(FLAG_SEND_TRIM) {
+            return done(Err(cairn_block::Error::new(
+                ErrorKind::Unsupported,
+                "remote NBD export: discard",
+            )));
+        }
+        let chunk = self.chunk(false);
+        // The sending thread's count, given back when every piece is sent, keeps `done`
+        // from running while pieces are still being sent; each piece adds its own.
+        let all = Arc::new(Gather {
+            left: AtomicUsize::new(1),
+            first_err: Mutex::new(None),
+            done: Mutex::new(Some(done)),
+        });
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(chunk);
+            all.left.fetch_add(1, Ordering::AcqRel);
+            let g = all.clone();
+            let sent = self.pipe().submit_then(
+                CMD_TRIM,
+                0,
+                offset + at,
+                u32::try_from(n).expect("chunk fits u32"),
+                &[],
+                Box::new(move |r| g.one(r.and_then(Reply::result).map(drop))),
+            );
+            if let Err(e) = sent {
+                all.one(Err(e));
+            }
+            at += n;
+        }
+        all.one(Ok(()));
+    }
+
     /// Sends a flush and returns without waiting (nothing is sent when the server says
     /// it has no volatile cache).
     pub fn start_flush(&self) -> Started<'_> {
@@ -2599,6 +2639,10 @@ impl BlockDevice for Client {
 
     fn flush_then(&self, done: WriteDone) {
         Client::flush_then(self, done);
+    }
+
+    fn discard_then(&self, offset: u64, len: u64, done: WriteDone) {
+        Client::discard_then(self, offset, len, done);
     }
 
     fn completes_later(&self) -> bool {

@@ -768,3 +768,77 @@ fn a_client_read_then_and_flush_then_are_called_back_once() {
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(calls.load(Ordering::SeqCst), 4, "a callback ran twice");
 }
+
+/// `Client::discard_then` over a real server: a discard longer than one TRIM request
+/// (1 GiB, on a sparse 3 GiB export) is called back once, after every piece, the
+/// trimmed bytes reading back as zeroes (the server's memory disk zeroes them) and the
+/// bytes around them kept; an export without TRIM is refused with `Unsupported`, and a
+/// discard to a server that went away is called back with its error.
+#[test]
+fn a_client_discard_then_is_called_back_once_when_every_piece_is_in() {
+    let disk = Arc::new(MemDisk::new(3 << 30));
+    let mut no_trim = HookDisk::new(MemDisk::new(1 << 20));
+    no_trim.caps.discard = cairn_block::Support::None;
+    let srv = TestServer::start_with(ServerConfig::new(vec![
+        export("d", disk.clone()),
+        export("notrim", Arc::new(no_trim)),
+    ]));
+    let addr = srv.addrs()[0].clone();
+    let client = Client::connect(&ClientOptions::new(addr.clone(), "d")).expect("connect");
+    let end = 3u64 << 30;
+    let marks = [
+        0,
+        4096,
+        1 << 30,
+        3 << 29,
+        end - 3 * 4096,
+        end - 8192,
+        end - 4096,
+    ];
+    for (i, &at) in marks.iter().enumerate() {
+        disk.write_at(&[i as u8 + 1; BLOCK], at, WriteFlags::NONE)
+            .unwrap();
+    }
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let discard = |client: &Client, offset: u64, len: u64| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n = calls.clone();
+        client.discard_then(
+            offset,
+            len,
+            Box::new(move |r| {
+                n.fetch_add(1, Ordering::SeqCst);
+                tx.send((r, std::thread::current().id())).unwrap();
+            }),
+        );
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("called back")
+    };
+    // Three TRIM requests: [4096, 3 GiB - 8192), answered on the reader thread (not
+    // discarded here, synchronously, as the trait's default does).
+    let (r, on) = discard(&client, 4096, end - 3 * 4096);
+    r.expect("discarded");
+    assert_ne!(on, std::thread::current().id(), "called back on the caller");
+    for (i, &at) in marks.iter().enumerate() {
+        let mut back = [0u8; BLOCK];
+        disk.read_at(&mut back, at).unwrap();
+        let kept = at == 0 || at >= end - 8192;
+        let expect = if kept { i as u8 + 1 } else { 0 };
+        assert!(
+            back.iter().all(|&b| b == expect),
+            "block at {at}: {} where {expect} was expected",
+            back[0]
+        );
+    }
+    let other = Client::connect(&ClientOptions::new(addr, "notrim")).expect("connect");
+    let e = discard(&other, 0, 4096).0.unwrap_err();
+    assert_eq!(e.kind(), cairn_block::ErrorKind::Unsupported, "{e}");
+    drop(srv);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        discard(&client, 0, 4096).0.is_err(),
+        "a discard on a stopped server succeeded"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "a callback ran twice");
+}

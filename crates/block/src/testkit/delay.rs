@@ -6,9 +6,9 @@
 //! bandwidth.
 //!
 //! [`DelayDisk::completing_later`] makes one that behaves as a network device does: its
-//! `read_then`, `write_then` and `flush_then` return at once and answer from another
-//! thread after the delay ([`BlockDevice::completes_later`]), so layers take the path
-//! that starts every member operation from one thread and waits once.
+//! `read_then`, `write_then`, `flush_then` and `discard_then` return at once and answer
+//! from another thread after the delay ([`BlockDevice::completes_later`]), so layers take
+//! the path that starts every member operation from one thread and waits once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -120,6 +120,10 @@ impl BlockDevice for DelayDisk {
 
     fn flush_then(&self, done: WriteDone) {
         self.then(move |d| done(d.flush()));
+    }
+
+    fn discard_then(&self, offset: u64, len: u64, done: WriteDone) {
+        self.then(move |d| done(d.discard(offset, len)));
     }
 
     fn completes_later(&self) -> bool {
