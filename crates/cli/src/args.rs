@@ -163,6 +163,57 @@ mod tests {
     }
 
     #[test]
+    fn etcd_tls_options() {
+        let serve = |extra: &[&str]| {
+            let mut a = vec!["cairn", "serve", "--md", "a.img,b.img"];
+            a.extend(extra);
+            Cli::try_parse_from(a)
+        };
+        let cli = serve(&[
+            "--etcd",
+            "https://e1:2379,https://e2:2379",
+            "--etcd-cacert",
+            "ca.pem",
+            "--etcd-cert",
+            "c.pem",
+            "--etcd-key",
+            "k.pem",
+        ])
+        .unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("not serve")
+        };
+        let t = &s.fencing.etcd_tls;
+        assert_eq!(
+            t.etcd_cacert.as_deref(),
+            Some(std::path::Path::new("ca.pem"))
+        );
+        assert_eq!(t.etcd_key.as_deref(), Some(std::path::Path::new("k.pem")));
+        // TLS files without an etcd, a certificate without its key and the reverse: clap
+        // lets them through (repl's --config may hold the rest); the client refuses them.
+        let ownership = |extra: &[&str]| {
+            let Command::Serve(s) = serve(extra).unwrap().command else {
+                panic!("not serve")
+            };
+            crate::fence::ownership(&s.fencing).map(|_| ())
+        };
+        let err = ownership(&["--etcd-cacert", "ca.pem"]).unwrap_err();
+        assert!(err.to_string().contains("give --etcd"), "{err}");
+        let err = ownership(&["--etcd", "https://e:2379", "--etcd-cert", "c.pem"]).unwrap_err();
+        assert!(err.to_string().contains("needs its key"), "{err}");
+        let err = ownership(&["--etcd", "https://e:2379", "--etcd-key", "k.pem"]).unwrap_err();
+        assert!(err.to_string().contains("needs its key"), "{err}");
+        let err = ownership(&["--etcd", "http://e:2379", "--etcd-cacert", "ca.pem"]).unwrap_err();
+        assert!(err.to_string().contains("https://"), "{err}");
+        let up = |extra: &[&str]| {
+            let mut a = vec!["cairn", "repl", "up", "home"];
+            a.extend(extra);
+            Cli::try_parse_from(a)
+        };
+        assert!(up(&["--etcd", "https://e:2379", "--etcd-cacert", "ca.pem"]).is_ok());
+    }
+
+    #[test]
     fn quickstart_size() {
         let cli = Cli::try_parse_from(["cairn", "quickstart", "--size", "512M"]).unwrap();
         let Command::Quickstart(q) = cli.command else {

@@ -52,7 +52,8 @@ pub struct FenceOptions {
     #[arg(long, value_name = "NAME")]
     pub owner_id: Option<String>,
 
-    /// Hold each md array served writable as a lease in this etcd (http://HOST:2379),
+    /// Hold each md array served writable as a lease in this etcd (http://HOST:2379, or
+    /// https://HOST:2379 with the --etcd-cacert/--etcd-cert/--etcd-key below),
     /// taken only by a create-if-absent transaction and before the array's members are
     /// taken over: serve refuses to start when another host holds the array; holding it
     /// lets serve take over from an owner that did not release the members (its lease ran
@@ -67,13 +68,67 @@ pub struct FenceOptions {
     #[arg(long, value_name = "SECONDS", default_value_t = 10, requires = "etcd",
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub etcd_ttl: u64,
+
+    #[command(flatten)]
+    pub etcd_tls: EtcdTlsOptions,
+}
+
+/// TLS to etcd, with etcdctl's file options under `--etcd-` names. No `requires` for
+/// clap: `cairn repl up --config` may take etcd from the file and these from the command
+/// line; [`etcd_client`] and the callers check the combinations.
+#[derive(Debug, Clone, Default, Args)]
+pub struct EtcdTlsOptions {
+    /// With https:// etcd endpoints: the CA certificate (PEM) that signed the etcd
+    /// members' certificates, their --cert-file (etcdctl's --cacert). Only this CA is
+    /// trusted then; without it, the system's roots. Each member's certificate must also
+    /// name the host or address of its URL (subjectAltName)
+    #[arg(long, value_name = "FILE")]
+    pub etcd_cacert: Option<PathBuf>,
+
+    /// With https:// etcd endpoints: this host's client certificate (PEM), which an etcd
+    /// started with --client-cert-auth requires, signed by a CA in its --trusted-ca-file
+    /// (etcdctl's --cert). Needs --etcd-key
+    #[arg(long, value_name = "FILE")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// The private key of --etcd-cert (PEM, etcdctl's --key). It is read by OpenSSL
+    /// alone: its contents never appear in messages or logs. Needs --etcd-cert
+    #[arg(long, value_name = "FILE")]
+    pub etcd_key: Option<PathBuf>,
+}
+
+impl EtcdTlsOptions {
+    /// Refuses TLS files with no etcd to use them on (they would be silently ignored).
+    pub fn check_used(&self, etcd: &[String]) -> Result<()> {
+        if etcd.is_empty() && self.files() != cairn_cluster::EtcdTls::default() {
+            return Err(CliError::new(
+                "--etcd-cacert, --etcd-cert and --etcd-key are for TLS to etcd: give --etcd \
+                 https://HOST:PORT too",
+            ));
+        }
+        Ok(())
+    }
+
+    fn files(&self) -> cairn_cluster::EtcdTls {
+        cairn_cluster::EtcdTls {
+            cacert: self.etcd_cacert.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+        }
+    }
+}
+
+/// The etcd client for `--etcd URL...` (the list joined) with the TLS files.
+pub fn etcd_client(urls: &[String], tls: &EtcdTlsOptions) -> Result<Etcd> {
+    Etcd::with_tls(&urls.join(","), &tls.files()).map_err(|e| CliError::new(format!("--etcd: {e}")))
 }
 
 /// Who this host is in owner records and where ownership is decided, for opening stacks.
 pub fn ownership(opts: &FenceOptions) -> Result<Ownership> {
+    opts.etcd_tls.check_used(&opts.etcd)?;
     let etcd = match opts.etcd.is_empty() {
         false => Some((
-            Etcd::new(&opts.etcd.join(",")).map_err(|e| CliError::new(format!("--etcd: {e}")))?,
+            etcd_client(&opts.etcd, &opts.etcd_tls)?,
             Duration::from_secs(opts.etcd_ttl),
         )),
         true => None,

@@ -174,11 +174,10 @@ impl Tls {
                 })?;
             }
             (None, None) => {}
-            _ => {
-                return Err(EtcdError::Tls(
-                    "a client certificate needs its key, and a key its certificate".into(),
-                ))
-            }
+            _ => return Err(EtcdError::Tls(
+                "a client certificate (--etcd-cert) needs its key (--etcd-key), and the reverse"
+                    .into(),
+            )),
         }
         Ok(Tls {
             connector: b.build(),
