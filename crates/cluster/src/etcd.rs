@@ -136,7 +136,8 @@ impl Tls {
     fn new(files: &EtcdTls) -> Result<Tls> {
         let fail =
             |what: &Path, e: &dyn fmt::Display| EtcdError::Tls(format!("{}: {e}", what.display()));
-        let setup = |e: openssl::error::ErrorStack| EtcdError::Tls(e.to_string());
+        let ssl = |what: &Path, e: &openssl::error::ErrorStack| fail(what, &stack_reasons(e));
+        let setup = |e: openssl::error::ErrorStack| EtcdError::Tls(stack_reasons(&e));
         // SslConnector's defaults: peer verification on, the system's roots, Mozilla's
         // intermediate cipher list. TLS 1.2 is the oldest etcd accepts by default.
         let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(setup)?;
@@ -149,29 +150,35 @@ impl Tls {
             // Only this CA, as etcdctl's --cacert: the system's roots would let any public
             // CA vouch for a member.
             let pem = std::fs::read(ca).map_err(|e| fail(ca, &e))?;
-            let certs = X509::stack_from_pem(&pem).map_err(|e| fail(ca, &e))?;
+            let certs = X509::stack_from_pem(&pem).map_err(|e| ssl(ca, &e))?;
             if certs.is_empty() {
                 return Err(fail(ca, &"no PEM certificate in it"));
             }
             let mut store = X509StoreBuilder::new().map_err(setup)?;
             for c in certs {
-                store.add_cert(c).map_err(|e| fail(ca, &e))?;
+                store.add_cert(c).map_err(|e| ssl(ca, &e))?;
             }
             b.set_cert_store(store.build());
         }
         match (&files.cert, &files.key) {
             (Some(cert), Some(key)) => {
                 b.set_certificate_chain_file(cert)
-                    .map_err(|e| fail(cert, &e))?;
+                    .map_err(|e| ssl(cert, &e))?;
+                // OpenSSL compares the key with the certificate as it loads it.
+                let mismatch = |e: openssl::error::ErrorStack| {
+                    let why = stack_reasons(&e);
+                    match why.contains("mismatch") {
+                        true => EtcdError::Tls(format!(
+                            "{} is not the key of {} ({why})",
+                            key.display(),
+                            cert.display()
+                        )),
+                        false => fail(key, &why),
+                    }
+                };
                 b.set_private_key_file(key, SslFiletype::PEM)
-                    .map_err(|e| fail(key, &e))?;
-                b.check_private_key().map_err(|e| {
-                    EtcdError::Tls(format!(
-                        "{} is not the key of {}: {e}",
-                        key.display(),
-                        cert.display()
-                    ))
-                })?;
+                    .map_err(mismatch)?;
+                b.check_private_key().map_err(mismatch)?;
             }
             (None, None) => {}
             _ => return Err(EtcdError::Tls(
@@ -677,15 +684,22 @@ impl Etcd {
     }
 }
 
-/// The reasons OpenSSL gives for a failed TLS call.
-fn ssl_reasons(e: &openssl::ssl::Error) -> Option<String> {
-    let stack = e.ssl_error()?;
+/// The reasons in an OpenSSL error stack, without its codes, source files and lines.
+fn stack_reasons(stack: &openssl::error::ErrorStack) -> String {
     let why: Vec<&str> = stack
         .errors()
         .iter()
         .map(|x| x.reason().unwrap_or("unknown"))
         .collect();
-    Some(why.join("; "))
+    match why.is_empty() {
+        true => "OpenSSL gave no reason".into(),
+        false => why.join("; "),
+    }
+}
+
+/// The reasons OpenSSL gives for a failed TLS call.
+fn ssl_reasons(e: &openssl::ssl::Error) -> Option<String> {
+    e.ssl_error().map(stack_reasons)
 }
 
 /// What refusing this client's certificate (or its absence) looks like: an alert from

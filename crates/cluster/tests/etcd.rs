@@ -217,6 +217,20 @@ fn tls_mistakes_are_clear_errors() {
         &Etcd::with_tls(&etcd.url, &system).unwrap(),
         &["does not verify", "--etcd-cacert"],
     );
+    // A key that is not the certificate's: both named, the key's contents never shown.
+    let wrong_key = EtcdTls {
+        key: Some(certs.file("server-key.pem")),
+        ..certs.client()
+    };
+    let err = Etcd::with_tls(&etcd.url, &wrong_key).unwrap_err();
+    let m = err.to_string();
+    assert!(matches!(err, EtcdError::Tls(_)), "{err:?}");
+    assert!(m.contains("server-key.pem is not the key of"), "{m}");
+    assert!(m.contains("client.pem"), "{m}");
+    let pem = std::fs::read_to_string(certs.file("server-key.pem")).unwrap();
+    let body = pem.lines().nth(1).unwrap();
+    assert!(!m.contains("PRIVATE") && !m.contains(body), "{m}");
+    assert!(!format!("{:?}", Etcd::with_tls(&etcd.url, &certs.client()).unwrap()).contains(body));
     // Plain HTTP to the TLS port: etcd 3.4 closes it unanswered (newer Go servers answer
     // 400, which becomes an EtcdError::Url; the unit tests cover that).
     let err = Etcd::new(&format!("http://127.0.0.1:{port}"))
