@@ -163,7 +163,7 @@ mod tests {
     }
 
     #[test]
-    fn etcd_tls_options() {
+    fn etcd_access_options() {
         let serve = |extra: &[&str]| {
             let mut a = vec!["cairn", "serve", "--md", "a.img,b.img"];
             a.extend(extra);
@@ -183,7 +183,7 @@ mod tests {
         let Command::Serve(s) = cli.command else {
             panic!("not serve")
         };
-        let t = &s.fencing.etcd_tls;
+        let t = &s.fencing.etcd_access;
         assert_eq!(
             t.etcd_cacert.as_deref(),
             Some(std::path::Path::new("ca.pem"))
@@ -205,6 +205,32 @@ mod tests {
         assert!(err.to_string().contains("needs its key"), "{err}");
         let err = ownership(&["--etcd", "http://e:2379", "--etcd-cacert", "ca.pem"]).unwrap_err();
         assert!(err.to_string().contains("https://"), "{err}");
+        // A user needs its password file, and both an etcd.
+        let err = ownership(&["--etcd", "http://e:2379", "--etcd-user", "u"]).unwrap_err();
+        assert!(err.to_string().contains("go together"), "{err}");
+        let err = ownership(&["--etcd-user", "u", "--etcd-password-file", "p"]).unwrap_err();
+        assert!(err.to_string().contains("give --etcd"), "{err}");
+        // The password file: missing, empty first line, and read (only its first line).
+        let pw = std::env::temp_dir().join(format!("cairn-etcd-pw-{}", std::process::id()));
+        let with_pw = || {
+            ownership(&[
+                "--etcd",
+                "http://e:2379",
+                "--etcd-user",
+                "u",
+                "--etcd-password-file",
+                pw.to_str().unwrap(),
+            ])
+        };
+        let err = with_pw().unwrap_err();
+        assert!(err.to_string().contains("--etcd-password-file"), "{err}");
+        std::fs::write(&pw, "\nsecret-9\n").unwrap();
+        let err = with_pw().unwrap_err();
+        assert!(err.to_string().contains("first line is empty"), "{err}");
+        assert!(!err.to_string().contains("secret-9"), "{err}");
+        std::fs::write(&pw, "secret-9\n").unwrap();
+        with_pw().unwrap();
+        let _ = std::fs::remove_file(&pw);
         let up = |extra: &[&str]| {
             let mut a = vec!["cairn", "repl", "up", "home"];
             a.extend(extra);

@@ -70,14 +70,14 @@ pub struct FenceOptions {
     pub etcd_ttl: u64,
 
     #[command(flatten)]
-    pub etcd_tls: EtcdTlsOptions,
+    pub etcd_access: Box<EtcdAccessOptions>,
 }
 
-/// TLS to etcd, with etcdctl's file options under `--etcd-` names. No `requires` for
-/// clap: `cairn repl up --config` may take etcd from the file and these from the command
-/// line; [`etcd_client`] and the callers check the combinations.
+/// TLS to etcd and etcd's user authentication, with etcdctl's options under `--etcd-`
+/// names. No `requires` for clap: `cairn repl up --config` may take etcd from the file and
+/// these from the command line; [`etcd_client`] and the callers check the combinations.
 #[derive(Debug, Clone, Default, Args)]
-pub struct EtcdTlsOptions {
+pub struct EtcdAccessOptions {
     /// With https:// etcd endpoints: the CA certificate (PEM) that signed the etcd
     /// members' certificates, their --cert-file (etcdctl's --cacert). Only this CA is
     /// trusted then; without it, the system's roots. Each member's certificate must also
@@ -95,10 +95,23 @@ pub struct EtcdTlsOptions {
     /// alone: its contents never appear in messages or logs. Needs --etcd-cert
     #[arg(long, value_name = "FILE")]
     pub etcd_key: Option<PathBuf>,
+
+    /// etcd's user name, for an etcd with authentication enabled (`etcdctl auth enable`;
+    /// etcdctl's --user): requests carry the token /v3/auth/authenticate gives. Needs
+    /// --etcd-password-file. The user needs read and write on the keys under /cairn/
+    #[arg(long, value_name = "NAME")]
+    pub etcd_user: Option<String>,
+
+    /// The file holding --etcd-user's password, on its first line (not on the command
+    /// line, where any local user could read it in the process list). Never shown in
+    /// messages or logs
+    #[arg(long, value_name = "FILE")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
-impl EtcdTlsOptions {
-    /// Refuses TLS files with no etcd to use them on (they would be silently ignored).
+impl EtcdAccessOptions {
+    /// Refuses TLS files or a user with no etcd to use them on (they would be silently
+    /// ignored), and a user without a password or the reverse.
     pub fn check_used(&self, etcd: &[String]) -> Result<()> {
         if etcd.is_empty() && self.files() != cairn_cluster::EtcdTls::default() {
             return Err(CliError::new(
@@ -106,7 +119,34 @@ impl EtcdTlsOptions {
                  https://HOST:PORT too",
             ));
         }
+        if etcd.is_empty() && (self.etcd_user.is_some() || self.etcd_password_file.is_some()) {
+            return Err(CliError::new(
+                "--etcd-user and --etcd-password-file are for etcd: give --etcd too",
+            ));
+        }
+        if self.etcd_user.is_some() != self.etcd_password_file.is_some() {
+            return Err(CliError::new(
+                "--etcd-user and --etcd-password-file go together",
+            ));
+        }
         Ok(())
+    }
+
+    /// The password on the first line of `--etcd-password-file`. Errors name the file,
+    /// never what is in it.
+    fn password(&self, file: &std::path::Path) -> Result<zeroize::Zeroizing<String>> {
+        let shown = file.display();
+        let text = zeroize::Zeroizing::new(
+            std::fs::read_to_string(file)
+                .map_err(|e| CliError::new(format!("--etcd-password-file {shown}: {e}")))?,
+        );
+        let first = text.lines().next().unwrap_or("");
+        if first.is_empty() {
+            return Err(CliError::new(format!(
+                "--etcd-password-file {shown}: its first line is empty"
+            )));
+        }
+        Ok(zeroize::Zeroizing::new(first.to_string()))
     }
 
     fn files(&self) -> cairn_cluster::EtcdTls {
@@ -118,17 +158,23 @@ impl EtcdTlsOptions {
     }
 }
 
-/// The etcd client for `--etcd URL...` (the list joined) with the TLS files.
-pub fn etcd_client(urls: &[String], tls: &EtcdTlsOptions) -> Result<Etcd> {
-    Etcd::with_tls(&urls.join(","), &tls.files()).map_err(|e| CliError::new(format!("--etcd: {e}")))
+/// The etcd client for `--etcd URL...` (the list joined) with the TLS files and the user.
+pub fn etcd_client(urls: &[String], access: &EtcdAccessOptions) -> Result<Etcd> {
+    access.check_used(urls)?;
+    let etcd = Etcd::with_tls(&urls.join(","), &access.files())
+        .map_err(|e| CliError::new(format!("--etcd: {e}")))?;
+    Ok(match (&access.etcd_user, &access.etcd_password_file) {
+        (Some(user), Some(file)) => etcd.with_auth(user, access.password(file)?),
+        _ => etcd,
+    })
 }
 
 /// Who this host is in owner records and where ownership is decided, for opening stacks.
 pub fn ownership(opts: &FenceOptions) -> Result<Ownership> {
-    opts.etcd_tls.check_used(&opts.etcd)?;
+    opts.etcd_access.check_used(&opts.etcd)?;
     let etcd = match opts.etcd.is_empty() {
         false => Some((
-            etcd_client(&opts.etcd, &opts.etcd_tls)?,
+            etcd_client(&opts.etcd, &opts.etcd_access)?,
             Duration::from_secs(opts.etcd_ttl),
         )),
         true => None,

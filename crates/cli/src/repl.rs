@@ -232,7 +232,7 @@ pub struct UpArgs {
     )]
     pub on_lease_loss: cairn_repl::quorum::OnLoss,
     #[command(flatten)]
-    pub etcd_tls: crate::fence::EtcdTlsOptions,
+    pub etcd_access: crate::fence::EtcdAccessOptions,
     #[command(flatten)]
     pub tls: TlsOptions,
 }
@@ -511,6 +511,9 @@ struct ResourceDef {
     etcd_cacert: Option<PathBuf>,
     etcd_cert: Option<PathBuf>,
     etcd_key: Option<PathBuf>,
+    /// etcd's user and the file with its password (`--etcd-user`, `--etcd-password-file`).
+    etcd_user: Option<String>,
+    etcd_password_file: Option<PathBuf>,
     etcd_ttl: Option<u64>,
     auto_failover: Option<bool>,
     on_lease_loss: Option<String>,
@@ -676,7 +679,7 @@ fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
                 EtcdEndpoints::Many(l) => l.clone(),
             };
         }
-        let t = &mut r.etcd_tls;
+        let t = &mut r.etcd_access;
         for (cli, file) in [
             (&mut t.etcd_cacert, &res.etcd_cacert),
             (&mut t.etcd_cert, &res.etcd_cert),
@@ -686,10 +689,14 @@ fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
                 cli.clone_from(file);
             }
         }
+        if t.etcd_user.is_none() && t.etcd_password_file.is_none() {
+            t.etcd_user.clone_from(&res.etcd_user);
+            t.etcd_password_file.clone_from(&res.etcd_password_file);
+        }
         r.etcd_ttl = res.etcd_ttl.unwrap_or(r.etcd_ttl);
         r.auto_failover = res.auto_failover.unwrap_or(r.auto_failover);
     }
-    r.etcd_tls.check_used(&r.etcd)?;
+    r.etcd_access.check_used(&r.etcd)?;
     if r.disk.is_none() {
         return Err(CliError::new("--disk DISK is needed (or --config FILE)"));
     }
@@ -727,7 +734,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         peer_timeout: Duration::from_secs(a.peer_timeout.max(1)),
         quorum: match a.etcd.is_empty() {
             false => Some(cairn_repl::quorum::Quorum {
-                etcd: crate::fence::etcd_client(&a.etcd, &a.etcd_tls)?,
+                etcd: crate::fence::etcd_client(&a.etcd, &a.etcd_access)?,
                 ttl: Duration::from_secs(a.etcd_ttl.max(1)),
                 auto_failover: a.auto_failover,
                 on_loss: a.on_lease_loss,
@@ -1307,7 +1314,7 @@ mod tests {
     }
 
     #[test]
-    fn etcd_tls_files_in_a_config_file() {
+    fn etcd_access_in_a_config_file() {
         let dir = std::env::temp_dir().join(format!("cairn-repl-etcd-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("r.toml");
@@ -1340,12 +1347,23 @@ mod tests {
              etcd_cert = \"/c.pem\"\netcd_key = \"/k.pem\"\n",
         );
         let r = args(&[]).unwrap();
-        assert_eq!(r.etcd_tls.etcd_cacert, Some(PathBuf::from("/ca.pem")));
-        assert_eq!(r.etcd_tls.etcd_cert, Some(PathBuf::from("/c.pem")));
-        assert_eq!(r.etcd_tls.etcd_key, Some(PathBuf::from("/k.pem")));
+        assert_eq!(r.etcd_access.etcd_cacert, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(r.etcd_access.etcd_cert, Some(PathBuf::from("/c.pem")));
+        assert_eq!(r.etcd_access.etcd_key, Some(PathBuf::from("/k.pem")));
         // The command line wins.
         let r = args(&["--etcd-cacert", "/other.pem"]).unwrap();
-        assert_eq!(r.etcd_tls.etcd_cacert, Some(PathBuf::from("/other.pem")));
+        assert_eq!(r.etcd_access.etcd_cacert, Some(PathBuf::from("/other.pem")));
+        // A user and its password file, from the file too.
+        write(
+            "etcd = \"http://e:2379\"\netcd_user = \"cairn\"\n\
+             etcd_password_file = \"/etc/cairn/etcd.pw\"\n",
+        );
+        let r = args(&[]).unwrap();
+        assert_eq!(r.etcd_access.etcd_user.as_deref(), Some("cairn"));
+        assert_eq!(
+            r.etcd_access.etcd_password_file,
+            Some(PathBuf::from("/etc/cairn/etcd.pw"))
+        );
         // TLS files with no etcd to use them on.
         write("etcd_cacert = \"/ca.pem\"\n");
         let err = args(&[]).unwrap_err();

@@ -35,7 +35,7 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -45,6 +45,7 @@ use openssl::ssl::{
 use openssl::x509::store::X509StoreBuilder;
 use openssl::x509::{X509VerifyResult, X509};
 use serde_json::{json, Value};
+use zeroize::Zeroizing;
 
 /// Largest answer read.
 const MAX_RESPONSE: u64 = 1 << 20;
@@ -55,6 +56,8 @@ pub enum EtcdError {
     /// The URL is not `http://HOST:PORT` or `https://HOST:PORT`, or the TLS files do not
     /// fit the URLs.
     Url(String),
+    /// etcd refused the user name or password, or gave no token.
+    Auth(String),
     /// TLS could not be set up (a CA, certificate or key file that does not load), no
     /// member's certificate verified, or a member refused this client's certificate.
     Tls(String),
@@ -72,6 +75,7 @@ impl fmt::Display for EtcdError {
         match self {
             EtcdError::Url(m) => write!(f, "etcd URL: {m}"),
             EtcdError::Tls(m) => write!(f, "etcd TLS: {m}"),
+            EtcdError::Auth(m) => write!(f, "etcd authentication: {m}"),
             EtcdError::Io(m) => write!(f, "etcd: {m}"),
             EtcdError::Server(m) | EtcdError::Unavailable(m) => write!(f, "etcd answered: {m}"),
         }
@@ -231,6 +235,22 @@ enum ConnectError {
     Tls(String),
 }
 
+/// etcd's user name and password authentication: the credentials, and the token
+/// `/v3/auth/authenticate` gave for them. Both secret: kept in zeroized memory, never shown.
+struct Auth {
+    user: String,
+    password: Zeroizing<String>,
+    /// Shared by the clones. etcd applies an authentication through raft, so a token is
+    /// known to every member, not only the one that gave it.
+    token: Mutex<Option<Zeroizing<String>>>,
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Auth").field("user", &self.user).finish()
+    }
+}
+
 /// An etcd cluster, as one or more members' client endpoints.
 #[derive(Debug, Clone)]
 pub struct Etcd {
@@ -242,6 +262,7 @@ pub struct Etcd {
     /// (a lease's keepalive client is one), so all move on together.
     current: Arc<AtomicUsize>,
     timeout: Duration,
+    auth: Option<Arc<Auth>>,
 }
 
 fn b64(b: &[u8]) -> String {
@@ -336,6 +357,7 @@ impl Etcd {
             tls,
             current: Arc::new(AtomicUsize::new(0)),
             timeout: Duration::from_secs(5),
+            auth: None,
         })
     }
 
@@ -343,6 +365,18 @@ impl Etcd {
     /// shorter one so that a slow etcd is noticed before the lease runs out.
     pub fn with_timeout(mut self, t: Duration) -> Etcd {
         self.timeout = t.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Authenticates as `user` (etcd's `--auth`, etcdctl's `--user`): every request carries
+    /// the token `/v3/auth/authenticate` gives, fetched before the first request and again
+    /// when etcd says it is no longer valid.
+    pub fn with_auth(mut self, user: &str, password: Zeroizing<String>) -> Etcd {
+        self.auth = Some(Arc::new(Auth {
+            user: user.to_string(),
+            password,
+            token: Mutex::new(None),
+        }));
         self
     }
 
@@ -471,8 +505,59 @@ impl Etcd {
     }
 
     fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        let Some(auth) = &self.auth else {
+            return self.send(path, &Zeroizing::new(body.to_string()), None);
+        };
+        let body = Zeroizing::new(body.to_string());
+        let held = auth.token.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let token = match held {
+            Some(t) => t,
+            None => self.authenticate(auth)?,
+        };
+        match self.send(path, &body, Some(&token)) {
+            // A simple token lapses after etcd's --auth-token-ttl without use on a member,
+            // a JWT at its expiry. etcd checks the token before the request enters raft,
+            // so a request refused for its token was not applied: sending it once more
+            // with a fresh token does not apply anything twice.
+            Err(EtcdError::Server(m)) if m.contains("invalid auth token") => {
+                tracing::info!(
+                    "etcd: the auth token of user {:?} expired, authenticating again",
+                    auth.user
+                );
+                let token = self.authenticate(auth)?;
+                self.send(path, &body, Some(&token))
+            }
+            r => r,
+        }
+    }
+
+    /// A new token for `auth`'s user, kept for the next requests.
+    fn authenticate(&self, auth: &Auth) -> Result<Zeroizing<String>> {
+        let body = Zeroizing::new(
+            json!({"name": auth.user, "password": auth.password.as_str()}).to_string(),
+        );
+        let v = self
+            .send("/v3/auth/authenticate", &body, None)
+            .map_err(|e| match e {
+                EtcdError::Server(m) => EtcdError::Auth(format!("user {:?}: {m}", auth.user)),
+                e => e,
+            })?;
+        let token = match v.get("token").and_then(Value::as_str) {
+            Some(t) if !t.is_empty() => Zeroizing::new(t.to_string()),
+            _ => {
+                return Err(EtcdError::Auth(format!(
+                    "user {:?}: etcd gave no token (is its authentication enabled?)",
+                    auth.user
+                )))
+            }
+        };
+        *auth.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.clone());
+        Ok(token)
+    }
+
+    fn send(&self, path: &str, body: &str, token: Option<&str>) -> Result<Value> {
         let (i, s) = self.connect()?;
-        let r = self.exchange(i, s, path, body);
+        let r = self.exchange(i, s, path, body, token);
         if matches!(
             r,
             Err(EtcdError::Io(_) | EtcdError::Unavailable(_) | EtcdError::Tls(_))
@@ -492,20 +577,30 @@ impl Etcd {
         r
     }
 
-    fn exchange(&self, i: usize, mut s: Conn, path: &str, body: &Value) -> Result<Value> {
+    fn exchange(
+        &self,
+        i: usize,
+        mut s: Conn,
+        path: &str,
+        body: &str,
+        token: Option<&str>,
+    ) -> Result<Value> {
         let authority = &self.authorities[i];
         let url = format!("{}://{authority}", self.scheme());
         let io = |what: &str, e: std::io::Error| match tls_refusal(&e) {
             Some(why) => EtcdError::Tls(format!("{url} {what}: {why}")),
             None => EtcdError::Io(format!("{url} {what}: {e}")),
         };
-        let body = body.to_string();
-        let req = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+        // A password or a token may be in it: zeroized once sent.
+        let req =
+            Zeroizing::new(format!(
+            "POST {path} HTTP/1.1\r\nHost: {authority}\r\n{}{}{}Content-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            authority,
+            if token.is_some() { "Authorization: " } else { "" },
+            token.unwrap_or(""),
+            if token.is_some() { "\r\n" } else { "" },
             body.len()
-        );
+        ));
         s.write_all(req.as_bytes()).map_err(|e| io("send", e))?;
         let mut resp = Vec::new();
         s.take(MAX_RESPONSE)

@@ -274,6 +274,49 @@ fn a_member_that_does_not_verify_is_passed_over() {
     e.revoke(id).unwrap();
 }
 
+/// etcd's user name and password authentication: a token fetched before the first
+/// request, fetched again once etcd lets it lapse (`--auth-token-ttl 1`).
+#[test]
+fn leases_work_with_a_user_name_and_password() {
+    let Some(etcd) = TestEtcd::start_args(None, &[], &["--auth-token-ttl", "1"]) else {
+        return;
+    };
+    etcd.enable_auth("cairn", "pw-4e1d");
+    let password = |p: &str| zeroize::Zeroizing::new(p.to_string());
+    // No credentials: etcd refuses the transaction.
+    let anonymous = Etcd::new(&etcd.url).unwrap();
+    let err = Lease::acquire(&anonymous, &owner_key("auth0"), b"host-a", TTL).unwrap_err();
+    assert!(err.to_string().contains("user name is empty"), "{err}");
+    // A wrong password: one clear error, the password not in it.
+    let wrong = Etcd::new(&etcd.url)
+        .unwrap()
+        .with_auth("cairn", password("not-it-77"));
+    let err = wrong.get(b"/x").unwrap_err();
+    eprintln!("{err}");
+    assert!(matches!(err, EtcdError::Auth(_)), "{err:?}");
+    assert!(err.to_string().contains("\"cairn\""), "{err}");
+    assert!(!err.to_string().contains("not-it-77"), "{err}");
+    let e = Etcd::new(&etcd.url)
+        .unwrap()
+        .with_auth("cairn", password("pw-4e1d"));
+    assert!(!format!("{e:?}").contains("pw-4e1d"));
+    assert_eq!(e.get(b"/x").unwrap(), None);
+    // Idle past the token's TTL: the next request finds it lapsed, authenticates again
+    // and goes through.
+    std::thread::sleep(Duration::from_millis(2500));
+    let key = owner_key("auth1");
+    let a = Lease::acquire(&e, &key, b"host-a", TTL).unwrap();
+    assert_eq!(e.get(key.as_bytes()).unwrap().unwrap().value, b"host-a");
+    std::thread::sleep(TTL + Duration::from_millis(500));
+    assert!(a.is_valid(), "the keepalives did not get through");
+    assert!(e
+        .put_if_lease(b"/auth-mark", b"1", key.as_bytes(), a.id())
+        .unwrap());
+    assert_eq!(e.get(b"/auth-mark").unwrap().unwrap().value, b"1");
+    drop(a);
+    assert_eq!(e.get(key.as_bytes()).unwrap(), None);
+}
+
 /// The case: an old owner paused past its lease (SIGSTOP) and resumed cannot write
 /// a single block, checked on the member's data. The old owner is a child process (this
 /// test binary again, running `child_owner`); the member server runs here.

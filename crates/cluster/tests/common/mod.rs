@@ -242,6 +242,15 @@ impl TestEtcd {
     /// `--client-cert-auth`) signed by `certs`' CA. Besides `url` (127.0.0.1, which the
     /// server certificate names), it serves clients on `also` (other addresses, same port).
     pub fn start_with(certs: Option<&TestCerts>, also: &[&str]) -> Option<TestEtcd> {
+        TestEtcd::start_args(certs, also, &[])
+    }
+
+    /// [`TestEtcd::start_with`], with more arguments for etcd.
+    pub fn start_args(
+        certs: Option<&TestCerts>,
+        also: &[&str],
+        extra: &[&str],
+    ) -> Option<TestEtcd> {
         let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
             .into_iter()
             .find(|p| Path::new(p).exists());
@@ -281,6 +290,7 @@ impl TestEtcd {
                 .arg(&peer_url)
                 .arg("--initial-cluster")
                 .arg(format!("t={peer_url}"));
+            cmd.args(extra);
             if let Some(c) = certs {
                 cmd.arg("--cert-file")
                     .arg(c.file("server.pem"))
@@ -325,6 +335,61 @@ impl TestEtcd {
             "etcd did not start; its log: {}",
             std::fs::read_to_string(dir.path().join("etcd.log")).unwrap_or_default()
         );
+    }
+}
+
+impl TestEtcd {
+    /// One v3 gateway call over plain HTTP, for what cairn's client does not do (users,
+    /// roles): the answer's body, after checking it is a 200.
+    pub fn call(&self, path: &str, body: &str, token: Option<&str>) -> String {
+        use std::io::{Read, Write};
+        let authority = self.url.strip_prefix("http://").expect("a plain etcd");
+        let mut s = std::net::TcpStream::connect(authority).expect("connect to etcd");
+        let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: {authority}\r\n{auth}Content-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+        out.split_once("\r\n\r\n").unwrap().1.to_string()
+    }
+
+    /// Turns on authentication: users root and `user` (password `password`, read and
+    /// write on every key).
+    pub fn enable_auth(&self, user: &str, password: &str) {
+        self.call(
+            "/v3/auth/user/add",
+            r#"{"name":"root","password":"root-pw"}"#,
+            None,
+        );
+        self.call(
+            "/v3/auth/user/grant",
+            r#"{"user":"root","role":"root"}"#,
+            None,
+        );
+        self.call("/v3/auth/role/add", r#"{"name":"rw"}"#, None);
+        // key "\0", range_end "\0": every key.
+        self.call(
+            "/v3/auth/role/grant",
+            r#"{"name":"rw","perm":{"permType":"READWRITE","key":"AA==","range_end":"AA=="}}"#,
+            None,
+        );
+        self.call(
+            "/v3/auth/user/add",
+            &format!(r#"{{"name":"{user}","password":"{password}"}}"#),
+            None,
+        );
+        self.call(
+            "/v3/auth/user/grant",
+            &format!(r#"{{"user":"{user}","role":"rw"}}"#),
+            None,
+        );
+        self.call("/v3/auth/enable", "{}", None);
     }
 }
 
