@@ -130,7 +130,8 @@ start_etcd() {
 }
 
 # make_etcd_certs DIR: a CA, a server certificate for 127.0.0.1 and localhost (also a
-# client one: etcd's gateway dials etcd with it), a client certificate.
+# client one: etcd's gateway dials etcd with it), a client certificate, and one without a
+# CommonName (client-nocn).
 make_etcd_certs() {
   need_tool openssl
   local d=$1 who ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
@@ -140,8 +141,12 @@ make_etcd_certs() {
     -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n' >"$d/server.ext"
   printf 'extendedKeyUsage=clientAuth\n' >"$d/client.ext"
-  for who in server client; do
-    openssl req -subj "/CN=cairn test $who" "${ec[@]}" -keyout "$d/$who-key.pem" -out "$d/$who.csr" 2>/dev/null
+  # With etcd's authentication on, its gateway refuses client certificates with a CN.
+  cp "$d/client.ext" "$d/client-nocn.ext"
+  for who in server client client-nocn; do
+    local subj="/CN=cairn test $who"
+    [ "$who" = client-nocn ] && subj="/O=cairn test client"
+    openssl req -subj "$subj" "${ec[@]}" -keyout "$d/$who-key.pem" -out "$d/$who.csr" 2>/dev/null
     openssl x509 -req -in "$d/$who.csr" -CA "$d/ca.pem" -CAkey "$d/ca-key.pem" -CAcreateserial \
       -days 2 -extfile "$d/$who.ext" -out "$d/$who.pem" 2>/dev/null
   done
@@ -201,7 +206,7 @@ for i in range(20):
 
 # The lease over TLS with a client certificate (etcd --client-cert-auth): taken, refused
 # to a second host, handed on when the first stops; a host without a client certificate is
-# refused with a sentence that says so.
+# refused with a sentence that says so. Then with etcd's users and passwords too.
 t_etcd_tls() {
   need_tool nbdsh
   start_etcd tls
@@ -226,6 +231,34 @@ t_etcd_tls() {
   stop_cairn
   start_cairn --no-control --md "$LISTB:fence" --etcd "$ETCD" "${ETCD_TLS[@]}" --etcd-ttl 2 --owner-id host-b
   nbdsh -u "$(unix_uri fence)" -c 'h.pwrite(b"\xbb" * 4096, 0); h.flush()'
+  stop_cairn
+  # etcd's users on top (etcdctl user add, role grant, auth enable): without a user the
+  # lease is refused, with one and its password file the array is served.
+  local d=$WORK/etcd-certs call
+  call() {
+    curl -sf --cacert "$d/ca.pem" --cert "$d/client.pem" --key "$d/client-key.pem" -XPOST "$ETCD/v3/auth/$1" -d "$2" >/dev/null ||
+      fail "etcd auth/$1 failed"
+  }
+  call user/add '{"name":"root","password":"root-pw"}'
+  call user/grant '{"user":"root","role":"root"}'
+  call role/add '{"name":"rw"}'
+  call role/grant '{"name":"rw","perm":{"permType":"READWRITE","key":"AA==","range_end":"AA=="}}'
+  call user/add '{"name":"cairn","password":"pw-5c2a"}'
+  call user/grant '{"user":"cairn","role":"rw"}'
+  call enable '{}'
+  printf 'pw-5c2a\n' >"$WORK/etcd.pw"
+  printf 'wrong-pw\n' >"$WORK/etcd-wrong.pw"
+  local NOCN=(--etcd-cacert "$d/ca.pem" --etcd-cert "$d/client-nocn.pem" --etcd-key "$d/client-nocn-key.pem")
+  # A client certificate with a CN: etcd refuses it on the gateway once auth is on.
+  serve_refused "no CN" --md "$LISTB:fence" --etcd "$ETCD" "${ETCD_TLS[@]}" \
+    --etcd-user cairn --etcd-password-file "$WORK/etcd.pw" --owner-id host-b
+  serve_refused "permission denied" --md "$LISTB:fence" --etcd "$ETCD" "${NOCN[@]}" --owner-id host-b
+  serve_refused "authentication failed" --md "$LISTB:fence" --etcd "$ETCD" "${NOCN[@]}" \
+    --etcd-user cairn --etcd-password-file "$WORK/etcd-wrong.pw" --owner-id host-b
+  case $OUT in *wrong-pw*) fail "the password in a message: $OUT" ;; esac
+  start_cairn --no-control --md "$LISTB:fence" --etcd "$ETCD" "${NOCN[@]}" --etcd-user cairn \
+    --etcd-password-file "$WORK/etcd.pw" --etcd-ttl 2 --owner-id host-b
+  nbdsh -u "$(unix_uri fence)" -c 'h.pwrite(b"\xcc" * 4096, 0); h.flush()'
   stop_cairn
 }
 

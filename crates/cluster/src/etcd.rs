@@ -27,6 +27,13 @@
 //! cost the lease while the others serve. It is logged as a warning each time, and when no
 //! member verifies the error ([`EtcdError::Tls`]) names each and why.
 //!
+//! etcd's own users ([`Etcd::with_auth`], etcdctl's `--user`): every request carries the
+//! token `/v3/auth/authenticate` gave (`Authorization` header), fetched before the first
+//! request and again when etcd answers "invalid auth token" (its `--auth-token-ttl` without
+//! use, a JWT's expiry); only then is a request sent a second time, because etcd checks
+//! the token before the request enters raft: the refused one was never applied. The
+//! password and the token live in zeroized memory and are never shown.
+//!
 //! No HTTP crate: ureq would pull a second TLS stack in for four POSTs, and etcd's gRPC
 //! client needs an async runtime the rest of cairn does not use.
 
@@ -628,6 +635,17 @@ impl Etcd {
             if text.contains("HTTP request to an HTTPS server") {
                 return EtcdError::Url(format!(
                     "{url}: the member serves clients over TLS: write https://{authority}"
+                ));
+            }
+            // etcd (Debian's 3.4 does) with its authentication on refuses a client certificate
+            // with a CommonName on the JSON gateway: the CN would be taken for a user.
+            if text.contains("CommonName of client") {
+                return EtcdError::Auth(format!(
+                    "{url}: {}: with authentication on, etcd takes no client certificate with \
+                     a CommonName (CN) on its JSON gateway, which cairn speaks: give cairn a \
+                     certificate whose subject has no CN (e.g. /O=cairn), and the user with \
+                     --etcd-user",
+                    text.trim()
                 ));
             }
             EtcdError::Server(format!("{url}: HTTP {status}: not JSON ({e}): {text}"))
