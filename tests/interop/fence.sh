@@ -116,6 +116,8 @@ start_etcd() {
   c=$(py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   p=$(py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   ETCD=$scheme://127.0.0.1:$c
+  # A fresh data dir: an earlier test's users and auth setting must not carry over.
+  rm -rf "$WORK/etcd"
   etcd --name t --data-dir "$WORK/etcd" --listen-client-urls "$ETCD" --advertise-client-urls "$ETCD" \
     --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
     --initial-cluster "t=http://127.0.0.1:$p" "${tls[@]}" >"$WORK/etcd.log" 2>&1 &
