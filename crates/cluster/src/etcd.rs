@@ -3,16 +3,19 @@
 //!
 //! ```text
 //!   Etcd::new("https://A:2379,https://B:2379") / Etcd::with_tls(urls, &EtcdTls { CA, cert, key })
-//!     post(path, JSON) ─ connect: the current member, else the next (TCP, then TLS handshake)
-//!                      └ exchange: one POST, `Connection: close`, the answer read to its end
+//!     [.with_auth(user, password)]
+//!   post(path, JSON) ─ [authenticate: a token, once, and again when etcd says it lapsed]
+//!     send ─ connect: the current member, else the next (TCP, then the TLS handshake)
+//!          └ exchange: one POST, `Connection: close`, the answer read to its end
 //! ```
 //!
 //! One request per connection, a deadline on every socket call (the TLS handshake's
 //! reads and writes included), bodies capped. An [`Etcd`] may name several members
 //! (`http://A:2379,http://B:2379`): a request goes to the member that answered last, and to
 //! the next one in the list when that one cannot be reached (no connection, or no TLS
-//! session). A request is never sent twice: once it went out, its failure is the caller's,
-//! and only the next request starts at the next member. Keys and values are base64 on the
+//! session). A request is never sent twice (one exception, below: a token etcd refused):
+//! once it went out, its failure is the caller's, and only the next request starts at the
+//! next member. Keys and values are base64 on the
 //! wire; 64-bit numbers are JSON strings (the gateway's proto3 mapping), and a false or
 //! zero field is left out of an answer.
 //!
@@ -1016,6 +1019,31 @@ mod tests {
         assert!(err.to_string().contains("/dev/null"), "{err}");
         // No files: the system's roots.
         assert!(Etcd::with_tls("https://a:2379", &EtcdTls::default()).is_ok());
+    }
+
+    #[test]
+    fn a_tls_handshake_without_an_answer_times_out_and_moves_on() {
+        // Takes connections and says nothing: the handshake's first read waits.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let silent = format!("https://{}", l.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for c in l.incoming().flatten() {
+                held.push(c);
+            }
+        });
+        let other = closed_port().replace("http://", "https://");
+        let e = Etcd::new(&format!("{silent},{other}"))
+            .unwrap()
+            .with_timeout(Duration::from_millis(300));
+        let err = e.grant(5).unwrap_err();
+        assert!(matches!(err, EtcdError::Io(_)), "{err:?}");
+        let m = err.to_string();
+        assert!(
+            m.contains(&format!("{silent}: TLS handshake: no answer")),
+            "{m}"
+        );
+        assert!(m.contains(&format!("{other} connect")), "{m}");
     }
 
     #[test]
