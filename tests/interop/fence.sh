@@ -98,24 +98,60 @@ t_fence_off_and_stacks() {
   expect_contains "$err" "disk host" "--fence on --md: message"
 }
 
-# start_etcd: an etcd of the test's own on free ports with a temporary data dir; sets ETCD.
+# start_etcd [tls]: an etcd of the test's own on free ports with a temporary data dir;
+# sets ETCD. With tls: clients over TLS only, with client certificates (--client-cert-auth)
+# from make_etcd_certs; ETCD_TLS holds cairn's options for them.
 start_etcd() {
   need_tool etcd curl
-  local c p
+  local c p scheme=http tls=() curl_tls=()
+  if [ "${1:-}" = tls ]; then
+    make_etcd_certs "$WORK/etcd-certs"
+    local d=$WORK/etcd-certs
+    scheme=https
+    tls=(--cert-file "$d/server.pem" --key-file "$d/server-key.pem" --trusted-ca-file "$d/ca.pem"
+      --client-cert-auth)
+    curl_tls=(--cacert "$d/ca.pem" --cert "$d/client.pem" --key "$d/client-key.pem")
+    ETCD_TLS=(--etcd-cacert "$d/ca.pem" --etcd-cert "$d/client.pem" --etcd-key "$d/client-key.pem")
+  fi
   c=$(py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   p=$(py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  ETCD=http://127.0.0.1:$c
+  ETCD=$scheme://127.0.0.1:$c
+  # A fresh data dir: an earlier test's users and auth setting must not carry over.
+  rm -rf "$WORK/etcd"
   etcd --name t --data-dir "$WORK/etcd" --listen-client-urls "$ETCD" --advertise-client-urls "$ETCD" \
     --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
-    --initial-cluster "t=http://127.0.0.1:$p" >"$WORK/etcd.log" 2>&1 &
+    --initial-cluster "t=http://127.0.0.1:$p" "${tls[@]}" >"$WORK/etcd.log" 2>&1 &
   ETCD_PID=$!
   register pid "$ETCD_PID"
   local i
   for i in $(seq 100); do
-    curl -sf -XPOST "$ETCD/v3/kv/range" -d '{"key":"eA=="}' >/dev/null 2>&1 && return 0
+    curl -sf "${curl_tls[@]}" -XPOST "$ETCD/v3/kv/range" -d '{"key":"eA=="}' >/dev/null 2>&1 && return 0
     sleep 0.2
   done
   fail "etcd did not start: $(tail -5 "$WORK/etcd.log")"
+}
+
+# make_etcd_certs DIR: a CA, a server certificate for 127.0.0.1 and localhost (also a
+# client one: etcd's gateway dials etcd with it), a client certificate, and one without a
+# CommonName (client-nocn).
+make_etcd_certs() {
+  need_tool openssl
+  local d=$1 who ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  mkdir -p "$d"
+  openssl req -x509 -days 2 -subj "/CN=cairn test ca" "${ec[@]}" -keyout "$d/ca-key.pem" \
+    -out "$d/ca.pem" -addext basicConstraints=critical,CA:TRUE \
+    -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n' >"$d/server.ext"
+  printf 'extendedKeyUsage=clientAuth\n' >"$d/client.ext"
+  # With etcd's authentication on, its gateway refuses client certificates with a CN.
+  cp "$d/client.ext" "$d/client-nocn.ext"
+  for who in server client client-nocn; do
+    local subj="/CN=cairn test $who"
+    [ "$who" = client-nocn ] && subj="/O=cairn test client"
+    openssl req -subj "$subj" "${ec[@]}" -keyout "$d/$who-key.pem" -out "$d/$who.csr" 2>/dev/null
+    openssl x509 -req -in "$d/$who.csr" -CA "$d/ca.pem" -CAkey "$d/ca-key.pem" -CAcreateserial \
+      -days 2 -extfile "$d/$who.ext" -out "$d/$who.pem" 2>/dev/null
+  done
 }
 
 t_etcd_lease() {
@@ -168,6 +204,64 @@ for i in range(20):
   grep -q "I/O is frozen\|lease" "$WORK"/cairn1.log || fail "A did not say its lease was lost: $(tail -5 "$WORK"/cairn1.log)"
   CAIRN_PID=$first; stop_cairn
   CAIRN_PID=$second; stop_cairn
+}
+
+# The lease over TLS with a client certificate (etcd --client-cert-auth): taken, refused
+# to a second host, handed on when the first stops; a host without a client certificate is
+# refused with a sentence that says so. Then with etcd's users and passwords too.
+t_etcd_tls() {
+  need_tool nbdsh
+  start_etcd tls
+  make_array
+  local c B=()
+  for c in "${M[@]}"; do cp --sparse=always "$c" "$c.b"; B+=("$c.b"); done
+  local LISTB
+  LISTB=$(IFS=,; echo "${B[*]}")
+  start_cairn --no-control --md "$LIST:fence" --etcd "$ETCD" "${ETCD_TLS[@]}" --etcd-ttl 2 --owner-id host-a
+  nbdsh -u "$(unix_uri fence)" -c 'h.pwrite(b"\xaa" * 4096, 0); h.flush()'
+  serve_refused "served by another host" --md "$LISTB:fence" --etcd "$ETCD" "${ETCD_TLS[@]}" \
+    --etcd-ttl 2 --owner-id host-b
+  serve_refused "refused this client's certificate" --md "$LISTB:fence" --etcd "$ETCD" \
+    --etcd-cacert "$WORK/etcd-certs/ca.pem" --owner-id host-b
+  # No CA: the system's roots do not know the test CA.
+  serve_refused "does not verify" --md "$LISTB:fence" --etcd "$ETCD" \
+    --etcd-cert "$WORK/etcd-certs/client.pem" --etcd-key "$WORK/etcd-certs/client-key.pem" --owner-id host-b
+  # A key that is not the certificate's: named by its path, its contents never shown.
+  serve_refused "is not the key of" --md "$LISTB:fence" --etcd "$ETCD" "${ETCD_TLS[@]/client-key.pem/server-key.pem}" \
+    --owner-id host-b
+  case $OUT in *PRIVATE*) fail "key material in a message: $OUT" ;; esac
+  stop_cairn
+  start_cairn --no-control --md "$LISTB:fence" --etcd "$ETCD" "${ETCD_TLS[@]}" --etcd-ttl 2 --owner-id host-b
+  nbdsh -u "$(unix_uri fence)" -c 'h.pwrite(b"\xbb" * 4096, 0); h.flush()'
+  stop_cairn
+  # etcd's users on top (etcdctl user add, role grant, auth enable): without a user the
+  # lease is refused, with one and its password file the array is served.
+  local d=$WORK/etcd-certs call
+  call() {
+    curl -sf --cacert "$d/ca.pem" --cert "$d/client.pem" --key "$d/client-key.pem" -XPOST "$ETCD/v3/auth/$1" -d "$2" >/dev/null ||
+      fail "etcd auth/$1 failed"
+  }
+  call user/add '{"name":"root","password":"root-pw"}'
+  call user/grant '{"user":"root","role":"root"}'
+  call role/add '{"name":"rw"}'
+  call role/grant '{"name":"rw","perm":{"permType":"READWRITE","key":"AA==","range_end":"AA=="}}'
+  call user/add '{"name":"cairn","password":"pw-5c2a"}'
+  call user/grant '{"user":"cairn","role":"rw"}'
+  call enable '{}'
+  printf 'pw-5c2a\n' >"$WORK/etcd.pw"
+  printf 'wrong-pw\n' >"$WORK/etcd-wrong.pw"
+  local NOCN=(--etcd-cacert "$d/ca.pem" --etcd-cert "$d/client-nocn.pem" --etcd-key "$d/client-nocn-key.pem")
+  # A client certificate with a CN: etcd refuses it on the gateway once auth is on.
+  serve_refused "no CN" --md "$LISTB:fence" --etcd "$ETCD" "${ETCD_TLS[@]}" \
+    --etcd-user cairn --etcd-password-file "$WORK/etcd.pw" --owner-id host-b
+  serve_refused "permission denied" --md "$LISTB:fence" --etcd "$ETCD" "${NOCN[@]}" --owner-id host-b
+  serve_refused "authentication failed" --md "$LISTB:fence" --etcd "$ETCD" "${NOCN[@]}" \
+    --etcd-user cairn --etcd-password-file "$WORK/etcd-wrong.pw" --owner-id host-b
+  case $OUT in *wrong-pw*) fail "the password in a message: $OUT" ;; esac
+  start_cairn --no-control --md "$LISTB:fence" --etcd "$ETCD" "${NOCN[@]}" --etcd-user cairn \
+    --etcd-password-file "$WORK/etcd.pw" --etcd-ttl 2 --owner-id host-b
+  nbdsh -u "$(unix_uri fence)" -c 'h.pwrite(b"\xcc" * 4096, 0); h.flush()'
+  stop_cairn
 }
 
 # member_server FILE...: one cairn member server (fencing on) serving the files as m0,
@@ -480,6 +574,7 @@ for i in range(8):
 run_test member_server_fences t_member_server_fences
 run_test fence_off_and_stacks t_fence_off_and_stacks
 run_test etcd_lease t_etcd_lease
+run_test etcd_tls t_etcd_tls
 run_test etcd_takeover_over_member_servers t_etcd_takeover_over_member_servers
 run_test etcd_lease_lost_stops_md_writes t_etcd_lease_lost_stops_md_writes
 run_test whole_exports_owned t_whole_exports_owned

@@ -163,6 +163,83 @@ mod tests {
     }
 
     #[test]
+    fn etcd_access_options() {
+        let serve = |extra: &[&str]| {
+            let mut a = vec!["cairn", "serve", "--md", "a.img,b.img"];
+            a.extend(extra);
+            Cli::try_parse_from(a)
+        };
+        let cli = serve(&[
+            "--etcd",
+            "https://e1:2379,https://e2:2379",
+            "--etcd-cacert",
+            "ca.pem",
+            "--etcd-cert",
+            "c.pem",
+            "--etcd-key",
+            "k.pem",
+        ])
+        .unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("not serve")
+        };
+        let t = &s.fencing.etcd_access;
+        assert_eq!(
+            t.etcd_cacert.as_deref(),
+            Some(std::path::Path::new("ca.pem"))
+        );
+        assert_eq!(t.etcd_key.as_deref(), Some(std::path::Path::new("k.pem")));
+        // TLS files without an etcd, a certificate without its key and the reverse: clap
+        // lets them through (repl's --config may hold the rest); the client refuses them.
+        let ownership = |extra: &[&str]| {
+            let Command::Serve(s) = serve(extra).unwrap().command else {
+                panic!("not serve")
+            };
+            crate::fence::ownership(&s.fencing).map(|_| ())
+        };
+        let err = ownership(&["--etcd-cacert", "ca.pem"]).unwrap_err();
+        assert!(err.to_string().contains("give --etcd"), "{err}");
+        let err = ownership(&["--etcd", "https://e:2379", "--etcd-cert", "c.pem"]).unwrap_err();
+        assert!(err.to_string().contains("needs its key"), "{err}");
+        let err = ownership(&["--etcd", "https://e:2379", "--etcd-key", "k.pem"]).unwrap_err();
+        assert!(err.to_string().contains("needs its key"), "{err}");
+        let err = ownership(&["--etcd", "http://e:2379", "--etcd-cacert", "ca.pem"]).unwrap_err();
+        assert!(err.to_string().contains("https://"), "{err}");
+        // A user needs its password file, and both an etcd.
+        let err = ownership(&["--etcd", "http://e:2379", "--etcd-user", "u"]).unwrap_err();
+        assert!(err.to_string().contains("go together"), "{err}");
+        let err = ownership(&["--etcd-user", "u", "--etcd-password-file", "p"]).unwrap_err();
+        assert!(err.to_string().contains("give --etcd"), "{err}");
+        // The password file: missing, empty first line, and read (only its first line).
+        let pw = std::env::temp_dir().join(format!("cairn-etcd-pw-{}", std::process::id()));
+        let with_pw = || {
+            ownership(&[
+                "--etcd",
+                "http://e:2379",
+                "--etcd-user",
+                "u",
+                "--etcd-password-file",
+                pw.to_str().unwrap(),
+            ])
+        };
+        let err = with_pw().unwrap_err();
+        assert!(err.to_string().contains("--etcd-password-file"), "{err}");
+        std::fs::write(&pw, "\nsecret-9\n").unwrap();
+        let err = with_pw().unwrap_err();
+        assert!(err.to_string().contains("first line is empty"), "{err}");
+        assert!(!err.to_string().contains("secret-9"), "{err}");
+        std::fs::write(&pw, "secret-9\n").unwrap();
+        with_pw().unwrap();
+        let _ = std::fs::remove_file(&pw);
+        let up = |extra: &[&str]| {
+            let mut a = vec!["cairn", "repl", "up", "home"];
+            a.extend(extra);
+            Cli::try_parse_from(a)
+        };
+        assert!(up(&["--etcd", "https://e:2379", "--etcd-cacert", "ca.pem"]).is_ok());
+    }
+
+    #[test]
     fn quickstart_size() {
         let cli = Cli::try_parse_from(["cairn", "quickstart", "--size", "512M"]).unwrap();
         let Command::Quickstart(q) = cli.command else {

@@ -52,7 +52,8 @@ pub struct FenceOptions {
     #[arg(long, value_name = "NAME")]
     pub owner_id: Option<String>,
 
-    /// Hold each md array served writable as a lease in this etcd (http://HOST:2379),
+    /// Hold each md array served writable as a lease in this etcd (http://HOST:2379, or
+    /// https://HOST:2379 with the --etcd-cacert/--etcd-cert/--etcd-key below),
     /// taken only by a create-if-absent transaction and before the array's members are
     /// taken over: serve refuses to start when another host holds the array; holding it
     /// lets serve take over from an owner that did not release the members (its lease ran
@@ -67,13 +68,113 @@ pub struct FenceOptions {
     #[arg(long, value_name = "SECONDS", default_value_t = 10, requires = "etcd",
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub etcd_ttl: u64,
+
+    #[command(flatten)]
+    pub etcd_access: Box<EtcdAccessOptions>,
+}
+
+/// TLS to etcd and etcd's user authentication, with etcdctl's options under `--etcd-`
+/// names. No `requires` for clap: `cairn repl up --config` may take etcd from the file and
+/// these from the command line; [`etcd_client`] and the callers check the combinations.
+#[derive(Debug, Clone, Default, Args)]
+pub struct EtcdAccessOptions {
+    /// With https:// etcd endpoints: the CA certificate (PEM) that signed the etcd
+    /// members' certificates, their --cert-file (etcdctl's --cacert). Only this CA is
+    /// trusted then; without it, the system's roots. Each member's certificate must also
+    /// name the host or address of its URL (subjectAltName)
+    #[arg(long, value_name = "FILE")]
+    pub etcd_cacert: Option<PathBuf>,
+
+    /// With https:// etcd endpoints: this host's client certificate (PEM), which an etcd
+    /// started with --client-cert-auth requires, signed by a CA in its --trusted-ca-file
+    /// (etcdctl's --cert). Needs --etcd-key
+    #[arg(long, value_name = "FILE")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// The private key of --etcd-cert (PEM, etcdctl's --key). It is read by OpenSSL
+    /// alone: its contents never appear in messages or logs. Needs --etcd-cert
+    #[arg(long, value_name = "FILE")]
+    pub etcd_key: Option<PathBuf>,
+
+    /// etcd's user name, for an etcd with authentication enabled (`etcdctl auth enable`;
+    /// etcdctl's --user): requests carry the token /v3/auth/authenticate gives. Needs
+    /// --etcd-password-file. The user needs read and write on the keys under /cairn/
+    #[arg(long, value_name = "NAME")]
+    pub etcd_user: Option<String>,
+
+    /// The file holding --etcd-user's password, on its first line (not on the command
+    /// line, where any local user could read it in the process list). Never shown in
+    /// messages or logs
+    #[arg(long, value_name = "FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+impl EtcdAccessOptions {
+    /// Refuses TLS files or a user with no etcd to use them on (they would be silently
+    /// ignored), and a user without a password or the reverse.
+    pub fn check_used(&self, etcd: &[String]) -> Result<()> {
+        if etcd.is_empty() && self.files() != cairn_cluster::EtcdTls::default() {
+            return Err(CliError::new(
+                "--etcd-cacert, --etcd-cert and --etcd-key are for TLS to etcd: give --etcd \
+                 https://HOST:PORT too",
+            ));
+        }
+        if etcd.is_empty() && (self.etcd_user.is_some() || self.etcd_password_file.is_some()) {
+            return Err(CliError::new(
+                "--etcd-user and --etcd-password-file are for etcd: give --etcd too",
+            ));
+        }
+        if self.etcd_user.is_some() != self.etcd_password_file.is_some() {
+            return Err(CliError::new(
+                "--etcd-user and --etcd-password-file go together",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The password on the first line of `--etcd-password-file`. Errors name the file,
+    /// never what is in it.
+    fn password(&self, file: &std::path::Path) -> Result<zeroize::Zeroizing<String>> {
+        let shown = file.display();
+        let text = zeroize::Zeroizing::new(
+            std::fs::read_to_string(file)
+                .map_err(|e| CliError::new(format!("--etcd-password-file {shown}: {e}")))?,
+        );
+        let first = text.lines().next().unwrap_or("");
+        if first.is_empty() {
+            return Err(CliError::new(format!(
+                "--etcd-password-file {shown}: its first line is empty"
+            )));
+        }
+        Ok(zeroize::Zeroizing::new(first.to_string()))
+    }
+
+    fn files(&self) -> cairn_cluster::EtcdTls {
+        cairn_cluster::EtcdTls {
+            cacert: self.etcd_cacert.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+        }
+    }
+}
+
+/// The etcd client for `--etcd URL...` (the list joined) with the TLS files and the user.
+pub fn etcd_client(urls: &[String], access: &EtcdAccessOptions) -> Result<Etcd> {
+    access.check_used(urls)?;
+    let etcd = Etcd::with_tls(&urls.join(","), &access.files())
+        .map_err(|e| CliError::new(format!("--etcd: {e}")))?;
+    Ok(match (&access.etcd_user, &access.etcd_password_file) {
+        (Some(user), Some(file)) => etcd.with_auth(user, access.password(file)?),
+        _ => etcd,
+    })
 }
 
 /// Who this host is in owner records and where ownership is decided, for opening stacks.
 pub fn ownership(opts: &FenceOptions) -> Result<Ownership> {
+    opts.etcd_access.check_used(&opts.etcd)?;
     let etcd = match opts.etcd.is_empty() {
         false => Some((
-            Etcd::new(&opts.etcd.join(",")).map_err(|e| CliError::new(format!("--etcd: {e}")))?,
+            etcd_client(&opts.etcd, &opts.etcd_access)?,
             Duration::from_secs(opts.etcd_ttl),
         )),
         true => None,

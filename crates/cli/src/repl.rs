@@ -207,7 +207,8 @@ pub struct UpArgs {
     /// With --primary: as `cairn repl primary --force`
     #[arg(long, requires = "primary")]
     pub force: bool,
-    /// Quorum through etcd (http://HOST:2379): the primary role is an etcd lease taken
+    /// Quorum through etcd (http://HOST:2379, or https://HOST:2379 with
+    /// --etcd-cacert/--etcd-cert/--etcd-key): the primary role is an etcd lease taken
     /// only by compare-and-swap, and a replica the primary went on without is marked
     /// outdated there so it cannot take over with old data. Several members: a
     /// comma-separated list or the flag repeated; the next is tried when one cannot be
@@ -230,6 +231,8 @@ pub struct UpArgs {
         requires = "etcd"
     )]
     pub on_lease_loss: cairn_repl::quorum::OnLoss,
+    #[command(flatten)]
+    pub etcd_access: crate::fence::EtcdAccessOptions,
     #[command(flatten)]
     pub tls: TlsOptions,
 }
@@ -504,6 +507,13 @@ struct ResourceDef {
     insecure_no_tls: Option<bool>,
     /// One endpoint, several comma-separated, or a list of them.
     etcd: Option<EtcdEndpoints>,
+    /// TLS to etcd (https:// endpoints), as `--etcd-cacert`, `--etcd-cert`, `--etcd-key`.
+    etcd_cacert: Option<PathBuf>,
+    etcd_cert: Option<PathBuf>,
+    etcd_key: Option<PathBuf>,
+    /// etcd's user and the file with its password (`--etcd-user`, `--etcd-password-file`).
+    etcd_user: Option<String>,
+    etcd_password_file: Option<PathBuf>,
     etcd_ttl: Option<u64>,
     auto_failover: Option<bool>,
     on_lease_loss: Option<String>,
@@ -669,9 +679,24 @@ fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
                 EtcdEndpoints::Many(l) => l.clone(),
             };
         }
+        let t = &mut r.etcd_access;
+        for (cli, file) in [
+            (&mut t.etcd_cacert, &res.etcd_cacert),
+            (&mut t.etcd_cert, &res.etcd_cert),
+            (&mut t.etcd_key, &res.etcd_key),
+        ] {
+            if cli.is_none() {
+                cli.clone_from(file);
+            }
+        }
+        if t.etcd_user.is_none() && t.etcd_password_file.is_none() {
+            t.etcd_user.clone_from(&res.etcd_user);
+            t.etcd_password_file.clone_from(&res.etcd_password_file);
+        }
         r.etcd_ttl = res.etcd_ttl.unwrap_or(r.etcd_ttl);
         r.auto_failover = res.auto_failover.unwrap_or(r.auto_failover);
     }
+    r.etcd_access.check_used(&r.etcd)?;
     if r.disk.is_none() {
         return Err(CliError::new("--disk DISK is needed (or --config FILE)"));
     }
@@ -709,8 +734,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         peer_timeout: Duration::from_secs(a.peer_timeout.max(1)),
         quorum: match a.etcd.is_empty() {
             false => Some(cairn_repl::quorum::Quorum {
-                etcd: cairn_cluster::Etcd::new(&a.etcd.join(","))
-                    .map_err(|e| CliError::new(format!("--etcd: {e}")))?,
+                etcd: crate::fence::etcd_client(&a.etcd, &a.etcd_access)?,
                 ttl: Duration::from_secs(a.etcd_ttl.max(1)),
                 auto_failover: a.auto_failover,
                 on_loss: a.on_lease_loss,
@@ -1287,6 +1311,64 @@ mod tests {
             "[[resource]]\nname = \"home\"\nnode = []\netcd = 5\n"
         )
         .is_err());
+    }
+
+    #[test]
+    fn etcd_access_in_a_config_file() {
+        let dir = std::env::temp_dir().join(format!("cairn-repl-etcd-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("r.toml");
+        let write = |extra: &str| {
+            std::fs::write(
+                &file,
+                format!(
+                    "[[resource]]\nname = \"home\"\ndisk = \"/dev/null\"\n{extra}\
+                     [[resource.node]]\nname = \"a\"\naddress = \"127.0.0.1:7789\"\n\
+                     [[resource.node]]\nname = \"b\"\naddress = \"127.0.0.2:7789\"\n"
+                ),
+            )
+            .unwrap();
+        };
+        let args = |extra: &[&str]| {
+            let mut a = vec!["cairn", "repl", "up", "home", "--node", "a", "--config"];
+            a.push(file.to_str().unwrap());
+            a.extend(extra);
+            let crate::args::Command::Repl(ReplCommand::Up(u)) =
+                <crate::args::Cli as clap::Parser>::try_parse_from(a)
+                    .unwrap()
+                    .command
+            else {
+                panic!("not repl up")
+            };
+            resolve_up(&u)
+        };
+        write(
+            "etcd = \"https://e:2379\"\netcd_cacert = \"/ca.pem\"\n\
+             etcd_cert = \"/c.pem\"\netcd_key = \"/k.pem\"\n",
+        );
+        let r = args(&[]).unwrap();
+        assert_eq!(r.etcd_access.etcd_cacert, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(r.etcd_access.etcd_cert, Some(PathBuf::from("/c.pem")));
+        assert_eq!(r.etcd_access.etcd_key, Some(PathBuf::from("/k.pem")));
+        // The command line wins.
+        let r = args(&["--etcd-cacert", "/other.pem"]).unwrap();
+        assert_eq!(r.etcd_access.etcd_cacert, Some(PathBuf::from("/other.pem")));
+        // A user and its password file, from the file too.
+        write(
+            "etcd = \"http://e:2379\"\netcd_user = \"cairn\"\n\
+             etcd_password_file = \"/etc/cairn/etcd.pw\"\n",
+        );
+        let r = args(&[]).unwrap();
+        assert_eq!(r.etcd_access.etcd_user.as_deref(), Some("cairn"));
+        assert_eq!(
+            r.etcd_access.etcd_password_file,
+            Some(PathBuf::from("/etc/cairn/etcd.pw"))
+        );
+        // TLS files with no etcd to use them on.
+        write("etcd_cacert = \"/ca.pem\"\n");
+        let err = args(&[]).unwrap_err();
+        assert!(err.to_string().contains("give --etcd"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -1,25 +1,61 @@
-//! A small client for etcd v3's JSON gateway over plain HTTP: the handful of calls the
+//! A small client for etcd v3's JSON gateway, over HTTP or HTTPS: the handful of calls the
 //! ownership lease needs (`/v3/lease/grant|keepalive|revoke`, `/v3/kv/txn`, `/v3/kv/range`).
 //!
-//! One request per connection (`Connection: close`), a deadline on every socket call,
-//! bodies capped. An [`Etcd`] may name several members (`http://A:2379,http://B:2379`):
-//! a request goes to the member that answered last, and to the next one in the list when
-//! that one cannot be reached (no connection). A request is never sent twice: once it
-//! went out, its failure is the caller's, and only the next request starts at the next
-//! member. Keys and values are base64 on the wire; 64-bit numbers are JSON strings
-//! (the gateway's proto3 mapping), and a false or zero field is left out of an answer.
-//! No crate: ureq would pull a TLS stack in for four POSTs, and etcd's gRPC client needs
-//! an async runtime the rest of cairn does not use.
+//! ```text
+//!   Etcd::new("https://A:2379,https://B:2379") / Etcd::with_tls(urls, &EtcdTls { CA, cert, key })
+//!     [.with_auth(user, password)]
+//!   post(path, JSON) ─ [authenticate: a token, once, and again when etcd says it lapsed]
+//!     send ─ connect: the current member, else the next (TCP, then the TLS handshake)
+//!          └ exchange: one POST, `Connection: close`, the answer read to its end
+//! ```
+//!
+//! One request per connection, a deadline on every socket call (the TLS handshake's
+//! reads and writes included), bodies capped. An [`Etcd`] may name several members
+//! (`http://A:2379,http://B:2379`): a request goes to the member that answered last, and to
+//! the next one in the list when that one cannot be reached (no connection, or no TLS
+//! session). A request is never sent twice (one exception, below: a token etcd refused):
+//! once it went out, its failure is the caller's, and only the next request starts at the
+//! next member. Keys and values are base64 on the
+//! wire; 64-bit numbers are JSON strings (the gateway's proto3 mapping), and a false or
+//! zero field is left out of an answer.
+//!
+//! TLS (`https://`, every member alike) is OpenSSL's, as for NBD: the member's certificate
+//! is checked against a CA file (`--etcd-cacert`; the system's roots without one) and must
+//! name the host or address of the URL; a client certificate and key (`--etcd-cert`,
+//! `--etcd-key`) answer etcd's `--client-cert-auth`. OpenSSL reads the key file itself: its
+//! contents never pass through cairn, and only its path is ever shown. A member whose
+//! certificate does not verify is passed over like one that cannot be reached: the check
+//! ends before a byte of the request is written, so the request can still go to the next
+//! member safely, and one member with an expired or wrongly issued certificate does not
+//! cost the lease while the others serve. It is logged as a warning each time, and when no
+//! member verifies the error ([`EtcdError::Tls`]) names each and why.
+//!
+//! etcd's own users ([`Etcd::with_auth`], etcdctl's `--user`): every request carries the
+//! token `/v3/auth/authenticate` gave (`Authorization` header), fetched before the first
+//! request and again when etcd answers "invalid auth token" (its `--auth-token-ttl` without
+//! use, a JWT's expiry); only then is a request sent a second time, because etcd checks
+//! the token before the request enters raft: the refused one was never applied. The
+//! password and the token live in zeroized memory and are never shown.
+//!
+//! No HTTP crate: ureq would pull a second TLS stack in for four POSTs, and etcd's gRPC
+//! client needs an async runtime the rest of cairn does not use.
 
 use std::fmt;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
+use openssl::ssl::{
+    ErrorCode, SslConnector, SslFiletype, SslMethod, SslOptions, SslStream, SslVersion,
+};
+use openssl::x509::store::X509StoreBuilder;
+use openssl::x509::{X509VerifyResult, X509};
 use serde_json::{json, Value};
+use zeroize::Zeroizing;
 
 /// Largest answer read.
 const MAX_RESPONSE: u64 = 1 << 20;
@@ -27,8 +63,14 @@ const MAX_RESPONSE: u64 = 1 << 20;
 /// Why an etcd call failed.
 #[derive(Debug)]
 pub enum EtcdError {
-    /// The URL is not `http://HOST:PORT`.
+    /// The URL is not `http://HOST:PORT` or `https://HOST:PORT`, or the TLS files do not
+    /// fit the URLs.
     Url(String),
+    /// etcd refused the user name or password, or gave no token.
+    Auth(String),
+    /// TLS could not be set up (a CA, certificate or key file that does not load), no
+    /// member's certificate verified, or a member refused this client's certificate.
+    Tls(String),
     /// Connecting, sending or reading failed (etcd down, partitioned, slow).
     Io(String),
     /// etcd answered with an error, or with something this client does not understand.
@@ -42,6 +84,8 @@ impl fmt::Display for EtcdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             EtcdError::Url(m) => write!(f, "etcd URL: {m}"),
+            EtcdError::Tls(m) => write!(f, "etcd TLS: {m}"),
+            EtcdError::Auth(m) => write!(f, "etcd authentication: {m}"),
             EtcdError::Io(m) => write!(f, "etcd: {m}"),
             EtcdError::Server(m) | EtcdError::Unavailable(m) => write!(f, "etcd answered: {m}"),
         }
@@ -71,15 +115,164 @@ pub enum Created {
     Exists(KeyValue),
 }
 
+/// The files TLS to etcd uses, as etcdctl's `--cacert`, `--cert` and `--key`. Paths only:
+/// OpenSSL reads them when [`Etcd::with_tls`] builds its context.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// CA certificates (PEM) that sign the members' certificates; none: the system's roots.
+    pub cacert: Option<PathBuf>,
+    /// This client's certificate (PEM, may hold its chain), for etcd's `--client-cert-auth`.
+    pub cert: Option<PathBuf>,
+    /// The private key of `cert` (PEM).
+    pub key: Option<PathBuf>,
+}
+
+impl EtcdTls {
+    fn is_empty(&self) -> bool {
+        self.cacert.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+}
+
+/// An OpenSSL client context for the members, and the files it came from (for messages).
+#[derive(Clone)]
+struct Tls {
+    connector: SslConnector,
+    files: EtcdTls,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tls").field("files", &self.files).finish()
+    }
+}
+
+impl Tls {
+    fn new(files: &EtcdTls) -> Result<Tls> {
+        let fail =
+            |what: &Path, e: &dyn fmt::Display| EtcdError::Tls(format!("{}: {e}", what.display()));
+        let ssl = |what: &Path, e: &openssl::error::ErrorStack| fail(what, &stack_reasons(e));
+        let setup = |e: openssl::error::ErrorStack| EtcdError::Tls(stack_reasons(&e));
+        // SslConnector's defaults: peer verification on, the system's roots, Mozilla's
+        // intermediate cipher list. TLS 1.2 is the oldest etcd accepts by default.
+        let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(setup)?;
+        b.set_min_proto_version(Some(SslVersion::TLS1_2))
+            .map_err(setup)?;
+        // etcd (Go) closes a `Connection: close` answer without a close_notify; the
+        // answer's framing (JSON, chunks) shows whether it arrived whole.
+        b.set_options(SslOptions::IGNORE_UNEXPECTED_EOF);
+        if let Some(ca) = &files.cacert {
+            // Only this CA, as etcdctl's --cacert: the system's roots would let any public
+            // CA vouch for a member.
+            let pem = std::fs::read(ca).map_err(|e| fail(ca, &e))?;
+            let certs = X509::stack_from_pem(&pem).map_err(|e| ssl(ca, &e))?;
+            if certs.is_empty() {
+                return Err(fail(ca, &"no PEM certificate in it"));
+            }
+            let mut store = X509StoreBuilder::new().map_err(setup)?;
+            for c in certs {
+                store.add_cert(c).map_err(|e| ssl(ca, &e))?;
+            }
+            b.set_cert_store(store.build());
+        }
+        match (&files.cert, &files.key) {
+            (Some(cert), Some(key)) => {
+                b.set_certificate_chain_file(cert)
+                    .map_err(|e| ssl(cert, &e))?;
+                // OpenSSL compares the key with the certificate as it loads it.
+                let mismatch = |e: openssl::error::ErrorStack| {
+                    let why = stack_reasons(&e);
+                    match why.contains("mismatch") {
+                        true => EtcdError::Tls(format!(
+                            "{} is not the key of {} ({why})",
+                            key.display(),
+                            cert.display()
+                        )),
+                        false => fail(key, &why),
+                    }
+                };
+                b.set_private_key_file(key, SslFiletype::PEM)
+                    .map_err(mismatch)?;
+                b.check_private_key().map_err(mismatch)?;
+            }
+            (None, None) => {}
+            _ => return Err(EtcdError::Tls(
+                "a client certificate (--etcd-cert) needs its key (--etcd-key), and the reverse"
+                    .into(),
+            )),
+        }
+        Ok(Tls {
+            connector: b.build(),
+            files: files.clone(),
+        })
+    }
+}
+
+/// A connection to a member.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<SslStream<TcpStream>>),
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// Why no connection to a member was made.
+enum ConnectError {
+    /// Not reachable (no address, refused, timed out, the TLS handshake cut off).
+    Unreachable(String),
+    /// Its certificate does not verify, or it refused ours: nothing was sent.
+    Tls(String),
+}
+
+/// etcd's user name and password authentication: the credentials, and the token
+/// `/v3/auth/authenticate` gave for them. Both secret: kept in zeroized memory, never shown.
+struct Auth {
+    user: String,
+    password: Zeroizing<String>,
+    /// Shared by the clones. etcd applies an authentication through raft, so a token is
+    /// known to every member, not only the one that gave it.
+    token: Mutex<Option<Zeroizing<String>>>,
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Auth").field("user", &self.user).finish()
+    }
+}
+
 /// An etcd cluster, as one or more members' client endpoints.
 #[derive(Debug, Clone)]
 pub struct Etcd {
     /// `HOST:PORT` of each member, in the order given.
     authorities: Arc<[String]>,
+    /// `Some` for `https://` endpoints.
+    tls: Option<Arc<Tls>>,
     /// The member requests go to first: the last that took one. Shared by the clones
     /// (a lease's keepalive client is one), so all move on together.
     current: Arc<AtomicUsize>,
     timeout: Duration,
+    auth: Option<Arc<Auth>>,
 }
 
 fn b64(b: &[u8]) -> String {
@@ -113,35 +306,68 @@ fn int(v: &Value) -> Result<i64> {
 }
 
 impl Etcd {
-    /// `http://HOST:PORT` (a trailing `/` is allowed), or several of them separated by
-    /// commas: the members of one cluster. TLS endpoints are not supported.
+    /// `http://HOST:PORT` or `https://HOST:PORT` (a trailing `/` is allowed), or several of
+    /// them separated by commas: the members of one cluster, all with the same scheme.
+    /// `https` checks the members' certificates against the system's roots, with no client
+    /// certificate; [`Etcd::with_tls`] names a CA and a client certificate.
     pub fn new(urls: &str) -> Result<Etcd> {
+        Etcd::with_tls(urls, &EtcdTls::default())
+    }
+
+    /// [`Etcd::new`] with TLS files, which need `https://` endpoints (given with `http://`
+    /// they would be silently unused: refused instead).
+    pub fn with_tls(urls: &str, files: &EtcdTls) -> Result<Etcd> {
         let mut authorities = Vec::new();
+        let mut https = None;
         for url in urls.split(',').map(str::trim) {
             if url.is_empty() {
                 return Err(EtcdError::Url(format!(
                     "{urls:?}: an empty endpoint in the list"
                 )));
             }
-            let rest = url.strip_prefix("http://").ok_or_else(|| {
-                EtcdError::Url(format!(
-                    "{url:?}: expected http://HOST:PORT (https is not supported)"
-                ))
-            })?;
+            let (tls, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+                (Some(rest), _) => (false, rest),
+                (_, Some(rest)) => (true, rest),
+                _ => {
+                    return Err(EtcdError::Url(format!(
+                        "{url:?}: expected http://HOST:PORT or https://HOST:PORT"
+                    )))
+                }
+            };
+            if https.is_some_and(|h| h != tls) {
+                return Err(EtcdError::Url(format!(
+                    "{urls:?}: http:// and https:// members in one list; a cluster's members \
+                     all serve clients the same way (etcd's --listen-client-urls)"
+                )));
+            }
+            https = Some(tls);
             let authority = rest.trim_end_matches('/');
             if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
                 return Err(EtcdError::Url(format!(
-                    "{url:?}: expected http://HOST:PORT"
+                    "{url:?}: expected {}://HOST:PORT",
+                    if tls { "https" } else { "http" }
                 )));
             }
             if !authorities.iter().any(|a| a == authority) {
                 authorities.push(authority.to_string());
             }
         }
+        let tls = match https {
+            Some(true) => Some(Arc::new(Tls::new(files)?)),
+            _ if !files.is_empty() => {
+                return Err(EtcdError::Url(format!(
+                    "{urls:?}: TLS files (CA, certificate, key) are given but the endpoints \
+                     are http://; write https://HOST:PORT"
+                )))
+            }
+            _ => None,
+        };
         Ok(Etcd {
             authorities: authorities.into(),
+            tls,
             current: Arc::new(AtomicUsize::new(0)),
             timeout: Duration::from_secs(5),
+            auth: None,
         })
     }
 
@@ -152,11 +378,30 @@ impl Etcd {
         self
     }
 
+    /// Authenticates as `user` (etcd's `--auth`, etcdctl's `--user`): every request carries
+    /// the token `/v3/auth/authenticate` gives, fetched before the first request and again
+    /// when etcd says it is no longer valid.
+    pub fn with_auth(mut self, user: &str, password: Zeroizing<String>) -> Etcd {
+        self.auth = Some(Arc::new(Auth {
+            user: user.to_string(),
+            password,
+            token: Mutex::new(None),
+        }));
+        self
+    }
+
+    fn scheme(&self) -> &'static str {
+        match self.tls {
+            Some(_) => "https",
+            None => "http",
+        }
+    }
+
     /// Every endpoint, comma-separated, as given.
     pub fn url(&self) -> String {
         self.authorities
             .iter()
-            .map(|a| format!("http://{a}"))
+            .map(|a| format!("{}://{a}", self.scheme()))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -165,56 +410,173 @@ impl Etcd {
     pub fn current_url(&self) -> String {
         let n = self.authorities.len();
         format!(
-            "http://{}",
+            "{}://{}",
+            self.scheme(),
             self.authorities[self.current.load(Ordering::Relaxed) % n]
         )
     }
 
     /// A connection to the first member that takes one, starting at the current member.
-    fn connect(&self) -> Result<(usize, TcpStream)> {
+    fn connect(&self) -> Result<(usize, Conn)> {
         let n = self.authorities.len();
         let first = self.current.load(Ordering::Relaxed) % n;
         let mut failed = Vec::new();
+        let mut refused_tls = false;
         for i in (0..n).map(|k| (first + k) % n) {
-            let authority = &self.authorities[i];
-            let addr = match authority.to_socket_addrs().map(|mut a| a.next()) {
-                Ok(Some(a)) => a,
-                Ok(None) => {
-                    failed.push(format!("http://{authority}: no address"));
-                    continue;
-                }
-                Err(e) => {
-                    failed.push(format!("http://{authority} resolve: {e}"));
-                    continue;
-                }
-            };
-            match TcpStream::connect_timeout(&addr, self.timeout) {
-                Ok(s) => {
+            let url = format!("{}://{}", self.scheme(), self.authorities[i]);
+            match self.connect_one(&self.authorities[i], &url) {
+                Ok(c) => {
                     if i != first {
-                        tracing::info!(
-                            "etcd: now talking to http://{authority} ({})",
-                            failed.join("; ")
-                        );
+                        tracing::info!("etcd: now talking to {url} ({})", failed.join("; "));
                         self.current.store(i, Ordering::Relaxed);
                     }
-                    return Ok((i, s));
+                    return Ok((i, c));
                 }
-                Err(e) => failed.push(format!("http://{authority} connect: {e}")),
+                Err(ConnectError::Unreachable(m)) => failed.push(m),
+                Err(ConnectError::Tls(m)) => {
+                    tracing::warn!("etcd: {m}");
+                    refused_tls = true;
+                    failed.push(m);
+                }
             }
         }
-        Err(EtcdError::Io(failed.join("; ")))
+        let m = failed.join("; ");
+        Err(match refused_tls {
+            true => EtcdError::Tls(m),
+            false => EtcdError::Io(m),
+        })
+    }
+
+    fn connect_one(&self, authority: &str, url: &str) -> std::result::Result<Conn, ConnectError> {
+        let gone = |what: &str, e: &dyn fmt::Display| {
+            ConnectError::Unreachable(format!("{url} {what}: {e}"))
+        };
+        let addr = match authority.to_socket_addrs().map(|mut a| a.next()) {
+            Ok(Some(a)) => a,
+            Ok(None) => return Err(ConnectError::Unreachable(format!("{url}: no address"))),
+            Err(e) => return Err(gone("resolve", &e)),
+        };
+        let s = TcpStream::connect_timeout(&addr, self.timeout).map_err(|e| gone("connect", &e))?;
+        s.set_read_timeout(Some(self.timeout))
+            .map_err(|e| gone("socket", &e))?;
+        s.set_write_timeout(Some(self.timeout))
+            .map_err(|e| gone("socket", &e))?;
+        let _ = s.set_nodelay(true);
+        let Some(tls) = &self.tls else {
+            return Ok(Conn::Plain(s));
+        };
+        // The host as the URL names it (a name or an address), which the certificate
+        // must name too.
+        let host = authority
+            .rsplit_once(':')
+            .map_or(authority, |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let ssl = tls
+            .connector
+            .configure()
+            .and_then(|c| c.into_ssl(host))
+            .map_err(|e| ConnectError::Tls(format!("{url}: TLS: {e}")))?;
+        let mut s =
+            SslStream::new(ssl, s).map_err(|e| ConnectError::Tls(format!("{url}: TLS: {e}")))?;
+        // The socket's timeouts bound each read and write of the handshake; one that runs
+        // out surfaces as WANT_READ / WANT_WRITE.
+        match s.connect() {
+            Ok(()) => Ok(Conn::Tls(Box::new(s))),
+            Err(e) => {
+                let verify = s.ssl().verify_result();
+                if verify != X509VerifyResult::OK {
+                    return Err(ConnectError::Tls(format!(
+                        "{url}: its certificate does not verify: {} ({})",
+                        verify.error_string(),
+                        match &tls.files.cacert {
+                            Some(ca) => format!(
+                                "it must be signed by a CA in {} and name {host}",
+                                ca.display()
+                            ),
+                            None => format!(
+                                "it must be signed by a CA the system trusts, or one given \
+                                 with --etcd-cacert, and name {host}"
+                            ),
+                        }
+                    )));
+                }
+                match e.code() {
+                    ErrorCode::WANT_READ | ErrorCode::WANT_WRITE => Err(ConnectError::Unreachable(
+                        format!("{url}: TLS handshake: no answer within {:?}", self.timeout),
+                    )),
+                    _ => match tls_failure(&e) {
+                        (why, true) => Err(ConnectError::Tls(format!("{url}: {why}"))),
+                        (why, false) => Err(ConnectError::Unreachable(format!("{url}: {why}"))),
+                    },
+                }
+            }
+        }
     }
 
     fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        let Some(auth) = &self.auth else {
+            return self.send(path, &Zeroizing::new(body.to_string()), None);
+        };
+        let body = Zeroizing::new(body.to_string());
+        let held = auth.token.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let token = match held {
+            Some(t) => t,
+            None => self.authenticate(auth)?,
+        };
+        match self.send(path, &body, Some(&token)) {
+            // A simple token lapses after etcd's --auth-token-ttl without use on a member,
+            // a JWT at its expiry. etcd checks the token before the request enters raft,
+            // so a request refused for its token was not applied: sending it once more
+            // with a fresh token does not apply anything twice.
+            Err(EtcdError::Server(m)) if m.contains("invalid auth token") => {
+                tracing::info!(
+                    "etcd: the auth token of user {:?} expired, authenticating again",
+                    auth.user
+                );
+                let token = self.authenticate(auth)?;
+                self.send(path, &body, Some(&token))
+            }
+            r => r,
+        }
+    }
+
+    /// A new token for `auth`'s user, kept for the next requests.
+    fn authenticate(&self, auth: &Auth) -> Result<Zeroizing<String>> {
+        let body = Zeroizing::new(
+            json!({"name": auth.user, "password": auth.password.as_str()}).to_string(),
+        );
+        let v = self
+            .send("/v3/auth/authenticate", &body, None)
+            .map_err(|e| match e {
+                EtcdError::Server(m) => EtcdError::Auth(format!("user {:?}: {m}", auth.user)),
+                e => e,
+            })?;
+        let token = match v.get("token").and_then(Value::as_str) {
+            Some(t) if !t.is_empty() => Zeroizing::new(t.to_string()),
+            _ => {
+                return Err(EtcdError::Auth(format!(
+                    "user {:?}: etcd gave no token (is its authentication enabled?)",
+                    auth.user
+                )))
+            }
+        };
+        *auth.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.clone());
+        Ok(token)
+    }
+
+    fn send(&self, path: &str, body: &str, token: Option<&str>) -> Result<Value> {
         let (i, s) = self.connect()?;
-        let r = self.exchange(&self.authorities[i], s, path, body);
-        if matches!(r, Err(EtcdError::Io(_) | EtcdError::Unavailable(_)))
-            && self.authorities.len() > 1
+        let r = self.exchange(i, s, path, body, token);
+        if matches!(
+            r,
+            Err(EtcdError::Io(_) | EtcdError::Unavailable(_) | EtcdError::Tls(_))
+        ) && self.authorities.len() > 1
         {
             // The member took the connection but not the request (cut off, stopped, no
-            // quorum and too slow to say so), or said it cannot serve (503): the next
-            // request tries the next member. This one is not sent again: it may have
-            // been applied.
+            // quorum and too slow to say so, our certificate refused after a TLS 1.3
+            // handshake), or said it cannot serve (503): the next request tries the next
+            // member. This one is not sent again: it may have been applied.
             let _ = self.current.compare_exchange(
                 i,
                 (i + 1) % self.authorities.len(),
@@ -227,34 +589,41 @@ impl Etcd {
 
     fn exchange(
         &self,
-        authority: &str,
-        mut s: TcpStream,
+        i: usize,
+        mut s: Conn,
         path: &str,
-        body: &Value,
+        body: &str,
+        token: Option<&str>,
     ) -> Result<Value> {
-        let io = |what: &str, e: std::io::Error| {
-            EtcdError::Io(format!("http://{authority} {what}: {e}"))
+        let authority = &self.authorities[i];
+        let url = format!("{}://{authority}", self.scheme());
+        let io = |what: &str, e: std::io::Error| match tls_refusal(&e) {
+            Some(why) => EtcdError::Tls(format!("{url} {what}: {why}")),
+            None => EtcdError::Io(format!("{url} {what}: {e}")),
         };
-        s.set_read_timeout(Some(self.timeout))
-            .map_err(|e| io("socket", e))?;
-        s.set_write_timeout(Some(self.timeout))
-            .map_err(|e| io("socket", e))?;
-        let _ = s.set_nodelay(true);
-        let body = body.to_string();
-        let req = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+        // A password or a token may be in it: zeroized once sent.
+        let req =
+            Zeroizing::new(format!(
+            "POST {path} HTTP/1.1\r\nHost: {authority}\r\n{}{}{}Content-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            authority,
+            if token.is_some() { "Authorization: " } else { "" },
+            token.unwrap_or(""),
+            if token.is_some() { "\r\n" } else { "" },
             body.len()
-        );
+        ));
         s.write_all(req.as_bytes()).map_err(|e| io("send", e))?;
         let mut resp = Vec::new();
         s.take(MAX_RESPONSE)
             .read_to_end(&mut resp)
             .map_err(|e| io("read", e))?;
         if resp.is_empty() {
+            // etcd 3.4 closes plain HTTP on a TLS port this way, without a word.
+            let hint = match self.tls {
+                None => format!(" (if the member serves clients over TLS: https://{authority})"),
+                Some(_) => String::new(),
+            };
             return Err(EtcdError::Io(format!(
-                "http://{authority}: the connection closed without an answer"
+                "{url}: the connection closed without an answer{hint}"
             )));
         }
         let (status, chunked, body) = split_response(&resp)?;
@@ -264,10 +633,25 @@ impl Etcd {
             body.to_vec()
         };
         let v: Value = serde_json::from_slice(&body).map_err(|e| {
-            EtcdError::Server(format!(
-                "HTTP {status}: not JSON ({e}): {}",
-                String::from_utf8_lossy(&body)
-            ))
+            let text = String::from_utf8_lossy(&body);
+            // Go's answer to plain HTTP on a TLS port.
+            if text.contains("HTTP request to an HTTPS server") {
+                return EtcdError::Url(format!(
+                    "{url}: the member serves clients over TLS: write https://{authority}"
+                ));
+            }
+            // etcd (Debian's 3.4 does) with its authentication on refuses a client certificate
+            // with a CommonName on the JSON gateway: the CN would be taken for a user.
+            if text.contains("CommonName of client") {
+                return EtcdError::Auth(format!(
+                    "{url}: {}: with authentication on, etcd takes no client certificate with \
+                     a CommonName (CN) on its JSON gateway, which cairn speaks: give cairn a \
+                     certificate whose subject has no CN (e.g. /O=cairn), and the user with \
+                     --etcd-user",
+                    text.trim()
+                ));
+            }
+            EtcdError::Server(format!("{url}: HTTP {status}: not JSON ({e}): {text}"))
         })?;
         if status != 200 {
             let msg = v
@@ -416,6 +800,68 @@ impl Etcd {
     }
 }
 
+/// The reasons in an OpenSSL error stack, without its codes, source files and lines.
+fn stack_reasons(stack: &openssl::error::ErrorStack) -> String {
+    let why: Vec<&str> = stack
+        .errors()
+        .iter()
+        .map(|x| x.reason().unwrap_or("unknown"))
+        .collect();
+    match why.is_empty() {
+        true => "OpenSSL gave no reason".into(),
+        false => why.join("; "),
+    }
+}
+
+/// The reasons OpenSSL gives for a failed TLS call.
+fn ssl_reasons(e: &openssl::ssl::Error) -> Option<String> {
+    e.ssl_error().map(stack_reasons)
+}
+
+/// What refusing this client's certificate (or its absence) looks like: an alert from
+/// the member. TLS 1.2 sends it during the handshake, TLS 1.3 after it, in place of the
+/// answer.
+fn refused_certificate(reasons: &str) -> Option<String> {
+    let r = reasons.to_ascii_lowercase();
+    (r.contains("alert") && (r.contains("certificate") || r.contains("unknown ca"))).then(|| {
+        format!(
+            "the member refused this client's certificate ({reasons}): etcd with \
+             --client-cert-auth wants --etcd-cert and --etcd-key, signed by a CA in its \
+             --trusted-ca-file"
+        )
+    })
+}
+
+/// A failed TLS handshake in a sentence, and whether it is about certificates (`true`)
+/// rather than a member that cannot be reached.
+fn tls_failure(e: &openssl::ssl::Error) -> (String, bool) {
+    if let Some(io) = e.io_error() {
+        return (format!("TLS handshake: {io}"), false);
+    }
+    let Some(reasons) = ssl_reasons(e) else {
+        return (
+            "TLS handshake: the member closed the connection".into(),
+            false,
+        );
+    };
+    if let Some(m) = refused_certificate(&reasons) {
+        return (m, true);
+    }
+    let hint = if reasons.contains("wrong version number") || reasons.contains("packet length") {
+        " (does the member serve plain http? then write http://)"
+    } else {
+        ""
+    };
+    (format!("TLS handshake failed: {reasons}{hint}"), false)
+}
+
+/// A read or write that failed because the member refused this client's certificate
+/// after the handshake (TLS 1.3).
+fn tls_refusal(e: &std::io::Error) -> Option<String> {
+    let ssl = e.get_ref()?.downcast_ref::<openssl::ssl::Error>()?;
+    refused_certificate(&ssl_reasons(ssl)?)
+}
+
 fn key_value(kv: &Value) -> Result<KeyValue> {
     Ok(KeyValue {
         value: unb64(&kv["value"])?,
@@ -526,14 +972,94 @@ mod tests {
     fn urls() {
         assert!(Etcd::new("http://127.0.0.1:2379").is_ok());
         assert!(Etcd::new("http://etcd:2379/").is_ok());
-        assert!(Etcd::new("https://etcd:2379").is_err());
+        let e = Etcd::new("https://etcd:2379/,https://[::1]:2379").unwrap();
+        assert_eq!(e.url(), "https://etcd:2379,https://[::1]:2379");
+        assert_eq!(e.current_url(), "https://etcd:2379");
+        assert!(Etcd::new("https://etcd").is_err());
         assert!(Etcd::new("etcd:2379").is_err());
         assert!(Etcd::new("http://etcd").is_err());
         assert!(Etcd::new("http://etcd:1/v3").is_err());
         let e = Etcd::new("http://a:2379, http://b:2379/,http://a:2379").unwrap();
         assert_eq!(e.url(), "http://a:2379,http://b:2379");
         assert!(Etcd::new("http://a:2379,").is_err());
-        assert!(Etcd::new("http://a:2379,https://b:2379").is_err());
+        for mixed in [
+            "http://a:2379,https://b:2379",
+            "https://a:2379,http://b:2379",
+        ] {
+            let err = Etcd::new(mixed).unwrap_err();
+            assert!(err.to_string().contains("http:// and https://"), "{err}");
+        }
+    }
+
+    #[test]
+    fn tls_files() {
+        let files = |ca: &str, cert: &str, key: &str| {
+            let p = |s: &str| (!s.is_empty()).then(|| PathBuf::from(s));
+            EtcdTls {
+                cacert: p(ca),
+                cert: p(cert),
+                key: p(key),
+            }
+        };
+        // Files that would go unused: refused.
+        let err = Etcd::with_tls("http://a:2379", &files("/ca.pem", "", "")).unwrap_err();
+        assert!(matches!(err, EtcdError::Url(_)), "{err}");
+        assert!(err.to_string().contains("https://"), "{err}");
+        // A certificate without its key, and the reverse.
+        for f in [files("", "/c.pem", ""), files("", "", "/k.pem")] {
+            let err = Etcd::with_tls("https://a:2379", &f).unwrap_err();
+            assert!(matches!(err, EtcdError::Tls(_)), "{err}");
+        }
+        // A missing file is named.
+        let err =
+            Etcd::with_tls("https://a:2379", &files("/nonexistent-ca.pem", "", "")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent-ca.pem"), "{err}");
+        // A file that holds no certificate.
+        let err = Etcd::with_tls("https://a:2379", &files("/dev/null", "", "")).unwrap_err();
+        assert!(err.to_string().contains("/dev/null"), "{err}");
+        // No files: the system's roots.
+        assert!(Etcd::with_tls("https://a:2379", &EtcdTls::default()).is_ok());
+    }
+
+    #[test]
+    fn a_tls_handshake_without_an_answer_times_out_and_moves_on() {
+        // Takes connections and says nothing: the handshake's first read waits.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let silent = format!("https://{}", l.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for c in l.incoming().flatten() {
+                held.push(c);
+            }
+        });
+        let other = closed_port().replace("http://", "https://");
+        let e = Etcd::new(&format!("{silent},{other}"))
+            .unwrap()
+            .with_timeout(Duration::from_millis(300));
+        let err = e.grant(5).unwrap_err();
+        assert!(matches!(err, EtcdError::Io(_)), "{err:?}");
+        let m = err.to_string();
+        assert!(
+            m.contains(&format!("{silent}: TLS handshake: no answer")),
+            "{m}"
+        );
+        assert!(m.contains(&format!("{other} connect")), "{m}");
+    }
+
+    #[test]
+    fn plain_http_to_a_tls_member_says_so() {
+        let tls_port = answering(
+            "400 Bad Request",
+            "Client sent an HTTP request to an HTTPS server.\n",
+        );
+        let err = Etcd::new(&tls_port).unwrap().grant(5).unwrap_err();
+        assert!(matches!(err, EtcdError::Url(_)), "{err:?}");
+        assert!(err.to_string().contains("https://"), "{err}");
+        // And TLS to a plain member: a handshake failure, passed over as unreachable.
+        let plain = answering("200 OK", "{}").replace("http://", "https://");
+        let err = Etcd::new(&plain).unwrap().grant(5).unwrap_err();
+        assert!(matches!(err, EtcdError::Io(_)), "{err:?}");
+        assert!(err.to_string().contains("TLS handshake"), "{err}");
     }
 
     /// A port nothing listens on (bound, then let go).

@@ -19,7 +19,7 @@ pub mod ondisk;
 pub mod owner;
 
 pub use cairn_nbd::fence::{FenceAnswer, FenceToken, OwnerId};
-pub use etcd::Etcd;
+pub use etcd::{Etcd, EtcdTls};
 pub use lease::{owner_key, FencedDevice, Lease, LeaseError, LeaseGuard};
 pub use ondisk::{MemberStore, OwnerRecord, RecordStore, RECORD_AREA};
 pub use owner::{release, take_over, take_over_whole, Owned, Rules, TakeoverError};
