@@ -36,6 +36,7 @@ needed=(
   "certtool gnutls-bin"  # tests/interop/tls.sh: a throwaway CA and certificates
   "psktool gnutls-bin"   # tests/interop/tls.sh: PSK files (username:hexkey)
   "pkg-config pkg-config"  # the openssl crate finds libssl with it
+  "openssl openssl"  # crates/cluster tests and fence.sh etcd_tls: a throwaway CA for etcd over TLS
 )
 
 missing=()
