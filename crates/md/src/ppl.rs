@@ -37,6 +37,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
+use cairn_block::overlap::Overlap;
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
 use crate::layout::{ParityLayout, StripeMap};
@@ -660,6 +661,72 @@ fn read_ring(
     Some((h, scan(&ring, &h, role)))
 }
 
+/// [`read_ring`] for every role when each member present completes later: the ring
+/// headers are sent together from this thread, then (`entries`) the rings of those that
+/// are usable, each batch waited for once. Headers of another log are kept here; the
+/// caller drops every ring whose log id is not the first one's, as it does after
+/// `read_ring`. `None` when some member does not complete later.
+#[allow(clippy::type_complexity)]
+fn read_rings_later(
+    array: &Array,
+    n: usize,
+    (start, end): (u64, u64),
+    uuid: Uuid,
+    entries: bool,
+) -> Option<Vec<Option<(RingHeader, Vec<Found>)>>> {
+    let members: Vec<_> = (0..n)
+        .filter_map(|role| Some((role, array.slots[role].member()?)))
+        .collect();
+    if members.is_empty() || !members.iter().all(|(_, m)| m.dev.completes_later()) {
+        return None;
+    }
+    let heads = cairn_block::overlap::start_all(members.iter().collect(), |(_, m), answer| {
+        m.dev.read_then(small(BLOCK), start, answer);
+    });
+    let usable: Vec<_> = members
+        .iter()
+        .zip(heads)
+        .filter_map(|((role, m), b)| {
+            let b = b?.ok().filter(|b| b.len() == small(BLOCK))?;
+            let HeaderCheck::Usable(h) = check_header(&b, (start, end), uuid) else {
+                return None;
+            };
+            Some((*role, m, h))
+        })
+        .collect();
+    let rings = if entries {
+        cairn_block::overlap::start_all(usable.iter().collect(), |(_, m, h), answer| {
+            m.dev.read_then(small(h.ring_len), h.ring_off, answer);
+        })
+    } else {
+        Vec::new()
+    };
+    let mut out: Vec<Option<(RingHeader, Vec<Found>)>> = (0..n).map(|_| None).collect();
+    let mut rings = rings.into_iter();
+    for (role, _, h) in usable {
+        if !entries {
+            out[role] = Some((h, Vec::new()));
+            continue;
+        }
+        let ring = match rings.next().flatten().unwrap_or_else(|| Err(unanswered())) {
+            Ok(ring) if ring.len() == small(h.ring_len) => Ok(ring),
+            Ok(ring) => Err(Error::new(
+                ErrorKind::Io,
+                format!("the device answered {} bytes", ring.len()),
+            )),
+            Err(e) => Err(e),
+        };
+        match ring {
+            Ok(ring) => out[role] = Some((h, scan(&ring, &h, role))),
+            Err(e) => tracing::warn!(
+                "{}: reading its partial-parity log: {e}",
+                array.describe_role(role)
+            ),
+        }
+    }
+    Some(out)
+}
+
 /// Every valid live entry in a ring image.
 fn scan(ring: &[u8], h: &RingHeader, role: usize) -> Vec<Found> {
     let mut out = Vec::new();
@@ -704,15 +771,19 @@ impl Ppl {
             return Ok(None);
         };
         let n = pl.raid_disks();
-        let mut rings: Vec<Option<(RingHeader, Vec<Found>)>> = Vec::with_capacity(n);
-        let mut log_id = None;
-        for role in 0..n {
-            let r = read_ring(array, role, (start, end), sb.set_uuid, log_id, dirty);
-            if let Some((h, _)) = &r {
-                log_id = Some(h.log_id);
-            }
-            rings.push(r);
-        }
+        let mut rings = read_rings_later(array, n, (start, end), sb.set_uuid, dirty)
+            .unwrap_or_else(|| {
+                let mut rings = Vec::with_capacity(n);
+                let mut log_id = None;
+                for role in 0..n {
+                    let r = read_ring(array, role, (start, end), sb.set_uuid, log_id, dirty);
+                    if let Some((h, _)) = &r {
+                        log_id = Some(h.log_id);
+                    }
+                    rings.push(r);
+                }
+                rings
+            });
         let Some(first) = rings.iter().flatten().map(|r| r.0).next() else {
             return Ok(None);
         };
@@ -917,10 +988,12 @@ fn replay_rows(
             .map(|d| t.iter().any(|&(td, a, b)| td == d && a <= s0 && s1 <= b))
             .collect();
         let mut rows: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; len]).collect();
-        for m in 0..n {
-            if !down[m] {
-                array.read_member(m, &mut rows[m], s * c + s0)?;
-            }
+        // Over members that complete later these go out at once (`read_members`).
+        let reads = rows.iter_mut().enumerate().filter(|(m, _)| !down[*m]);
+        let reads = reads.map(|(m, row)| (m, (m, row.as_mut_slice(), s * c + s0)));
+        let failed = array.read_members(reads.collect(), Overlap::No);
+        if let Some((_, e)) = failed.into_iter().flatten().next() {
+            return Err(e);
         }
         // 1. Chunks not being written that are missing: from PP/PQ, over a stripe whose
         //    written chunks count as zero.
@@ -986,13 +1059,20 @@ fn replay_rows(
         // 3. Parity to match.
         let refs: Vec<&[u8]> = map.data.iter().map(|&m| rows[m].as_slice()).collect();
         let (p, q) = array.gen_parity(map, &refs);
+        let mut writes = Vec::new();
         if !down[map.p] && p != rows[map.p] {
-            array.write_member(map.p, &p, s * c + s0, WriteFlags::NONE)?;
+            writes.push((map.p, (map.p, Bytes::Borrowed(p.as_slice()), s * c + s0)));
         }
-        if let (Some(qm), Some(q)) = (map.q, q) {
-            if !down[qm] && q != rows[qm] {
-                array.write_member(qm, &q, s * c + s0, WriteFlags::NONE)?;
+        if let (Some(qm), Some(q)) = (map.q, &q) {
+            if !down[qm] && *q != rows[qm] {
+                writes.push((qm, (qm, Bytes::Borrowed(q.as_slice()), s * c + s0)));
             }
+        }
+        // Both have answered before this returns, so before the flush and the new ring
+        // headers that drop the entry (`Ppl::open`).
+        let failed = array.write_members(writes, WriteFlags::NONE, Overlap::No);
+        if let Some((_, e)) = failed.into_iter().flatten().next() {
+            return Err(e);
         }
     }
     Ok(())

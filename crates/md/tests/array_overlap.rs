@@ -275,6 +275,8 @@ fn ppl_over_members_that_complete_later_degraded() {
 struct Seen {
     /// Synchronous reads and writes (`read_at`, `write_at`) since the last reset.
     sync: AtomicU64,
+    /// The reads among them.
+    sync_reads: AtomicU64,
     /// `(member, 'r' | 'w' | 'f', offset, calling thread)` of each `*_then`.
     later: Mutex<Vec<(usize, char, u64, ThreadId)>>,
     /// Read answers held back until `expect` reads are outstanding together.
@@ -284,14 +286,26 @@ struct Seen {
     most: AtomicUsize,
     /// Held answers released by the watchdog, not by `expect` being reached.
     timed_out: AtomicBool,
+    /// With `expect` 0: how long a read or write waits before it is answered (from its
+    /// own thread), in microseconds.
+    delay_us: AtomicU64,
+    /// Reads sent and not yet answered, and the most of them at once.
+    reading: AtomicUsize,
+    most_reading: AtomicUsize,
 }
 
 impl Seen {
     fn reset(&self, expect: usize) {
         self.sync.store(0, Ordering::SeqCst);
+        self.sync_reads.store(0, Ordering::SeqCst);
         self.later.lock().unwrap().clear();
         self.most.store(0, Ordering::SeqCst);
+        self.most_reading.store(0, Ordering::SeqCst);
         self.expect.store(expect, Ordering::SeqCst);
+    }
+
+    fn delay(&self) -> Duration {
+        Duration::from_micros(self.delay_us.load(Ordering::SeqCst))
     }
 
     fn later_ops(&self, kind: char) -> Vec<(usize, u64, ThreadId)> {
@@ -310,7 +324,11 @@ impl Seen {
     fn hold(self: &Arc<Seen>, answer: Box<dyn FnOnce() + Send>) {
         let expect = self.expect.load(Ordering::SeqCst);
         if expect == 0 {
-            std::thread::spawn(answer);
+            let delay = self.delay();
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                answer();
+            });
             return;
         }
         let mut held = self.held.lock().unwrap();
@@ -363,6 +381,7 @@ impl BlockDevice for Counted {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.seen.sync.fetch_add(1, Ordering::SeqCst);
+        self.seen.sync_reads.fetch_add(1, Ordering::SeqCst);
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
@@ -371,14 +390,24 @@ impl BlockDevice for Counted {
     }
     fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
         self.note('r', offset);
+        let now = self.seen.reading.fetch_add(1, Ordering::SeqCst) + 1;
+        self.seen.most_reading.fetch_max(now, Ordering::SeqCst);
         let mut buf = vec![0u8; len];
         let r = self.inner.read_at(&mut buf, offset).map(|()| buf);
-        self.seen.hold(Box::new(move || done(r)));
+        let seen = self.seen.clone();
+        self.seen.hold(Box::new(move || {
+            seen.reading.fetch_sub(1, Ordering::SeqCst);
+            done(r);
+        }));
     }
     fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
         self.note('w', offset);
         let (inner, buf) = (self.inner.clone(), buf.to_vec());
-        std::thread::spawn(move || done(inner.write_at(&buf, offset, flags)));
+        let delay = self.seen.delay();
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            done(inner.write_at(&buf, offset, flags));
+        });
     }
     fn flush_then(&self, done: WriteDone) {
         self.note('f', 0);
@@ -598,5 +627,233 @@ fn the_partial_parity_log_writes_on_the_later_path() {
     assert!(
         back == model,
         "seed {seed}: the array differs from the model"
+    );
+}
+
+// ---- the background work and the log's replay over members that complete later -------
+
+/// A [`Counted`] member of its own 4 MiB (the spare of a rebuild).
+fn counted_spare(member: usize, seen: &Arc<Seen>) -> Arc<dyn BlockDevice> {
+    Arc::new(Counted {
+        inner: Arc::new(MemDisk::new(4 << 20)),
+        member,
+        seen: seen.clone(),
+    })
+}
+
+/// Asserts that since the last reset every member read went out through `read_then`
+/// from this thread, none through the worker pool, and at least `most` of them were
+/// outstanding together.
+fn reads_at_once(seen: &Seen, most: usize, what: &str) {
+    let me = std::thread::current().id();
+    let reads = seen.later_ops('r');
+    assert_eq!(
+        seen.sync_reads.load(Ordering::SeqCst),
+        0,
+        "{what}: a member was read synchronously (through the worker pool)"
+    );
+    assert!(!reads.is_empty(), "{what}: no member read was started");
+    assert!(
+        reads.iter().all(|r| r.2 == me),
+        "{what}: a member read was sent from another thread"
+    );
+    let at_once = seen.most_reading.load(Ordering::SeqCst);
+    assert!(
+        at_once >= most,
+        "{what}: {at_once} reads outstanding at once, not a whole window ({most})"
+    );
+}
+
+#[test]
+fn a_rebuild_sends_a_windows_reads_at_once_from_its_own_thread() {
+    // (level, members, reads outstanding at once: a window of 16 stripes of 8 KiB with
+    // three chunks read each; of mirrors up to 4 units of 1 MiB, one read each at least,
+    // and RAID1's members hold 3 of them)
+    for (level, n, most) in [
+        (Level::Raid5, 4, 48),
+        (Level::Raid6, 5, 48),
+        (Level::Raid1, 2, 3),
+        (Level::Raid10, 4, 4),
+    ] {
+        let (a, seen, _) = counted_array(level, n);
+        // Members with a millisecond of latency: windows of many units.
+        seen.delay_us.store(2000, Ordering::SeqCst);
+        let size = usize::try_from(a.geometry().size).unwrap();
+        let data = pattern(size, 21);
+        a.write_at(&data, 0, WriteFlags::NONE).unwrap();
+        a.fail("d1").unwrap();
+        a.add(counted_spare(n, &seen), "spare".into(), false)
+            .unwrap();
+        seen.reset(0);
+        a.run_pending().unwrap();
+        let r = a.report();
+        assert!(!r.state.degraded, "{level}: {}", r.state_text);
+        reads_at_once(&seen, most, &format!("{level} rebuild"));
+        // The rebuilt member agrees with the rest, and serves without d0.
+        let check = a.scrub(false, &|_, _| true).unwrap();
+        assert_eq!(check.mismatch_sectors, 0, "{level}: {check:#?}");
+        a.fail("d0").unwrap();
+        let mut back = vec![0u8; size];
+        a.read_at(&mut back, 0).unwrap();
+        assert!(back == data, "{level}: the rebuilt member holds other data");
+    }
+}
+
+#[test]
+fn a_scrub_sends_a_windows_reads_at_once_and_finds_what_plain_members_show() {
+    for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 5), (Level::Raid10, 4)] {
+        let (a, seen, mems) = counted_array(level, n);
+        let size = usize::try_from(a.geometry().size).unwrap();
+        a.write_at(&pattern(size, 31), 0, WriteFlags::NONE).unwrap();
+        a.close().unwrap();
+        drop(a);
+        // Some sectors of member 2 changed behind the array's back.
+        for (i, at) in [(2u8, 2u64 << 20), (3, (3 << 20) + 4096)].into_iter() {
+            mems[2]
+                .write_at(&pattern(4096, i), at, WriteFlags::NONE)
+                .unwrap();
+        }
+        let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+        let copies = mems
+            .iter()
+            .map(|m| {
+                let mut b = vec![0u8; usize::try_from(m.geometry().size).unwrap()];
+                m.read_at(&mut b, 0).unwrap();
+                Arc::new(MemDisk::from_bytes(&b)) as Arc<dyn BlockDevice>
+            })
+            .collect();
+        let plain = Array::assemble(copies, names.clone(), AssembleOptions::default()).unwrap();
+        let want = plain.scrub(false, &|_, _| true).unwrap();
+        drop(plain);
+        let counted = mems
+            .iter()
+            .enumerate()
+            .map(|(member, inner)| -> Arc<dyn BlockDevice> {
+                Arc::new(Counted {
+                    inner: inner.clone(),
+                    member,
+                    seen: seen.clone(),
+                })
+            })
+            .collect();
+        let a = Array::assemble(counted, names, AssembleOptions::default()).unwrap();
+        seen.delay_us.store(2000, Ordering::SeqCst);
+        seen.reset(0);
+        let got = a.scrub(false, &|_, _| true).unwrap();
+        assert!(want.mismatch_sectors > 0, "{level}: {want:#?}");
+        assert_eq!(
+            got, want,
+            "{level}: the check over members completing later"
+        );
+        // Stripes: a window of 16, every member read; mirrors: every copy of 4 units.
+        let most = if level == Level::Raid10 {
+            4 * n
+        } else {
+            16 * n
+        };
+        reads_at_once(&seen, most, &format!("{level} check"));
+    }
+}
+
+#[test]
+fn the_log_is_replayed_at_assembly_with_each_batch_of_reads_at_once() {
+    let n = 4;
+    let (a, _, mems) = counted_array(Level::Raid5, n);
+    // Partial-stripe writes leave live entries; the images are taken while the array
+    // is open (dirty), and member 1's parity of one written row is then lost, as if the
+    // crash came between the data write and the parity write.
+    for i in 0..8u8 {
+        let off = u64::from(i) * (96 << 10) + 4096;
+        a.write_at(&pattern(4096, i), off, WriteFlags::NONE)
+            .unwrap();
+    }
+    let mut images: Vec<Vec<u8>> = mems
+        .iter()
+        .map(|m| {
+            let mut b = vec![0u8; usize::try_from(m.geometry().size).unwrap()];
+            m.read_at(&mut b, 0).unwrap();
+            b
+        })
+        .collect();
+    drop(a);
+    // Stripe 0's parity (member 3, left-symmetric) of the row written.
+    let sb = Superblock::read_from(&*mems[3], "d3", FeaturePolicy::Supported).unwrap();
+    let row = usize::try_from(sb.data_offset.0 * 512).unwrap() + 4096;
+    let lost = pattern(4096, 99);
+    images[3][row..row + 4096].copy_from_slice(&lost);
+    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+    let fresh = || -> Vec<Arc<MemDisk>> {
+        images
+            .iter()
+            .map(|b| Arc::new(MemDisk::from_bytes(b)))
+            .collect()
+    };
+    let read_all = |a: &Array| {
+        let mut b = vec![0u8; usize::try_from(a.geometry().size).unwrap()];
+        a.read_at(&mut b, 0).unwrap();
+        b
+    };
+    // Over plain members, and over members that complete later: the same array after
+    // the replay, the same member images.
+    let plain_disks = fresh();
+    let plain = Array::assemble(
+        plain_disks
+            .iter()
+            .map(|d| d.clone() as Arc<dyn BlockDevice>)
+            .collect(),
+        names.clone(),
+        AssembleOptions::default(),
+    )
+    .unwrap();
+    let want = read_all(&plain);
+    drop(plain);
+    let seen = Arc::new(Seen::default());
+    // Every read held until all `n` of its batch are out (the ring headers, the rings,
+    // then each replayed row).
+    seen.reset(n);
+    let later_disks = fresh();
+    let counted = later_disks
+        .iter()
+        .enumerate()
+        .map(|(member, inner)| -> Arc<dyn BlockDevice> {
+            Arc::new(Counted {
+                inner: inner.clone(),
+                member,
+                seen: seen.clone(),
+            })
+        })
+        .collect();
+    let a = Array::assemble(counted, names, AssembleOptions::default()).unwrap();
+    let reads = seen.later_ops('r');
+    let me = std::thread::current().id();
+    assert!(
+        reads.len() >= 3 * n,
+        "the replay's reads did not go through read_then: {reads:?}"
+    );
+    assert!(
+        reads.iter().all(|r| r.2 == me),
+        "a read was sent from another thread"
+    );
+    assert_eq!(
+        seen.most.load(Ordering::SeqCst),
+        n,
+        "not a whole batch at once"
+    );
+    assert!(!seen.timed_out.load(Ordering::SeqCst), "waited per read");
+    seen.reset(0);
+    assert!(read_all(&a) == want, "the arrays differ after the replay");
+    drop(a);
+    let parity = |d: &MemDisk| {
+        let mut b = vec![0u8; 4096];
+        d.read_at(&mut b, u64::try_from(row).unwrap()).unwrap();
+        b
+    };
+    assert!(
+        parity(&plain_disks[3]) != lost,
+        "the replay left the parity lost"
+    );
+    assert!(
+        parity(&plain_disks[3]) == parity(&later_disks[3]),
+        "the replays wrote different parity"
     );
 }
