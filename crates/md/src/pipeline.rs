@@ -13,6 +13,10 @@
 //!                                read N+1            (an I/O worker) ] )
 //!                   else: compute + write N alone; N+1 is locked and read next step
 //!      Stage::done(N) under N's locks, N's locks dropped, N+1 becomes "ahead"
+//!
+//!   every member up completes later (remote members): no worker; from this thread
+//!      start every read of N+1 ─► compute N, start every write of N, wait once
+//!      ─► wait once for N+1's reads           (Stage::read_jobs / write_jobs)
 //! ```
 //!
 //! Rules kept from the one-window work:

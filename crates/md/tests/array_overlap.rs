@@ -857,3 +857,125 @@ fn the_log_is_replayed_at_assembly_with_each_batch_of_reads_at_once() {
         "the replays wrote different parity"
     );
 }
+
+/// `level` over `n` 4 MiB memory members (16-sector chunks, an internal bitmap of 64 KiB
+/// chunks, `garbage` on the members before: a resync pending), closed and assembled over
+/// [`Counted`] wrappers of them sharing one [`Seen`].
+fn counted_with_bitmap(level: Level, n: usize, garbage: bool) -> (Array, Arc<Seen>) {
+    let mems: Vec<Arc<dyn BlockDevice>> = (0..n)
+        .map(|i| {
+            let fill = if garbage {
+                pattern(4 << 20, u8::try_from(40 + i).unwrap())
+            } else {
+                vec![0u8; 4 << 20]
+            };
+            Arc::new(MemDisk::from_bytes(&fill)) as Arc<dyn BlockDevice>
+        })
+        .collect();
+    let mut o = CreateOptions::new(level, "counted");
+    o.chunk = Some(Sectors(16));
+    o.members_zeroed = !garbage;
+    o.force = true;
+    o.bitmap = cairn_md::BitmapChoice::Internal {
+        chunk_bytes: Some(64 << 10),
+    };
+    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+    Array::create(mems.clone(), names.clone(), &o)
+        .unwrap()
+        .close()
+        .unwrap();
+    let seen = Arc::new(Seen::default());
+    let devs = mems
+        .into_iter()
+        .enumerate()
+        .map(|(member, inner)| -> Arc<dyn BlockDevice> {
+            Arc::new(Counted {
+                inner,
+                member,
+                seen: seen.clone(),
+            })
+        })
+        .collect();
+    let a = Array::assemble(devs, names, AssembleOptions::default()).unwrap();
+    a.set_bitmap_daemon_sleep(Duration::ZERO);
+    (a, seen)
+}
+
+/// Runs the pending background work with every member read counted: none may be
+/// synchronous (the worker pool), each sent from this thread, at least `most` at once.
+/// Then the array must check clean and read back `model`.
+fn run_counted(a: &Array, seen: &Seen, model: &[u8], most: usize, what: &str) {
+    seen.delay_us.store(1000, Ordering::SeqCst);
+    seen.reset(0);
+    a.run_pending().unwrap();
+    let r = a.report();
+    assert!(
+        !r.state.degraded && !r.state.resync_pending,
+        "{what}: {}",
+        r.state_text
+    );
+    reads_at_once(seen, most, what);
+    seen.delay_us.store(0, Ordering::SeqCst);
+    let check = a.scrub(false, &|_, _| true).unwrap();
+    assert_eq!(check.mismatch_sectors, 0, "{what}: {check:#?}");
+    let mut back = vec![0u8; model.len()];
+    a.read_at(&mut back, 0).unwrap();
+    assert!(
+        back == model,
+        "{what}: the array differs from what was written"
+    );
+}
+
+#[test]
+fn resync_replace_and_re_add_over_members_that_complete_later() {
+    // (level, members, reads at once of a window: parity 16 stripes, mirrors 3 units or
+    // more; a resync reads the data chunks, a copy onto a replacement the member, a
+    // re-add only the dirty stripes or chunks)
+    for (level, n, resync, replace) in [
+        (Level::Raid5, 4, 48, 16),
+        (Level::Raid6, 5, 48, 16),
+        (Level::Raid1, 2, 3, 3),
+        (Level::Raid10, 4, 3, 3),
+    ] {
+        let (a, seen) = counted_with_bitmap(level, n, true);
+        assert!(a.report().state.resync_pending, "{level}");
+        let size = usize::try_from(a.geometry().size).unwrap();
+        let mut model = pattern(size, 51);
+        a.write_at(&model[..64 << 10], 0, WriteFlags::NONE).unwrap();
+        // The rest as the members hold it (a resync keeps the data, makes copies agree).
+        let mut rest = vec![0u8; size - (64 << 10)];
+        a.read_at(&mut rest, 64 << 10).unwrap();
+        model[64 << 10..].copy_from_slice(&rest);
+        run_counted(&a, &seen, &model, resync, &format!("{level} resync"));
+
+        // The copy onto a replacement.
+        a.replace("d0", Some((counted_spare(n, &seen), "new".into())), false)
+            .unwrap();
+        run_counted(&a, &seen, &model, replace, &format!("{level} replace"));
+        a.remove("d0").unwrap();
+
+        // A member out for a while, re-added: only what was written meanwhile.
+        let victim = a.member(1).unwrap();
+        a.fail("d1").unwrap();
+        a.remove("d1").unwrap();
+        for i in 0..4usize {
+            let at = i * (size / 4) + 4096;
+            let data = pattern(4096, u8::try_from(60 + i).unwrap());
+            a.write_at(&data, u64::try_from(at).unwrap(), WriteFlags::NONE)
+                .unwrap();
+            model[at..at + 4096].copy_from_slice(&data);
+        }
+        a.flush().unwrap();
+        let msg = a.add(victim, "d1".into(), false).unwrap();
+        assert!(
+            msg.message.contains("only the"),
+            "{level}: not guided: {msg}"
+        );
+        run_counted(&a, &seen, &model, 1, &format!("{level} re-add"));
+        // The re-added member serves without the one beside it.
+        a.fail("new").unwrap();
+        let mut back = vec![0u8; size];
+        a.read_at(&mut back, 0).unwrap();
+        assert!(back == model, "{level}: the re-added member differs");
+    }
+}
