@@ -675,7 +675,9 @@ fn a_rebuild_sends_a_windows_reads_at_once_from_its_own_thread() {
         (Level::Raid1, 2, 3),
         (Level::Raid10, 4, 4),
     ] {
-        let (a, seen, _) = counted_array(level, n);
+        let (a, seen, mems) = counted_array(level, n);
+        let sb = Superblock::read_from(&*mems[0], "d0", FeaturePolicy::Supported).unwrap();
+        let data_start = sb.data_offset.0 * 512;
         // Members with a millisecond of latency: windows of many units.
         seen.delay_us.store(2000, Ordering::SeqCst);
         let size = usize::try_from(a.geometry().size).unwrap();
@@ -689,6 +691,21 @@ fn a_rebuild_sends_a_windows_reads_at_once_from_its_own_thread() {
         let r = a.report();
         assert!(!r.state.degraded, "{level}: {}", r.state_text);
         reads_at_once(&seen, most, &format!("{level} rebuild"));
+        // The rebuilt member's writes too: started from this thread, not on workers.
+        let me = std::thread::current().id();
+        let writes: Vec<_> = seen
+            .later_ops('w')
+            .into_iter()
+            .filter(|w| w.0 == n && w.1 >= data_start)
+            .collect();
+        assert!(
+            writes.len() >= 3,
+            "{level}: the spare was written {writes:?}"
+        );
+        assert!(
+            writes.iter().all(|w| w.2 == me),
+            "{level}: a write to the spare was sent from another thread"
+        );
         // The rebuilt member agrees with the rest, and serves without d0.
         let check = a.scrub(false, &|_, _| true).unwrap();
         assert_eq!(check.mismatch_sectors, 0, "{level}: {check:#?}");
