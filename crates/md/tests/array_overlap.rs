@@ -632,6 +632,11 @@ fn the_partial_parity_log_writes_on_the_later_path() {
 
 // ---- the background work and the log's replay over members that complete later -------
 
+/// How long [`Counted`] members take to answer in the background work's tests: long
+/// beside sending a window's reads (each starts a thread here), so that every read of a
+/// window sent at once is seen outstanding together.
+const ANSWER_AFTER_US: u64 = 10_000;
+
 /// A [`Counted`] member of its own 4 MiB (the spare of a rebuild).
 fn counted_spare(member: usize, seen: &Arc<Seen>) -> Arc<dyn BlockDevice> {
     Arc::new(Counted {
@@ -678,16 +683,16 @@ fn a_rebuild_sends_a_windows_reads_at_once_from_its_own_thread() {
         let (a, seen, mems) = counted_array(level, n);
         let sb = Superblock::read_from(&*mems[0], "d0", FeaturePolicy::Supported).unwrap();
         let data_start = sb.data_offset.0 * 512;
-        // Members with a millisecond of latency: windows of many units.
-        seen.delay_us.store(2000, Ordering::SeqCst);
         let size = usize::try_from(a.geometry().size).unwrap();
         let data = pattern(size, 21);
         a.write_at(&data, 0, WriteFlags::NONE).unwrap();
         a.fail("d1").unwrap();
         a.add(counted_spare(n, &seen), "spare".into(), false)
             .unwrap();
+        seen.delay_us.store(ANSWER_AFTER_US, Ordering::SeqCst);
         seen.reset(0);
         a.run_pending().unwrap();
+        seen.delay_us.store(0, Ordering::SeqCst);
         let r = a.report();
         assert!(!r.state.degraded, "{level}: {}", r.state_text);
         reads_at_once(&seen, most, &format!("{level} rebuild"));
@@ -754,7 +759,7 @@ fn a_scrub_sends_a_windows_reads_at_once_and_finds_what_plain_members_show() {
             })
             .collect();
         let a = Array::assemble(counted, names, AssembleOptions::default()).unwrap();
-        seen.delay_us.store(2000, Ordering::SeqCst);
+        seen.delay_us.store(ANSWER_AFTER_US, Ordering::SeqCst);
         seen.reset(0);
         let got = a.scrub(false, &|_, _| true).unwrap();
         assert!(want.mismatch_sectors > 0, "{level}: {want:#?}");
@@ -922,7 +927,7 @@ fn counted_with_bitmap(level: Level, n: usize, garbage: bool) -> (Array, Arc<See
 /// synchronous (the worker pool), each sent from this thread, at least `most` at once.
 /// Then the array must check clean and read back `model`.
 fn run_counted(a: &Array, seen: &Seen, model: &[u8], most: usize, what: &str) {
-    seen.delay_us.store(1000, Ordering::SeqCst);
+    seen.delay_us.store(ANSWER_AFTER_US, Ordering::SeqCst);
     seen.reset(0);
     a.run_pending().unwrap();
     let r = a.report();
