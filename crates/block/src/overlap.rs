@@ -250,8 +250,21 @@ impl<R> Drop for Slot<R> {
 /// caller sleeps once however many operations it waits for.
 pub fn start_all<J, R: Send + 'static>(
     jobs: Vec<J>,
-    mut start: impl FnMut(J, Answer<R>),
+    start: impl FnMut(J, Answer<R>),
 ) -> Vec<Option<R>> {
+    start_all_while(jobs, start, || ()).0
+}
+
+/// [`start_all`] that runs `meanwhile` on this thread once every job is started and
+/// before it waits: other work (the writes of a window whose next reads these are) is
+/// done while the operations are out. Nothing a job borrows is held by its operation
+/// (a device copies what it sends), so `meanwhile` may panic: the answers still arrive
+/// into their own slots.
+pub fn start_all_while<J, R: Send + 'static, T>(
+    jobs: Vec<J>,
+    mut start: impl FnMut(J, Answer<R>),
+    meanwhile: impl FnOnce() -> T,
+) -> (Vec<Option<R>>, T) {
     let n = jobs.len();
     let due = Arc::new(Due {
         state: Mutex::new((n, (0..n).map(|_| None).collect())),
@@ -271,11 +284,12 @@ pub fn start_all<J, R: Send + 'static>(
             }),
         );
     }
+    let other = meanwhile();
     let mut s = due.state.lock().unwrap_or_else(PoisonError::into_inner);
     while s.0 > 0 {
         s = due.all.wait(s).unwrap_or_else(PoisonError::into_inner);
     }
-    std::mem::take(&mut s.1)
+    (std::mem::take(&mut s.1), other)
 }
 
 /// How a layer issues a request's member operations ([`fan_out`]).

@@ -13,6 +13,10 @@
 //!                                read N+1            (an I/O worker) ] )
 //!                   else: compute + write N alone; N+1 is locked and read next step
 //!      Stage::done(N) under N's locks, N's locks dropped, N+1 becomes "ahead"
+//!
+//!   every member up completes later (remote members): no worker; from this thread
+//!      start every read of N+1 ─► compute N, start every write of N, wait once
+//!      ─► wait once for N+1's reads           (Stage::read_jobs / write_jobs)
 //! ```
 //!
 //! Rules kept from the one-window work:
@@ -58,15 +62,18 @@ use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
 use cairn_block::overlap::{fan_out, overlap, Overlap};
-use cairn_block::{Result, WriteFlags};
+use cairn_block::{Error, Result, WriteFlags};
 
 use crate::layout::ParityLayout;
-use crate::state::Array;
+use crate::state::{Array, Bytes, ReadJob};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
 /// Member bytes a parity rebuild or resync works on at once over members with latency
 /// (that many stripes under their locks, their reads at once).
 pub(crate) const WINDOW_BYTES: u64 = 4 << 20;
+
+/// A member write: (role, bytes, offset in the member's data area).
+pub(crate) type WriteJob<'b> = (usize, Bytes<'b>, u64);
 
 /// What a pipelined job does with each stripe.
 pub(crate) trait Stage: Sync {
@@ -75,6 +82,42 @@ pub(crate) trait Stage: Sync {
     /// Reads what the stripe needs (on an I/O worker when read ahead); a failure is
     /// left for [`Stage::finish`] to deal with.
     fn read(&self, stripe: u64, buf: &mut Self::Buf);
+    /// The member reads of [`Stage::read`] for a window whose reads all go out at once
+    /// (members that complete later): the buffers made ready and the reads, none when
+    /// the unit needs none. `None`: this stage reads its units one by one.
+    fn read_jobs<'b>(&self, stripe: u64, buf: &'b mut Self::Buf) -> Option<Vec<ReadJob<'b>>> {
+        let _ = (stripe, buf);
+        None
+    }
+    /// What [`Stage::read`] does once the reads of [`Stage::read_jobs`] are in, `failed`
+    /// holding each one's error (with what follows from it, as after `read_member`).
+    fn read_done(&self, stripe: u64, buf: &mut Self::Buf, failed: Vec<Option<Error>>) {
+        let _ = (stripe, buf, failed);
+    }
+    /// The member writes of [`Stage::finish`] for a window whose writes all go out at
+    /// once (members that complete later): the unit computed (and any write it cannot
+    /// leave to the batch done), and its writes. `None`: this stage finishes its units
+    /// one by one.
+    fn write_jobs<'b>(
+        &self,
+        stripe: u64,
+        buf: &'b mut Self::Buf,
+    ) -> Option<Result<Vec<WriteJob<'b>>>> {
+        let _ = (stripe, buf);
+        None
+    }
+    /// What [`Stage::finish`] does once the writes of [`Stage::write_jobs`] are in,
+    /// `failed` holding each one's member and error; returns the bytes of work the
+    /// unit counts.
+    fn write_done(
+        &self,
+        stripe: u64,
+        buf: &mut Self::Buf,
+        failed: Vec<Option<(usize, Error)>>,
+    ) -> Result<u64> {
+        let _ = (stripe, buf, failed);
+        Ok(0)
+    }
     /// Computes and writes the stripe; returns the bytes of work it counts.
     fn finish(&self, stripe: u64, buf: &mut Self::Buf) -> Result<u64>;
     /// Every unit below `end` is written (called with their locks still held, and the
@@ -158,9 +201,12 @@ impl<'a, S: Stage> Pipe<'a, S> {
     }
 
     /// Sizes the windows from the member latency as it stands (it is measured as the
-    /// work goes, so the first windows may be small).
+    /// work goes, so the first windows may be small). Over members that complete later
+    /// the windows are large whatever it says: their reads and writes are sent from this
+    /// thread and waited for once, which costs no more for many units than for one.
     fn adapt(&mut self) {
-        (self.window, self.how) = if self.array.members_slow() {
+        let large = self.array.members_slow() || self.array.up_members_complete_later();
+        (self.window, self.how) = if large {
             (
                 (WINDOW_BYTES / self.chunk.max(1)).clamp(1, 16),
                 Overlap::Each,
@@ -205,18 +251,31 @@ impl<'a, S: Stage> Pipe<'a, S> {
         let written = match &mut next {
             None => self.finish(&mut cur),
             Some((nw, _)) => {
-                // The work on this thread, the read-ahead on a worker (or here after
-                // the work when no worker is free).
-                let jobs: Vec<(bool, &mut Window<S::Buf>)> = vec![(true, &mut cur), (false, nw)];
-                let mut out = overlap(jobs, |(is_finish, w)| {
-                    if is_finish {
-                        self.finish(w)
-                    } else {
-                        self.read(w);
-                        Ok(0)
+                // Members that complete later: the next window's reads are sent from
+                // here, and this window is written while they are out.
+                let mut written = None;
+                if self.array.up_members_complete_later() {
+                    let mut write = || written = Some(self.finish(&mut cur));
+                    self.read_at_once(nw, Some(&mut write));
+                }
+                match written {
+                    Some(written) => written,
+                    None => {
+                        // The work on this thread, the read-ahead on a worker (or here
+                        // after the work when no worker is free).
+                        let jobs: Vec<(bool, &mut Window<S::Buf>)> =
+                            vec![(true, &mut cur), (false, nw)];
+                        let mut out = overlap(jobs, |(is_finish, w)| {
+                            if is_finish {
+                                self.finish(w)
+                            } else {
+                                self.read(w);
+                                Ok(0)
+                            }
+                        });
+                        out.swap_remove(0)
                     }
-                });
-                out.swap_remove(0)
+                }
             }
         };
         if written.is_ok() {
@@ -255,6 +314,9 @@ impl<'a, S: Stage> Pipe<'a, S> {
     }
 
     fn read(&self, w: &mut Window<S::Buf>) {
+        if self.array.up_members_complete_later() && self.read_at_once(w, None) {
+            return;
+        }
         let jobs = w
             .bufs
             .iter_mut()
@@ -264,7 +326,69 @@ impl<'a, S: Stage> Pipe<'a, S> {
         fan_out(jobs, self.how, |(stripe, b)| self.stage.read(stripe, b));
     }
 
+    /// Reads window `w` with every member read of its units sent from this thread and
+    /// waited for once ([`Array::read_later_while`], `meanwhile` run while they are
+    /// out). False, nothing read and `meanwhile` not run, when the stage reads unit by
+    /// unit or a member a read needs is not up or does not complete later.
+    fn read_at_once(&self, w: &mut Window<S::Buf>, meanwhile: Option<&mut dyn FnMut()>) -> bool {
+        let mut counts = Vec::with_capacity(w.bufs.len());
+        let mut jobs = Vec::new();
+        for (i, b) in w.bufs.iter_mut().enumerate() {
+            let Some(reads) = self.stage.read_jobs(w.first + wide(i), b) else {
+                return false;
+            };
+            counts.push(reads.len());
+            jobs.extend(reads);
+        }
+        let Some(failed) = self.array.read_later_while(&mut jobs, meanwhile) else {
+            return false;
+        };
+        drop(jobs);
+        let mut failed = failed.into_iter();
+        for (i, (b, n)) in w.bufs.iter_mut().zip(counts).enumerate() {
+            let mine = failed.by_ref().take(n).collect();
+            self.stage.read_done(w.first + wide(i), b, mine);
+        }
+        true
+    }
+
+    /// Computes window `w` and sends every member write of its units from this thread,
+    /// waited for once ([`Array::write_members`]). `None`, nothing done, when the stage
+    /// finishes unit by unit.
+    fn write_at_once(&self, w: &mut Window<S::Buf>) -> Option<Result<u64>> {
+        let mut units = Vec::with_capacity(w.bufs.len());
+        let mut jobs = Vec::new();
+        for (i, b) in w.bufs.iter_mut().enumerate() {
+            match self.stage.write_jobs(w.first + wide(i), b)? {
+                Ok(writes) => {
+                    units.push(Ok(writes.len()));
+                    jobs.extend(writes.into_iter().map(|(m, b, off)| (m, (m, b, off))));
+                }
+                Err(e) => units.push(Err(e)),
+            }
+        }
+        let failed = self.array.write_members(jobs, WriteFlags::NONE, self.how);
+        let mut failed = failed.into_iter();
+        let mut worked = Ok(0);
+        for (i, (b, unit)) in w.bufs.iter_mut().zip(units).enumerate() {
+            let r = unit.and_then(|n| {
+                let mine = failed.by_ref().take(n).collect();
+                self.stage.write_done(w.first + wide(i), b, mine)
+            });
+            worked = match (worked, r) {
+                (Ok(a), Ok(b)) => Ok(a + b),
+                (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            };
+        }
+        Some(worked)
+    }
+
     fn finish(&self, w: &mut Window<S::Buf>) -> Result<u64> {
+        if self.array.up_members_complete_later() {
+            if let Some(worked) = self.write_at_once(w) {
+                return worked;
+            }
+        }
         let jobs = w
             .bufs
             .iter_mut()
@@ -308,24 +432,22 @@ impl Rebuild<'_> {
     fn chunk(&self) -> u64 {
         self.pl.chunk().0 * SECTOR_SIZE
     }
-}
 
-impl Stage for Rebuild<'_> {
-    type Buf = RebuildBuf;
-
-    fn read(&self, stripe: u64, st: &mut RebuildBuf) {
+    /// Decides what the stripe's rebuild reads and sizes its buffers for it: false when
+    /// it reads nothing now (skipped, or left to the general path).
+    fn sources(&self, stripe: u64, st: &mut RebuildBuf) -> bool {
         let c = self.chunk();
         st.sources.clear();
         st.skip = self.guided && !self.array.bitmap_range_dirty(stripe * c, (stripe + 1) * c);
         if st.skip {
-            return;
+            return false;
         }
         let map = self.pl.stripe_map(StripeNo(stripe));
         let mut down = self.array.down_mask_at(stripe * c);
         down[self.role] = false;
         st.read = !down.iter().any(|&d| d);
         if !st.read {
-            return;
+            return false;
         }
         if map.q == Some(self.role) {
             st.sources.extend_from_slice(&map.data);
@@ -341,6 +463,58 @@ impl Stage for Rebuild<'_> {
         st.bufs.resize_with(st.sources.len(), Vec::new);
         for b in &mut st.bufs {
             b.resize(small(c), 0);
+        }
+        true
+    }
+
+    /// Computes the stripe's chunk of the member into `st.out`: from the sources read,
+    /// or by the general path (`read_row`) when they were not.
+    fn compute(&self, stripe: u64, st: &mut RebuildBuf) -> Result<()> {
+        let a = self.array;
+        let c = self.chunk();
+        let at = stripe * c;
+        let map = self.pl.stripe_map(StripeNo(stripe));
+        if st.read {
+            let srcs: Vec<&[u8]> = st.bufs.iter().map(Vec::as_slice).collect();
+            if map.q == Some(self.role) {
+                let order = map.syndrome_order();
+                if order.iter().any(Option::is_none) {
+                    let (_, q) = a.gen_parity(&map, &srcs);
+                    st.out = q.unwrap_or_default();
+                } else {
+                    // The data in syndrome order; P is computed on the way and dropped.
+                    let by_slot: Vec<&[u8]> = order
+                        .iter()
+                        .flatten()
+                        .filter_map(|m| map.data.iter().position(|x| x == m))
+                        .map(|d| srcs[d])
+                        .collect();
+                    st.out.resize(small(c), 0);
+                    st.scratch.resize(small(c), 0);
+                    a.parity.gen_pq(&by_slot, &mut st.scratch, &mut st.out);
+                }
+            } else {
+                st.out.resize(small(c), 0);
+                a.parity.gen_p(&srcs, &mut st.out);
+            }
+        } else {
+            let mut down = a.down_mask_at(at);
+            down[self.role] = true;
+            let mut errs = Vec::new();
+            let mut rows = a.read_row(self.pl, &map, stripe, 0, c, &mut down, &mut errs)?;
+            st.out = std::mem::take(&mut rows[self.role]);
+        }
+        Ok(())
+    }
+}
+
+impl Stage for Rebuild<'_> {
+    type Buf = RebuildBuf;
+
+    fn read(&self, stripe: u64, st: &mut RebuildBuf) {
+        let c = self.chunk();
+        if !self.sources(stripe, st) {
+            return;
         }
         let how = if self.array.members_slow() {
             Overlap::Each
@@ -364,49 +538,63 @@ impl Stage for Rebuild<'_> {
         }
     }
 
+    fn read_jobs<'b>(&self, stripe: u64, st: &'b mut RebuildBuf) -> Option<Vec<ReadJob<'b>>> {
+        if !self.sources(stripe, st) {
+            return Some(Vec::new());
+        }
+        let at = stripe * self.chunk();
+        let reads = st.sources.iter().zip(st.bufs.iter_mut());
+        Some(reads.map(|(&m, b)| (m, b.as_mut_slice(), at)).collect())
+    }
+
+    fn read_done(&self, _: u64, st: &mut RebuildBuf, failed: Vec<Option<Error>>) {
+        // As above: the general path reads a stripe whose read failed again.
+        if failed.iter().any(Option::is_some) {
+            st.read = false;
+        }
+    }
+
     fn finish(&self, stripe: u64, st: &mut RebuildBuf) -> Result<u64> {
         if st.skip {
             return Ok(0);
         }
         let a = self.array;
         let c = self.chunk();
-        let at = stripe * c;
-        let map = self.pl.stripe_map(StripeNo(stripe));
-        let rows;
-        let chunk: &[u8] = if st.read {
-            let srcs: Vec<&[u8]> = st.bufs.iter().map(Vec::as_slice).collect();
-            if map.q == Some(self.role) {
-                let order = map.syndrome_order();
-                if order.iter().any(Option::is_none) {
-                    let (_, q) = a.gen_parity(&map, &srcs);
-                    st.out = q.unwrap_or_default();
-                } else {
-                    // The data in syndrome order; P is computed on the way and dropped.
-                    let by_slot: Vec<&[u8]> = order
-                        .iter()
-                        .flatten()
-                        .filter_map(|m| map.data.iter().position(|x| x == m))
-                        .map(|d| srcs[d])
-                        .collect();
-                    st.out.resize(small(c), 0);
-                    st.scratch.resize(small(c), 0);
-                    a.parity.gen_pq(&by_slot, &mut st.scratch, &mut st.out);
-                }
-            } else {
-                st.out.resize(small(c), 0);
-                a.parity.gen_p(&srcs, &mut st.out);
-            }
-            &st.out
-        } else {
-            let mut down = a.down_mask_at(at);
-            down[self.role] = true;
-            let mut errs = Vec::new();
-            rows = a.read_row(self.pl, &map, stripe, 0, c, &mut down, &mut errs)?;
-            &rows[self.role]
-        };
-        a.write_member(self.role, chunk, at, WriteFlags::NONE)
+        self.compute(stripe, st)?;
+        a.write_member(self.role, &st.out, stripe * c, WriteFlags::NONE)
             .inspect_err(|e| a.fail_member(self.role, e))?;
         Ok(c)
+    }
+
+    fn write_jobs<'b>(
+        &self,
+        stripe: u64,
+        st: &'b mut RebuildBuf,
+    ) -> Option<Result<Vec<WriteJob<'b>>>> {
+        if st.skip {
+            return Some(Ok(Vec::new()));
+        }
+        let at = stripe * self.chunk();
+        Some(
+            self.compute(stripe, st)
+                .map(|()| vec![(self.role, Bytes::Borrowed(st.out.as_slice()), at)]),
+        )
+    }
+
+    fn write_done(
+        &self,
+        _: u64,
+        st: &mut RebuildBuf,
+        failed: Vec<Option<(usize, Error)>>,
+    ) -> Result<u64> {
+        if st.skip {
+            return Ok(0);
+        }
+        if let Some((_, e)) = failed.into_iter().flatten().next() {
+            self.array.fail_member(self.role, &e);
+            return Err(e);
+        }
+        Ok(self.chunk())
     }
 
     fn done(&self, end: u64, _: &mut [RebuildBuf]) {
@@ -454,6 +642,16 @@ impl Stage for ReplaceCopy<'_> {
             .is_ok();
     }
 
+    fn read_jobs<'b>(&self, stripe: u64, b: &'b mut ReplaceBuf) -> Option<Vec<ReadJob<'b>>> {
+        let c = self.chunk();
+        b.chunk.resize(small(c), 0);
+        Some(vec![(self.role, b.chunk.as_mut_slice(), stripe * c)])
+    }
+
+    fn read_done(&self, _: u64, b: &mut ReplaceBuf, failed: Vec<Option<Error>>) {
+        b.read = failed.iter().all(Option::is_none);
+    }
+
     fn finish(&self, stripe: u64, b: &mut ReplaceBuf) -> Result<u64> {
         let a = self.array;
         let c = self.chunk();
@@ -498,6 +696,15 @@ pub(crate) struct Resync<'a> {
     pub(crate) pl: &'a ParityLayout,
 }
 
+impl Resync<'_> {
+    /// Counts a stripe resynced; its bytes of work.
+    fn resynced(&self) -> u64 {
+        let c = self.pl.chunk().0 * SECTOR_SIZE;
+        self.array.resynced.fetch_add(c, Ordering::Relaxed);
+        c * crate::units::wide(self.pl.data_disks())
+    }
+}
+
 impl Stage for Resync<'_> {
     type Buf = ResyncBuf;
 
@@ -506,15 +713,60 @@ impl Stage for Resync<'_> {
         b.read = !b.skip && self.array.resync_read(self.pl, stripe, &mut b.rows);
     }
 
+    fn read_jobs<'b>(&self, stripe: u64, b: &'b mut ResyncBuf) -> Option<Vec<ReadJob<'b>>> {
+        b.skip = !self.array.resync_stripe_needed(self.pl, stripe);
+        b.read = false;
+        if b.skip {
+            return Some(Vec::new());
+        }
+        let reads = self.array.resync_reads(self.pl, stripe, &mut b.rows);
+        b.read = reads.is_some();
+        Some(reads.unwrap_or_default())
+    }
+
+    fn read_done(&self, _: u64, b: &mut ResyncBuf, failed: Vec<Option<Error>>) {
+        b.read = b.read && self.array.resync_read_done(failed.into_iter().flatten());
+    }
+
     fn finish(&self, stripe: u64, b: &mut ResyncBuf) -> Result<u64> {
         if b.skip {
             return Ok(0);
         }
         self.array
             .resync_stripe_locked(self.pl, stripe, &mut b.rows, b.read)?;
-        let c = self.pl.chunk().0 * SECTOR_SIZE;
-        self.array.resynced.fetch_add(c, Ordering::Relaxed);
-        Ok(c * crate::units::wide(self.pl.data_disks()))
+        Ok(self.resynced())
+    }
+
+    fn write_jobs<'b>(
+        &self,
+        stripe: u64,
+        b: &'b mut ResyncBuf,
+    ) -> Option<Result<Vec<WriteJob<'b>>>> {
+        if b.skip {
+            return Some(Ok(Vec::new()));
+        }
+        let writes = self
+            .array
+            .resync_writes(self.pl, stripe, &mut b.rows, b.read);
+        Some(writes.map(|w| w.into_iter().map(|(m, off, b)| (m, b, off)).collect()))
+    }
+
+    fn write_done(
+        &self,
+        stripe: u64,
+        b: &mut ResyncBuf,
+        failed: Vec<Option<(usize, Error)>>,
+    ) -> Result<u64> {
+        if b.skip {
+            return Ok(0);
+        }
+        // `execute_writes`'s rules and `resync_stripe_locked`'s check, for this stripe.
+        let failed = failed.into_iter().flatten().collect();
+        self.array.writes_failed(self.pl, failed)?;
+        self.array
+            .check_resync_possible()
+            .map_err(|e| e.context(format!("resync of stripe {stripe}")))?;
+        Ok(self.resynced())
     }
 }
 
@@ -530,6 +782,9 @@ struct CopyPiece {
     src: usize,
     /// The rebuild: the member byte the piece goes to.
     dst: u64,
+    /// The copies to read it from, in order (kept for a window read at once: the first
+    /// is read with the window's other reads, the rest after it fails).
+    sources: Vec<crate::layout::Location>,
 }
 
 /// The buffers of one unit of a mirror rebuild or resync.
@@ -552,6 +807,68 @@ impl MirrorBuf {
         let mut b = self.spare.pop().unwrap_or_default();
         b.resize(small(len), 0);
         b
+    }
+
+    /// Adds the piece `[at, at + len)` (going to member byte `dst`), read from the
+    /// first of `sources` that reads: now, or when `later` by the window's reads at once
+    /// ([`MirrorBuf::first_reads`], then [`MirrorBuf::other_reads`]).
+    fn add(
+        &mut self,
+        array: &Array,
+        (at, len, dst): (u64, u64, u64),
+        sources: Vec<crate::layout::Location>,
+        later: bool,
+    ) {
+        let mut data = self.buffer(len);
+        let src = match sources.first() {
+            Some(first) if later => Some(first.member),
+            _ => read_first(array, sources.iter().copied(), &mut data),
+        };
+        self.pieces.push(CopyPiece {
+            at,
+            len,
+            data: src.is_some().then_some(data),
+            src: src.unwrap_or(usize::MAX),
+            dst,
+            sources,
+        });
+    }
+
+    /// The read of each piece's first source.
+    fn first_reads(&mut self) -> Vec<ReadJob<'_>> {
+        let pieces = self.pieces.iter_mut();
+        pieces
+            .filter_map(|p| {
+                let first = p.sources.first()?;
+                let data = p.data.as_mut()?;
+                Some((
+                    first.member,
+                    data.as_mut_slice(),
+                    first.sector.0 * SECTOR_SIZE,
+                ))
+            })
+            .collect()
+    }
+
+    /// After [`MirrorBuf::first_reads`] (`failed`, in their order): a piece whose first
+    /// source failed goes on to the others, one after another.
+    fn other_reads(&mut self, array: &Array, failed: Vec<Option<Error>>) {
+        let mut failed = failed.into_iter();
+        for p in &mut self.pieces {
+            let Some(data) = p.data.as_mut() else {
+                continue;
+            };
+            if failed.next().flatten().is_none() {
+                continue;
+            }
+            match read_first(array, p.sources.iter().skip(1).copied(), data) {
+                Some(src) => p.src = src,
+                None => {
+                    p.src = usize::MAX;
+                    self.spare.extend(p.data.take());
+                }
+            }
+        }
     }
 }
 
@@ -616,12 +933,17 @@ fn mirror_unit_keys(
 impl MirrorRebuild<'_> {
     /// Reads the piece of array bytes `[at, at + len)` whose copies are `locs`, if one
     /// of them is on the member rebuilt.
-    fn read_piece(&self, b: &mut MirrorBuf, at: u64, len: u64, locs: &[crate::layout::Location]) {
+    fn read_piece(
+        &self,
+        b: &mut MirrorBuf,
+        (at, len): (u64, u64),
+        locs: &[crate::layout::Location],
+        later: bool,
+    ) {
         let Some(dst) = locs.iter().find(|l| l.member == self.role) else {
             return;
         };
         let dst = dst.sector.0 * SECTOR_SIZE;
-        let mut data = b.buffer(len);
         let mut sources: Vec<_> = locs
             .iter()
             .copied()
@@ -633,25 +955,12 @@ impl MirrorRebuild<'_> {
         } else {
             sources.retain(|l| l.member != self.role);
         }
-        let src = read_first(self.array, sources.into_iter(), &mut data);
-        b.pieces.push(CopyPiece {
-            at,
-            len,
-            data: src.is_some().then_some(data),
-            src: src.unwrap_or(usize::MAX),
-            dst,
-        });
-    }
-}
-
-impl Stage for MirrorRebuild<'_> {
-    type Buf = MirrorBuf;
-
-    fn keys(&self, first: u64, count: u64) -> Vec<u64> {
-        mirror_unit_keys(self.array, first..first + count, |k| self.range(k))
+        b.add(self.array, (at, len, dst), sources, later);
     }
 
-    fn read(&self, k: u64, b: &mut MirrorBuf) {
+    /// [`Stage::read`], the reads done now or (`later`) left to the window's reads at
+    /// once.
+    fn read_unit(&self, k: u64, b: &mut MirrorBuf, later: bool) {
         b.recycle();
         let (pos, n) = self.range(k);
         b.worked = if self.guided {
@@ -665,7 +974,7 @@ impl Stage for MirrorRebuild<'_> {
         let guide = self.array.bitmap_chunk().filter(|_| self.guided);
         let Some(bitmap_chunk) = guide else {
             for (at, len, locs) in self.array.mirror_pieces(pos, n) {
-                self.read_piece(b, at, len, &locs);
+                self.read_piece(b, (at, len), &locs, later);
             }
             return;
         };
@@ -676,11 +985,32 @@ impl Stage for MirrorRebuild<'_> {
             if self.array.bitmap_range_dirty(from, stop) {
                 b.worked += stop - from;
                 for (at, len, locs) in self.array.mirror_pieces(from, stop - from) {
-                    self.read_piece(b, at, len, &locs);
+                    self.read_piece(b, (at, len), &locs, later);
                 }
             }
             from = stop;
         }
+    }
+}
+
+impl Stage for MirrorRebuild<'_> {
+    type Buf = MirrorBuf;
+
+    fn keys(&self, first: u64, count: u64) -> Vec<u64> {
+        mirror_unit_keys(self.array, first..first + count, |k| self.range(k))
+    }
+
+    fn read(&self, k: u64, b: &mut MirrorBuf) {
+        self.read_unit(k, b, false);
+    }
+
+    fn read_jobs<'b>(&self, k: u64, b: &'b mut MirrorBuf) -> Option<Vec<ReadJob<'b>>> {
+        self.read_unit(k, b, true);
+        Some(b.first_reads())
+    }
+
+    fn read_done(&self, _: u64, b: &mut MirrorBuf, failed: Vec<Option<Error>>) {
+        b.other_reads(self.array, failed);
     }
 
     fn finish(&self, _: u64, b: &mut MirrorBuf) -> Result<u64> {
@@ -701,6 +1031,39 @@ impl Stage for MirrorRebuild<'_> {
         }
         Ok(b.worked)
     }
+
+    fn write_jobs<'b>(&self, _: u64, b: &'b mut MirrorBuf) -> Option<Result<Vec<WriteJob<'b>>>> {
+        // The copy onto a replacement writes it one piece after another.
+        if self.to_replacement {
+            return None;
+        }
+        for p in b.pieces.iter().filter(|p| p.data.is_none()) {
+            if let Err(e) = self
+                .array
+                .copy_mirror_range_locked(self.role, p.at, p.len, false)
+            {
+                return Some(Err(e));
+            }
+        }
+        let writes = b.pieces.iter().filter_map(|p| {
+            let data = p.data.as_deref()?;
+            Some((self.role, Bytes::Borrowed(data), p.dst))
+        });
+        Some(Ok(writes.collect()))
+    }
+
+    fn write_done(
+        &self,
+        _: u64,
+        b: &mut MirrorBuf,
+        failed: Vec<Option<(usize, Error)>>,
+    ) -> Result<u64> {
+        if let Some((_, e)) = failed.into_iter().flatten().next() {
+            self.array.fail_member(self.role, &e);
+            return Err(e);
+        }
+        Ok(b.worked)
+    }
 }
 
 /// Resyncs a RAID1/10 array: unit `k` is array bytes `[from + k·step, ...)` up to `to`;
@@ -718,6 +1081,22 @@ impl MirrorResync<'_> {
         let at = self.from + k * self.step;
         (at, self.step.min(self.to.saturating_sub(at)))
     }
+
+    /// [`Stage::read`], the reads done now or (`later`) left to the window's reads at
+    /// once.
+    fn read_unit(&self, k: u64, b: &mut MirrorBuf, later: bool) {
+        b.recycle();
+        let (pos, n) = self.range(k);
+        if n == 0 {
+            return;
+        }
+        for (dirty_at, dirty_len) in self.array.mirror_resync_pieces(pos, n) {
+            for (at, len, locs) in self.array.mirror_pieces(dirty_at, dirty_len) {
+                let sources = locs.iter().copied().filter(|l| self.array.is_up(l.member));
+                b.add(self.array, (at, len, 0), sources.collect(), later);
+            }
+        }
+    }
 }
 
 impl Stage for MirrorResync<'_> {
@@ -728,25 +1107,16 @@ impl Stage for MirrorResync<'_> {
     }
 
     fn read(&self, k: u64, b: &mut MirrorBuf) {
-        b.recycle();
-        let (pos, n) = self.range(k);
-        if n == 0 {
-            return;
-        }
-        for (dirty_at, dirty_len) in self.array.mirror_resync_pieces(pos, n) {
-            for (at, len, locs) in self.array.mirror_pieces(dirty_at, dirty_len) {
-                let mut data = b.buffer(len);
-                let sources = locs.iter().copied().filter(|l| self.array.is_up(l.member));
-                let src = read_first(self.array, sources, &mut data);
-                b.pieces.push(CopyPiece {
-                    at,
-                    len,
-                    data: src.is_some().then_some(data),
-                    src: src.unwrap_or(usize::MAX),
-                    dst: 0,
-                });
-            }
-        }
+        self.read_unit(k, b, false);
+    }
+
+    fn read_jobs<'b>(&self, k: u64, b: &'b mut MirrorBuf) -> Option<Vec<ReadJob<'b>>> {
+        self.read_unit(k, b, true);
+        Some(b.first_reads())
+    }
+
+    fn read_done(&self, _: u64, b: &mut MirrorBuf, failed: Vec<Option<Error>>) {
+        b.other_reads(self.array, failed);
     }
 
     fn finish(&self, _: u64, b: &mut MirrorBuf) -> Result<u64> {
@@ -776,6 +1146,59 @@ impl Stage for MirrorResync<'_> {
                 // No copy read (or its source left since): the one-unit path reads
                 // again and raises what is wrong.
                 _ => a.resync_mirrors_locked(p.at, p.len)?,
+            }
+            a.resynced.fetch_add(p.len, Ordering::Relaxed);
+            worked += p.len;
+        }
+        Ok(worked)
+    }
+
+    fn write_jobs<'b>(&self, _: u64, b: &'b mut MirrorBuf) -> Option<Result<Vec<WriteJob<'b>>>> {
+        let a = self.array;
+        let mut writes = Vec::new();
+        for p in &mut b.pieces {
+            match &p.data {
+                Some(data) if a.is_up(p.src) => {
+                    for (_, _, locs) in a.mirror_pieces(p.at, p.len) {
+                        let others = locs
+                            .iter()
+                            .filter(|l| l.member != p.src && a.is_up(l.member));
+                        writes.extend(others.map(|l| {
+                            (
+                                l.member,
+                                Bytes::Borrowed(data.as_slice()),
+                                l.sector.0 * SECTOR_SIZE,
+                            )
+                        }));
+                    }
+                }
+                // As in `finish`, done here; counted as written (no write left).
+                _ => {
+                    if let Err(e) = a.resync_mirrors_locked(p.at, p.len) {
+                        return Some(Err(e));
+                    }
+                    p.src = usize::MAX;
+                }
+            }
+        }
+        Some(Ok(writes))
+    }
+
+    fn write_done(
+        &self,
+        _: u64,
+        b: &mut MirrorBuf,
+        failed: Vec<Option<(usize, Error)>>,
+    ) -> Result<u64> {
+        let a = self.array;
+        for (m, e) in failed.into_iter().flatten() {
+            a.fail_member(m, &e);
+        }
+        let mut worked = 0;
+        for p in &b.pieces {
+            if p.src != usize::MAX {
+                a.check_resync_possible()
+                    .map_err(|e| e.context(format!("resync at array byte {}", p.at)))?;
             }
             a.resynced.fetch_add(p.len, Ordering::Relaxed);
             worked += p.len;

@@ -32,14 +32,19 @@
 //!   that could still be lost;
 //! * ring space is reused only after the entries in it are durable-complete and the ring
 //!   header's sequence floor (entries below it are dead) has been written past them.
+//!
+//! The replay itself reads the rings, then the rows it replays, and writes their parity
+//! in batches (at once, from this thread, over members that complete later); every
+//! parity write has answered before the flush and the new headers that drop the log.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
+use cairn_block::overlap::Overlap;
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
-use crate::layout::{ParityLayout, StripeMap};
+use crate::layout::ParityLayout;
 use crate::ondisk::{Superblock, Uuid};
 use crate::parity::gf;
 use crate::state::{unanswered, Array, Bytes};
@@ -660,6 +665,72 @@ fn read_ring(
     Some((h, scan(&ring, &h, role)))
 }
 
+/// [`read_ring`] for every role when each member present completes later: the ring
+/// headers are sent together from this thread, then (`entries`) the rings of those that
+/// are usable, each batch waited for once. Headers of another log are kept here; the
+/// caller drops every ring whose log id is not the first one's, as it does after
+/// `read_ring`. `None` when some member does not complete later.
+#[allow(clippy::type_complexity)]
+fn read_rings_later(
+    array: &Array,
+    n: usize,
+    (start, end): (u64, u64),
+    uuid: Uuid,
+    entries: bool,
+) -> Option<Vec<Option<(RingHeader, Vec<Found>)>>> {
+    let members: Vec<_> = (0..n)
+        .filter_map(|role| Some((role, array.slots[role].member()?)))
+        .collect();
+    if members.is_empty() || !members.iter().all(|(_, m)| m.dev.completes_later()) {
+        return None;
+    }
+    let heads = cairn_block::overlap::start_all(members.iter().collect(), |(_, m), answer| {
+        m.dev.read_then(small(BLOCK), start, answer);
+    });
+    let usable: Vec<_> = members
+        .iter()
+        .zip(heads)
+        .filter_map(|((role, m), b)| {
+            let b = b?.ok().filter(|b| b.len() == small(BLOCK))?;
+            let HeaderCheck::Usable(h) = check_header(&b, (start, end), uuid) else {
+                return None;
+            };
+            Some((*role, m, h))
+        })
+        .collect();
+    let rings = if entries {
+        cairn_block::overlap::start_all(usable.iter().collect(), |(_, m, h), answer| {
+            m.dev.read_then(small(h.ring_len), h.ring_off, answer);
+        })
+    } else {
+        Vec::new()
+    };
+    let mut out: Vec<Option<(RingHeader, Vec<Found>)>> = (0..n).map(|_| None).collect();
+    let mut rings = rings.into_iter();
+    for (role, _, h) in usable {
+        if !entries {
+            out[role] = Some((h, Vec::new()));
+            continue;
+        }
+        let ring = match rings.next().flatten().unwrap_or_else(|| Err(unanswered())) {
+            Ok(ring) if ring.len() == small(h.ring_len) => Ok(ring),
+            Ok(ring) => Err(Error::new(
+                ErrorKind::Io,
+                format!("the device answered {} bytes", ring.len()),
+            )),
+            Err(e) => Err(e),
+        };
+        match ring {
+            Ok(ring) => out[role] = Some((h, scan(&ring, &h, role))),
+            Err(e) => tracing::warn!(
+                "{}: reading its partial-parity log: {e}",
+                array.describe_role(role)
+            ),
+        }
+    }
+    Some(out)
+}
+
 /// Every valid live entry in a ring image.
 fn scan(ring: &[u8], h: &RingHeader, role: usize) -> Vec<Found> {
     let mut out = Vec::new();
@@ -704,15 +775,19 @@ impl Ppl {
             return Ok(None);
         };
         let n = pl.raid_disks();
-        let mut rings: Vec<Option<(RingHeader, Vec<Found>)>> = Vec::with_capacity(n);
-        let mut log_id = None;
-        for role in 0..n {
-            let r = read_ring(array, role, (start, end), sb.set_uuid, log_id, dirty);
-            if let Some((h, _)) = &r {
-                log_id = Some(h.log_id);
-            }
-            rings.push(r);
-        }
+        let mut rings = read_rings_later(array, n, (start, end), sb.set_uuid, dirty)
+            .unwrap_or_else(|| {
+                let mut rings = Vec::with_capacity(n);
+                let mut log_id = None;
+                for role in 0..n {
+                    let r = read_ring(array, role, (start, end), sb.set_uuid, log_id, dirty);
+                    if let Some((h, _)) = &r {
+                        log_id = Some(h.log_id);
+                    }
+                    rings.push(r);
+                }
+                rings
+            });
         let Some(first) = rings.iter().flatten().map(|r| r.0).next() else {
             return Ok(None);
         };
@@ -814,9 +889,15 @@ fn replay(array: &Array, pl: &ParityLayout, c: u64, found: Vec<Found>) -> Result
     }
     let mut stripes: Vec<u64> = by_stripe.keys().copied().collect();
     stripes.sort_unstable();
-    for s in stripes {
-        let mut group = by_stripe.remove(&s).expect("key from the map");
+    for group in by_stripe.values_mut() {
         group.sort_by_key(|g| std::cmp::Reverse(g.0));
+    }
+    // Every row to replay is planned first: rows of different stripes, and the parts of
+    // one stripe's entries not covered by a newer one, are disjoint, so their reads (and
+    // then their writes) go out together (`replay_segments`).
+    let mut segments = Vec::new();
+    for s in stripes {
+        let group = &by_stripe[&s];
         let map = pl.stripe_map(StripeNo(s));
         // The newest full entry on this stripe's parity members masks all older ones.
         let masked_below = full
@@ -831,7 +912,7 @@ fn replay(array: &Array, pl: &ParityLayout, c: u64, found: Vec<Found>) -> Result
             .unwrap_or(0);
         let mut covered: Vec<(u64, u64)> = Vec::new();
         for (seq, fs) in group {
-            if seq < masked_below {
+            if *seq < masked_below {
                 break;
             }
             let h = fs[0].header;
@@ -845,23 +926,41 @@ fn replay(array: &Array, pl: &ParityLayout, c: u64, found: Vec<Found>) -> Result
                 && (pq.is_some() || map.q.is_none_or(|q| !array.is_up(q)));
             if agree && issued {
                 for (r0, r1) in uncovered(lo, hi, &covered) {
-                    replay_rows(
-                        array,
-                        pl,
-                        &map,
-                        s,
-                        (h.x, h.y),
-                        (r0, r1),
-                        lo,
-                        pp.map(|f| f.payload.as_slice()),
-                        pq.map(|f| f.payload.as_slice()),
-                    )?;
+                    let (pp, pq) = (pp.map(|f| &f.payload[..]), pq.map(|f| &f.payload[..]));
+                    segments.extend(row_segments(c, s, (h.x, h.y), (r0, r1), lo, pp, pq));
                 }
             }
             covered.push((lo, hi));
         }
     }
+    // In batches of about `REPLAY_BATCH` bytes of member reads.
+    let per_row = wide(pl.raid_disks());
+    let mut batch = 0;
+    let mut from = 0;
+    for (i, g) in segments.iter().enumerate() {
+        batch += (g.s1 - g.s0) * per_row;
+        if batch >= REPLAY_BATCH || i + 1 == segments.len() {
+            replay_segments(array, pl, &segments[from..=i])?;
+            (from, batch) = (i + 1, 0);
+        }
+    }
     Ok(())
+}
+
+/// Member bytes the replay reads at once, at most (a segment larger alone goes alone).
+const REPLAY_BATCH: u64 = 4 << 20;
+
+/// A part of a replayed row with one set of data chunks being written (`modified`, by
+/// data index): stripe `s`, stripe-relative bytes `[s0, s1)` of each member's chunk, the
+/// entry's PP/PQ indexed from `lo`.
+struct Segment<'f> {
+    s: u64,
+    s0: u64,
+    s1: u64,
+    lo: u64,
+    modified: Vec<bool>,
+    pp: Option<&'f [u8]>,
+    pq: Option<&'f [u8]>,
 }
 
 /// Parts of `[lo, hi)` outside every range of `covered`.
@@ -885,43 +984,71 @@ fn uncovered(lo: u64, hi: u64, covered: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
-/// Replays rows `[r0, r1)` of stripe `s`, whose entry wrote stripe-relative `[x, y)`
-/// over the row starting at `lo` (`pp`/`pq` are indexed from `lo`).
-#[allow(clippy::too_many_arguments)]
-fn replay_rows(
-    array: &Array,
-    pl: &ParityLayout,
-    map: &StripeMap,
+/// The segments of rows `[r0, r1)` of stripe `s` (chunk `c` bytes), whose entry wrote
+/// stripe-relative `[x, y)` over the row starting at `lo` (`pp`/`pq` are indexed from
+/// `lo`): cut where the set of chunks being written changes.
+fn row_segments<'f>(
+    c: u64,
     s: u64,
     (x, y): (u64, u64),
     (r0, r1): (u64, u64),
     lo: u64,
-    pp: Option<&[u8]>,
-    pq: Option<&[u8]>,
-) -> Result<()> {
-    let c = pl.chunk().0 * SECTOR_SIZE;
+    pp: Option<&'f [u8]>,
+    pq: Option<&'f [u8]>,
+) -> Vec<Segment<'f>> {
     let t = touches(c, x, y);
-    // Segments with one set of modified chunks each.
     let mut cuts: Vec<u64> = vec![r0, r1];
     for &(_, a, b) in &t {
         cuts.extend([a, b].into_iter().filter(|&v| r0 < v && v < r1));
     }
     cuts.sort_unstable();
     cuts.dedup();
+    let data = t.iter().map(|&(d, _, _)| d + 1).max().unwrap_or(0);
+    cuts.windows(2)
+        .map(|w| {
+            let (s0, s1) = (w[0], w[1]);
+            let modified = (0..data)
+                .map(|d| t.iter().any(|&(td, a, b)| td == d && a <= s0 && s1 <= b))
+                .collect();
+            Segment {
+                s,
+                s0,
+                s1,
+                lo,
+                modified,
+                pp,
+                pq,
+            }
+        })
+        .collect()
+}
+
+/// Replays `segments`: their member reads all at once (`read_members`: from this
+/// thread over members that complete later), then each one's parity made to match,
+/// the new P and Q written all at once, every write answered before this returns.
+fn replay_segments(array: &Array, pl: &ParityLayout, segments: &[Segment<'_>]) -> Result<()> {
+    let c = pl.chunk().0 * SECTOR_SIZE;
     let n = pl.raid_disks();
     let down = array.down_mask();
-    for w in cuts.windows(2) {
-        let (s0, s1) = (w[0], w[1]);
-        let len = small(s1 - s0);
+    let mut all_rows: Vec<Vec<Vec<u8>>> = segments
+        .iter()
+        .map(|g| (0..n).map(|_| vec![0u8; small(g.s1 - g.s0)]).collect())
+        .collect();
+    let reads = all_rows.iter_mut().zip(segments).flat_map(|(rows, g)| {
+        let up = rows.iter_mut().enumerate().filter(|(m, _)| !down[*m]);
+        up.map(move |(m, row)| (m, (m, row.as_mut_slice(), g.s * c + g.s0)))
+    });
+    let failed = array.read_members(reads.collect(), Overlap::No);
+    if let Some((_, e)) = failed.into_iter().flatten().next() {
+        return Err(e);
+    }
+    let mut writes: Vec<(usize, u64, Vec<u8>)> = Vec::new();
+    for (g, mut rows) in segments.iter().zip(all_rows) {
+        let (s, s0, s1, lo, pp, pq) = (g.s, g.s0, g.s1, g.lo, g.pp, g.pq);
+        let map = &pl.stripe_map(StripeNo(s));
         let modified: Vec<bool> = (0..map.data.len())
-            .map(|d| t.iter().any(|&(td, a, b)| td == d && a <= s0 && s1 <= b))
+            .map(|d| g.modified.get(d).copied().unwrap_or(false))
             .collect();
-        let mut rows: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; len]).collect();
-        for m in 0..n {
-            if !down[m] {
-                array.read_member(m, &mut rows[m], s * c + s0)?;
-            }
-        }
         // 1. Chunks not being written that are missing: from PP/PQ, over a stripe whose
         //    written chunks count as zero.
         let missing_unmod: Vec<usize> = (0..map.data.len())
@@ -987,13 +1114,23 @@ fn replay_rows(
         let refs: Vec<&[u8]> = map.data.iter().map(|&m| rows[m].as_slice()).collect();
         let (p, q) = array.gen_parity(map, &refs);
         if !down[map.p] && p != rows[map.p] {
-            array.write_member(map.p, &p, s * c + s0, WriteFlags::NONE)?;
+            writes.push((map.p, s * c + s0, p));
         }
         if let (Some(qm), Some(q)) = (map.q, q) {
             if !down[qm] && q != rows[qm] {
-                array.write_member(qm, &q, s * c + s0, WriteFlags::NONE)?;
+                writes.push((qm, s * c + s0, q));
             }
         }
+    }
+    // Every one has answered before this returns, so before the flush and the new ring
+    // headers that drop the entries (`Ppl::open`).
+    let writes = writes
+        .iter()
+        .map(|(m, off, b)| (*m, (*m, Bytes::Borrowed(b.as_slice()), *off)))
+        .collect();
+    let failed = array.write_members(writes, WriteFlags::NONE, Overlap::No);
+    if let Some((_, e)) = failed.into_iter().flatten().next() {
+        return Err(e);
     }
     Ok(())
 }

@@ -52,7 +52,7 @@ use std::sync::{Mutex, PoisonError};
 use crate::layout::{ArrayLayout, Location, ParityLayout};
 use crate::parity::check::{locate_error, ErrorLocation};
 use crate::pipeline::{Pipe, Stage};
-use crate::state::{Array, Bytes};
+use crate::state::{Array, Bytes, ReadJob};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
 /// The RAID1/10 scrub unit in array bytes (RAID10: at least one chunk).
@@ -572,10 +572,18 @@ pub(crate) enum ScrubRead {
     Mirrors(Vec<MirrorCopies>),
 }
 
+/// One copy of a mirror piece and the buffer it is read into.
+type CopyRead = (Location, Vec<u8>);
+
 /// The buffers of one scrub unit in the pipeline.
 #[derive(Default)]
 pub(crate) struct ScrubBuf {
     read: Option<Result<ScrubRead>>,
+    /// A unit read at once with the window's others: a stripe's rows and the members
+    /// read; a mirror unit's pieces, each with a buffer per copy.
+    rows: Vec<Vec<u8>>,
+    down: Vec<bool>,
+    pieces: Vec<(u64, u64, Vec<CopyRead>)>,
     found: Vec<Mismatch>,
     bytes: u64,
 }
@@ -629,6 +637,84 @@ impl Stage for ScrubStage<'_> {
         b.found.clear();
         b.bytes = 0;
         b.read = Some(self.array.scrub_read(&self.units, i, self.repair));
+    }
+
+    fn read_jobs<'b>(&self, i: u64, b: &'b mut ScrubBuf) -> Option<Vec<ReadJob<'b>>> {
+        // `scrub_read`'s reads: those of `read_row`, or every copy of every piece.
+        b.found.clear();
+        b.bytes = 0;
+        b.read = None;
+        if let Err(e) = self.array.refuse_degraded(self.repair) {
+            b.read = Some(Err(e));
+            return Some(Vec::new());
+        }
+        let ArrayLayout::Parity(pl) = &self.array.layout else {
+            let (pos, n) = mirror_unit(&self.units, i);
+            b.pieces = self
+                .array
+                .pieces(pos, n)
+                .into_iter()
+                .map(|(at, len, locs)| {
+                    let copies = locs.into_iter().map(|l| (l, vec![0u8; small(len)]));
+                    (at, len, copies.collect())
+                })
+                .collect();
+            let copies = b.pieces.iter_mut().flat_map(|(_, _, copies)| copies);
+            let reads =
+                copies.map(|(l, buf)| (l.member, buf.as_mut_slice(), l.sector.0 * SECTOR_SIZE));
+            return Some(reads.collect());
+        };
+        let c = pl.chunk().0 * SECTOR_SIZE;
+        b.down = self.array.down_mask();
+        b.rows.resize_with(pl.raid_disks(), Vec::new);
+        for r in &mut b.rows {
+            r.clear();
+            r.resize(small(c), 0);
+        }
+        let down = &b.down;
+        let reads = b.rows.iter_mut().enumerate().filter(|(m, _)| !down[*m]);
+        Some(reads.map(|(m, r)| (m, r.as_mut_slice(), i * c)).collect())
+    }
+
+    fn read_done(&self, i: u64, b: &mut ScrubBuf, failed: Vec<Option<Error>>) {
+        if b.read.is_some() {
+            return; // refused
+        }
+        let ArrayLayout::Parity(pl) = &self.array.layout else {
+            let mut failed = failed.into_iter();
+            let pieces = std::mem::take(&mut b.pieces)
+                .into_iter()
+                .map(|(at, len, read)| {
+                    let mut copies = Vec::with_capacity(read.len());
+                    let mut bad = Vec::new();
+                    for (loc, buf) in read {
+                        match failed.next().flatten() {
+                            None => copies.push((loc, buf)),
+                            Some(e) => bad.push((loc, e)),
+                        }
+                    }
+                    MirrorCopies {
+                        at,
+                        len,
+                        copies,
+                        failed: bad,
+                    }
+                });
+            b.read = Some(Ok(ScrubRead::Mirrors(pieces.collect())));
+            return;
+        };
+        let map = pl.stripe_map(StripeNo(i));
+        let read: Vec<usize> = (0..b.down.len()).filter(|&m| !b.down[m]).collect();
+        let failed = read
+            .into_iter()
+            .zip(failed)
+            .filter_map(|(m, e)| Some((m, e?)));
+        let mut read_errors = Vec::new();
+        let rows = std::mem::take(&mut b.rows);
+        let rows = self
+            .array
+            .rebuild_row(pl, &map, i, rows, failed, &mut b.down, &mut read_errors);
+        b.read = Some(rows.map(|rows| ScrubRead::Stripe { rows, read_errors }));
     }
 
     fn finish(&self, i: u64, b: &mut ScrubBuf) -> Result<u64> {

@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::{JoinHandle, ThreadId};
 
-use cairn_block::overlap::{fan_out, start_all, Latency, Overlap, OVERLAP_ABOVE_NS};
+use cairn_block::overlap::{
+    fan_out, start_all, start_all_while, Latency, Overlap, OVERLAP_ABOVE_NS,
+};
 use cairn_block::{
     BlockDevice, Capabilities, Error, ErrorKind, Geometry, Result, Support, WriteFlags,
 };
@@ -627,6 +629,16 @@ impl Array {
             .collect()
     }
 
+    /// Whether every member that is up completes later (and one is): the background
+    /// work then sends a window's reads from one thread (pipeline.rs). Mixed arrays and
+    /// a fenced one take the old path.
+    pub(crate) fn up_members_complete_later(&self) -> bool {
+        let up: Vec<Arc<Member>> = (0..self.slots.len())
+            .filter_map(|role| self.up_member(role).ok())
+            .collect();
+        !self.is_fenced() && !up.is_empty() && up.iter().all(|m| m.dev.completes_later())
+    }
+
     /// [`Array::read_member`] for every `(tag, (role, buf, off))`, issued as `how` says,
     /// returning each job's failure. Over members that complete later, every read is
     /// sent from this thread and waited for once, whatever `how` says: no worker thread
@@ -656,14 +668,34 @@ impl Array {
     /// error with what follows from it as in [`Array::read_member`]. `None`, nothing
     /// read, when some member is not up or does not complete later.
     pub(crate) fn read_later(&self, jobs: &mut [ReadJob<'_>]) -> Option<Vec<Option<Error>>> {
+        self.read_later_while(jobs, None)
+    }
+
+    /// [`Array::read_later`] that runs `meanwhile` on this thread while the reads are
+    /// out (the writes of the window before, in the background work's pipeline); not
+    /// run when it gives `None`. The latency estimate gets the reads' time only when
+    /// nothing ran meanwhile.
+    pub(crate) fn read_later_while(
+        &self,
+        jobs: &mut [ReadJob<'_>],
+        meanwhile: Option<&mut dyn FnMut()>,
+    ) -> Option<Vec<Option<Error>>> {
         let members = self.later_members(jobs.iter().map(|(role, _, _)| *role))?;
         let largest = jobs.iter().map(|(_, b, _)| b.len()).max().unwrap_or(0);
         let t = std::time::Instant::now();
-        let answers = start_all(
+        let alone = meanwhile.is_none();
+        let (answers, ()) = start_all_while(
             jobs.iter().zip(&members).collect(),
             |((_, buf, off), m), answer| m.dev.read_then(buf.len(), m.base + off, answer),
+            || {
+                if let Some(f) = meanwhile {
+                    f();
+                }
+            },
         );
-        self.member_latency.sample(largest, t.elapsed());
+        if alone && largest > 0 {
+            self.member_latency.sample(largest, t.elapsed());
+        }
         let failed = jobs
             .iter_mut()
             .zip(members)

@@ -205,7 +205,32 @@ impl Array {
             .map(|(m, row)| (m, (m, row.as_mut_slice(), stripe * c + lo)))
             .collect();
         let failed = self.read_members(jobs, self.read_overlap_pays(len * n));
-        for (m, e) in failed.into_iter().flatten() {
+        self.rebuild_row(
+            pl,
+            map,
+            stripe,
+            rows,
+            failed.into_iter().flatten(),
+            down,
+            read_errors,
+        )
+    }
+
+    /// The rest of [`Array::read_row`] once the members not marked in `down` were read
+    /// into `rows`, `failed` the members whose read failed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rebuild_row(
+        &self,
+        pl: &ParityLayout,
+        map: &StripeMap,
+        stripe: u64,
+        mut rows: Vec<Vec<u8>>,
+        failed: impl Iterator<Item = (usize, Error)>,
+        down: &mut [bool],
+        read_errors: &mut Vec<usize>,
+    ) -> Result<Vec<Vec<u8>>> {
+        let n = pl.raid_disks();
+        for (m, e) in failed {
             tracing::warn!("{}: {e}", self.array_label());
             down[m] = true;
             read_errors.push(m);
@@ -401,27 +426,51 @@ impl Array {
         rows: &mut Vec<Vec<u8>>,
     ) -> bool {
         let c = Self::chunk_bytes(pl);
+        let Some(reads) = self.resync_reads(pl, stripe, rows) else {
+            return false;
+        };
+        let how = self.read_overlap_pays(small(c) * reads.len());
+        let failed = fan_out(
+            reads
+                .into_iter()
+                .map(|(m, r, off)| (m, (m, r, off)))
+                .collect(),
+            how,
+            |(m, r, off)| self.read_member(m, r, off).err(),
+        );
+        self.resync_read_done(failed.into_iter().flatten())
+    }
+
+    /// The member reads of [`Array::resync_read`] into `rows`, sized for them; `None`
+    /// when a data member of the stripe is down.
+    pub(crate) fn resync_reads<'b>(
+        &self,
+        pl: &ParityLayout,
+        stripe: u64,
+        rows: &'b mut Vec<Vec<u8>>,
+    ) -> Option<Vec<ReadJob<'b>>> {
+        let c = Self::chunk_bytes(pl);
         let map = pl.stripe_map(StripeNo(stripe));
         let down = self.down_mask_at(stripe * c);
         if !map.data.iter().all(|&m| !down[m]) {
-            return false;
+            return None;
         }
         rows.resize_with(map.data.len(), Vec::new);
         for r in rows.iter_mut() {
             r.resize(small(c), 0);
         }
-        let jobs = map
-            .data
-            .iter()
-            .zip(rows.iter_mut())
-            .map(|(&m, r)| (m, (m, r)))
-            .collect();
-        let failed = fan_out(
-            jobs,
-            self.read_overlap_pays(small(c) * map.data.len()),
-            |(m, r)| self.read_member(m, r, stripe * c).err(),
-        );
-        if let Some(e) = failed.into_iter().flatten().next() {
+        Some(
+            map.data
+                .iter()
+                .zip(rows.iter_mut())
+                .map(|(&m, r)| (m, r.as_mut_slice(), stripe * c))
+                .collect(),
+        )
+    }
+
+    /// Whether [`Array::resync_reads`] read everything, given their `failed` ones.
+    pub(crate) fn resync_read_done(&self, mut failed: impl Iterator<Item = Error>) -> bool {
+        if let Some(e) = failed.next() {
             tracing::warn!("{}: {e}", self.array_label());
             return false;
         }
@@ -437,6 +486,22 @@ impl Array {
         rows: &mut Vec<Vec<u8>>,
         read: bool,
     ) -> Result<()> {
+        let c = Self::chunk_bytes(pl);
+        let writes = self.resync_writes(pl, stripe, rows, read)?;
+        self.execute_writes(pl, writes, WriteFlags::NONE, self.overlap_pays(small(c)))?;
+        self.check_resync_possible()
+            .map_err(|e| e.context(format!("resync of stripe {stripe}")))
+    }
+
+    /// The member writes of [`Array::resync_stripe_locked`]: P and Q computed, and the
+    /// data chunks a degraded read rebuilt.
+    pub(crate) fn resync_writes(
+        &self,
+        pl: &ParityLayout,
+        stripe: u64,
+        rows: &mut Vec<Vec<u8>>,
+        read: bool,
+    ) -> Result<Vec<(usize, u64, Bytes<'static>)>> {
         let c = Self::chunk_bytes(pl);
         let map = pl.stripe_map(StripeNo(stripe));
         let mut down = self.down_mask_at(stripe * c);
@@ -456,15 +521,14 @@ impl Array {
         }
         let refs: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
         let (p, q) = self.gen_parity(&map, &refs);
-        let mut writes: Vec<(usize, u64, Bytes<'_>)> = vec![(map.p, stripe * c, Cow::Owned(p))];
+        let mut writes: Vec<(usize, u64, Bytes<'static>)> =
+            vec![(map.p, stripe * c, Cow::Owned(p))];
         if let (Some(qm), Some(q)) = (map.q, q) {
             writes.push((qm, stripe * c, Cow::Owned(q)));
         }
         writes.retain(|(m, off, _)| self.is_up_at(*m, *off));
         writes.extend(corrections);
-        self.execute_writes(pl, writes, WriteFlags::NONE, self.overlap_pays(small(c)))?;
-        self.check_resync_possible()
-            .map_err(|e| e.context(format!("resync of stripe {stripe}")))
+        Ok(writes)
     }
 
     /// Issues a batch of member writes; a member whose write fails is failed, and the
@@ -480,11 +544,17 @@ impl Array {
             .into_iter()
             .map(|(m, moff, b)| (m, (m, b, moff)))
             .collect();
-        let failed: Vec<(usize, Error)> = self
-            .write_members(jobs, flags, parallel)
-            .into_iter()
-            .flatten()
-            .collect();
+        let failed = self.write_members(jobs, flags, parallel);
+        self.writes_failed(pl, failed.into_iter().flatten().collect())
+    }
+
+    /// The rest of [`Array::execute_writes`] once its writes are done, `failed` those
+    /// that failed.
+    pub(crate) fn writes_failed(
+        &self,
+        pl: &ParityLayout,
+        failed: Vec<(usize, Error)>,
+    ) -> Result<()> {
         if failed.is_empty() {
             return Ok(());
         }
