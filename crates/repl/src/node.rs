@@ -256,7 +256,9 @@ struct PeerState {
     /// This node was promoted after its primary vanished (unreached, or back as a crashed
     /// primary) while this peer was a secondary of that primary too: the old primary's
     /// last writes may have reached one of the two and not the other. Once connected, an
-    /// online verify with `--resync` finds and copies those blocks.
+    /// online verify with `--resync` finds and copies those blocks. Cleared when that
+    /// verify starts and set again if it stops early, so at every moment the verify is
+    /// either owed or running until it has compared every block.
     verify_after_failover: Option<String>,
 }
 
