@@ -94,6 +94,9 @@ impl Node {
         Ok(())
     }
 
+    /// The start of a resync from `node`; `node` becomes the one whose resync this node
+    /// follows (`sync_source`: only it may end it, and to any other node this node looks
+    /// blank until it does, Node::view).
     pub(crate) fn sync_start(&self, node: &str, full: bool) -> std::result::Result<(), String> {
         self.require_secondary()?;
         self.vx.admit_sync_start(full)?;
@@ -101,6 +104,7 @@ impl Node {
             .peer_named(node)
             .ok_or_else(|| format!("{node:?} is not a peer"))?;
         let mut p = self.persisted();
+        *self.sync_source.lock().unwrap_or_else(|e| e.into_inner()) = Some(node.to_string());
         p.consistent = false;
         self.meta.save(&p).map_err(|e| e.to_string())?;
         drop(p);
@@ -136,6 +140,23 @@ impl Node {
             .ok_or_else(|| format!("{node:?} is not a peer"))?;
         self.disk.flush().map_err(|e| e.to_string())?;
         let mut p = self.persisted();
+        // Only the node whose resync this is, and whose data connection was admitted
+        // last: after another primary's SyncStart or data connection, that one's copies
+        // may land over this resync's (the fencing epoch shuts this one's out), and the
+        // data is neither's generation until the other's resync ends.
+        let admitted = p.fence.as_ref().map(|t| t.owner.node.clone());
+        let last = self
+            .sync_source
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if last.as_deref() != Some(node) || admitted.as_deref() != Some(node) {
+            return Err(format!(
+                "the resync from {node} is not the current one (last resync started by {}, last primary admitted {}): this node does not take {node}'s generation",
+                last.as_deref().unwrap_or("nobody"),
+                admitted.as_deref().unwrap_or("none")
+            ));
+        }
         let mut g = Generations {
             current: p.current,
             bitmap: p.peers[peer.slot].bitmap_uuid,
