@@ -332,7 +332,12 @@ impl Node {
     /// resync nothing to them; a resync target that now holds this node's data empties
     /// its bitmap towards them (secondary.rs `sync_done`).
     fn peers_holding_my_data(&self, target: &Peer) -> Vec<String> {
-        let p = self.persisted();
+        let bases: Vec<u64> = self
+            .persisted()
+            .peers
+            .iter()
+            .map(|s| s.bitmap_uuid)
+            .collect();
         self.peers
             .iter()
             .filter(|o| {
@@ -344,7 +349,7 @@ impl Node {
                     && s.repl == Repl::Established
                     && s.verify_after_failover.is_none()
                     && !self.vx.running(&o.cfg.name)
-                    && p.peers[o.slot].bitmap_uuid == 0
+                    && bases[o.slot] == 0
                     && o.bitmap.count() == 0
             })
             .map(|o| o.cfg.name.clone())
