@@ -326,9 +326,9 @@ impl Node {
 
     /// The peers other than `target` that hold this node's data, as far as this node
     /// knows: connected and in sync (`Established`), nothing marked in their bitmap and
-    /// no bitmap base (no write went without them since they were last in sync), and no
-    /// verify after a failover owed (an old primary's last writes may differ there:
-    /// the flag stays until that verify has compared every block). This node would
+    /// no bitmap base (no write went without them since they were last in sync), no
+    /// verify running against them and none owed after a failover (an old primary's last
+    /// writes may differ there: owed until that verify has compared every block). This node would
     /// resync nothing to them; a resync target that now holds this node's data empties
     /// its bitmap towards them (secondary.rs `sync_done`).
     fn peers_holding_my_data(&self, target: &Peer) -> Vec<String> {
