@@ -56,14 +56,17 @@ link_down() {
 #        a (IP[1]) ──${TAG}x1──┐
 #        b (IP[2]) ──${TAG}x2──┼── bridge in ${TAG}s
 #        c (IP[3]) ──${TAG}x3──┘
+#
+# SWITCH_NODES (default "1 2 3") lists the namespaces on the switch; the fourth is d.
 switch_up() {
   local S=${TAG}s i
   NS[3]=${TAG}c
+  NS[4]=${TAG}d
   ip netns add "$S" || fail "ip netns add $S"
   register netns "$S"
   ip -n "$S" link add br0 type bridge || skip "no bridge support in the kernel (ip link add type bridge)"
   ip -n "$S" link set br0 up
-  for i in 1 2 3; do
+  for i in ${SWITCH_NODES:-1 2 3}; do
     ip netns add "${NS[$i]}" || fail "ip netns add ${NS[$i]}"
     register netns "${NS[$i]}"
     ip -n "${NS[$i]}" link set lo up

@@ -25,7 +25,7 @@
 # CAIRN_REPL_THREE_ROUNDS=10 is the long mode. CAIRN_SEED replays a run.
 . "$(dirname "$0")/lib.sh"
 
-ROUNDS=${CAIRN_REPL_THREE_ROUNDS:-1}
+ROUNDS=${CAIRN_REPL_THREE_ROUNDS:-2}
 SEED=${CAIRN_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 say "repl_three: seed $SEED, $ROUNDS failovers (replay: CAIRN_SEED=$SEED)"
 ORACLE=$INTEROP_DIR/acked_writes.py
@@ -35,28 +35,31 @@ TTL=2
 
 . "$INTEROP_DIR/repl_lib.sh"
 
-NAME=([1]=a [2]=b [3]=c)
+NAME=([1]=a [2]=b [3]=c [4]=d)
+IP[4]=10.234.1.4
+# The data nodes of the test that runs (four_nodes adds d).
+NODES=(1 2 3)
 
-# three_up: the switch, and a 64 MiB backing file with room for two peers per node.
+# three_up: the switch, and a 64 MiB backing file with room for a peer per other node.
 three_up() {
   need_root
   need_tool ip nbdinfo nbdcopy jq timeout cmp md5sum
   py -c 'import nbd' 2>/dev/null || skip "python3-libnbd (the nbd module) is missing"
   NS=([1]=${TAG}a [2]=${TAG}b)
-  switch_up
+  SWITCH_NODES="${NODES[*]}" switch_up
   local i
-  for i in 1 2 3; do
+  for i in "${NODES[@]}"; do
     rm -f "$SHM/n$i.img"
-    "$CAIRN" repl create-md --max-peers 2 --size 64M "$SHM/n$i.img" >/dev/null
+    "$CAIRN" repl create-md --max-peers $((${#NODES[@]} - 1)) --size 64M "$SHM/n$i.img" >/dev/null
     DISK[$i]=$SHM/n$i.img
   done
 }
 
-# up I [ARGS]: node I with the other two as peers; sets NPID[I].
+# up I [ARGS]: node I with the other nodes as peers; sets NPID[I].
 up() {
   local i=$1 j peers=()
   shift
-  for j in 1 2 3; do
+  for j in "${NODES[@]}"; do
     [ "$j" = "$i" ] || peers+=(--peer "${NAME[$j]}=nbd://${IP[$j]}:7789/home")
   done
   ip netns exec "${NS[$i]}" "$CAIRN" -v repl up home --disk "${DISK[$i]}" --node "${NAME[$i]}" \
@@ -87,6 +90,15 @@ wait_of() {
     sleep 0.1
   done
   fail "node ${NAME[$1]}: peer ${NAME[$2]} is $s, not $3: $(status_text "$1")"
+}
+
+# first_about_since_promotion I J: node I's first `connected` or `resync-started` event
+# about peer J since its last promotion, as "KIND: message".
+first_about_since_promotion() {
+  status_json "$1" | jq -r --arg p "${NAME[$2]}" '.events as $e
+    | ([$e[].kind] | rindex("promoted")) as $i
+    | [$e[$i:][] | select(.peer == $p and (.kind == "connected" or .kind == "resync-started"))]
+    | first // {} | "\(.kind): \(.message)"'
 }
 
 # events_of I KIND [PEER]: the messages of node I's events of KIND (about PEER), one a line.
@@ -123,7 +135,7 @@ verify_clean() {
 # I's (a failure's post-mortem).
 differ() {
   local j
-  for j in 1 2 3; do
+  for j in "${NODES[@]}"; do
     [ "$j" = "$1" ] && continue
     printf '%s: %s; ' "${NAME[$j]}" "$(py -c 'import sys
 a, b, n = open(sys.argv[1], "rb"), open(sys.argv[2], "rb"), int(sys.argv[3])
@@ -177,7 +189,13 @@ t_failover() {
     expect_eq "$(status_json $l | jq -r .role)" Secondary "${NAME[$l]}'s role"
     [ -z "$(events_of $l promoted)" ] || fail "${NAME[$l]} was promoted too: $(events_of $l promoted)"
     expect_eq "$(peer_of $l $w replication)" Established "${NAME[$l]}'s view of ${NAME[$w]}"
-    say "  ${NAME[$w]} took over: $(last_event $w failover); ${NAME[$l]} follows: $(last_event $w connected)$(last_event $w resync-started)"
+    # The two survivors held the same generation: the new primary's first connection to
+    # the other is in sync, no resync (bits left towards it from a node's own return as a
+    # crashed primary used to copy its activity log again here, from the second round on).
+    local first
+    first=$(first_about_since_promotion $w $l)
+    say "  ${NAME[$w]} took over: $(last_event $w failover); ${NAME[$l]} follows: $first"
+    expect_eq "$first" "connected: connected to ${NAME[$l]} (in sync)" "${NAME[$w]}'s first connection to ${NAME[$l]} after the failover"
     py "$ORACLE" check "$(client_uri $w)" "$seed" "$bs" "$WORK/log" >"$WORK/check.out" 2>&1 ||
       fail "${NAME[$w]} lacks writes ${NAME[$p]} acknowledged (seed $seed): $(cat "$WORK/check.out")"
     say "  ${NAME[$w]}: $(cat "$WORK/check.out")"
@@ -204,14 +222,13 @@ t_failover() {
     verify_one
     expect_eq "$(data_md5 $l)" "$(vol_md5 $w)" "${NAME[$l]}'s data area against ${NAME[$w]}'s volume"
     # The new primary writes while the old one is away: 1 MiB, marked in its bitmap.
-    pwrite $w "$k" $((1 << 20)) $(((RANDOM % 60) << 20))
-    # What the new primary's bitmap towards the old one marks: that 1 MiB, and in later
-    # rounds what was left there from its own return as a crashed primary (its activity
-    # log's bits towards the peers it was not resynced from stay; docs/replication.md).
+    # One character (the fill repeats it): 1 MiB exactly in every round.
+    pwrite $w "$((k % 10))" $((1 << 20)) $(((RANDOM % 60) << 20))
+    # What the new primary's bitmap towards the old one marks: that 1 MiB, nothing left
+    # from its own return as a crashed primary in an earlier round.
     local marked
     marked=$(peer_of $w $p out_of_sync_bytes)
-    [ "$marked" -ge $((1 << 20)) ] && [ "$marked" -le $(((16 << 20) + (1 << 20))) ] ||
-      fail "${NAME[$w]}'s bitmap towards ${NAME[$p]} marks $marked bytes"
+    expect_eq "$marked" $((1 << 20)) "the bytes ${NAME[$w]}'s bitmap towards ${NAME[$p]} marks"
     # The old primary returns: secondary, resynced from its activity log and the new
     # primary's bitmap, not in full.
     etcd_up_node $p
@@ -225,6 +242,10 @@ t_failover() {
     bytes=$(sed -n 's/.*started: \([0-9]*\) bytes.*/\1/p' <<<"$resynced")
     [ "$bytes" -le $(((16 << 20) + marked)) ] ||
       fail "resynced $bytes bytes to ${NAME[$p]}: more than its activity log (4 x 4 MiB) and the $marked bytes the new primary's bitmap marked"
+    # Its resync from w emptied its bits towards l too: w told it l holds w's data (in
+    # sync, verified after the failover), so the two copy nothing when they next meet.
+    expect_eq "$(peer_of $p $l out_of_sync_bytes)" 0 "${NAME[$p]}'s bits towards ${NAME[$l]} after its resync from ${NAME[$w]}"
+    expect_contains "$(events_of $p resync-done "${NAME[$w]}" | tail -1)" "towards ${NAME[$l]}" "${NAME[$p]}'s resync-done event"
     verify_clean $w
     p=$w
   done
@@ -295,6 +316,177 @@ t_split_brain() {
   for i in 1 2 3; do expect_eq "$(data_md5 $i)" "$bsum" "${NAME[$i]}'s data area"; done
 }
 
-run_test failover t_failover
-run_test split_brain t_split_brain
+# split_brain_third_away: c leaves first (cut off from both), then a is cut off from b;
+# b is promoted by hand and both a and b write. c changed nothing: its generation is the
+# one both sides started from. DRBD's rule, and cairn's: a node whose data is an ancestor
+# of a primary's, with a bitmap that knows the difference, takes that primary's data;
+# then it holds that side's generation, and the other side is a split brain for it as
+# for the first. b is kept away from c (`disconnect --peer c`) so a reaches c first:
+# c takes a's data by a bitmap resync, all of it (md5), none of b's; then b reaches c
+# and both sides refuse it as a split brain, c keeping a's data. (Two primaries
+# reaching c at once: the fencing epoch of the later data connection shuts the earlier
+# one out, c refuses a SyncDone from any node but the last to start a resync and be
+# admitted, and it looks blank to the second while the first did not finish, so the
+# second's resync is full.)
+t_split_brain_third_away() {
+  three_up
+  local i
+  for i in 1 2 3; do up $i; done
+  repl 1 primary --force >/dev/null
+  wait_of 1 2 Established
+  wait_of 1 3 Established
+  pwrite 1 0 $((4 << 20)) 0
+  # c leaves: a drops it after the peer timeout and goes on with b.
+  isolate 3
+  pwrite 1 A 65536 0
+  wait_of 1 3 Off 100
+  expect_eq "$(peer_of 1 2 replication)" Established "a's view of b with c away"
+  # a is cut off from b too and writes alone; b is promoted by hand and writes.
+  isolate 1
+  pwrite 1 A 65536 $((8 << 20))
+  wait_of 1 2 Off 100
+  repl 2 primary --force >/dev/null
+  pwrite 2 B 8192 $((1 << 20))
+  pwrite 2 B 8192 $((9 << 20))
+  local asum bsum
+  asum=$(vol_md5 1)
+  bsum=$(vol_md5 2)
+  [ "$asum" != "$bsum" ] || fail "a and b hold the same data after writing apart"
+  # b stays away from c; a connection attempt of b's begun before is over after the
+  # peer timeout.
+  repl 2 disconnect --peer c >/dev/null
+  sleep $((PEER_TIMEOUT + 1))
+  rejoin 1
+  rejoin 3
+  wait_of 1 2 SplitBrain
+  wait_of 2 1 SplitBrain
+  # c takes a's data, by the bitmap a kept for it since it left.
+  wait_of 1 3 Established
+  local e
+  e=$(events_of 1 resync-started c | tail -1)
+  say "  a to c: $e"
+  expect_contains "$e" "bitmap resync to c" "a's resync of c"
+  expect_eq "$(data_md5 3)" "$asum" "c's data area against a's volume"
+  expect_eq "$(status_json 3 | jq -r .disk)" UpToDate "c's disk"
+  # b reaches c: c holds a's generation now, b changed since they parted: split brain
+  # on both sides, refused; c keeps a's data, b its own.
+  repl 2 connect --peer c >/dev/null
+  wait_of 2 3 SplitBrain
+  wait_of 3 2 SplitBrain
+  say "  b about c: $(events_of 2 split-brain c | tail -1)"
+  expect_eq "$(data_md5 3)" "$asum" "c's data area after b's attempt"
+  expect_eq "$(vol_md5 2)" "$bsum" "b's volume after its attempt"
+  expect_eq "$(peer_of 1 3 replication)" Established "a's view of c after b's attempt"
+  # Resolution: b's changes go.
+  repl 2 secondary >/dev/null
+  repl 2 connect --discard-my-data >/dev/null
+  repl 1 connect --peer b >/dev/null
+  wait_of 1 2 Established
+  wait_of 2 1 Established
+  verify_clean 1
+  repl 1 secondary >/dev/null
+  for i in 1 2 3; do expect_eq "$(data_md5 $i)" "$asum" "${NAME[$i]}'s data area"; done
+}
+
+# four_nodes: a, b, c, d (`--max-peers 3`), a three-member etcd in a's, b's and c's
+# namespaces (d lists all three), `--auto-failover`. a primary; under a writer that
+# logs every acknowledged write, d is cut off and comes back: a drops it, goes on with
+# b and c, and resyncs d from its bitmap (not in full); every acknowledged write reads
+# back, a verify of b, c and d finds 0 out of sync. Then a is killed under a second
+# writer: one of b, c, d takes the lease, the other two follow it in sync (no resync),
+# each verified after the failover; a comes back and is resynced from its activity log
+# and the new primary's bitmap; all four data areas equal.
+t_four_nodes() {
+  NODES=(1 2 3 4)
+  three_up
+  etcd3_up
+  local i
+  for i in 1 2 3; do etcd_up_node $i; done
+  up 4 --etcd "$(etcd_urls 2)" --etcd-ttl "$TTL" --auto-failover
+  repl 1 primary --force >/dev/null
+  for i in 2 3 4; do wait_of 1 $i Established; done
+  local bs=4096 blocks seed=$((SEED + 100)) wpid n e
+  blocks=$(($(nbdinfo --size "$(client_uri 1)") / bs))
+  rm -f "$WORK/log"
+  py "$ORACLE" write "$(client_uri 1)" "$seed" "$blocks" "$bs" 32 "$WORK/log" >"$WORK/writer.out" 2>&1 &
+  wpid=$!
+  register pid "$wpid"
+  for n in $(seq 200); do [ -s "$WORK/log" ] && break; sleep 0.05; done
+  [ -s "$WORK/log" ] || fail "no write acknowledged within 10 s: $(cat "$WORK/writer.out")"
+  isolate 4
+  wait_of 1 4 Off 100
+  sleep 1
+  rejoin 4
+  wait "$wpid" || fail "the writer failed: $(cat "$WORK/writer.out")"
+  say "  writer: $(cat "$WORK/writer.out")"
+  wait_of 1 4 Established 300
+  e=$(events_of 1 resync-started d | tail -1)
+  say "  d back: $e"
+  expect_contains "$e" "bitmap resync to d" "the resync of d"
+  for i in 2 3; do
+    [ "$(events_of 1 resync-started "${NAME[$i]}" | wc -l)" = 1 ] ||
+      fail "a resynced ${NAME[$i]}, which stayed, again after the initial sync: $(events_of 1 resync-started "${NAME[$i]}")"
+  done
+  py "$ORACLE" check "$(client_uri 1)" "$seed" "$bs" "$WORK/log" >"$WORK/check.out" 2>&1 ||
+    fail "a lacks acknowledged writes: $(cat "$WORK/check.out")"
+  repl 1 verify --wait >/dev/null || fail "verify: $(status_text 1)"
+  expect_eq "$(status_json 1 | jq -r '[.peers[].verify.out_of_sync_blocks] | join(" ")')" "0 0 0"     "blocks out of sync with b, c, d (verify)"
+
+  # The failover: a killed under a writer.
+  seed=$((seed + 1))
+  rm -f "$WORK/log"
+  py "$ORACLE" write "$(client_uri 1)" "$seed" "$blocks" "$bs" 32 "$WORK/log" >"$WORK/writer.out" 2>&1 &
+  wpid=$!
+  register pid "$wpid"
+  for n in $(seq 200); do [ -s "$WORK/log" ] && break; sleep 0.05; done
+  sleep "0.$((RANDOM % 5 + 1))"
+  node_kill 1
+  wait "$wpid" || fail "the writer failed: $(cat "$WORK/writer.out")"
+  local w="" o
+  for n in $(seq 300); do
+    for i in 2 3 4; do
+      [ "$(status_json $i | jq -r .role)" = Primary ] && w=$i && break 2
+    done
+    sleep 0.1
+  done
+  [ -n "$w" ] || fail "none of b, c, d took over: $(status_text 2)"
+  say "  ${NAME[$w]} took over: $(last_event $w failover)"
+  py "$ORACLE" check "$(client_uri $w)" "$seed" "$bs" "$WORK/log" >"$WORK/check.out" 2>&1 ||
+    fail "${NAME[$w]} lacks writes a acknowledged: $(cat "$WORK/check.out")"
+  for o in 2 3 4; do
+    [ "$o" = "$w" ] && continue
+    wait_of $w $o Established
+    expect_eq "$(first_about_since_promotion $w $o)" "connected: connected to ${NAME[$o]} (in sync)"       "${NAME[$w]}'s first connection to ${NAME[$o]}"
+    for n in $(seq 300); do
+      [ -n "$(events_of $w verify-done "${NAME[$o]}")" ] && [ "$(peer_of $w $o verify.running)" = false ] &&
+        [ "$(peer_of $w $o replication)" = Established ] && [ "$(peer_of $w $o out_of_sync_bytes)" = 0 ] && break
+      sleep 0.1
+    done
+    say "  ${NAME[$o]}: $(events_of $w verify-done "${NAME[$o]}" | tail -1)"
+    expect_eq "$(peer_of $w $o out_of_sync_bytes)" 0 "${NAME[$w]}'s bits towards ${NAME[$o]} after its verify"
+  done
+  sleep "$TTL"
+  for o in 2 3 4; do
+    [ "$o" = "$w" ] || expect_eq "$(status_json $o | jq -r .role)" Secondary "${NAME[$o]}'s role"
+  done
+  # a returns: its activity log and the new primary's bitmap only.
+  etcd_up_node 1
+  wait_of $w 1 Established 300
+  e=$(events_of $w resync-started a | tail -1)
+  say "  a back: $e"
+  expect_contains "$e" "bitmap resync to a" "the resync of a"
+  n=$(sed -n 's/.*started: \([0-9]*\) bytes.*/\1/p' <<<"$e")
+  [ "$n" -le $((16 << 20)) ] || fail "resynced $n bytes to a: more than its activity log (4 x 4 MiB)"
+  repl $w verify --wait >/dev/null || fail "verify: $(status_text $w)"
+  expect_eq "$(status_json $w | jq -r '[.peers[].verify.out_of_sync_blocks] | join(" ")')" "0 0 0"     "blocks out of sync on ${NAME[$w]}'s peers (verify)"
+  local m
+  m=$(vol_md5 $w)
+  repl $w secondary >/dev/null
+  for i in 1 2 3 4; do expect_eq "$(data_md5 $i)" "$m" "${NAME[$i]}'s data area"; done
+}
+
+# CAIRN_REPL_THREE_TESTS picks tests (default: all).
+for t in ${CAIRN_REPL_THREE_TESTS:-failover split_brain split_brain_third_away four_nodes}; do
+  run_test "$t" "t_$t"
+done
 finish

@@ -256,7 +256,9 @@ struct PeerState {
     /// This node was promoted after its primary vanished (unreached, or back as a crashed
     /// primary) while this peer was a secondary of that primary too: the old primary's
     /// last writes may have reached one of the two and not the other. Once connected, an
-    /// online verify with `--resync` finds and copies those blocks.
+    /// online verify with `--resync` finds and copies those blocks. Cleared when that
+    /// verify starts and set again if it stops early, so at every moment the verify is
+    /// either owed or running until it has compared every block.
     verify_after_failover: Option<String>,
 }
 
@@ -465,6 +467,10 @@ pub struct Node {
     /// Application reads and writes so far: the rate controller (rate.rs) slows resync
     /// and verify to their minimum while it moves.
     app_io: AtomicU64,
+    /// As secondary: the node whose `SyncStart` came last (secondary.rs). Only it may
+    /// end the resync, and while it has not, this node looks blank to every other node
+    /// (`view`). Taken after the `p` lock, never before it.
+    sync_source: Mutex<Option<String>>,
 }
 
 impl fmt::Debug for Node {
@@ -625,6 +631,7 @@ impl Node {
             stopped: AtomicBool::new(false),
             vx: verify::Shared::default(),
             app_io: AtomicU64::new(0),
+            sync_source: Mutex::new(None),
         };
         if crashed {
             node.event("crashed-primary", None, "this node stopped as primary without a clean stop: its activity log's extents will be resynced".into());
@@ -668,13 +675,30 @@ impl Node {
     }
 
     /// This node's generations and flags as `peer` should see them.
+    ///
+    /// A node inconsistent from another node's resync (two primaries after a split
+    /// brain both reaching it, or a new primary after the old one died mid-resync) looks
+    /// blank to `peer`: part of its data is the other node's copies, which no bitmap of
+    /// `peer`'s marks, so only a full resync from `peer` makes it whole (gen.rs:
+    /// peer-just-created). Only the node it follows sees its generations.
     pub fn view(&self, peer: &Peer) -> NodeView {
         let p = self.persisted();
+        let other_source = !p.consistent
+            && self
+                .sync_source
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_deref()
+                .is_some_and(|s| s != peer.cfg.name);
         NodeView {
-            gens: Generations {
-                current: p.current,
-                bitmap: p.peers[peer.slot].bitmap_uuid,
-                history: p.history,
+            gens: if other_source {
+                Generations::JUST_CREATED
+            } else {
+                Generations {
+                    current: p.current,
+                    bitmap: p.peers[peer.slot].bitmap_uuid,
+                    history: p.history,
+                }
             },
             primary: self.role() == Role::Primary,
             crashed_primary: p.crashed_primary,
@@ -2412,6 +2436,59 @@ mod tests {
             .iter()
             .all(|p| p.state().verify_after_failover.is_none()));
         node.demote().unwrap();
+    }
+
+    /// Two primaries (a split brain) reach this secondary a in turn: b's resync began,
+    /// then c's. While b's did not finish a looks blank to c (c's bitmaps do not mark
+    /// b's copies: only a full resync from c makes a whole); b may not end it once c's
+    /// began (c's copies may have landed over b's); c ends it only as the primary a
+    /// admitted last.
+    #[test]
+    fn only_the_last_resync_and_the_last_admitted_primary_end_a_resync() {
+        let node = a_of_three("b");
+        let gens = |current| Generations {
+            current,
+            bitmap: 0,
+            history: [0x1000, 0],
+        };
+        let (b, c) = (&node.peers[0], &node.peers[1]);
+        assert_eq!(node.view(c).gens.current, 0x1000);
+        node.sync_start("b", false).unwrap();
+        assert_eq!(node.view(b).gens.current, 0x1000, "b's own resync");
+        assert_eq!(node.view(c).gens, Generations::JUST_CREATED);
+        let (d, rule) = gen::decide(
+            &NodeView {
+                gens: gens(0x3000),
+                primary: true,
+                crashed_primary: false,
+                consistent: true,
+            },
+            &node.view(c),
+            gen::Tie::MeSource,
+        );
+        assert_eq!(
+            (d, rule),
+            (Decision::SourceFull, gen::Rule::PeerJustCreated)
+        );
+        node.sync_start("c", true).unwrap();
+        assert_eq!(node.view(b).gens, Generations::JUST_CREATED);
+        // b's SyncDone, its data connection still the last admitted.
+        let e = node.sync_done("b", &gens(0x2000), &[]).unwrap_err();
+        assert!(e.contains("not the current one"), "{e}");
+        // c's, before its data connection was admitted: refused too.
+        assert!(node.sync_done("c", &gens(0x3000), &[]).is_err());
+        let mut token = node.persisted().fence.clone().unwrap();
+        token.owner.node = "c".into();
+        token.generation += 1;
+        node.fence_store(&token).unwrap();
+        node.sync_done("c", &gens(0x3000), &[]).unwrap();
+        let s = node.status();
+        assert_eq!(
+            (s.disk.as_str(), s.generations.current),
+            ("UpToDate", 0x3000)
+        );
+        // Consistent again: the next resync may be a bitmap one, from anyone.
+        node.sync_start("b", false).unwrap();
     }
 
     /// Overlapping writes that reach the primary in one burst are all answered, and

@@ -94,6 +94,9 @@ impl Node {
         Ok(())
     }
 
+    /// The start of a resync from `node`; `node` becomes the one whose resync this node
+    /// follows (`sync_source`: only it may end it, and to any other node this node looks
+    /// blank until it does, Node::view).
     pub(crate) fn sync_start(&self, node: &str, full: bool) -> std::result::Result<(), String> {
         self.require_secondary()?;
         self.vx.admit_sync_start(full)?;
@@ -101,6 +104,7 @@ impl Node {
             .peer_named(node)
             .ok_or_else(|| format!("{node:?} is not a peer"))?;
         let mut p = self.persisted();
+        *self.sync_source.lock().unwrap_or_else(|e| e.into_inner()) = Some(node.to_string());
         p.consistent = false;
         self.meta.save(&p).map_err(|e| e.to_string())?;
         drop(p);
@@ -116,10 +120,18 @@ impl Node {
         Ok(())
     }
 
+    /// The end of a resync from `node`: this node holds its data and its generation.
+    /// `in_sync`: the source's other peers that hold the source's data (sync.rs
+    /// `peers_holding_my_data`); they hold this node's data now too, so the bits towards
+    /// them go and their bitmap has no base, as on the source (DRBD's rule: after a
+    /// resync the target's bitmap towards a third node is the source's). Bits left there
+    /// from this node's own past (a crashed primary's activity log) would otherwise copy
+    /// identical data the next time the two meet.
     pub(crate) fn sync_done(
         &self,
         node: &str,
         source: &Generations,
+        in_sync: &[String],
     ) -> std::result::Result<(), String> {
         self.require_secondary()?;
         self.vx.admit_sync_done()?;
@@ -128,6 +140,23 @@ impl Node {
             .ok_or_else(|| format!("{node:?} is not a peer"))?;
         self.disk.flush().map_err(|e| e.to_string())?;
         let mut p = self.persisted();
+        // Only the node whose resync this is, and whose data connection was admitted
+        // last: after another primary's SyncStart or data connection, that one's copies
+        // may land over this resync's (the fencing epoch shuts this one's out), and the
+        // data is neither's generation until the other's resync ends.
+        let admitted = p.fence.as_ref().map(|t| t.owner.node.clone());
+        let last = self
+            .sync_source
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if last.as_deref() != Some(node) || admitted.as_deref() != Some(node) {
+            return Err(format!(
+                "the resync from {node} is not the current one (last resync started by {}, last primary admitted {}): this node does not take {node}'s generation",
+                last.as_deref().unwrap_or("nobody"),
+                admitted.as_deref().unwrap_or("none")
+            ));
+        }
         let mut g = Generations {
             current: p.current,
             bitmap: p.peers[peer.slot].bitmap_uuid,
@@ -140,6 +169,21 @@ impl Node {
         p.consistent = true;
         p.crashed_primary = false;
         peer.bitmap.clear(0, peer.bitmap.bits());
+        let mut cleared = Vec::new();
+        for other in in_sync
+            .iter()
+            .filter_map(|n| self.peer_named(n))
+            .filter(|o| o.slot != peer.slot)
+        {
+            let bytes = other.bitmap.count_bytes(self.data_size);
+            if bytes > 0 || p.peers[other.slot].bitmap_uuid != 0 {
+                cleared.push(format!("{} ({bytes} bytes)", other.cfg.name));
+            }
+            p.peers[other.slot].bitmap_uuid = 0;
+            other.bitmap.clear(0, other.bitmap.bits());
+        }
+        // The superblock first: a crash before the bitmaps are written out leaves bits
+        // that only copy identical data again, never a base without its bits.
         self.meta.save(&p).map_err(|e| e.to_string())?;
         drop(p);
         self.write_out_bitmaps().map_err(|e| e.to_string())?;
@@ -148,7 +192,14 @@ impl Node {
         self.event(
             "resync-done",
             Some(node),
-            format!("resync from {node} done: this node holds its data"),
+            if cleared.is_empty() {
+                format!("resync from {node} done: this node holds its data")
+            } else {
+                format!(
+                    "resync from {node} done: this node holds its data; out-of-sync bits towards {} cleared: {node} holds their data",
+                    cleared.join(", ")
+                )
+            },
         );
         Ok(())
     }

@@ -65,9 +65,8 @@ impl Node {
         if self.stop_peers.load(Ordering::SeqCst) {
             return;
         }
-        match self.verify_admin(Some(&peer.cfg.name), true) {
+        match self.verify_admin(Some(&peer.cfg.name), true, Some(&old)) {
             Ok(_) => {
-                peer.state().verify_after_failover = None;
                 self.event(
                     "verify-after-failover",
                     Some(&peer.cfg.name),
@@ -325,6 +324,38 @@ impl Node {
         self.resync(peer, full)
     }
 
+    /// The peers other than `target` that hold this node's data, as far as this node
+    /// knows: connected and in sync (`Established`), nothing marked in their bitmap and
+    /// no bitmap base (no write went without them since they were last in sync), no
+    /// verify running against them and none owed after a failover (an old primary's last
+    /// writes may differ there: owed until that verify has compared every block). This node would
+    /// resync nothing to them; a resync target that now holds this node's data empties
+    /// its bitmap towards them (secondary.rs `sync_done`).
+    fn peers_holding_my_data(&self, target: &Peer) -> Vec<String> {
+        let bases: Vec<u64> = self
+            .persisted()
+            .peers
+            .iter()
+            .map(|s| s.bitmap_uuid)
+            .collect();
+        self.peers
+            .iter()
+            .filter(|o| {
+                if o.slot == target.slot || o.link().is_none() {
+                    return false;
+                }
+                let s = o.state();
+                s.conn == Conn::Connected
+                    && s.repl == Repl::Established
+                    && s.verify_after_failover.is_none()
+                    && !self.vx.running(&o.cfg.name)
+                    && bases[o.slot] == 0
+                    && o.bitmap.count() == 0
+            })
+            .map(|o| o.cfg.name.clone())
+            .collect()
+    }
+
     fn fetch_peer_bitmap(&self, peer: &Peer) -> std::result::Result<(), String> {
         let total = peer.bitmap.word_count();
         let mut first = 0;
@@ -474,6 +505,7 @@ impl Node {
             &Request::SyncDone {
                 node: self.cfg.node.clone(),
                 gens,
+                in_sync: self.peers_holding_my_data(peer),
             },
             self.cfg.peer_timeout,
         )?;

@@ -51,9 +51,11 @@ impl OptionHandler for Target {
             Request::SyncStart { node: from, full } => {
                 node.sync_start(&from, full).map(|()| Vec::new())
             }
-            Request::SyncDone { node: from, gens } => {
-                node.sync_done(&from, &gens).map(|()| Vec::new())
-            }
+            Request::SyncDone {
+                node: from,
+                gens,
+                in_sync,
+            } => node.sync_done(&from, &gens, &in_sync).map(|()| Vec::new()),
             Request::Adopt { node: from, gens } => node.adopt(&from, &gens).map(|()| Vec::new()),
             Request::Digest {
                 node: from,

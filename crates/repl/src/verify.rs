@@ -209,6 +209,9 @@ struct Run {
     /// Set when the run ended: its seconds and its error.
     end: Mutex<Option<(f64, Option<String>)>>,
     pacer: Pacer,
+    /// The verify after a failover (the old primary's name): a run that stops early
+    /// owes it again (sync.rs `verify_after_failover`).
+    after_failover: Option<String>,
 }
 
 /// The node's verify runs (the last one per peer) and its invalidation mark.
@@ -226,6 +229,12 @@ impl Shared {
         runs.iter().find(|(n, _)| n == peer).map(|(_, r)| r.clone())
     }
 
+    /// A verify runs against `peer` now.
+    pub(super) fn running(&self, peer: &str) -> bool {
+        self.run(peer)
+            .is_some_and(|r| r.end.lock().unwrap_or_else(|p| p.into_inner()).is_none())
+    }
+
     /// A new run against `peer`, replacing the last one's result; `None` while one runs.
     fn begin(
         &self,
@@ -233,6 +242,7 @@ impl Shared {
         total: u64,
         resync: bool,
         pace: (RateLimits, &AtomicU64),
+        after_failover: Option<&str>,
     ) -> Option<Arc<Run>> {
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, r)) = runs.iter().find(|(n, _)| n == peer) {
@@ -250,6 +260,7 @@ impl Shared {
             found: AtomicU64::new(0),
             end: Mutex::new(None),
             pacer: Pacer::new(pace.0, pace.1),
+            after_failover: after_failover.map(str::to_string),
         });
         runs.push((peer.to_string(), run.clone()));
         Some(run)
@@ -318,14 +329,17 @@ impl Node {
         resync: bool,
     ) -> std::result::Result<String, String> {
         let _admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
-        self.verify_admin(peer, resync)
+        self.verify_admin(peer, resync, None)
     }
 
-    /// [`Node::verify`] for a caller that holds the admin lock.
+    /// [`Node::verify`] for a caller that holds the admin lock. `after_failover`: the
+    /// verify owed after a failover from that old primary; a run that stops early owes it
+    /// again.
     pub(super) fn verify_admin(
         self: &Arc<Self>,
         peer: Option<&str>,
         resync: bool,
+        after_failover: Option<&str>,
     ) -> std::result::Result<String, String> {
         if self.role() != Role::Primary {
             return Err(format!(
@@ -354,10 +368,18 @@ impl Node {
                 continue;
             }
             let pace = (self.cfg.resync, &self.app_io);
-            let Some(run) = self.vx.begin(&name, self.data_size, resync, pace) else {
+            let Some(run) = self
+                .vx
+                .begin(&name, self.data_size, resync, pace, after_failover)
+            else {
                 skipped.push(format!("a verify against {name} is running"));
                 continue;
             };
+            if after_failover.is_some() {
+                // Owed no more while it runs: a run that stops early owes it again
+                // (verify_run), which it can only do after this.
+                p.state().verify_after_failover = None;
+            }
             let (node, peer) = (self.clone(), p.clone());
             let h = thread::Builder::new()
                 .name(format!("repl-verify-{name}"))
@@ -458,6 +480,13 @@ impl Node {
         let found = run.found.load(Ordering::Relaxed);
         let checked = run.checked.load(Ordering::Relaxed);
         let name = &peer.cfg.name;
+        if let (Some(_), Some(old)) = (&error, &run.after_failover) {
+            // Only part of the data was compared: the verify is still owed, and until it
+            // has compared every block the peer is not known to hold this node's data
+            // (sync.rs `peers_holding_my_data`). Re-armed before the run is marked ended,
+            // so the two are never both unset.
+            peer.state().verify_after_failover = Some(old.clone());
+        }
         *run.end.lock().unwrap_or_else(|p| p.into_inner()) = Some((secs, error.clone()));
         if let Some(e) = error {
             self.event(
@@ -725,7 +754,7 @@ mod tests {
         assert_eq!(st.disk, "Inconsistent");
         assert_eq!(st.generations.current, JUST_CREATED);
         assert!(n.sync_start("a", false).is_err());
-        assert!(n.sync_done("a", &st.generations).is_err());
+        assert!(n.sync_done("a", &st.generations, &[]).is_err());
         drop(n);
         let n = node(&disk);
         let p = n.persisted().clone();
@@ -753,12 +782,12 @@ mod tests {
         let s = Shared::default();
         let app = AtomicU64::new(0);
         let pace = (RateLimits::default(), &app);
-        let r = s.begin("b", 100, false, pace).unwrap();
+        let r = s.begin("b", 100, false, pace, None).unwrap();
         assert!(
-            s.begin("b", 100, false, pace).is_none(),
+            s.begin("b", 100, false, pace, None).is_none(),
             "two runs against one peer"
         );
-        assert!(s.begin("c", 100, false, pace).is_some());
+        assert!(s.begin("c", 100, false, pace, None).is_some());
         r.done.store(100, Ordering::Relaxed);
         r.found.store(2, Ordering::Relaxed);
         let st = s.status("b", &app).unwrap();
@@ -779,7 +808,7 @@ mod tests {
             (st.out_of_sync_blocks, st.done_bytes, st.eta_secs),
             (2, 100, None)
         );
-        assert!(s.begin("b", 100, true, pace).is_some());
+        assert!(s.begin("b", 100, true, pace, None).is_some());
         assert!(s.status("b", &app).unwrap().resync);
         assert!(s.status("nobody", &app).is_none());
     }

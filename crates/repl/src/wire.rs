@@ -8,7 +8,8 @@
 //!                                       <──    Welcome {node, view, changes, decision}
 //!   Bitmap {first_word, words}          ──>    the secondary's bits towards the primary
 //!   SyncStart {full}                    ──>    marks its data inconsistent (persisted)
-//!   SyncDone {gens}                     ──>    takes the primary's generation, consistent
+//!   SyncDone {gens, in_sync}            ──>    takes the primary's generation, consistent;
+//!                                              empties its bits towards `in_sync` peers
 //!   Adopt {gens}                        ──>    (in sync, connected) takes a new current
 //!   Digest {offset, len}                ──>    (online verify) one 8-byte digest per
 //!                                       <──    bitmap block of the range (verify.rs)
@@ -49,6 +50,12 @@ pub enum Request {
     SyncDone {
         node: String,
         gens: Generations,
+        /// The source's other peers known to hold its data: connected and in sync, an
+        /// empty bitmap without a base, no verify after a failover owed. The target,
+        /// which now holds the source's data too, empties its bitmap towards each
+        /// (secondary.rs `sync_done`). Absent (an older source): none.
+        #[serde(default)]
+        in_sync: Vec<String>,
     },
     Adopt {
         node: String,
