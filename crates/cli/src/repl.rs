@@ -7,6 +7,7 @@
 //!                            while primary) and a control socket
 //!   cairn repl primary|secondary|connect|disconnect|status|down RES ─> the control socket
 //!   cairn repl verify|invalidate RES ─> the control socket (online verify, invalidate)
+//!   cairn repl detach|attach RES ─> the control socket (drop the local disk, take it back)
 //! ```
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -25,7 +26,9 @@ use cairn_nbd::client::ClientOptions;
 use cairn_nbd::uri::NbdUri;
 use cairn_nbd::{Listen, Server, ServerConfig, ServerTls};
 use cairn_repl::control;
-use cairn_repl::node::{Exports, Node, NodeConfig, PeerConfig, Protocol, SplitBrainPolicy, Status};
+use cairn_repl::node::{
+    Exports, Node, NodeConfig, OnIoError, PeerConfig, Protocol, SplitBrainPolicy, Status,
+};
 
 use crate::error::{CliError, Result};
 use crate::global::Global;
@@ -82,6 +85,12 @@ pub enum ReplCommand {
     Verify(VerifyArgs),
     /// On a secondary: give this node's data up; the primary resyncs all of it
     Invalidate(CtlArgs),
+    /// Drop this node's disk: a primary goes on diskless through an up-to-date peer, a
+    /// secondary refuses its primary until `attach`
+    Detach(CtlArgs),
+    /// On a diskless secondary: take the disk back; the primary resyncs all of it
+    /// (refused on a primary: fail over first)
+    Attach(CtlArgs),
 }
 
 #[derive(Debug, Args)]
@@ -231,6 +240,12 @@ pub struct UpArgs {
         requires = "etcd"
     )]
     pub on_lease_loss: cairn_repl::quorum::OnLoss,
+    /// When this node's disk fails a read, a write or a flush: detach (drop the disk; a
+    /// primary serves reads and writes through an up-to-date peer, so the application
+    /// sees no error while one is connected; a secondary is dropped by its primary) or
+    /// pass-on (the error goes to the application, or to the primary)
+    #[arg(long, value_name = "detach|pass-on", default_value = "detach")]
+    pub on_io_error: OnIoError,
     #[command(flatten)]
     pub etcd_access: crate::fence::EtcdAccessOptions,
     #[command(flatten)]
@@ -300,6 +315,8 @@ pub fn run(cmd: ReplCommand, global: &Global) -> Result<()> {
         ReplCommand::Down(a) => ctl(&a, json!({"cmd": "down"}), global),
         ReplCommand::Verify(a) => verify(&a, global),
         ReplCommand::Invalidate(a) => ctl(&a, json!({"cmd": "invalidate"}), global),
+        ReplCommand::Detach(a) => ctl(&a, json!({"cmd": "detach"}), global),
+        ReplCommand::Attach(a) => ctl(&a, json!({"cmd": "attach"}), global),
     }
 }
 
@@ -517,6 +534,8 @@ struct ResourceDef {
     etcd_ttl: Option<u64>,
     auto_failover: Option<bool>,
     on_lease_loss: Option<String>,
+    /// "detach" (the default) or "pass-on", as `--on-io-error`.
+    on_io_error: Option<String>,
     node: Vec<NodeDef>,
 }
 
@@ -662,6 +681,9 @@ fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
         if let Some(v) = &res.on_lease_loss {
             r.on_lease_loss = v.parse().map_err(|e| bad("on_lease_loss", e))?;
         }
+        if let Some(v) = &res.on_io_error {
+            r.on_io_error = v.parse().map_err(|e| bad("on_io_error", e))?;
+        }
         r.tls.insecure_no_tls |= res.insecure_no_tls.unwrap_or(false);
         r.resync_rate = res.resync_rate.unwrap_or(r.resync_rate);
         if res.resync_min_rate == Some(0) {
@@ -741,6 +763,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
             }),
             true => None,
         },
+        on_io_error: a.on_io_error,
     };
     let backing = open_backing(&disk_path, false, &a.resource)?;
     let disk = backing.dev.clone();
@@ -996,6 +1019,8 @@ fn serve_control(node: &Arc<Node>, conn: UnixStream) -> bool {
                 "disconnect" => node.set_connect(peer, false, false),
                 "verify" => node.verify(peer, flag("resync")),
                 "invalidate" => node.invalidate(),
+                "detach" => node.detach(),
+                "attach" => node.attach_disk(),
                 "down" => {
                     down = true;
                     Ok("stopping".into())
@@ -1368,6 +1393,14 @@ mod tests {
         write("etcd_cacert = \"/ca.pem\"\n");
         let err = args(&[]).unwrap_err();
         assert!(err.to_string().contains("give --etcd"), "{err}");
+        // The I/O error policy: detach by default, pass-on from the file, a typo refused.
+        write("");
+        assert_eq!(args(&[]).unwrap().on_io_error, OnIoError::Detach);
+        write("on_io_error = \"pass-on\"\n");
+        assert_eq!(args(&[]).unwrap().on_io_error, OnIoError::PassOn);
+        write("on_io_error = \"detatch\"\n");
+        let err = args(&[]).unwrap_err();
+        assert!(err.to_string().contains("on_io_error"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
