@@ -48,7 +48,10 @@ two nodes that both wrote while apart (split brain) are detected on both sides a
 apart until the operator, or a --split-brain policy, says whose changes go. `--protocol A` answers writes once the local \
 disk has them (faster, but the last writes before a crash of the primary may be missing on \
 the peer). With `--etcd`, the primary role is an etcd lease and a secondary can take over by \
-itself (`--auto-failover`). docs/replication.md has the whole story.";
+itself (`--auto-failover`). A node whose own disk fails an I/O detaches it (`--on-io-error \
+detach`, the default): a primary goes on diskless, reading and writing through an up-to-date \
+peer, so the application sees no error while one is connected. docs/replication.md has the \
+whole story.";
 
 const REPL_EXAMPLES: &str = "\
 Examples (two hosts, a and b):
