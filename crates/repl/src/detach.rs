@@ -434,13 +434,17 @@ mod tests {
 
     /// A primary and its secondary "far"; `fail` breaks the primary's disk once the two
     /// are in sync. Random writes and reads then go on, checked against a model.
-    fn primary_loses_its_disk(fail: impl FnOnce(&FaultHandle, u64), label: &str) {
+    fn primary_loses_its_disk(
+        protocol: Protocol,
+        fail: impl FnOnce(&FaultHandle, u64),
+        label: &str,
+    ) {
         let seed: u64 = rand::random();
         println!("{label}: seed {seed}");
         let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
         let (far, far_disk, addr, far_stop) = far_secondary();
         let (disk, h) = faulty();
-        let node = node_a_towards(addr, &disk, |_| {});
+        let node = node_a_towards(addr, &disk, |c| c.protocol = protocol);
         node.promote(true).unwrap();
         wait("the initial sync", || established(&node));
         let n = usize::try_from(node.data_size).unwrap();
@@ -513,18 +517,31 @@ mod tests {
 
     #[test]
     fn a_primary_whose_disk_dies_goes_on_through_its_peer() {
-        primary_loses_its_disk(|h, _| h.fail_always(), "dead disk");
+        primary_loses_its_disk(Protocol::C, |h, _| h.fail_always(), "dead disk");
+    }
+
+    #[test]
+    fn with_protocol_a_too() {
+        primary_loses_its_disk(Protocol::A, |h, _| h.fail_always(), "protocol A");
     }
 
     #[test]
     fn a_primary_whose_data_area_fails_goes_on_and_gives_its_metadata_up() {
         // The metadata (at the end of the disk) still takes writes.
-        primary_loses_its_disk(|h, data| h.fail_range(Ops::ALL, 0..data), "data area");
+        primary_loses_its_disk(
+            Protocol::C,
+            |h, data| h.fail_range(Ops::ALL, 0..data),
+            "data area",
+        );
     }
 
     #[test]
     fn a_failed_read_is_answered_by_the_peer() {
-        primary_loses_its_disk(|h, _| h.inject(Fault::new(Op::Read)), "reads only");
+        primary_loses_its_disk(
+            Protocol::C,
+            |h, _| h.inject(Fault::new(Op::Read)),
+            "reads only",
+        );
     }
 
     /// A primary, its peer in sync, a disk that fails all: what `adjust` and `before`
@@ -628,6 +645,35 @@ mod tests {
         disk.read_at(&mut a, 0).unwrap();
         far_disk.read_at(&mut b, 0).unwrap();
         assert!(a == b, "the replicas differ after the attach");
+        node.demote().unwrap();
+        far_stop.shutdown();
+    }
+
+    /// `detach` by hand: refused on a primary with no up-to-date peer; with one, the
+    /// primary goes on diskless and its disk sees nothing more.
+    #[test]
+    fn detach_by_hand() {
+        let (_far, far_disk, addr, far_stop) = far_secondary();
+        let (disk, h) = faulty();
+        let node = node_a_towards(addr, &disk, |_| {});
+        node.promote(true).unwrap();
+        node.set_connect(None, false, false).unwrap();
+        let e = node.detach().unwrap_err();
+        assert!(e.contains("no up-to-date peer"), "{e}");
+        node.set_connect(None, true, false).unwrap();
+        wait("the peer back", || established(&node));
+        node.detach().unwrap();
+        assert_eq!(node.status().disk, "Diskless");
+        let ops = h.stats().total();
+        let vol = Volume(node.clone());
+        vol.write_at(&[3; 8192], 1 << 20, WriteFlags::FUA).unwrap();
+        vol.flush().unwrap();
+        let mut b = [0u8; 8192];
+        vol.read_at(&mut b, 1 << 20).unwrap();
+        assert_eq!(b, [3; 8192]);
+        far_disk.read_at(&mut b, 1 << 20).unwrap();
+        assert_eq!(b, [3; 8192], "the peer lacks the write");
+        assert_eq!(h.stats().total(), ops, "the detached disk was used");
         node.demote().unwrap();
         far_stop.shutdown();
     }
