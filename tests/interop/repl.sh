@@ -702,8 +702,8 @@ t_external_meta() {
 
 # The primary's disk fails (nbdkit's error filter, EIO on every request while a file
 # exists) under a writer: the primary detaches it and goes on diskless through its peer,
-# so every write is acknowledged and reads back; after a failover the disk, healed, is
-# attached again on the now secondary node and resynced in full.
+# so every write is acknowledged and reads back; after a failover a new disk is attached
+# on the now secondary node (`attach --disk`) and resynced in full.
 t_detach() {
   need_tool nbdkit
   nodes_up
@@ -754,9 +754,12 @@ t_detach() {
     fail "the new primary lacks acknowledged writes: $(cat "$WORK/check.out")"
   out=$(repl 1 primary 2>&1) && fail "a diskless node became primary"
   expect_contains "$out" "diskless" "promoting a diskless node is refused"
-  # The disk is healed and attached again: a full resync from the new primary.
-  rm -f "$fail"
-  repl 1 attach
+  # A new disk in its place: a full resync from the new primary.
+  "$CAIRN" repl create-md --size "${SIZE:-64M}" "$SHM/n1new.img" >/dev/null
+  "$CAIRN" repl create-md --size 32M "$SHM/n1small.img" >/dev/null
+  out=$(repl 1 attach --disk "$SHM/n1small.img" 2>&1) && fail "attach of a smaller disk succeeded"
+  expect_contains "$out" "data size" "a disk of another size is refused with the reason"
+  repl 1 attach --disk "$SHM/n1new.img"
   py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b"C" * 4096, 0); h.flush(); h.shutdown()' "$(client_uri 2)"
   wait_peer 2 Established
   expect_contains "$(last_event 2 resync-started)" "full resync" "the attached disk is resynced in full"
@@ -765,7 +768,7 @@ t_detach() {
   repl 2 secondary
   local data
   data=$(status_json 1 | jq -r .data_size)
-  cmp -n "$data" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ after the attach"
+  cmp -n "$data" "$SHM/n1new.img" "$SHM/n2.img" || fail "the replicas differ after the attach"
 }
 
 run_test refusals t_refusals

@@ -13,7 +13,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -91,9 +91,23 @@ pub enum ReplCommand {
     /// Drop this node's disk: a primary goes on diskless through an up-to-date peer, a
     /// secondary refuses its primary until `attach`
     Detach(CtlArgs),
-    /// On a diskless secondary: take the disk back; the primary resyncs all of it
-    /// (refused on a primary: fail over first)
-    Attach(CtlArgs),
+    /// On a diskless secondary: take the disk back, or a new one (--disk); the primary
+    /// resyncs all of it (refused on a primary: fail over first)
+    Attach(AttachArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    #[command(flatten)]
+    pub ctl: CtlArgs,
+    /// A new backing disk in place of the failed one, made by `cairn repl create-md`
+    /// with the resource's sizes (file, block device, NBD URI or stack JSON); opened by
+    /// the running node [default: the disk it was started with]
+    #[arg(long)]
+    pub disk: Option<PathBuf>,
+    /// The new disk's external metadata (`create-md --meta-disk`)
+    #[arg(long, value_name = "META", requires = "disk")]
+    pub meta_disk: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -319,7 +333,25 @@ pub fn run(cmd: ReplCommand, global: &Global) -> Result<()> {
         ReplCommand::Verify(a) => verify(&a, global),
         ReplCommand::Invalidate(a) => ctl(&a, json!({"cmd": "invalidate"}), global),
         ReplCommand::Detach(a) => ctl(&a, json!({"cmd": "detach"}), global),
-        ReplCommand::Attach(a) => ctl(&a, json!({"cmd": "attach"}), global),
+        ReplCommand::Attach(a) => {
+            // The running node opens the paths: make them absolute here.
+            let abs = |p: &PathBuf| -> PathBuf {
+                if p.is_relative()
+                    && !cairn_stack::leaf::is_remote(p)
+                    && !p.to_string_lossy().trim_start().starts_with('{')
+                {
+                    std::env::current_dir().map_or_else(|_| p.clone(), |d| d.join(p))
+                } else {
+                    p.clone()
+                }
+            };
+            ctl(
+                &a.ctl,
+                json!({"cmd": "attach", "disk": a.disk.as_ref().map(abs),
+                       "meta_disk": a.meta_disk.as_ref().map(abs)}),
+                global,
+            )
+        }
     }
 }
 
@@ -886,8 +918,11 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         .map_err(|e| CliError::new(e.to_string()))?;
 
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    // Disks `attach --disk` opened: kept open (and their stacks closed) with the node's.
+    let attached: Arc<Mutex<Vec<Backing>>> = Arc::default();
     {
         let node = node.clone();
+        let attached = attached.clone();
         let stop_tx = stop_tx.clone();
         thread::Builder::new()
             .name("repl-control".into())
@@ -895,11 +930,12 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
                 // A thread per request: a client that stops sending or reading holds its
                 // own thread (10 s at most), never the next operator's command.
                 for conn in ctl_listener.incoming().flatten() {
-                    let (node, stop_tx) = (node.clone(), stop_tx.clone());
+                    let (node, stop_tx, attached) =
+                        (node.clone(), stop_tx.clone(), attached.clone());
                     let _ = thread::Builder::new()
                         .name("repl-ctl".into())
                         .spawn(move || {
-                            if serve_control(&node, conn) {
+                            if serve_control(&node, conn, &attached) {
                                 let _ = stop_tx.send(());
                             }
                         });
@@ -951,6 +987,9 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
     peer_stop.shutdown();
     let _ = client_thread.join();
     let _ = peer_thread.join();
+    drop(std::mem::take(
+        &mut *attached.lock().unwrap_or_else(|p| p.into_inner()),
+    ));
     r.map_err(|e| {
         CliError::new(format!(
             "{}: the clean stop failed, so recent writes may not be everywhere: {e}",
@@ -995,8 +1034,44 @@ impl Drop for RemoveOnDrop {
     }
 }
 
+/// `attach [--disk PATH [--meta-disk META]]`: the new disk is opened here, in the node's
+/// process, as `up` opens its disk.
+fn attach(
+    node: &Arc<Node>,
+    req: &Value,
+    attached: &Mutex<Vec<Backing>>,
+) -> std::result::Result<String, String> {
+    let Some(path) = req.get("disk").and_then(Value::as_str).map(PathBuf::from) else {
+        return node.attach_disk(None);
+    };
+    let resource = node.config().resource.clone();
+    let backing = open_backing(&path, false, &resource).map_err(|e| e.to_string())?;
+    let meta_path = req
+        .get("meta_disk")
+        .and_then(Value::as_str)
+        .map(PathBuf::from)
+        .filter(|m| !is_internal(m));
+    let meta = match &meta_path {
+        None => cairn_repl::store::Store::open(backing.dev.clone())
+            .map_err(|e| format!("{}: {e}", path.display()))?,
+        Some(m) => {
+            check_distinct(&path, m).map_err(|e| e.to_string())?;
+            let dev = cairn_stack::leaf::open(m, false, false, Duration::from_secs(10))
+                .map_err(|e| e.to_string())?;
+            cairn_repl::store::Store::open_external(backing.dev.as_ref(), dev)
+                .map_err(|e| format!("{} with metadata on {}: {e}", path.display(), m.display()))?
+        }
+    };
+    let m = node.attach_disk(Some((backing.dev.clone(), Box::new(meta))))?;
+    attached
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(backing);
+    Ok(m)
+}
+
 /// One control request and its answer; true when it asked the node to go down.
-fn serve_control(node: &Arc<Node>, conn: UnixStream) -> bool {
+fn serve_control(node: &Arc<Node>, conn: UnixStream, attached: &Mutex<Vec<Backing>>) -> bool {
     // A client that stops sending or reading is dropped after 10 s.
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
@@ -1023,7 +1098,7 @@ fn serve_control(node: &Arc<Node>, conn: UnixStream) -> bool {
                 "verify" => node.verify(peer, flag("resync")),
                 "invalidate" => node.invalidate(),
                 "detach" => node.detach(),
-                "attach" => node.attach_disk(),
+                "attach" => attach(node, &req, attached),
                 "down" => {
                     down = true;
                     Ok("stopping".into())

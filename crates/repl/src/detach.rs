@@ -11,18 +11,40 @@
 //!   only and are answered OK only when an up-to-date (Established) peer has them; a new
 //!   generation, adopted by the peers in sync, so the old disk can never pass for current
 //!   secondary, diskless: refuses its primary (the handshake), until `attach` (invalidate:
-//!   a full resync from the primary)
+//!   a full resync from the primary) of the same disk, or of a new one (`--disk`: swapped
+//!   in behind the gate)
 //! ```
 
 use super::*;
 
 /// The local disk, or the metadata on it, behind the node's disk state: once the disk
 /// is detached, nothing reaches it any more (a dying disk can take seconds per request,
-/// and a write to it now would only make the metadata lie).
+/// and a write to it now would only make the metadata lie). `attach --disk` puts a new
+/// one in its place, under the write lock while the node is diskless.
 #[derive(Debug)]
 pub(super) struct Gate<P> {
     pub(super) state: Arc<std::sync::atomic::AtomicU8>,
-    pub(super) inner: P,
+    pub(super) inner: RwLock<P>,
+}
+
+impl<P> Gate<P> {
+    pub(super) fn new(state: Arc<std::sync::atomic::AtomicU8>, inner: P) -> Gate<P> {
+        Gate {
+            state,
+            inner: RwLock::new(inner),
+        }
+    }
+
+    fn get(&self) -> std::sync::RwLockReadGuard<'_, P> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn replace(&self, new: P) -> P {
+        std::mem::replace(
+            &mut *self.inner.write().unwrap_or_else(|p| p.into_inner()),
+            new,
+        )
+    }
 }
 
 fn detached_err(what: &str) -> Error {
@@ -55,63 +77,103 @@ impl<P> Gate<P> {
 
 impl BlockDevice for Gate<Arc<dyn BlockDevice>> {
     fn geometry(&self) -> Geometry {
-        self.inner.geometry()
+        self.get().geometry()
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        self.get().capabilities()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.data_open()?;
-        self.inner.read_at(buf, offset)
+        self.get().read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.data_open()?;
-        self.inner.write_at(buf, offset, flags)
+        self.get().write_at(buf, offset, flags)
     }
     fn flush(&self) -> Result<()> {
         self.data_open()?;
-        self.inner.flush()
+        self.get().flush()
     }
 }
 
 impl MetaIo for Gate<Box<dyn MetaIo>> {
     fn data_size(&self) -> u64 {
-        self.inner.data_size()
+        self.get().data_size()
     }
     fn bm_block(&self) -> u64 {
-        self.inner.bm_block()
+        self.get().bm_block()
     }
     fn al_extent(&self) -> u64 {
-        self.inner.al_extent()
+        self.get().al_extent()
     }
     fn max_peers(&self) -> usize {
-        self.inner.max_peers()
+        self.get().max_peers()
     }
     fn bind_resource(&self, id: [u8; 16]) -> Result<()> {
-        self.inner.bind_resource(id)
+        self.get().bind_resource(id)
     }
     fn load(&self) -> Result<Persisted> {
-        self.inner.load()
+        self.get().load()
     }
     fn save(&self, p: &Persisted) -> Result<()> {
         self.meta_open()?;
-        self.inner.save(p)
+        self.get().save(p)
     }
     fn read_bitmap(&self, slot: usize) -> Result<Vec<u64>> {
-        self.inner.read_bitmap(slot)
+        self.get().read_bitmap(slot)
     }
     fn write_bitmap_pages(&self, slot: usize, pages: &[(usize, Vec<u64>)]) -> Result<()> {
         self.meta_open()?;
-        self.inner.write_bitmap_pages(slot, pages)
+        self.get().write_bitmap_pages(slot, pages)
     }
     fn read_al(&self) -> Result<Vec<u64>> {
-        self.inner.read_al()
+        self.get().read_al()
     }
     fn write_al(&self, active: &[u64]) -> Result<()> {
         self.meta_open()?;
-        self.inner.write_al(active)
+        self.get().write_al(active)
     }
 }
+
+/// The node holds its metadata gate shared (`meta_gate` swaps inside it).
+impl<T: MetaIo + ?Sized> MetaIo for Arc<T> {
+    fn data_size(&self) -> u64 {
+        (**self).data_size()
+    }
+    fn bm_block(&self) -> u64 {
+        (**self).bm_block()
+    }
+    fn al_extent(&self) -> u64 {
+        (**self).al_extent()
+    }
+    fn max_peers(&self) -> usize {
+        (**self).max_peers()
+    }
+    fn bind_resource(&self, id: [u8; 16]) -> Result<()> {
+        (**self).bind_resource(id)
+    }
+    fn load(&self) -> Result<Persisted> {
+        (**self).load()
+    }
+    fn save(&self, p: &Persisted) -> Result<()> {
+        (**self).save(p)
+    }
+    fn read_bitmap(&self, slot: usize) -> Result<Vec<u64>> {
+        (**self).read_bitmap(slot)
+    }
+    fn write_bitmap_pages(&self, slot: usize, pages: &[(usize, Vec<u64>)]) -> Result<()> {
+        (**self).write_bitmap_pages(slot, pages)
+    }
+    fn read_al(&self) -> Result<Vec<u64>> {
+        (**self).read_al()
+    }
+    fn write_al(&self, active: &[u64]) -> Result<()> {
+        (**self).write_al(active)
+    }
+}
+
+/// A disk given to `attach --disk`, with its metadata.
+pub type NewDisk = (Arc<dyn BlockDevice>, Box<dyn MetaIo>);
 
 impl Node {
     /// The disk failed or was detached: nothing goes to it.
@@ -304,6 +366,41 @@ impl Node {
         )))
     }
 
+    /// A disk for `attach --disk` fits the resource: the same data area and bitmap
+    /// geometry as the peers', room for every peer, and metadata of this resource or
+    /// of none yet.
+    fn check_new_disk(
+        &self,
+        disk: &dyn BlockDevice,
+        meta: &dyn MetaIo,
+    ) -> std::result::Result<(), String> {
+        let old = self.meta_gate.get();
+        let same = |what: &str, new: u64, was: u64| {
+            if new == was {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the new disk's {what} is {new}, the resource's {was}: create-md it with the resource's sizes"
+                ))
+            }
+        };
+        same("data size", meta.data_size(), self.data_size)?;
+        same("bitmap block", meta.bm_block(), old.bm_block())?;
+        same("activity-log extent", meta.al_extent(), old.al_extent())?;
+        if meta.max_peers() < self.peers.len() {
+            return Err(format!(
+                "the new disk's metadata has room for {} peers, the resource has {}",
+                meta.max_peers(),
+                self.peers.len()
+            ));
+        }
+        if disk.geometry().size < self.data_size {
+            return Err("the new disk is smaller than the data area".into());
+        }
+        meta.bind_resource(resource_id(&self.cfg.resource))
+            .map_err(|e| e.to_string())
+    }
+
     /// `detach`: the operator drops the disk. A primary needs an up-to-date peer to go
     /// on with.
     pub fn detach(&self) -> std::result::Result<String, String> {
@@ -327,10 +424,14 @@ impl Node {
         ))
     }
 
-    /// `attach`: a diskless secondary takes its disk back, to be replaced by a full
-    /// resync from the primary (as `invalidate`). Refused on a primary: a primary is
-    /// never a resync target.
-    pub fn attach_disk(self: &Arc<Self>) -> std::result::Result<String, String> {
+    /// `attach`: a diskless secondary takes its disk back, or `new` in its place (made
+    /// by `create-md` for the same data size, bitmap block and activity-log extent), to
+    /// be replaced by a full resync from the primary (as `invalidate`). Refused on a
+    /// primary: a primary is never a resync target.
+    pub fn attach_disk(
+        self: &Arc<Self>,
+        new: Option<NewDisk>,
+    ) -> std::result::Result<String, String> {
         {
             let _admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
             if self.role() == Role::Primary {
@@ -341,14 +442,38 @@ impl Node {
                 ));
             }
             if !self.is_diskless() {
-                return Ok(format!(
-                    "{} on {} has its disk attached",
-                    self.cfg.resource, self.cfg.node
-                ));
+                return match new {
+                    None => Ok(format!(
+                        "{} on {} has its disk attached",
+                        self.cfg.resource, self.cfg.node
+                    )),
+                    Some(_) => Err(format!(
+                        "{} on {} has a disk attached: `cairn repl detach {}` first",
+                        self.cfg.resource, self.cfg.node, self.cfg.resource
+                    )),
+                };
+            }
+            if let Some((disk, meta)) = new {
+                self.check_new_disk(disk.as_ref(), meta.as_ref())?;
+                // Diskless: nothing is using either (the gates refuse), so the swap
+                // waits for no request.
+                drop(self.disk_gate.replace(disk));
+                drop(self.meta_gate.replace(meta));
+                // The bitmaps towards the other peers are in memory only: all of
+                // them go to the new metadata.
+                for peer in &self.peers {
+                    let pages = peer.bitmap.bits().div_ceil(crate::bitmap::BITS_PER_PAGE);
+                    let all: Vec<usize> = (0..usize::try_from(pages).unwrap_or(0)).collect();
+                    peer.bitmap.redirty(&all);
+                }
             }
             self.disk_state.store(DISK_ATTACHED, Ordering::SeqCst);
         }
-        match self.invalidate() {
+        match self.invalidate().and_then(|m| {
+            self.write_out_bitmaps()
+                .map(|()| m)
+                .map_err(|e| e.to_string())
+        }) {
             Ok(_) => {
                 self.event(
                     "attached",
@@ -381,6 +506,10 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     const SIZE: u64 = 16 << 20;
+
+    fn new_disk(d: &Arc<dyn BlockDevice>) -> NewDisk {
+        (d.clone(), Box::new(Store::open(d.clone()).unwrap()))
+    }
 
     /// A 16 MiB disk with fresh metadata, behind a fault switch.
     fn faulty() -> (Arc<dyn BlockDevice>, FaultHandle) {
@@ -490,7 +619,7 @@ mod tests {
         assert_eq!(far.persisted().history[1], before, "not two generations on");
         // A primary never takes a disk back; a diskless one steps down cleanly and
         // cannot be promoted again.
-        let e = node.attach_disk().unwrap_err();
+        let e = node.attach_disk(None).unwrap_err();
         assert!(e.contains("fail over first"), "{e}");
         node.demote().unwrap();
         let e = node.promote(false).unwrap_err();
@@ -586,6 +715,17 @@ mod tests {
 
     #[test]
     fn a_secondary_whose_disk_fails_is_dropped_and_attaches_again() {
+        secondary_loses_its_disk(false);
+    }
+
+    #[test]
+    fn a_secondary_whose_disk_fails_attaches_a_new_one() {
+        secondary_loses_its_disk(true);
+    }
+
+    /// The secondary's disk fails under the primary's writes; then it is healed and
+    /// attached again, or (`replace`) a new disk is attached in its place.
+    fn secondary_loses_its_disk(replace: bool) {
         let far_faulty = FaultyDisk::new(MemDisk::new(SIZE));
         let fh = far_faulty.handle();
         let far_disk: Arc<dyn BlockDevice> = {
@@ -630,9 +770,34 @@ mod tests {
                 .is_some_and(|e| e.contains("diskless"))
         });
         assert_ne!(node.status().peers[0].replication, Repl::Established);
-        // A new disk (the same one, healed) is attached: a full resync from the primary.
-        fh.heal();
-        far.attach_disk().unwrap();
+        let far_disk = if replace {
+            // A disk of another size, or of another resource, is refused.
+            let e = far
+                .attach_disk(Some(new_disk(&fresh_of(SIZE * 2))))
+                .unwrap_err();
+            assert!(e.contains("data size"), "{e}");
+            let other: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(SIZE));
+            let params = CreateParams {
+                max_peers: 1,
+                bm_block: 4096,
+                al_extent: 1 << 20,
+                force: false,
+                resource: Some(resource_id("else")),
+            };
+            create(other.as_ref(), &params).unwrap();
+            let e = far.attach_disk(Some(new_disk(&other))).unwrap_err();
+            assert!(e.contains("else") || e.contains("resource"), "{e}");
+            assert_eq!(far.status().disk, "Diskless");
+            // A fresh one is taken: a full resync from the primary.
+            let d = fresh_of(SIZE);
+            far.attach_disk(Some(new_disk(&d))).unwrap();
+            d
+        } else {
+            // The same disk, healed: a full resync from the primary.
+            fh.heal();
+            far.attach_disk(None).unwrap();
+            far_disk
+        };
         // An idle primary notices the invalidation at its next write.
         vol.write_at(&[0xee; 4096], 0, WriteFlags::NONE).unwrap();
         wait("the resync after attach", || {
@@ -645,6 +810,12 @@ mod tests {
         disk.read_at(&mut a, 0).unwrap();
         far_disk.read_at(&mut b, 0).unwrap();
         assert!(a == b, "the replicas differ after the attach");
+        // The new metadata holds what the node knows (a restart finds it in sync).
+        let p = Store::open(far_disk.clone()).unwrap().load().unwrap();
+        assert!(
+            p.consistent && p.current == node.persisted().current,
+            "{p:?}"
+        );
         node.demote().unwrap();
         far_stop.shutdown();
     }

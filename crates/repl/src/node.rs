@@ -53,6 +53,7 @@ mod secondary;
 mod sync;
 #[path = "verify.rs"]
 mod verify;
+pub use detach::NewDisk;
 pub use verify::{block_digests, VerifyStatus};
 
 /// What the node keeps in its metadata superblock.
@@ -506,6 +507,10 @@ pub struct Node {
     /// One detach at a time: a request that finds the disk failed waits until the
     /// detach is done (the new generation adopted) before it answers.
     detaching: Mutex<()>,
+    /// `disk` and `meta` are these, seen through their trait (`attach --disk` swaps
+    /// what is inside).
+    disk_gate: Arc<detach::Gate<Arc<dyn BlockDevice>>>,
+    meta_gate: Arc<detach::Gate<Box<dyn MetaIo>>>,
 }
 
 impl fmt::Debug for Node {
@@ -641,22 +646,14 @@ impl Node {
         }
         meta.save(&p)?;
         let disk_state = Arc::new(std::sync::atomic::AtomicU8::new(DISK_ATTACHED));
-        let disk: Arc<dyn BlockDevice> = Arc::new(detach::Gate {
-            state: disk_state.clone(),
-            inner: disk,
-        });
-        let meta: Box<dyn MetaIo> = Box::new(detach::Gate {
-            state: disk_state.clone(),
-            inner: meta,
-        });
+        let disk_gate = Arc::new(detach::Gate::new(disk_state.clone(), disk));
+        let meta_gate = Arc::new(detach::Gate::new(disk_state.clone(), meta));
         let node = Node {
             uuid: resource_id(&cfg.resource),
             instance: rand::random::<u64>() | 1,
-            al: ActivityLog::new(meta.al_extent(), cfg.al_extents, &[]),
+            al: ActivityLog::new(meta_gate.al_extent(), cfg.al_extents, &[]),
             cfg,
-            disk,
             data_size,
-            meta,
             p: Mutex::new(p),
             role: RwLock::new(Role::Secondary),
             locks: Arc::new(RangeLocks::default()),
@@ -677,6 +674,10 @@ impl Node {
             app_io: AtomicU64::new(0),
             disk_state,
             detaching: Mutex::new(()),
+            disk: disk_gate.clone(),
+            disk_gate,
+            meta: Box::new(meta_gate.clone()),
+            meta_gate,
         };
         if crashed {
             node.event("crashed-primary", None, "this node stopped as primary without a clean stop: its activity log's extents will be resynced".into());
