@@ -700,6 +700,77 @@ t_external_meta() {
   expect_contains "$out" "at least 12288 bytes" "too small a metadata file is named with the size it needs"
 }
 
+# The primary's disk fails (nbdkit's error filter, EIO on every request while a file
+# exists) under a writer: the primary detaches it and goes on diskless through its peer,
+# so every write is acknowledged and reads back; after a failover a new disk is attached
+# on the now secondary node (`attach --disk`) and resynced in full.
+t_detach() {
+  need_tool nbdkit
+  nodes_up
+  local fail=$WORK/d1.fail sock=$WORK/d1.sock
+  nbdkit -f --unix "$sock" --filter=error file "$SHM/n1.img" \
+    error=EIO error-rate=100% error-file="$fail" >"$WORK/nbdkit.log" 2>&1 &
+  register pid $!
+  local n
+  for n in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+  [ -S "$sock" ] || fail "nbdkit did not start: $(cat "$WORK/nbdkit.log")"
+  DISK[1]="nbd+unix:///?socket=$sock"
+  node_up 1
+  node_up 2
+  repl 1 primary --force
+  wait_peer 1 Established
+  wait_peer 2 Established
+  local bs=4096 blocks seed=$((SEED + 100))
+  blocks=$(($(nbdinfo --size "$(client_uri 1)") / bs))
+  rm -f "$WORK/log"
+  py "$ORACLE" write "$(client_uri 1)" "$seed" "$blocks" "$bs" 32 "$WORK/log" >"$WORK/writer.out" 2>&1 &
+  local wpid=$!
+  register pid "$wpid"
+  local before=0
+  for n in $(seq 200); do
+    [ -f "$WORK/log" ] && before=$(wc -l <"$WORK/log")
+    [ "$before" -ge 500 ] && break
+    sleep 0.05
+  done
+  touch "$fail"
+  [ "$before" -lt $((blocks / 2)) ] || fail "the writer was almost done before the disk failed ($before of $blocks)"
+  wait "$wpid" || fail "the writer failed: $(cat "$WORK/writer.out")"
+  expect_contains "$(cat "$WORK/writer.out")" "all $blocks writes acknowledged" \
+    "every write acknowledged although the primary's disk failed"
+  expect_eq "$(status_json 1 | jq -r .disk)" Diskless "the primary's disk state"
+  expect_contains "$(last_event 1 disk-failed)" "the local disk failed" "the disk-failed event"
+  expect_contains "$(last_event 1 detached)" "diskless primary" "the detached event"
+  expect_contains "$(status_text 1)" "disk Diskless" "the status line"
+  # Reads go to the peer: every acknowledged write reads back from the diskless primary.
+  py "$ORACLE" check "$(client_uri 1)" "$seed" "$bs" "$WORK/log" >"$WORK/check.out" 2>&1 ||
+    fail "the diskless primary reads wrong data: $(cat "$WORK/check.out")"
+  local out
+  out=$(repl 1 attach 2>&1) && fail "attach on a primary succeeded"
+  expect_contains "$out" "fail over first" "attach on a primary is refused with what to do"
+  # Failover, by hand: the peer holds every acknowledged write.
+  repl 1 secondary
+  repl 2 primary
+  py "$ORACLE" check "$(client_uri 2)" "$seed" "$bs" "$WORK/log" >"$WORK/check.out" 2>&1 ||
+    fail "the new primary lacks acknowledged writes: $(cat "$WORK/check.out")"
+  out=$(repl 1 primary 2>&1) && fail "a diskless node became primary"
+  expect_contains "$out" "diskless" "promoting a diskless node is refused"
+  # A new disk in its place: a full resync from the new primary.
+  "$CAIRN" repl create-md --size "${SIZE:-64M}" "$SHM/n1new.img" >/dev/null
+  "$CAIRN" repl create-md --size 32M "$SHM/n1small.img" >/dev/null
+  out=$(repl 1 attach --disk "$SHM/n1small.img" 2>&1) && fail "attach of a smaller disk succeeded"
+  expect_contains "$out" "data size" "a disk of another size is refused with the reason"
+  repl 1 attach --disk "$SHM/n1new.img"
+  py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b"C" * 4096, 0); h.flush(); h.shutdown()' "$(client_uri 2)"
+  wait_peer 2 Established
+  expect_contains "$(last_event 2 resync-started)" "full resync" "the attached disk is resynced in full"
+  for n in $(seq 100); do [ "$(status_json 1 | jq -r .disk)" = UpToDate ] && break; sleep 0.1; done
+  expect_eq "$(status_json 1 | jq -r .disk)" UpToDate "the attached disk after the resync"
+  repl 2 secondary
+  local data
+  data=$(status_json 1 | jq -r .data_size)
+  cmp -n "$data" "$SHM/n1new.img" "$SHM/n2.img" || fail "the replicas differ after the attach"
+}
+
 run_test refusals t_refusals
 run_test status t_status
 run_test api t_api
@@ -714,4 +785,5 @@ run_test config t_config
 run_test stack t_stack
 run_test etcd_failover t_etcd_failover
 run_test external_meta t_external_meta
+run_test detach t_detach
 finish

@@ -7,12 +7,13 @@
 //!                            while primary) and a control socket
 //!   cairn repl primary|secondary|connect|disconnect|status|down RES ─> the control socket
 //!   cairn repl verify|invalidate RES ─> the control socket (online verify, invalidate)
+//!   cairn repl detach|attach RES ─> the control socket (drop the local disk, take it back)
 //! ```
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -25,7 +26,9 @@ use cairn_nbd::client::ClientOptions;
 use cairn_nbd::uri::NbdUri;
 use cairn_nbd::{Listen, Server, ServerConfig, ServerTls};
 use cairn_repl::control;
-use cairn_repl::node::{Exports, Node, NodeConfig, PeerConfig, Protocol, SplitBrainPolicy, Status};
+use cairn_repl::node::{
+    Exports, Node, NodeConfig, OnIoError, PeerConfig, Protocol, SplitBrainPolicy, Status,
+};
 
 use crate::error::{CliError, Result};
 use crate::global::Global;
@@ -45,7 +48,10 @@ two nodes that both wrote while apart (split brain) are detected on both sides a
 apart until the operator, or a --split-brain policy, says whose changes go. `--protocol A` answers writes once the local \
 disk has them (faster, but the last writes before a crash of the primary may be missing on \
 the peer). With `--etcd`, the primary role is an etcd lease and a secondary can take over by \
-itself (`--auto-failover`). docs/replication.md has the whole story.";
+itself (`--auto-failover`). A node whose own disk fails an I/O detaches it (`--on-io-error \
+detach`, the default): a primary goes on diskless, reading and writing through an up-to-date \
+peer, so the application sees no error while one is connected. docs/replication.md has the \
+whole story.";
 
 const REPL_EXAMPLES: &str = "\
 Examples (two hosts, a and b):
@@ -82,6 +88,26 @@ pub enum ReplCommand {
     Verify(VerifyArgs),
     /// On a secondary: give this node's data up; the primary resyncs all of it
     Invalidate(CtlArgs),
+    /// Drop this node's disk: a primary goes on diskless through an up-to-date peer, a
+    /// secondary refuses its primary until `attach`
+    Detach(CtlArgs),
+    /// On a diskless secondary: take the disk back, or a new one (--disk); the primary
+    /// resyncs all of it (refused on a primary: fail over first)
+    Attach(AttachArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    #[command(flatten)]
+    pub ctl: CtlArgs,
+    /// A new backing disk in place of the failed one, made by `cairn repl create-md`
+    /// with the resource's sizes (file, block device, NBD URI or stack JSON); opened by
+    /// the running node [default: the disk it was started with]
+    #[arg(long)]
+    pub disk: Option<PathBuf>,
+    /// The new disk's external metadata (`create-md --meta-disk`)
+    #[arg(long, value_name = "META", requires = "disk")]
+    pub meta_disk: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -231,6 +257,12 @@ pub struct UpArgs {
         requires = "etcd"
     )]
     pub on_lease_loss: cairn_repl::quorum::OnLoss,
+    /// When this node's disk fails a read, a write or a flush: detach (drop the disk; a
+    /// primary serves reads and writes through an up-to-date peer, so the application
+    /// sees no error while one is connected; a secondary is dropped by its primary) or
+    /// pass-on (the error goes to the application, or to the primary)
+    #[arg(long, value_name = "detach|pass-on", default_value = "detach")]
+    pub on_io_error: OnIoError,
     #[command(flatten)]
     pub etcd_access: crate::fence::EtcdAccessOptions,
     #[command(flatten)]
@@ -300,6 +332,26 @@ pub fn run(cmd: ReplCommand, global: &Global) -> Result<()> {
         ReplCommand::Down(a) => ctl(&a, json!({"cmd": "down"}), global),
         ReplCommand::Verify(a) => verify(&a, global),
         ReplCommand::Invalidate(a) => ctl(&a, json!({"cmd": "invalidate"}), global),
+        ReplCommand::Detach(a) => ctl(&a, json!({"cmd": "detach"}), global),
+        ReplCommand::Attach(a) => {
+            // The running node opens the paths: make them absolute here.
+            let abs = |p: &PathBuf| -> PathBuf {
+                if p.is_relative()
+                    && !cairn_stack::leaf::is_remote(p)
+                    && !p.to_string_lossy().trim_start().starts_with('{')
+                {
+                    std::env::current_dir().map_or_else(|_| p.clone(), |d| d.join(p))
+                } else {
+                    p.clone()
+                }
+            };
+            ctl(
+                &a.ctl,
+                json!({"cmd": "attach", "disk": a.disk.as_ref().map(abs),
+                       "meta_disk": a.meta_disk.as_ref().map(abs)}),
+                global,
+            )
+        }
     }
 }
 
@@ -517,6 +569,8 @@ struct ResourceDef {
     etcd_ttl: Option<u64>,
     auto_failover: Option<bool>,
     on_lease_loss: Option<String>,
+    /// "detach" (the default) or "pass-on", as `--on-io-error`.
+    on_io_error: Option<String>,
     node: Vec<NodeDef>,
 }
 
@@ -662,6 +716,9 @@ fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
         if let Some(v) = &res.on_lease_loss {
             r.on_lease_loss = v.parse().map_err(|e| bad("on_lease_loss", e))?;
         }
+        if let Some(v) = &res.on_io_error {
+            r.on_io_error = v.parse().map_err(|e| bad("on_io_error", e))?;
+        }
         r.tls.insecure_no_tls |= res.insecure_no_tls.unwrap_or(false);
         r.resync_rate = res.resync_rate.unwrap_or(r.resync_rate);
         if res.resync_min_rate == Some(0) {
@@ -741,6 +798,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
             }),
             true => None,
         },
+        on_io_error: a.on_io_error,
     };
     let backing = open_backing(&disk_path, false, &a.resource)?;
     let disk = backing.dev.clone();
@@ -860,8 +918,11 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         .map_err(|e| CliError::new(e.to_string()))?;
 
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    // Disks `attach --disk` opened: kept open (and their stacks closed) with the node's.
+    let attached: Arc<Mutex<Vec<Backing>>> = Arc::default();
     {
         let node = node.clone();
+        let attached = attached.clone();
         let stop_tx = stop_tx.clone();
         thread::Builder::new()
             .name("repl-control".into())
@@ -869,11 +930,12 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
                 // A thread per request: a client that stops sending or reading holds its
                 // own thread (10 s at most), never the next operator's command.
                 for conn in ctl_listener.incoming().flatten() {
-                    let (node, stop_tx) = (node.clone(), stop_tx.clone());
+                    let (node, stop_tx, attached) =
+                        (node.clone(), stop_tx.clone(), attached.clone());
                     let _ = thread::Builder::new()
                         .name("repl-ctl".into())
                         .spawn(move || {
-                            if serve_control(&node, conn) {
+                            if serve_control(&node, conn, &attached) {
                                 let _ = stop_tx.send(());
                             }
                         });
@@ -925,6 +987,9 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
     peer_stop.shutdown();
     let _ = client_thread.join();
     let _ = peer_thread.join();
+    drop(std::mem::take(
+        &mut *attached.lock().unwrap_or_else(|p| p.into_inner()),
+    ));
     r.map_err(|e| {
         CliError::new(format!(
             "{}: the clean stop failed, so recent writes may not be everywhere: {e}",
@@ -969,8 +1034,44 @@ impl Drop for RemoveOnDrop {
     }
 }
 
+/// `attach [--disk PATH [--meta-disk META]]`: the new disk is opened here, in the node's
+/// process, as `up` opens its disk.
+fn attach(
+    node: &Arc<Node>,
+    req: &Value,
+    attached: &Mutex<Vec<Backing>>,
+) -> std::result::Result<String, String> {
+    let Some(path) = req.get("disk").and_then(Value::as_str).map(PathBuf::from) else {
+        return node.attach_disk(None);
+    };
+    let resource = node.config().resource.clone();
+    let backing = open_backing(&path, false, &resource).map_err(|e| e.to_string())?;
+    let meta_path = req
+        .get("meta_disk")
+        .and_then(Value::as_str)
+        .map(PathBuf::from)
+        .filter(|m| !is_internal(m));
+    let meta = match &meta_path {
+        None => cairn_repl::store::Store::open(backing.dev.clone())
+            .map_err(|e| format!("{}: {e}", path.display()))?,
+        Some(m) => {
+            check_distinct(&path, m).map_err(|e| e.to_string())?;
+            let dev = cairn_stack::leaf::open(m, false, false, Duration::from_secs(10))
+                .map_err(|e| e.to_string())?;
+            cairn_repl::store::Store::open_external(backing.dev.as_ref(), dev)
+                .map_err(|e| format!("{} with metadata on {}: {e}", path.display(), m.display()))?
+        }
+    };
+    let m = node.attach_disk(Some((backing.dev.clone(), Box::new(meta))))?;
+    attached
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(backing);
+    Ok(m)
+}
+
 /// One control request and its answer; true when it asked the node to go down.
-fn serve_control(node: &Arc<Node>, conn: UnixStream) -> bool {
+fn serve_control(node: &Arc<Node>, conn: UnixStream, attached: &Mutex<Vec<Backing>>) -> bool {
     // A client that stops sending or reading is dropped after 10 s.
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
@@ -996,6 +1097,8 @@ fn serve_control(node: &Arc<Node>, conn: UnixStream) -> bool {
                 "disconnect" => node.set_connect(peer, false, false),
                 "verify" => node.verify(peer, flag("resync")),
                 "invalidate" => node.invalidate(),
+                "detach" => node.detach(),
+                "attach" => attach(node, &req, attached),
                 "down" => {
                     down = true;
                     Ok("stopping".into())
@@ -1368,6 +1471,14 @@ mod tests {
         write("etcd_cacert = \"/ca.pem\"\n");
         let err = args(&[]).unwrap_err();
         assert!(err.to_string().contains("give --etcd"), "{err}");
+        // The I/O error policy: detach by default, pass-on from the file, a typo refused.
+        write("");
+        assert_eq!(args(&[]).unwrap().on_io_error, OnIoError::Detach);
+        write("on_io_error = \"pass-on\"\n");
+        assert_eq!(args(&[]).unwrap().on_io_error, OnIoError::PassOn);
+        write("on_io_error = \"detatch\"\n");
+        let err = args(&[]).unwrap_err();
+        assert!(err.to_string().contains("on_io_error"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

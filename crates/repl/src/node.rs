@@ -45,12 +45,15 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 // Online verify and invalidate live in their own file, as a child module so they reach
 // the node's fields as resync does.
+#[path = "detach.rs"]
+mod detach;
 #[path = "secondary.rs"]
 mod secondary;
 #[path = "sync.rs"]
 mod sync;
 #[path = "verify.rs"]
 mod verify;
+pub use detach::NewDisk;
 pub use verify::{block_digests, VerifyStatus};
 
 /// What the node keeps in its metadata superblock.
@@ -171,6 +174,36 @@ impl std::str::FromStr for SplitBrainPolicy {
     }
 }
 
+/// What a node does when its own disk fails a read, a write or a flush (DRBD's
+/// `on-io-error`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnIoError {
+    /// Drop the disk and go on diskless: a primary serves reads and writes through an
+    /// up-to-date peer, a secondary refuses its primary until a disk is attached again.
+    Detach,
+    /// Hand the error on (to the application, or to the primary), keeping the disk.
+    PassOn,
+}
+
+impl std::str::FromStr for OnIoError {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "detach" => Ok(OnIoError::Detach),
+            "pass-on" => Ok(OnIoError::PassOn),
+            _ => Err(format!("{s:?}: expected detach or pass-on")),
+        }
+    }
+}
+
+/// The local disk's health, apart from what its data holds (`Status::disk`).
+const DISK_ATTACHED: u8 = 0;
+/// It failed an I/O; the node is detaching it.
+const DISK_FAILED: u8 = 1;
+/// No disk: every read and write goes to a peer (primary) or is refused (secondary).
+const DISK_DISKLESS: u8 = 2;
+
 #[derive(Clone, Debug)]
 pub struct PeerConfig {
     /// The peer's node name, as it calls itself (`--node` there).
@@ -197,6 +230,8 @@ pub struct NodeConfig {
     /// The primary role as an etcd lease, outdated replicas recorded there, and
     /// automatic failover (quorum.rs); `None`: manual promotion only.
     pub quorum: Option<Quorum>,
+    /// What a failed I/O on the local disk does.
+    pub on_io_error: OnIoError,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -414,6 +449,7 @@ impl NodeConfig {
             split_brain: SplitBrainPolicy::Disconnect,
             peer_timeout: Duration::from_secs(1),
             quorum: None,
+            on_io_error: OnIoError::Detach,
         }
     }
 }
@@ -471,6 +507,16 @@ pub struct Node {
     /// end the resync, and while it has not, this node looks blank to every other node
     /// (`view`). Taken after the `p` lock, never before it.
     sync_source: Mutex<Option<String>>,
+    /// DISK_ATTACHED, DISK_FAILED or DISK_DISKLESS (detach.rs); `disk` and `meta` stop
+    /// at their gate once it leaves DISK_ATTACHED.
+    disk_state: Arc<std::sync::atomic::AtomicU8>,
+    /// One detach at a time: a request that finds the disk failed waits until the
+    /// detach is done (the new generation adopted) before it answers.
+    detaching: Mutex<()>,
+    /// `disk` and `meta` are these, seen through their trait (`attach --disk` swaps
+    /// what is inside).
+    disk_gate: Arc<detach::Gate<Arc<dyn BlockDevice>>>,
+    meta_gate: Arc<detach::Gate<Box<dyn MetaIo>>>,
 }
 
 impl fmt::Debug for Node {
@@ -605,14 +651,15 @@ impl Node {
             }
         }
         meta.save(&p)?;
+        let disk_state = Arc::new(std::sync::atomic::AtomicU8::new(DISK_ATTACHED));
+        let disk_gate = Arc::new(detach::Gate::new(disk_state.clone(), disk));
+        let meta_gate = Arc::new(detach::Gate::new(disk_state.clone(), meta));
         let node = Node {
             uuid: resource_id(&cfg.resource),
             instance: rand::random::<u64>() | 1,
-            al: ActivityLog::new(meta.al_extent(), cfg.al_extents, &[]),
+            al: ActivityLog::new(meta_gate.al_extent(), cfg.al_extents, &[]),
             cfg,
-            disk,
             data_size,
-            meta,
             p: Mutex::new(p),
             role: RwLock::new(Role::Secondary),
             locks: Arc::new(RangeLocks::default()),
@@ -632,6 +679,12 @@ impl Node {
             vx: verify::Shared::default(),
             app_io: AtomicU64::new(0),
             sync_source: Mutex::new(None),
+            disk_state,
+            detaching: Mutex::new(()),
+            disk: disk_gate.clone(),
+            disk_gate,
+            meta: Box::new(meta_gate.clone()),
+            meta_gate,
         };
         if crashed {
             node.event("crashed-primary", None, "this node stopped as primary without a clean stop: its activity log's extents will be resynced".into());
@@ -732,6 +785,7 @@ impl Node {
         Arc::new(DataArea {
             disk: self.disk.clone(),
             size: self.data_size,
+            node: Arc::downgrade(self),
         })
     }
 
@@ -939,6 +993,11 @@ impl Node {
     /// Flushes the local disk and every connected peer at once; a peer whose flush fails
     /// is dropped after `on_lost` accounts for what it may not have.
     fn flush_all(&self, on_lost: impl Fn(&Peer)) -> Result<()> {
+        self.flush_replicas(on_lost).0
+    }
+
+    /// [`Node::flush_all`], and how many up-to-date (Established) peers flushed.
+    fn flush_replicas(&self, on_lost: impl Fn(&Peer)) -> (Result<()>, usize) {
         let links: Vec<(&Arc<Peer>, Arc<Client>)> = self
             .peers
             .iter()
@@ -946,13 +1005,17 @@ impl Node {
             .collect();
         let started: Vec<_> = links.iter().map(|(p, l)| (*p, l.start_flush())).collect();
         let local = self.disk.flush();
+        let mut up_to_date = 0;
         for (peer, st) in started {
-            if let Err(e) = st.wait() {
-                on_lost(peer);
-                self.lose(peer, &e.to_string());
+            match st.wait() {
+                Ok(()) => up_to_date += usize::from(peer.state().repl == Repl::Established),
+                Err(e) => {
+                    on_lost(peer);
+                    self.lose(peer, &e.to_string());
+                }
             }
         }
-        local
+        (local, up_to_date)
     }
 
     /// Marks the extents the activity log holds out of sync with `peer`: its unflushed
@@ -970,7 +1033,13 @@ impl Node {
         self.app_io.fetch_add(1, Ordering::Relaxed);
         let len = buf.len() as u64;
         let range = self.locks.lock_owned(offset, len);
-        self.al.begin(offset, len, |tx| self.persist_al(tx))?;
+        // A diskless node keeps no activity log: it has no disk to be out of step with.
+        let logged = !self.is_diskless()
+            && match self.al.begin(offset, len, |tx| self.persist_al(tx)) {
+                Ok(()) => true,
+                Err(e) if self.local_failed(&e) => false,
+                Err(e) => return Err(e),
+            };
         let links: Vec<(&Arc<Peer>, Option<Arc<Client>>)> = self
             .peers
             .iter()
@@ -982,6 +1051,9 @@ impl Node {
             .map(|(p, l)| (*p, l.as_ref().map(|l| l.start_write(buf, offset, flags))))
             .collect();
         let local = self.disk.write_at(buf, offset, flags);
+        // Detached (now or before): the write is answered by the up-to-date peers alone,
+        // with protocol A too.
+        let gone = local.as_ref().is_err_and(|e| self.local_failed(e));
         let mut missed = Ok(());
         if self.cfg.protocol == Protocol::A && local.is_ok() {
             let tx = self
@@ -1009,17 +1081,20 @@ impl Node {
                     peers,
                     _range: range,
                 };
+                debug_assert!(logged, "a local write succeeded on a detached disk");
                 if let Err(back) = tx.send(job) {
                     self.complete(back.0);
                 }
                 return missed;
             }
         }
+        let mut up_to_date = 0;
         for (peer, st) in started {
             match st.map(cairn_nbd::client::Started::wait) {
-                Some(Ok(())) if local.is_ok() => {
+                Some(Ok(())) if local.is_ok() || gone => {
                     let (a, b) = peer.bitmap.inside(offset, len);
                     peer.bitmap.clear(a, b);
+                    up_to_date += usize::from(peer.state().repl == Repl::Established);
                 }
                 Some(Ok(())) => peer.bitmap.set_bytes(offset, len),
                 Some(Err(e)) => {
@@ -1033,9 +1108,24 @@ impl Node {
                 }
             }
         }
-        self.al.end(offset, len);
+        if logged {
+            self.al.end(offset, len);
+        }
         drop(range);
-        local.and(missed)
+        self.answer_write(local, gone, up_to_date).and(missed)
+    }
+
+    /// A write's answer: the local result, or, once the local disk is detached, OK
+    /// only if an up-to-date peer has the write.
+    fn answer_write(&self, local: Result<()>, gone: bool, up_to_date: usize) -> Result<()> {
+        match local {
+            Err(e) if gone && up_to_date == 0 => Err(e.context(format!(
+                "{}: the local disk is detached and no up-to-date peer took the write",
+                self.cfg.resource
+            ))),
+            Err(_) if gone => Ok(()),
+            r => r,
+        }
     }
 
     /// Protocol C without a thread waiting: the write leaves for every replica and is
@@ -1054,13 +1144,17 @@ impl Node {
         self.app_io.fetch_add(1, Ordering::Relaxed);
         let len = buf.len() as u64;
         let range = self.locks.lock_owned(offset, len);
-        if let Err(e) = self.al.begin(offset, len, |tx| self.persist_al(tx)) {
-            return done(Err(e));
-        }
+        let logged = !self.is_diskless()
+            && match self.al.begin(offset, len, |tx| self.persist_al(tx)) {
+                Ok(()) => true,
+                Err(e) if self.local_failed(&e) => false,
+                Err(e) => return done(Err(e)),
+            };
         let op = Arc::new(ReplWrite {
             node: self.clone(),
             offset,
             len,
+            logged,
             left: std::sync::atomic::AtomicUsize::new(self.peers.len() + 1),
             answers: Mutex::new(Vec::with_capacity(self.peers.len())),
             missed: Mutex::new(Ok(())),
@@ -1130,10 +1224,12 @@ impl Node {
     fn flush(&self) -> Result<()> {
         self.check_primary()?;
         let lost = std::cell::RefCell::new(Vec::new());
-        let local = self.flush_all(|peer| {
+        let (local, up_to_date) = self.flush_replicas(|peer| {
             self.mark_active(peer);
             lost.borrow_mut().push(peer.slot);
         });
+        let gone = local.as_ref().is_err_and(|e| self.local_failed(e));
+        let local = self.answer_write(local, gone, up_to_date);
         // Writes acknowledged before may not be durable on a peer whose flush failed: with
         // a quorum it is marked outdated before this flush is acknowledged.
         let mut missed = Ok(());
@@ -1300,6 +1396,12 @@ impl Node {
         if self.role() == Role::Primary {
             return Ok(format!(
                 "{} is already primary on {}",
+                self.cfg.resource, self.cfg.node
+            ));
+        }
+        if self.is_diskless() {
+            return Err(format!(
+                "{} on {} is diskless (its disk failed or was detached): `cairn repl attach` first; a diskless node does not become primary",
                 self.cfg.resource, self.cfg.node
             ));
         }
@@ -1695,9 +1797,13 @@ impl Node {
         for t in threads {
             let _ = t.join();
         }
-        self.flush_all(|peer| self.mark_active(peer))?;
-        self.write_out_bitmaps()?;
-        self.meta.write_al(&[])?;
+        // A diskless node stops without its disk: the peers' flushes are what counts,
+        // and the metadata stays as the detach left it.
+        let diskless = self.is_diskless();
+        let keep = |r: Result<()>| if diskless { Ok(()) } else { r };
+        keep(self.flush_all(|peer| self.mark_active(peer)))?;
+        keep(self.write_out_bitmaps())?;
+        keep(self.meta.write_al(&[]))?;
         self.al.clear_idle();
         for peer in &self.peers {
             if let Some(l) = peer.link.write().unwrap_or_else(|p| p.into_inner()).take() {
@@ -1709,7 +1815,7 @@ impl Node {
         }
         let mut p = self.persisted();
         p.primary = false;
-        self.meta.save(&p)
+        keep(self.meta.save(&p))
     }
 
     /// Clean shutdown of the node (`down`, SIGTERM).
@@ -1806,7 +1912,11 @@ impl Node {
                 }
             })
             .collect();
-        let disk = if !p.consistent {
+        let disk = if self.disk_state.load(Ordering::SeqCst) == DISK_FAILED {
+            "Failed"
+        } else if self.is_diskless() {
+            "Diskless"
+        } else if !p.consistent {
             "Inconsistent"
         } else if p.current == JUST_CREATED {
             "Blank"
@@ -1879,6 +1989,8 @@ struct ReplWrite {
     node: Arc<Node>,
     offset: u64,
     len: u64,
+    /// The write holds its extents in the activity log (not when diskless).
+    logged: bool,
     /// The local write and each replica count one; the last to finish settles.
     left: std::sync::atomic::AtomicUsize,
     answers: Mutex<Vec<(Arc<Peer>, Result<()>)>>,
@@ -1902,12 +2014,21 @@ impl ReplWrite {
         if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
+        // A failed local write may detach the disk, which asks the peers to adopt a
+        // new generation: not on a connection's reader thread either.
         let failed = self
             .answers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .any(|(_, r)| r.is_err());
+            .any(|(_, r)| r.is_err())
+            || self
+                .local
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .is_some_and(Result::is_err)
+                && self.node.disk_state.load(Ordering::SeqCst) != DISK_DISKLESS;
         if !failed {
             return self.settle();
         }
@@ -1935,12 +2056,15 @@ impl ReplWrite {
             &mut *self.missed.lock().unwrap_or_else(|p| p.into_inner()),
             Ok(()),
         );
+        let gone = local.as_ref().is_err_and(|e| node.local_failed(e));
+        let mut up_to_date = 0;
         let answers = std::mem::take(&mut *self.answers.lock().unwrap_or_else(|p| p.into_inner()));
         for (peer, r) in answers {
             match r {
-                Ok(()) if local.is_ok() => {
+                Ok(()) if local.is_ok() || gone => {
                     let (a, b) = peer.bitmap.inside(offset, len);
                     peer.bitmap.clear(a, b);
+                    up_to_date += usize::from(peer.state().repl == Repl::Established);
                 }
                 Ok(()) => peer.bitmap.set_bytes(offset, len),
                 Err(e) => {
@@ -1950,10 +2074,12 @@ impl ReplWrite {
                 }
             }
         }
-        node.al.end(offset, len);
+        if self.logged {
+            node.al.end(offset, len);
+        }
         drop(self.range.lock().unwrap_or_else(|p| p.into_inner()).take());
         if let Some(done) = self.done.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            done(local.and(missed));
+            done(node.answer_write(local, gone, up_to_date).and(missed));
         }
     }
 }
@@ -1984,7 +2110,7 @@ impl BlockDevice for Volume {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.0.check_primary()?;
         self.0.app_io.fetch_add(1, Ordering::Relaxed);
-        self.0.disk.read_at(buf, offset)
+        self.0.read(buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
@@ -2005,6 +2131,18 @@ impl BlockDevice for Volume {
 struct DataArea {
     disk: Arc<dyn BlockDevice>,
     size: u64,
+    /// Told when the disk fails (it detaches, as `--on-io-error` says); the error goes
+    /// to the primary either way, which drops this node as it drops a lost peer.
+    node: std::sync::Weak<Node>,
+}
+
+impl DataArea {
+    fn seen<T>(&self, r: Result<T>) -> Result<T> {
+        if let (Err(e), Some(n)) = (&r, self.node.upgrade()) {
+            n.local_failed(e);
+        }
+        r
+    }
 }
 
 impl BlockDevice for DataArea {
@@ -2022,18 +2160,18 @@ impl BlockDevice for DataArea {
         }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.disk.read_at(buf, offset)
+        self.seen(self.disk.read_at(buf, offset))
     }
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        self.disk.write_at(buf, offset, flags)
+        self.seen(self.disk.write_at(buf, offset, flags))
     }
     fn flush(&self) -> Result<()> {
-        self.disk.flush()
+        self.seen(self.disk.flush())
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::fake_etcd::FakeEtcd;
     use crate::store::{create, CreateParams, Store};
@@ -2596,7 +2734,7 @@ mod tests {
         far_stop.shutdown();
     }
 
-    fn fresh_of(size: u64) -> Arc<dyn BlockDevice> {
+    pub(super) fn fresh_of(size: u64) -> Arc<dyn BlockDevice> {
         let dev: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(size));
         let p = CreateParams {
             max_peers: 1,
@@ -2611,7 +2749,7 @@ mod tests {
 
     /// Node "far" on a fresh 16 MiB disk, served to its peers on a loopback port: the
     /// node, its disk, the address and the server's handle.
-    fn far_secondary() -> (
+    pub(super) fn far_secondary() -> (
         Arc<Node>,
         Arc<dyn BlockDevice>,
         cairn_nbd::Listen,
@@ -2631,7 +2769,7 @@ mod tests {
 
     /// Node "a" on `disk`, with "far" at `addr` as its peer, its configuration changed by
     /// `adjust` first.
-    fn node_a_towards(
+    pub(super) fn node_a_towards(
         addr: cairn_nbd::Listen,
         disk: &Arc<dyn BlockDevice>,
         adjust: impl FnOnce(&mut NodeConfig),
@@ -2649,7 +2787,7 @@ mod tests {
 
     /// Serves `node` to its peers as `cairn repl up` does (the data area behind the
     /// fence gate, and the replication handshake) on a loopback port.
-    fn serve_peers(node: &Arc<Node>) -> (cairn_nbd::Listen, cairn_nbd::ShutdownHandle) {
+    pub(super) fn serve_peers(node: &Arc<Node>) -> (cairn_nbd::Listen, cairn_nbd::ShutdownHandle) {
         use cairn_nbd::{Listen, Server, ServerConfig};
         let target = crate::target::Target::new(node);
         let mut cfg = ServerConfig::new(Vec::new());

@@ -22,6 +22,12 @@ impl Node {
                 h.node, self.cfg.resource, self.cfg.node
             )
         })?;
+        if self.is_diskless() {
+            return Err(format!(
+                "{} on {} is diskless (its disk failed or was detached): it takes no data until `cairn repl attach {}` there",
+                self.cfg.resource, self.cfg.node, self.cfg.resource
+            ));
+        }
         if h.data_size != self.data_size || h.bm_block != self.meta.bm_block() {
             return Err(format!(
                 "the data areas differ: {} holds {} bytes in {}-byte bitmap blocks, this node {} in {}",

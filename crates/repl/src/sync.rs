@@ -15,7 +15,13 @@ impl Node {
                 continue;
             }
             let want = peer.state().want;
-            if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
+            // A diskless primary has nothing to resync a peer from: it keeps the peers
+            // it has and connects no other.
+            if self.is_diskless() && peer.link().is_none() {
+                peer.state().last_error =
+                    Some("this node is diskless: it cannot resync a peer".into());
+                self.sleep(Duration::from_millis(200));
+            } else if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
                 match self.connect_peer(peer) {
                     Ok(()) => backoff = Duration::from_millis(500),
                     Err(e) => {

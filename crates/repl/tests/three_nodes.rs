@@ -26,7 +26,8 @@ use cairn_block::{BlockDevice, MemDisk, WriteFlags};
 use cairn_nbd::client::ClientOptions;
 use cairn_nbd::{Listen, Server, ServerConfig, ShutdownHandle};
 use cairn_repl::node::{
-    Exports, Node, NodeConfig, PeerConfig, Protocol, Repl, SplitBrainPolicy, Status, Volume,
+    Exports, Node, NodeConfig, OnIoError, PeerConfig, Protocol, Repl, SplitBrainPolicy, Status,
+    Volume,
 };
 use cairn_repl::rate::RateLimits;
 use cairn_repl::store::{create, CreateParams, Store};
@@ -120,6 +121,7 @@ impl Up {
             split_brain: SplitBrainPolicy::Disconnect,
             peer_timeout: Duration::from_secs(10),
             quorum: None,
+            on_io_error: OnIoError::Detach,
         };
         let meta = Box::new(Store::open(disk.clone()).unwrap());
         let node = Node::open(cfg, disk.clone(), meta).unwrap();

@@ -1,0 +1,851 @@
+//! A local disk that fails: detach it and go on diskless (DRBD's `on-io-error detach`).
+//! A child of node.rs, so it sees the node's state.
+//!
+//! ```text
+//!   local read/write/flush fails ─> local_failed ─ pass-on ─> the error goes on as before
+//!                                        └ detach ─> Failed: the metadata on the disk says
+//!                                                    "inconsistent" (if it still takes a write)
+//!                                                    ─> Diskless: Gate refuses the disk and
+//!                                                    its metadata from now on
+//!   primary, diskless: reads from an up-to-date peer; writes and flushes go to the peers
+//!   only and are answered OK only when an up-to-date (Established) peer has them; a new
+//!   generation, adopted by the peers in sync, so the old disk can never pass for current
+//!   secondary, diskless: refuses its primary (the handshake), until `attach` (invalidate:
+//!   a full resync from the primary) of the same disk, or of a new one (`--disk`: swapped
+//!   in behind the gate)
+//! ```
+
+use super::*;
+
+/// The local disk, or the metadata on it, behind the node's disk state: once the disk
+/// is detached, nothing reaches it any more (a dying disk can take seconds per request,
+/// and a write to it now would only make the metadata lie). `attach --disk` puts a new
+/// one in its place, under the write lock while the node is diskless.
+#[derive(Debug)]
+pub(super) struct Gate<P> {
+    pub(super) state: Arc<std::sync::atomic::AtomicU8>,
+    pub(super) inner: RwLock<P>,
+}
+
+impl<P> Gate<P> {
+    pub(super) fn new(state: Arc<std::sync::atomic::AtomicU8>, inner: P) -> Gate<P> {
+        Gate {
+            state,
+            inner: RwLock::new(inner),
+        }
+    }
+
+    fn get(&self) -> std::sync::RwLockReadGuard<'_, P> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn replace(&self, new: P) -> P {
+        std::mem::replace(
+            &mut *self.inner.write().unwrap_or_else(|p| p.into_inner()),
+            new,
+        )
+    }
+}
+
+fn detached_err(what: &str) -> Error {
+    io_err(
+        ErrorKind::Io,
+        format!("{what}: the local disk is detached (it failed an I/O)"),
+    )
+}
+
+impl<P> Gate<P> {
+    /// Data I/O stops as soon as the disk failed.
+    fn data_open(&self) -> Result<()> {
+        if self.state.load(Ordering::SeqCst) == DISK_ATTACHED {
+            Ok(())
+        } else {
+            Err(detached_err("data"))
+        }
+    }
+
+    /// Metadata writes stop once detached: the detach itself records "inconsistent"
+    /// while the disk is Failed.
+    fn meta_open(&self) -> Result<()> {
+        if self.state.load(Ordering::SeqCst) == DISK_DISKLESS {
+            Err(detached_err("metadata"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl BlockDevice for Gate<Arc<dyn BlockDevice>> {
+    fn geometry(&self) -> Geometry {
+        self.get().geometry()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.get().capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.data_open()?;
+        self.get().read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.data_open()?;
+        self.get().write_at(buf, offset, flags)
+    }
+    fn flush(&self) -> Result<()> {
+        self.data_open()?;
+        self.get().flush()
+    }
+}
+
+impl MetaIo for Gate<Box<dyn MetaIo>> {
+    fn data_size(&self) -> u64 {
+        self.get().data_size()
+    }
+    fn bm_block(&self) -> u64 {
+        self.get().bm_block()
+    }
+    fn al_extent(&self) -> u64 {
+        self.get().al_extent()
+    }
+    fn max_peers(&self) -> usize {
+        self.get().max_peers()
+    }
+    fn bind_resource(&self, id: [u8; 16]) -> Result<()> {
+        self.get().bind_resource(id)
+    }
+    fn load(&self) -> Result<Persisted> {
+        self.get().load()
+    }
+    fn save(&self, p: &Persisted) -> Result<()> {
+        self.meta_open()?;
+        self.get().save(p)
+    }
+    fn read_bitmap(&self, slot: usize) -> Result<Vec<u64>> {
+        self.get().read_bitmap(slot)
+    }
+    fn write_bitmap_pages(&self, slot: usize, pages: &[(usize, Vec<u64>)]) -> Result<()> {
+        self.meta_open()?;
+        self.get().write_bitmap_pages(slot, pages)
+    }
+    fn read_al(&self) -> Result<Vec<u64>> {
+        self.get().read_al()
+    }
+    fn write_al(&self, active: &[u64]) -> Result<()> {
+        self.meta_open()?;
+        self.get().write_al(active)
+    }
+}
+
+/// The node holds its metadata gate shared (`meta_gate` swaps inside it).
+impl<T: MetaIo + ?Sized> MetaIo for Arc<T> {
+    fn data_size(&self) -> u64 {
+        (**self).data_size()
+    }
+    fn bm_block(&self) -> u64 {
+        (**self).bm_block()
+    }
+    fn al_extent(&self) -> u64 {
+        (**self).al_extent()
+    }
+    fn max_peers(&self) -> usize {
+        (**self).max_peers()
+    }
+    fn bind_resource(&self, id: [u8; 16]) -> Result<()> {
+        (**self).bind_resource(id)
+    }
+    fn load(&self) -> Result<Persisted> {
+        (**self).load()
+    }
+    fn save(&self, p: &Persisted) -> Result<()> {
+        (**self).save(p)
+    }
+    fn read_bitmap(&self, slot: usize) -> Result<Vec<u64>> {
+        (**self).read_bitmap(slot)
+    }
+    fn write_bitmap_pages(&self, slot: usize, pages: &[(usize, Vec<u64>)]) -> Result<()> {
+        (**self).write_bitmap_pages(slot, pages)
+    }
+    fn read_al(&self) -> Result<Vec<u64>> {
+        (**self).read_al()
+    }
+    fn write_al(&self, active: &[u64]) -> Result<()> {
+        (**self).write_al(active)
+    }
+}
+
+/// A disk given to `attach --disk`, with its metadata.
+pub type NewDisk = (Arc<dyn BlockDevice>, Box<dyn MetaIo>);
+
+impl Node {
+    /// The disk failed or was detached: nothing goes to it.
+    pub(crate) fn is_diskless(&self) -> bool {
+        self.disk_state.load(Ordering::SeqCst) != DISK_ATTACHED
+    }
+
+    /// The local disk failed `e`. With `--on-io-error detach` it is detached (once, by
+    /// whichever request saw it first) and true is returned: the caller goes on as a
+    /// diskless node. With `pass-on`, false: the error goes on.
+    pub(crate) fn local_failed(&self, e: &Error) -> bool {
+        if self.disk_state.load(Ordering::SeqCst) == DISK_DISKLESS {
+            return true;
+        }
+        if self.is_diskless() {
+            // Detaching now: answer only once the new generation is in place.
+            drop(self.detaching.lock().unwrap_or_else(|p| p.into_inner()));
+            return true;
+        }
+        if self.cfg.on_io_error == OnIoError::PassOn {
+            return false;
+        }
+        self.detach_disk(&format!("the local disk failed: {e}"));
+        true
+    }
+
+    /// Attached → Failed → Diskless. Returns when the node is diskless and, on a
+    /// primary, its data has moved on to a generation the old disk does not hold (the
+    /// peers in sync adopted it): a write answered from now on can never be taken for
+    /// one the old disk has, whatever comes back with it.
+    fn detach_disk(&self, why: &str) {
+        let _one = self.detaching.lock().unwrap_or_else(|p| p.into_inner());
+        if self
+            .disk_state
+            .compare_exchange(
+                DISK_ATTACHED,
+                DISK_FAILED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_err()
+        {
+            return;
+        }
+        self.event(
+            "disk-failed",
+            None,
+            format!("{} on {}: {why}", self.cfg.resource, self.cfg.node),
+        );
+        // The disk (if its metadata still takes a write) is given up as `invalidate`
+        // does: no generation, inconsistent. A restart with it is resynced in full
+        // instead of trusted.
+        let mut on_disk = self.persisted().clone();
+        on_disk.current = JUST_CREATED;
+        on_disk.history = [0, 0];
+        for slot in &mut on_disk.peers {
+            slot.bitmap_uuid = 0;
+        }
+        on_disk.consistent = false;
+        if let Err(e) = self.meta.save(&on_disk) {
+            tracing::warn!(
+                "{}: cannot mark the failed disk inconsistent in its metadata: {e}",
+                self.cfg.resource
+            );
+        }
+        self.disk_state.store(DISK_DISKLESS, Ordering::SeqCst);
+        let primary = self.role() == Role::Primary;
+        if primary {
+            self.new_generation_detached();
+            self.mark_self_outdated();
+        }
+        self.event(
+            "detached",
+            None,
+            if primary {
+                format!(
+                    "{} on {}: diskless primary: reads and writes go to the up-to-date peers",
+                    self.cfg.resource, self.cfg.node
+                )
+            } else {
+                format!(
+                    "{} on {}: diskless secondary: the primary goes on without it until `cairn repl attach`",
+                    self.cfg.resource, self.cfg.node
+                )
+            },
+        );
+    }
+
+    /// A diskless primary's next generation: the peers in sync adopt it, the others
+    /// (away, resyncing) keep a bitmap base as when a peer is lost. A disk whose
+    /// metadata could not be given up keeps the generation before, an ancestor of the
+    /// peers': the handshake must find it behind with no bitmap that knows by how much,
+    /// a full sync.
+    ///
+    /// Two steps, not one: after one, the peers' history would start with the disk's
+    /// generation and their bitmap base be empty, which is exactly what a resync
+    /// target that missed recording the end of its resync meets (gen.rs,
+    /// `MeTargetMissedSyncFinished`): a bitmap resync of nothing. A generation between
+    /// the two breaks that match and leaves `MyCurrentInPeerHistory`, a full sync (or,
+    /// once further generations pushed it out of the history, unrelated data: refused
+    /// until the operator invalidates that disk).
+    fn new_generation_detached(&self) {
+        let in_sync: Vec<&Arc<Peer>> = self
+            .peers
+            .iter()
+            .filter(|o| o.link().is_some() && o.state().repl == Repl::Established)
+            .collect();
+        let away: Vec<usize> = self
+            .peers
+            .iter()
+            .filter(|o| !in_sync.iter().any(|i| i.slot == o.slot))
+            .map(|o| o.slot)
+            .collect();
+        {
+            let mut p = self.persisted();
+            if !away.is_empty() {
+                self.rotate(&mut p, &away);
+            }
+            for _ in 0..if away.is_empty() { 2 } else { 1 } {
+                // A base of its own keeps the bitmap bases as they are (none for
+                // the peers in sync).
+                let mut g = Generations {
+                    current: p.current,
+                    bitmap: p.current,
+                    history: p.history,
+                };
+                g.new_current(&mut gen::random_ids());
+                p.current = g.current;
+                p.history = g.history;
+            }
+            // Not saved: the disk is gone; the peers keep it (Adopt).
+        }
+        self.announce_current(&in_sync);
+    }
+
+    /// With a quorum: this node's own data (the old disk) is marked outdated in etcd,
+    /// so that after a restart with it the node cannot take the primary role by itself.
+    fn mark_self_outdated(&self) {
+        let (Some(q), Some(g)) = (&self.cfg.quorum, self.lease_guard()) else {
+            return;
+        };
+        let key = quorum::outdated_key(&self.cfg.resource, &self.cfg.node);
+        let held = quorum::primary_key(&self.cfg.resource);
+        let value = format!("{:016x} {}", self.persisted().current, self.cfg.node);
+        match q
+            .etcd
+            .put_if_lease(key.as_bytes(), value.as_bytes(), held.as_bytes(), g.id())
+        {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "{}: the detached disk is not marked outdated: etcd no longer holds this node's lease",
+                self.cfg.resource
+            ),
+            Err(e) => tracing::warn!(
+                "{}: cannot mark the detached disk outdated in etcd: {e}",
+                self.cfg.resource
+            ),
+        }
+    }
+
+    /// A connected peer in sync with the data (Established), to serve a diskless
+    /// primary's reads.
+    fn up_to_date_peers(&self) -> Vec<(&Arc<Peer>, Arc<Client>)> {
+        self.peers
+            .iter()
+            .filter(|p| p.state().repl == Repl::Established)
+            .filter_map(|p| p.link().map(|l| (p, l)))
+            .collect()
+    }
+
+    /// A primary's read: from the local disk, or, once it failed (and is detached),
+    /// from an up-to-date peer. With none connected, the local error goes on.
+    pub(crate) fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let e = match self.disk.read_at(buf, offset) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if !self.local_failed(&e) {
+            return Err(e);
+        }
+        for (peer, link) in self.up_to_date_peers() {
+            match link.read_at(buf, offset) {
+                Ok(()) => return Ok(()),
+                Err(pe) => self.lose(peer, &pe.to_string()),
+            }
+        }
+        Err(e.context(format!(
+            "{}: the local disk is detached and no up-to-date peer is connected",
+            self.cfg.resource
+        )))
+    }
+
+    /// A disk for `attach --disk` fits the resource: the same data area and bitmap
+    /// geometry as the peers', room for every peer, and metadata of this resource or
+    /// of none yet.
+    fn check_new_disk(
+        &self,
+        disk: &dyn BlockDevice,
+        meta: &dyn MetaIo,
+    ) -> std::result::Result<(), String> {
+        let old = self.meta_gate.get();
+        let same = |what: &str, new: u64, was: u64| {
+            if new == was {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the new disk's {what} is {new}, the resource's {was}: create-md it with the resource's sizes"
+                ))
+            }
+        };
+        same("data size", meta.data_size(), self.data_size)?;
+        same("bitmap block", meta.bm_block(), old.bm_block())?;
+        same("activity-log extent", meta.al_extent(), old.al_extent())?;
+        if meta.max_peers() < self.peers.len() {
+            return Err(format!(
+                "the new disk's metadata has room for {} peers, the resource has {}",
+                meta.max_peers(),
+                self.peers.len()
+            ));
+        }
+        if disk.geometry().size < self.data_size {
+            return Err("the new disk is smaller than the data area".into());
+        }
+        meta.bind_resource(resource_id(&self.cfg.resource))
+            .map_err(|e| e.to_string())
+    }
+
+    /// `detach`: the operator drops the disk. A primary needs an up-to-date peer to go
+    /// on with.
+    pub fn detach(&self) -> std::result::Result<String, String> {
+        let _admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_diskless() {
+            return Ok(format!(
+                "{} on {} is diskless already",
+                self.cfg.resource, self.cfg.node
+            ));
+        }
+        if self.role() == Role::Primary && self.up_to_date_peers().is_empty() {
+            return Err(format!(
+                "{} is primary on {} with no up-to-date peer connected: without its disk it would have no data",
+                self.cfg.resource, self.cfg.node
+            ));
+        }
+        self.detach_disk("detached by the operator");
+        Ok(format!(
+            "{} on {}: disk detached; `cairn repl attach {}` takes it back (a full resync, on a secondary)",
+            self.cfg.resource, self.cfg.node, self.cfg.resource
+        ))
+    }
+
+    /// `attach`: a diskless secondary takes its disk back, or `new` in its place (made
+    /// by `create-md` for the same data size, bitmap block and activity-log extent), to
+    /// be replaced by a full resync from the primary (as `invalidate`). Refused on a
+    /// primary: a primary is never a resync target.
+    pub fn attach_disk(
+        self: &Arc<Self>,
+        new: Option<NewDisk>,
+    ) -> std::result::Result<String, String> {
+        {
+            let _admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+            if self.role() == Role::Primary {
+                return Err(format!(
+                    "{} is primary on {}: a primary is never a resync target, so it cannot take a disk back; \
+                     fail over first (promote an up-to-date peer after `cairn repl secondary {}` here), then attach here",
+                    self.cfg.resource, self.cfg.node, self.cfg.resource
+                ));
+            }
+            if !self.is_diskless() {
+                return match new {
+                    None => Ok(format!(
+                        "{} on {} has its disk attached",
+                        self.cfg.resource, self.cfg.node
+                    )),
+                    Some(_) => Err(format!(
+                        "{} on {} has a disk attached: `cairn repl detach {}` first",
+                        self.cfg.resource, self.cfg.node, self.cfg.resource
+                    )),
+                };
+            }
+            if let Some((disk, meta)) = new {
+                self.check_new_disk(disk.as_ref(), meta.as_ref())?;
+                // Diskless: nothing is using either (the gates refuse), so the swap
+                // waits for no request.
+                drop(self.disk_gate.replace(disk));
+                drop(self.meta_gate.replace(meta));
+                // The bitmaps towards the other peers are in memory only: all of
+                // them go to the new metadata.
+                for peer in &self.peers {
+                    let pages = peer.bitmap.bits().div_ceil(crate::bitmap::BITS_PER_PAGE);
+                    let all: Vec<usize> = (0..usize::try_from(pages).unwrap_or(0)).collect();
+                    peer.bitmap.redirty(&all);
+                }
+            }
+            self.disk_state.store(DISK_ATTACHED, Ordering::SeqCst);
+        }
+        match self.invalidate().and_then(|m| {
+            self.write_out_bitmaps()
+                .map(|()| m)
+                .map_err(|e| e.to_string())
+        }) {
+            Ok(_) => {
+                self.event(
+                    "attached",
+                    None,
+                    format!(
+                        "{} on {}: disk attached, inconsistent until a full resync from the primary",
+                        self.cfg.resource, self.cfg.node
+                    ),
+                );
+                Ok(format!(
+                    "{} on {}: disk attached; the primary resyncs all of it",
+                    self.cfg.resource, self.cfg.node
+                ))
+            }
+            Err(e) => {
+                self.disk_state.store(DISK_DISKLESS, Ordering::SeqCst);
+                Err(format!("the disk still fails ({e}): it stays detached"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{far_secondary, fresh_of, node_a_towards, serve_peers};
+    use super::*;
+    use crate::store::{create, CreateParams, Store};
+    use cairn_block::testkit::{Fault, FaultHandle, FaultyDisk, Op, Ops};
+    use cairn_block::MemDisk;
+    use rand::{Rng, SeedableRng};
+
+    const SIZE: u64 = 16 << 20;
+
+    fn new_disk(d: &Arc<dyn BlockDevice>) -> NewDisk {
+        (d.clone(), Box::new(Store::open(d.clone()).unwrap()))
+    }
+
+    /// A 16 MiB disk with fresh metadata, behind a fault switch.
+    fn faulty() -> (Arc<dyn BlockDevice>, FaultHandle) {
+        let f = FaultyDisk::new(MemDisk::new(SIZE));
+        let h = f.handle();
+        let p = CreateParams {
+            max_peers: 1,
+            bm_block: 4096,
+            al_extent: 1 << 20,
+            force: false,
+            resource: None,
+        };
+        create(&f, &p).unwrap();
+        (Arc::new(f), h)
+    }
+
+    fn wait(what: &str, mut ok: impl FnMut() -> bool) {
+        let until = Instant::now() + Duration::from_secs(30);
+        while !ok() {
+            assert!(Instant::now() < until, "waited 30 s for {what}");
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn established(node: &Node) -> bool {
+        node.status().peers[0].replication == Repl::Established
+    }
+
+    fn kinds(node: &Node) -> Vec<String> {
+        node.status().events.into_iter().map(|e| e.kind).collect()
+    }
+
+    /// Writes through both of the primary's write paths (waiting, and answered by the
+    /// last replica), alternately.
+    fn write(vol: &Volume, buf: &[u8], offset: u64, i: usize) -> Result<()> {
+        if i.is_multiple_of(2) {
+            return vol.write_at(buf, offset, WriteFlags::NONE);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        vol.write_then(
+            buf,
+            offset,
+            WriteFlags::NONE,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("a write never answered")
+    }
+
+    /// A primary and its secondary "far"; `fail` breaks the primary's disk once the two
+    /// are in sync. Random writes and reads then go on, checked against a model.
+    fn primary_loses_its_disk(
+        protocol: Protocol,
+        fail: impl FnOnce(&FaultHandle, u64),
+        label: &str,
+    ) {
+        let seed: u64 = rand::random();
+        println!("{label}: seed {seed}");
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let (far, far_disk, addr, far_stop) = far_secondary();
+        let (disk, h) = faulty();
+        let node = node_a_towards(addr, &disk, |c| c.protocol = protocol);
+        node.promote(true).unwrap();
+        wait("the initial sync", || established(&node));
+        let n = usize::try_from(node.data_size).unwrap();
+        let mut model = vec![0u8; n];
+        disk.read_at(&mut model, 0).unwrap();
+        let vol = Volume(node.clone());
+        let before = node.persisted().current;
+        fail(&h, node.data_size);
+        for i in 0..200 {
+            let blocks = rng.gen_range(1..=8usize);
+            let at = rng.gen_range(0..n / 4096 - blocks) * 4096;
+            if rng.gen_bool(0.6) {
+                let buf: Vec<u8> = (0..blocks * 4096).map(|_| rng.gen()).collect();
+                write(&vol, &buf, at as u64, i).unwrap_or_else(|e| panic!("write {i}: {e}"));
+                model[at..at + buf.len()].copy_from_slice(&buf);
+            } else {
+                let mut buf = vec![0u8; blocks * 4096];
+                vol.read_at(&mut buf, at as u64)
+                    .unwrap_or_else(|e| panic!("read {i}: {e}"));
+                assert!(buf == model[at..at + buf.len()], "read {i} at {at} differs");
+            }
+            if (i + 1).is_multiple_of(50) {
+                vol.flush().unwrap();
+            }
+        }
+        let mut all = vec![0u8; n];
+        vol.read_at(&mut all, 0).unwrap();
+        assert!(all == model, "the volume differs from the model");
+        far_disk.read_at(&mut all, 0).unwrap();
+        assert!(all == model, "the peer's disk differs from the model");
+        let s = node.status();
+        assert_eq!(s.disk, "Diskless", "{s:?}");
+        assert_eq!(s.peers[0].replication, Repl::Established);
+        let k = kinds(&node);
+        assert!(
+            k.contains(&"disk-failed".into()) && k.contains(&"detached".into()),
+            "{k:?}"
+        );
+        // The data moved on to a generation the peer holds and the old disk does not.
+        let now = node.persisted().current;
+        assert_ne!(now, before, "no new generation at the detach");
+        assert_eq!(far.persisted().current, now, "the peer did not adopt it");
+        assert_eq!(far.persisted().history[1], before, "not two generations on");
+        // A primary never takes a disk back; a diskless one steps down cleanly and
+        // cannot be promoted again.
+        let e = node.attach_disk(None).unwrap_err();
+        assert!(e.contains("fail over first"), "{e}");
+        node.demote().unwrap();
+        let e = node.promote(false).unwrap_err();
+        assert!(e.contains("diskless"), "{e}");
+
+        // The old disk comes back (healed, the node restarted on it): the peer, which
+        // has the data, finds it behind with no bitmap to tell by how much.
+        drop(node);
+        h.heal();
+        let old = Node::open(
+            NodeConfig::for_tests("home", "a", "far"),
+            disk.clone(),
+            Box::new(Store::open(disk.clone()).unwrap()),
+        )
+        .unwrap();
+        let (d, rule) = gen::decide(
+            &far.view(&far.peers[0]),
+            &old.view(&old.peers[0]),
+            gen::Tie::MeSource,
+        );
+        assert_eq!(d, Decision::SourceFull, "{rule:?}");
+        far_stop.shutdown();
+    }
+
+    #[test]
+    fn a_primary_whose_disk_dies_goes_on_through_its_peer() {
+        primary_loses_its_disk(Protocol::C, |h, _| h.fail_always(), "dead disk");
+    }
+
+    #[test]
+    fn with_protocol_a_too() {
+        primary_loses_its_disk(Protocol::A, |h, _| h.fail_always(), "protocol A");
+    }
+
+    #[test]
+    fn a_primary_whose_data_area_fails_goes_on_and_gives_its_metadata_up() {
+        // The metadata (at the end of the disk) still takes writes.
+        primary_loses_its_disk(
+            Protocol::C,
+            |h, data| h.fail_range(Ops::ALL, 0..data),
+            "data area",
+        );
+    }
+
+    #[test]
+    fn a_failed_read_is_answered_by_the_peer() {
+        primary_loses_its_disk(
+            Protocol::C,
+            |h, _| h.inject(Fault::new(Op::Read)),
+            "reads only",
+        );
+    }
+
+    /// A primary, its peer in sync, a disk that fails all: what `adjust` and `before`
+    /// set up decide whether the application sees the error.
+    fn one_failed_write(adjust: impl FnOnce(&mut NodeConfig), disconnect: bool) -> Arc<Node> {
+        let (_far, _far_disk, addr, far_stop) = far_secondary();
+        let (disk, h) = faulty();
+        let node = node_a_towards(addr, &disk, adjust);
+        node.promote(true).unwrap();
+        wait("the initial sync", || established(&node));
+        let vol = Volume(node.clone());
+        vol.write_at(&[7; 4096], 0, WriteFlags::NONE).unwrap();
+        if disconnect {
+            node.set_connect(None, false, false).unwrap();
+        }
+        h.fail_always();
+        let e = vol
+            .write_at(&[8; 4096], 4096, WriteFlags::NONE)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+        let mut b = [0u8; 4096];
+        let e = vol.read_at(&mut b, 0).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+        far_stop.shutdown();
+        node
+    }
+
+    #[test]
+    fn with_pass_on_the_error_reaches_the_application() {
+        let node = one_failed_write(|c| c.on_io_error = OnIoError::PassOn, false);
+        let s = node.status();
+        assert_eq!(s.disk, "UpToDate", "{s:?}");
+        assert!(!kinds(&node).contains(&"detached".into()));
+    }
+
+    #[test]
+    fn without_an_up_to_date_peer_the_error_reaches_the_application() {
+        let node = one_failed_write(|_| {}, true);
+        let s = node.status();
+        assert_eq!(s.disk, "Diskless", "{s:?}");
+    }
+
+    #[test]
+    fn a_secondary_whose_disk_fails_is_dropped_and_attaches_again() {
+        secondary_loses_its_disk(false);
+    }
+
+    #[test]
+    fn a_secondary_whose_disk_fails_attaches_a_new_one() {
+        secondary_loses_its_disk(true);
+    }
+
+    /// The secondary's disk fails under the primary's writes; then it is healed and
+    /// attached again, or (`replace`) a new disk is attached in its place.
+    fn secondary_loses_its_disk(replace: bool) {
+        let far_faulty = FaultyDisk::new(MemDisk::new(SIZE));
+        let fh = far_faulty.handle();
+        let far_disk: Arc<dyn BlockDevice> = {
+            let reference = fresh_of(SIZE);
+            // The same fresh metadata, on the faulty disk.
+            let mut all = vec![0u8; usize::try_from(SIZE).unwrap()];
+            reference.read_at(&mut all, 0).unwrap();
+            far_faulty.write_at(&all, 0, WriteFlags::NONE).unwrap();
+            Arc::new(far_faulty)
+        };
+        let far = Node::open(
+            NodeConfig::for_tests("home", "far", "a"),
+            far_disk.clone(),
+            Box::new(Store::open(far_disk.clone()).unwrap()),
+        )
+        .unwrap();
+        let (addr, far_stop) = serve_peers(&far);
+        let disk = fresh_of(SIZE);
+        let node = node_a_towards(addr, &disk, |_| {});
+        node.promote(true).unwrap();
+        wait("the initial sync", || established(&node));
+        let vol = Volume(node.clone());
+        fh.fail_range(Ops::ALL, 0..node.data_size);
+        for i in 0..20u8 {
+            vol.write_at(&[i; 4096], u64::from(i) * 8192, WriteFlags::NONE)
+                .unwrap();
+        }
+        vol.flush().unwrap();
+        assert_eq!(far.status().disk, "Diskless");
+        let k = kinds(&far);
+        assert!(
+            k.contains(&"disk-failed".into()) && k.contains(&"detached".into()),
+            "{k:?}"
+        );
+        assert!(kinds(&node).contains(&"disconnect".into()));
+        assert!(node.status().peers[0].out_of_sync_bytes > 0);
+        // The primary's reconnects are refused while far is diskless.
+        wait("a refusal", || {
+            node.status().peers[0]
+                .last_error
+                .as_ref()
+                .is_some_and(|e| e.contains("diskless"))
+        });
+        assert_ne!(node.status().peers[0].replication, Repl::Established);
+        let far_disk = if replace {
+            // A disk of another size, or of another resource, is refused.
+            let e = far
+                .attach_disk(Some(new_disk(&fresh_of(SIZE * 2))))
+                .unwrap_err();
+            assert!(e.contains("data size"), "{e}");
+            let other: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(SIZE));
+            let params = CreateParams {
+                max_peers: 1,
+                bm_block: 4096,
+                al_extent: 1 << 20,
+                force: false,
+                resource: Some(resource_id("else")),
+            };
+            create(other.as_ref(), &params).unwrap();
+            let e = far.attach_disk(Some(new_disk(&other))).unwrap_err();
+            assert!(e.contains("else") || e.contains("resource"), "{e}");
+            assert_eq!(far.status().disk, "Diskless");
+            // A fresh one is taken: a full resync from the primary.
+            let d = fresh_of(SIZE);
+            far.attach_disk(Some(new_disk(&d))).unwrap();
+            d
+        } else {
+            // The same disk, healed: a full resync from the primary.
+            fh.heal();
+            far.attach_disk(None).unwrap();
+            far_disk
+        };
+        // An idle primary notices the invalidation at its next write.
+        vol.write_at(&[0xee; 4096], 0, WriteFlags::NONE).unwrap();
+        wait("the resync after attach", || {
+            let _ = vol.write_at(&[0xee; 4096], 0, WriteFlags::NONE);
+            established(&node) && far.status().disk == "UpToDate"
+        });
+        assert!(kinds(&node).iter().any(|k| k == "resync-done"),);
+        let n = usize::try_from(node.data_size).unwrap();
+        let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+        disk.read_at(&mut a, 0).unwrap();
+        far_disk.read_at(&mut b, 0).unwrap();
+        assert!(a == b, "the replicas differ after the attach");
+        // The new metadata holds what the node knows (a restart finds it in sync).
+        let p = Store::open(far_disk.clone()).unwrap().load().unwrap();
+        assert!(
+            p.consistent && p.current == node.persisted().current,
+            "{p:?}"
+        );
+        node.demote().unwrap();
+        far_stop.shutdown();
+    }
+
+    /// `detach` by hand: refused on a primary with no up-to-date peer; with one, the
+    /// primary goes on diskless and its disk sees nothing more.
+    #[test]
+    fn detach_by_hand() {
+        let (_far, far_disk, addr, far_stop) = far_secondary();
+        let (disk, h) = faulty();
+        let node = node_a_towards(addr, &disk, |_| {});
+        node.promote(true).unwrap();
+        node.set_connect(None, false, false).unwrap();
+        let e = node.detach().unwrap_err();
+        assert!(e.contains("no up-to-date peer"), "{e}");
+        node.set_connect(None, true, false).unwrap();
+        wait("the peer back", || established(&node));
+        node.detach().unwrap();
+        assert_eq!(node.status().disk, "Diskless");
+        let ops = h.stats().total();
+        let vol = Volume(node.clone());
+        vol.write_at(&[3; 8192], 1 << 20, WriteFlags::FUA).unwrap();
+        vol.flush().unwrap();
+        let mut b = [0u8; 8192];
+        vol.read_at(&mut b, 1 << 20).unwrap();
+        assert_eq!(b, [3; 8192]);
+        far_disk.read_at(&mut b, 1 << 20).unwrap();
+        assert_eq!(b, [3; 8192], "the peer lacks the write");
+        assert_eq!(h.stats().total(), ops, "the detached disk was used");
+        node.demote().unwrap();
+        far_stop.shutdown();
+    }
+}
