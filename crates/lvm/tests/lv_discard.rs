@@ -2,12 +2,11 @@
 //! discard per PV (a PV's stripe chunks joined), every one outstanding at once and sent
 //! from the caller's thread; the LV's contents afterwards; a PV that fails discards.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
-use std::time::Duration;
 
-use cairn_block::testkit::{DelayDisk, FaultyDisk, Op};
+use cairn_block::testkit::{DelayDisk, FaultyDisk, Gate, Op};
 use cairn_block::{
     BlockDevice, Capabilities, ErrorKind, Geometry, MemDisk, Result, WriteDone, WriteFlags,
 };
@@ -23,34 +22,8 @@ struct Seen {
     later: Mutex<Vec<(usize, u64, ThreadId)>>,
     /// Synchronous discards.
     sync: AtomicUsize,
-    /// Answers held until `expect` discards are outstanding together.
-    held: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
-    expect: AtomicUsize,
-    most: AtomicUsize,
-    /// Held answers released by the watchdog (a path that waits for each discard).
-    timed_out: AtomicBool,
-}
-
-impl Seen {
-    fn hold(self: &Arc<Seen>, answer: Box<dyn FnOnce() + Send>) {
-        let mut held = self.held.lock().unwrap();
-        held.push(answer);
-        self.most.fetch_max(held.len(), Ordering::SeqCst);
-        if held.len() >= self.expect.load(Ordering::SeqCst) {
-            let all = std::mem::take(&mut *held);
-            std::thread::spawn(move || all.into_iter().for_each(|a| a()));
-        } else if held.len() == 1 {
-            let seen = self.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_secs(2));
-                let all = std::mem::take(&mut *seen.held.lock().unwrap());
-                if !all.is_empty() {
-                    seen.timed_out.store(true, Ordering::SeqCst);
-                }
-                all.into_iter().for_each(|a| a());
-            });
-        }
-    }
+    /// Discard answers, held until the test's count are outstanding together.
+    gate: Arc<Gate>,
 }
 
 /// A PV that completes later, holding its discard answers as [`Seen`] says.
@@ -88,7 +61,7 @@ impl BlockDevice for Held {
         let me = std::thread::current().id();
         self.seen.later.lock().unwrap().push((self.pv, offset, me));
         let r = self.inner.discard(offset, len);
-        self.seen.hold(Box::new(move || done(r)));
+        self.seen.gate.hold(Box::new(move || done(r)));
     }
     fn completes_later(&self) -> bool {
         true
@@ -135,7 +108,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn a_discard_over_every_pv_sends_one_discard_per_pv_before_waiting() {
     for (striped, k) in [(true, 3usize), (false, 2)] {
         let seen = Arc::new(Seen::default());
-        seen.expect.store(k, Ordering::SeqCst);
+        seen.gate.reset(k);
         let pvs = (0..k)
             .map(|pv| {
                 Arc::new(Held {
@@ -170,11 +143,11 @@ fn a_discard_over_every_pv_sends_one_discard_per_pv_before_waiting() {
         );
         assert!(sent.iter().all(|d| d.2 == me), "sent from another thread");
         assert_eq!(
-            seen.most.load(Ordering::SeqCst),
+            seen.gate.most(),
             k,
             "striped {striped}: not every PV discard was outstanding at once"
         );
-        assert!(!seen.timed_out.load(Ordering::SeqCst), "waited per PV");
+        assert!(!seen.gate.timed_out(), "waited per PV");
         let mut expect = data.clone();
         expect[at..at + len].fill(0);
         let mut back = vec![0u8; data.len()];

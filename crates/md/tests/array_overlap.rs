@@ -5,13 +5,14 @@
 //! thread), where the array starts every member operation from one thread and waits
 //! once; and member failures seen on that path.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::Duration;
 
 use cairn_block::testkit::conformance::{run_with, Options};
-use cairn_block::testkit::{DelayDisk, FaultyDisk};
+use cairn_block::testkit::gate::Answer;
+use cairn_block::testkit::{DelayDisk, FaultyDisk, Gate};
 use cairn_block::{
     BlockDevice, Capabilities, ErrorKind, Geometry, MemDisk, ReadDone, Result, WriteDone,
     WriteFlags,
@@ -282,16 +283,8 @@ struct Seen {
     later: Mutex<Vec<(usize, char, u64, ThreadId)>>,
     /// Synchronous discards since the last reset.
     sync_discards: AtomicU64,
-    /// Read and discard answers held back until `expect` are outstanding together.
-    held: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
-    expect: AtomicUsize,
-    /// The most answers held at once.
-    most: AtomicUsize,
-    /// Held answers released by the watchdog, not by `expect` being reached.
-    timed_out: AtomicBool,
-    /// With `expect` 0: how long a read or write waits before it is answered (from its
-    /// own thread), in microseconds.
-    delay_us: AtomicU64,
+    /// Read and discard answers, held back as the test says.
+    gate: Arc<Gate>,
     /// Reads sent and not yet answered, and the most of them at once.
     reading: AtomicUsize,
     most_reading: AtomicUsize,
@@ -303,13 +296,12 @@ impl Seen {
         self.sync_discards.store(0, Ordering::SeqCst);
         self.sync_reads.store(0, Ordering::SeqCst);
         self.later.lock().unwrap().clear();
-        self.most.store(0, Ordering::SeqCst);
         self.most_reading.store(0, Ordering::SeqCst);
-        self.expect.store(expect, Ordering::SeqCst);
+        self.gate.reset(expect);
     }
 
     fn delay(&self) -> Duration {
-        Duration::from_micros(self.delay_us.load(Ordering::SeqCst))
+        self.gate.delay()
     }
 
     fn later_ops(&self, kind: char) -> Vec<(usize, u64, ThreadId)> {
@@ -321,37 +313,8 @@ impl Seen {
             .collect()
     }
 
-    /// Holds `answer` while fewer than `expect` operations are outstanding; with
-    /// `expect` reached, answers all of them (from another thread). A watchdog answers
-    /// what is still held after two seconds, so a path that waits for each operation in
-    /// turn shows as `timed_out` rather than as a hang.
-    fn hold(self: &Arc<Seen>, answer: Box<dyn FnOnce() + Send>) {
-        let expect = self.expect.load(Ordering::SeqCst);
-        if expect == 0 {
-            let delay = self.delay();
-            std::thread::spawn(move || {
-                std::thread::sleep(delay);
-                answer();
-            });
-            return;
-        }
-        let mut held = self.held.lock().unwrap();
-        held.push(answer);
-        self.most.fetch_max(held.len(), Ordering::SeqCst);
-        if held.len() >= expect {
-            let all = std::mem::take(&mut *held);
-            std::thread::spawn(move || all.into_iter().for_each(|a| a()));
-        } else if held.len() == 1 {
-            let seen = self.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_secs(2));
-                let all = std::mem::take(&mut *seen.held.lock().unwrap());
-                if !all.is_empty() {
-                    seen.timed_out.store(true, Ordering::SeqCst);
-                }
-                all.into_iter().for_each(|a| a());
-            });
-        }
+    fn hold(&self, answer: Answer) {
+        self.gate.hold(answer);
     }
 }
 
@@ -486,14 +449,11 @@ fn a_read_of_several_pieces_sends_every_piece_before_waiting() {
             "{level}: a member read was sent from another thread"
         );
         assert_eq!(
-            seen.most.load(Ordering::SeqCst),
+            seen.gate.most(),
             pieces,
             "{level}: not every piece was outstanding at once"
         );
-        assert!(
-            !seen.timed_out.load(Ordering::SeqCst),
-            "{level}: waited per piece"
-        );
+        assert!(!seen.gate.timed_out(), "{level}: waited per piece");
     }
 }
 
@@ -686,14 +646,11 @@ fn a_discard_over_every_member_sends_every_member_discard_before_waiting() {
             "{level}: a member discard was sent from another thread"
         );
         assert_eq!(
-            seen.most.load(Ordering::SeqCst),
+            seen.gate.most(),
             discards,
             "{level}: not every member discard was outstanding at once"
         );
-        assert!(
-            !seen.timed_out.load(Ordering::SeqCst),
-            "{level}: waited per member discard"
-        );
+        assert!(!seen.gate.timed_out(), "{level}: waited per member discard");
         // Memory members read discarded bytes as zeroes.
         seen.reset(0);
         let mut expect = data.clone();
@@ -802,10 +759,10 @@ fn a_rebuild_sends_a_windows_reads_at_once_from_its_own_thread() {
         a.fail("d1").unwrap();
         a.add(counted_spare(n, &seen), "spare".into(), false)
             .unwrap();
-        seen.delay_us.store(ANSWER_AFTER_US, Ordering::SeqCst);
+        seen.gate.set_delay_us(ANSWER_AFTER_US);
         seen.reset(0);
         a.run_pending().unwrap();
-        seen.delay_us.store(0, Ordering::SeqCst);
+        seen.gate.set_delay_us(0);
         let r = a.report();
         assert!(!r.state.degraded, "{level}: {}", r.state_text);
         reads_at_once(&seen, most, &format!("{level} rebuild"));
@@ -872,7 +829,7 @@ fn a_scrub_sends_a_windows_reads_at_once_and_finds_what_plain_members_show() {
             })
             .collect();
         let a = Array::assemble(counted, names, AssembleOptions::default()).unwrap();
-        seen.delay_us.store(ANSWER_AFTER_US, Ordering::SeqCst);
+        seen.gate.set_delay_us(ANSWER_AFTER_US);
         seen.reset(0);
         let got = a.scrub(false, &|_, _| true).unwrap();
         assert!(want.mismatch_sectors > 0, "{level}: {want:#?}");
@@ -969,12 +926,8 @@ fn the_log_is_replayed_at_assembly_with_each_batch_of_reads_at_once() {
         reads.iter().all(|r| r.2 == me),
         "a read was sent from another thread"
     );
-    assert_eq!(
-        seen.most.load(Ordering::SeqCst),
-        n,
-        "not a whole batch at once"
-    );
-    assert!(!seen.timed_out.load(Ordering::SeqCst), "waited per read");
+    assert_eq!(seen.gate.most(), n, "not a whole batch at once");
+    assert!(!seen.gate.timed_out(), "waited per read");
     seen.reset(0);
     assert!(read_all(&a) == want, "the arrays differ after the replay");
     drop(a);
@@ -1040,7 +993,7 @@ fn counted_with_bitmap(level: Level, n: usize, garbage: bool) -> (Array, Arc<See
 /// synchronous (the worker pool), each sent from this thread, at least `most` at once.
 /// Then the array must check clean and read back `model`.
 fn run_counted(a: &Array, seen: &Seen, model: &[u8], most: usize, what: &str) {
-    seen.delay_us.store(ANSWER_AFTER_US, Ordering::SeqCst);
+    seen.gate.set_delay_us(ANSWER_AFTER_US);
     seen.reset(0);
     a.run_pending().unwrap();
     let r = a.report();
@@ -1050,7 +1003,7 @@ fn run_counted(a: &Array, seen: &Seen, model: &[u8], most: usize, what: &str) {
         r.state_text
     );
     reads_at_once(seen, most, what);
-    seen.delay_us.store(0, Ordering::SeqCst);
+    seen.gate.set_delay_us(0);
     let check = a.scrub(false, &|_, _| true).unwrap();
     assert_eq!(check.mismatch_sectors, 0, "{what}: {check:#?}");
     let mut back = vec![0u8; model.len()];

@@ -6,6 +6,7 @@
 //!       LogWritesDisk -- records completed writes/flushes; rebuilds any crash state
 //!         MemDisk     -- the storage
 //!   DelayDisk         -- waits before every op (latency benchmarks)
+//!   Gate              -- holds answers of ops that complete later until N are out
 //! ```
 //!
 //! - [`faulty::FaultyDisk`] makes failure cheap to provoke: wrap a member, keep its
@@ -25,11 +26,13 @@
 pub mod conformance;
 pub mod delay;
 pub mod faulty;
+pub mod gate;
 pub mod logwrites;
 
 pub use conformance::run_all;
 pub use delay::DelayDisk;
 pub use faulty::{Fault, FaultHandle, FaultStats, FaultyDisk, Op, Ops, Torn};
+pub use gate::Gate;
 pub use logwrites::{
     CrashPoint, CrashViolation, DiscardModel, LogClock, LogEntry, LogOp, LogOptions, LogWritesDisk,
     WriteLog,
