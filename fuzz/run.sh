@@ -19,7 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(nbd_proto nbd_options nbd_client luks_header lvm_text lvm_label md_superblock md_ppl repl_super)
+    targets=(nbd_proto nbd_options nbd_client luks_header lvm_text lvm_label md_superblock md_ppl repl_super etcd_answer)
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
@@ -46,6 +46,11 @@ if [ ! -d "$here/corpus/lvm_text" ]; then
     echo "seeding fuzz/corpus/lvm_text and lvm_label from the deterministic LVM harness"
     (cd "$root" && CAIRN_FUZZ_SEEDS_DIR="$here/corpus" CAIRN_SEED=1 \
         cargo test -q -p cairn-lvm --test fuzz_harness -- --test-threads=1 >/dev/null)
+fi
+if [ ! -d "$here/corpus/etcd_answer" ]; then
+    echo "seeding fuzz/corpus/etcd_answer from the deterministic etcd harness"
+    (cd "$root" && CAIRN_FUZZ_SEEDS_DIR="$here/corpus" CAIRN_SEED=1 \
+        cargo test -q -p cairn-cluster --test fuzz_harness -- --test-threads=1 >/dev/null)
 fi
 if [ ! -d "$here/corpus/md_superblock" ]; then
     echo "seeding fuzz/corpus/md_superblock and md_ppl from the deterministic md harness"

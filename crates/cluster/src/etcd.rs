@@ -626,70 +626,17 @@ impl Etcd {
                 "{url}: the connection closed without an answer{hint}"
             )));
         }
-        let (status, chunked, body) = split_response(&resp)?;
-        let body = if chunked {
-            dechunk(body)?
-        } else {
-            body.to_vec()
-        };
-        let v: Value = serde_json::from_slice(&body).map_err(|e| {
-            let text = String::from_utf8_lossy(&body);
-            // Go's answer to plain HTTP on a TLS port.
-            if text.contains("HTTP request to an HTTPS server") {
-                return EtcdError::Url(format!(
-                    "{url}: the member serves clients over TLS: write https://{authority}"
-                ));
-            }
-            // etcd (Debian's 3.4 does) with its authentication on refuses a client certificate
-            // with a CommonName on the JSON gateway: the CN would be taken for a user.
-            if text.contains("CommonName of client") {
-                return EtcdError::Auth(format!(
-                    "{url}: {}: with authentication on, etcd takes no client certificate with \
-                     a CommonName (CN) on its JSON gateway, which cairn speaks: give cairn a \
-                     certificate whose subject has no CN (e.g. /O=cairn), and the user with \
-                     --etcd-user",
-                    text.trim()
-                ));
-            }
-            EtcdError::Server(format!("{url}: HTTP {status}: not JSON ({e}): {text}"))
-        })?;
-        if status != 200 {
-            let msg = v
-                .get("message")
-                .or_else(|| v.get("error"))
-                .and_then(Value::as_str)
-                .unwrap_or("no message");
-            let m = format!("HTTP {status} on {path}: {msg}");
-            return Err(if status == 503 {
-                EtcdError::Unavailable(m)
-            } else {
-                EtcdError::Server(m)
-            });
-        }
-        if let Some(e) = v.get("error") {
-            return Err(EtcdError::Server(format!("{path}: {e}")));
-        }
-        Ok(v)
+        decode_answer(&url, authority, path, &resp)
     }
 
     /// Grants a lease of `ttl` seconds: (lease id, granted TTL).
     pub fn grant(&self, ttl: u64) -> Result<(i64, u64)> {
-        let v = self.post("/v3/lease/grant", &json!({ "TTL": ttl.to_string() }))?;
-        let id = int(&v["ID"])?;
-        let granted = u64::try_from(int(&v["TTL"])?).unwrap_or(0);
-        if id == 0 || granted == 0 {
-            return Err(EtcdError::Server(format!(
-                "lease grant gave id {id}, TTL {granted}"
-            )));
-        }
-        Ok((id, granted))
+        lease_granted(&self.post("/v3/lease/grant", &json!({ "TTL": ttl.to_string() }))?)
     }
 
     /// Refreshes a lease: its TTL in seconds, 0 when it has already expired.
     pub fn keepalive(&self, id: i64) -> Result<u64> {
-        let v = self.post("/v3/lease/keepalive", &json!({ "ID": id.to_string() }))?;
-        let r = v.get("result").unwrap_or(&v);
-        Ok(u64::try_from(int(&r["TTL"])?).unwrap_or(0))
+        lease_ttl(&self.post("/v3/lease/keepalive", &json!({ "ID": id.to_string() }))?)
     }
 
     /// Ends a lease; its keys are deleted. A lease already gone is not an error.
@@ -728,23 +675,7 @@ impl Etcd {
             "success": [{"request_put": {"key": k, "value": b64(value), "lease": lease.to_string()}}],
             "failure": [{"request_range": {"key": k}}],
         });
-        let v = self.post("/v3/kv/txn", &body)?;
-        let revision = int(&v["header"]["revision"])?;
-        if v["succeeded"].as_bool() == Some(true) {
-            return Ok(Created::Created { revision });
-        }
-        let kvs = &v["responses"][0]["response_range"]["kvs"];
-        match kvs.get(0) {
-            Some(kv) => Ok(Created::Exists(key_value(kv)?)),
-            // Deleted between the compare and the range (its lease just expired), or
-            // refused for one of `also_absent`: report it as held by nobody.
-            None => Ok(Created::Exists(KeyValue {
-                value: Vec::new(),
-                create_revision: 0,
-                mod_revision: 0,
-                lease: 0,
-            })),
-        }
+        txn_created(&self.post("/v3/kv/txn", &body)?)
     }
 
     /// Sets `key` = `value` with no lease (it stays until deleted).
@@ -792,11 +723,7 @@ impl Etcd {
 
     /// Reads a key, for display only: no decision is taken from a read.
     pub fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
-        let v = self.post("/v3/kv/range", &json!({ "key": b64(key) }))?;
-        match v["kvs"].get(0) {
-            Some(kv) => Ok(Some(key_value(kv)?)),
-            None => Ok(None),
-        }
+        range_first(&self.post("/v3/kv/range", &json!({ "key": b64(key) }))?)
     }
 }
 
@@ -869,6 +796,123 @@ fn key_value(kv: &Value) -> Result<KeyValue> {
         mod_revision: int(&kv["mod_revision"])?,
         lease: int(&kv["lease"])?,
     })
+}
+
+/// A lease grant's answer: (lease id, granted TTL).
+fn lease_granted(v: &Value) -> Result<(i64, u64)> {
+    let id = int(&v["ID"])?;
+    let granted = u64::try_from(int(&v["TTL"])?).unwrap_or(0);
+    if id == 0 || granted == 0 {
+        return Err(EtcdError::Server(format!(
+            "lease grant gave id {id}, TTL {granted}"
+        )));
+    }
+    Ok((id, granted))
+}
+
+/// A keepalive's answer: the lease's TTL, 0 when it has expired.
+fn lease_ttl(v: &Value) -> Result<u64> {
+    let r = v.get("result").unwrap_or(v);
+    Ok(u64::try_from(int(&r["TTL"])?).unwrap_or(0))
+}
+
+/// A create-if-absent transaction's answer.
+fn txn_created(v: &Value) -> Result<Created> {
+    let revision = int(&v["header"]["revision"])?;
+    if v["succeeded"].as_bool() == Some(true) {
+        return Ok(Created::Created { revision });
+    }
+    let kvs = &v["responses"][0]["response_range"]["kvs"];
+    match kvs.get(0) {
+        Some(kv) => Ok(Created::Exists(key_value(kv)?)),
+        // Deleted between the compare and the range (its lease just expired), or
+        // refused for one of `also_absent`: report it as held by nobody.
+        None => Ok(Created::Exists(KeyValue {
+            value: Vec::new(),
+            create_revision: 0,
+            mod_revision: 0,
+            lease: 0,
+        })),
+    }
+}
+
+/// A range's first key, if any.
+fn range_first(v: &Value) -> Result<Option<KeyValue>> {
+    match v["kvs"].get(0) {
+        Some(kv) => Ok(Some(key_value(kv)?)),
+        None => Ok(None),
+    }
+}
+
+/// For tests: `resp` decoded as the bytes of a member's answer to a transaction.
+#[doc(hidden)]
+pub fn decode_for_test(resp: &[u8]) -> Result<Value> {
+    decode_answer("http://fuzz:2379", "fuzz:2379", "/v3/kv/txn", resp)
+}
+
+/// For the fuzz harness (fuzz/etcd_harness.rs): decodes `resp` as the bytes of an
+/// answer from a member, and a 200's JSON as each call's answer would be. Every input
+/// must give a value or an error, never a panic.
+#[doc(hidden)]
+pub fn fuzz_answer(resp: &[u8]) {
+    if let Ok(v) = decode_for_test(resp) {
+        let _ = (
+            lease_granted(&v),
+            lease_ttl(&v),
+            txn_created(&v),
+            range_first(&v),
+        );
+    }
+}
+
+/// What an answer's bytes say: the JSON of a 200, or the error the caller gets (a 503
+/// as [`EtcdError::Unavailable`], so the next request goes to the next member). `url` and
+/// `authority` name the member in messages.
+fn decode_answer(url: &str, authority: &str, path: &str, resp: &[u8]) -> Result<Value> {
+    let (status, chunked, body) = split_response(resp)?;
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_vec()
+    };
+    let v: Value = serde_json::from_slice(&body).map_err(|e| {
+        let text = String::from_utf8_lossy(&body);
+        // Go's answer to plain HTTP on a TLS port.
+        if text.contains("HTTP request to an HTTPS server") {
+            return EtcdError::Url(format!(
+                "{url}: the member serves clients over TLS: write https://{authority}"
+            ));
+        }
+        // etcd (Debian's 3.4 does) with its authentication on refuses a client certificate
+        // with a CommonName on the JSON gateway: the CN would be taken for a user.
+        if text.contains("CommonName of client") {
+            return EtcdError::Auth(format!(
+                "{url}: {}: with authentication on, etcd takes no client certificate with \
+                 a CommonName (CN) on its JSON gateway, which cairn speaks: give cairn a \
+                 certificate whose subject has no CN (e.g. /O=cairn), and the user with \
+                 --etcd-user",
+                text.trim()
+            ));
+        }
+        EtcdError::Server(format!("{url}: HTTP {status}: not JSON ({e}): {text}"))
+    })?;
+    if status != 200 {
+        let msg = v
+            .get("message")
+            .or_else(|| v.get("error"))
+            .and_then(Value::as_str)
+            .unwrap_or("no message");
+        let m = format!("HTTP {status} on {path}: {msg}");
+        return Err(if status == 503 {
+            EtcdError::Unavailable(m)
+        } else {
+            EtcdError::Server(m)
+        });
+    }
+    if let Some(e) = v.get("error") {
+        return Err(EtcdError::Server(format!("{path}: {e}")));
+    }
+    Ok(v)
 }
 
 /// (status, chunked, body) of an HTTP/1.1 response.

@@ -412,6 +412,30 @@ fn counted_array(level: Level, n: usize) -> (Array, Arc<Seen>, Vec<Arc<dyn Block
     (a, seen, mems)
 }
 
+/// Asserts that since the last reset exactly `count` member operations of `kind` went
+/// out through `*_then`, all from this thread, and that all of them were outstanding
+/// together (the gate held them until then; the watchdog never had to answer). Returns
+/// them.
+fn sent_together(seen: &Seen, kind: char, count: usize, what: &str) -> Vec<(usize, u64, ThreadId)> {
+    let sent = seen.later_ops(kind);
+    let me = std::thread::current().id();
+    assert_eq!(sent.len(), count, "{what}: member operations {sent:?}");
+    assert!(
+        sent.iter().all(|o| o.2 == me),
+        "{what}: a member operation was sent from another thread"
+    );
+    assert_eq!(
+        seen.gate.most(),
+        count,
+        "{what}: not every member operation was outstanding at once"
+    );
+    assert!(
+        !seen.gate.timed_out(),
+        "{what}: waited per member operation"
+    );
+    sent
+}
+
 #[test]
 fn a_read_of_several_pieces_sends_every_piece_before_waiting() {
     // (level, members, array offset (from the end when linear), pieces of a 64 KiB
@@ -436,24 +460,12 @@ fn a_read_of_several_pieces_sends_every_piece_before_waiting() {
         let mut back = vec![0u8; data.len()];
         a.read_at(&mut back, off).unwrap();
         assert!(back == data, "{level}: read back differs");
-        let reads = seen.later_ops('r');
-        let me = std::thread::current().id();
         assert_eq!(
             seen.sync.load(Ordering::SeqCst),
             0,
             "{level}: a member was read synchronously (through the worker pool)"
         );
-        assert_eq!(reads.len(), pieces, "{level}: member reads {reads:?}");
-        assert!(
-            reads.iter().all(|r| r.2 == me),
-            "{level}: a member read was sent from another thread"
-        );
-        assert_eq!(
-            seen.gate.most(),
-            pieces,
-            "{level}: not every piece was outstanding at once"
-        );
-        assert!(!seen.gate.timed_out(), "{level}: waited per piece");
+        sent_together(&seen, 'r', pieces, &format!("{level} read"));
     }
 }
 
@@ -630,27 +642,15 @@ fn a_discard_over_every_member_sends_every_member_discard_before_waiting() {
         let (d_at, d_len) = (12usize << 10, 160usize << 10);
         seen.reset(discards);
         a.discard(off + d_at as u64, d_len as u64).unwrap();
-        let sent = seen.later_ops('d');
-        let me = std::thread::current().id();
         assert_eq!(
             seen.sync_discards.load(Ordering::SeqCst),
             0,
             "{level}: a member discard was synchronous"
         );
-        assert_eq!(sent.len(), discards, "{level}: member discards {sent:?}");
+        let sent = sent_together(&seen, 'd', discards, &format!("{level} discard"));
         let mut members: Vec<usize> = sent.iter().map(|d| d.0).collect();
         members.sort_unstable();
         assert_eq!(members, (0..n).collect::<Vec<_>>(), "{level}: {sent:?}");
-        assert!(
-            sent.iter().all(|d| d.2 == me),
-            "{level}: a member discard was sent from another thread"
-        );
-        assert_eq!(
-            seen.gate.most(),
-            discards,
-            "{level}: not every member discard was outstanding at once"
-        );
-        assert!(!seen.gate.timed_out(), "{level}: waited per member discard");
         // Memory members read discarded bytes as zeroes.
         seen.reset(0);
         let mut expect = data.clone();
