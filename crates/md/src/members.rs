@@ -20,6 +20,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use cairn_block::overlap::{fan_out, start_all, Overlap};
 use cairn_block::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
 use crate::assemble::random_bytes;
@@ -29,7 +30,7 @@ use crate::ondisk::{DevRole, FeaturePolicy, Features, Superblock, Uuid};
 use crate::pipeline::{MirrorRebuild, Pipe, Rebuild, ReplaceCopy, Walk};
 use crate::probe::probe_signatures;
 use crate::slot::Member;
-use crate::state::{Array, Extra};
+use crate::state::{unanswered, Array, Bytes, Extra};
 use crate::units::{small, Sectors, SECTOR_SIZE};
 
 /// Units of clean bitmap a guided re-add jumps over at once (under their stripe locks
@@ -1021,6 +1022,38 @@ impl Array {
         r.dev
             .write_at(data, r.base + off, WriteFlags::NONE)
             .inspect_err(|e| self.drop_replacement(role, e))
+    }
+
+    /// [`Array::write_replacement_copy`] for every `(data, off)` of `writes`, returning
+    /// each one's error. Over a replacement that completes later (the array not fenced)
+    /// every write is sent from this thread and waited for once (an answer the device
+    /// dropped is an error); otherwise they are written as `how` says. A failed write
+    /// drops the replacement, as one alone does.
+    pub(crate) fn write_replacement_copies(
+        &self,
+        role: usize,
+        writes: Vec<(Bytes<'_>, u64)>,
+        how: Overlap,
+    ) -> Vec<Option<Error>> {
+        let r = self.slots[role].replacement();
+        let Some(r) = r.filter(|r| !self.is_fenced() && r.dev.completes_later()) else {
+            let jobs = writes.into_iter().map(|w| (role, w)).collect();
+            return fan_out(jobs, how, |(data, off)| {
+                self.write_replacement_copy(role, &data, off).err()
+            });
+        };
+        let answers = start_all(writes.iter().collect(), |(data, off), answer| {
+            r.dev
+                .write_then(data, r.base + off, WriteFlags::NONE, answer);
+        });
+        answers
+            .into_iter()
+            .map(|answer| {
+                let e = answer.unwrap_or_else(|| Err(unanswered())).err()?;
+                self.drop_replacement(role, &e);
+                Some(e)
+            })
+            .collect()
     }
 
     /// Copies the member of `role` onto its replacement, then hands the role over.

@@ -118,6 +118,12 @@ pub(crate) trait Stage: Sync {
         let _ = (stripe, buf, failed);
         Ok(0)
     }
+    /// The role whose replacement takes every write of [`Stage::write_jobs`] (the copy
+    /// onto a replacement: [`Array::write_replacement_copies`]); `None`: the writes go
+    /// to the members they name.
+    fn writes_replacement_of(&self) -> Option<usize> {
+        None
+    }
     /// Computes and writes the stripe; returns the bytes of work it counts.
     fn finish(&self, stripe: u64, buf: &mut Self::Buf) -> Result<u64>;
     /// Every unit below `end` is written (called with their locks still held, and the
@@ -353,7 +359,8 @@ impl<'a, S: Stage> Pipe<'a, S> {
     }
 
     /// Computes window `w` and sends every member write of its units from this thread,
-    /// waited for once ([`Array::write_members`]). `None`, nothing done, when the stage
+    /// waited for once ([`Array::write_members`]; the copy onto a replacement:
+    /// [`Array::write_replacement_copies`]). `None`, nothing done, when the stage
     /// finishes unit by unit.
     fn write_at_once(&self, w: &mut Window<S::Buf>) -> Option<Result<u64>> {
         let mut units = Vec::with_capacity(w.bufs.len());
@@ -367,7 +374,14 @@ impl<'a, S: Stage> Pipe<'a, S> {
                 Err(e) => units.push(Err(e)),
             }
         }
-        let failed = self.array.write_members(jobs, WriteFlags::NONE, self.how);
+        let failed = match self.stage.writes_replacement_of() {
+            Some(role) => {
+                let writes = jobs.into_iter().map(|(_, (_, b, off))| (b, off)).collect();
+                let failed = self.array.write_replacement_copies(role, writes, self.how);
+                failed.into_iter().map(|e| e.map(|e| (role, e))).collect()
+            }
+            None => self.array.write_members(jobs, WriteFlags::NONE, self.how),
+        };
         let mut failed = failed.into_iter();
         let mut worked = Ok(0);
         for (i, (b, unit)) in w.bufs.iter_mut().zip(units).enumerate() {
@@ -628,6 +642,23 @@ impl ReplaceCopy<'_> {
     fn chunk(&self) -> u64 {
         self.pl.chunk().0 * SECTOR_SIZE
     }
+
+    /// Makes `b.chunk` the stripe's chunk of the member: as read, or where that read
+    /// failed rebuilt from the rest of the row.
+    fn chunk_of(&self, stripe: u64, b: &mut ReplaceBuf) -> Result<()> {
+        if b.read {
+            return Ok(());
+        }
+        let a = self.array;
+        let c = self.chunk();
+        let map = self.pl.stripe_map(StripeNo(stripe));
+        let mut down = a.down_mask_at(stripe * c);
+        down[self.role] = true;
+        let mut errs = Vec::new();
+        let rows = a.read_row(self.pl, &map, stripe, 0, c, &mut down, &mut errs)?;
+        b.chunk.clone_from(&rows[self.role]);
+        Ok(())
+    }
 }
 
 impl Stage for ReplaceCopy<'_> {
@@ -653,19 +684,40 @@ impl Stage for ReplaceCopy<'_> {
     }
 
     fn finish(&self, stripe: u64, b: &mut ReplaceBuf) -> Result<u64> {
-        let a = self.array;
         let c = self.chunk();
-        let at = stripe * c;
-        if !b.read {
-            let map = self.pl.stripe_map(StripeNo(stripe));
-            let mut down = a.down_mask_at(at);
-            down[self.role] = true;
-            let mut errs = Vec::new();
-            let rows = a.read_row(self.pl, &map, stripe, 0, c, &mut down, &mut errs)?;
-            b.chunk.clone_from(&rows[self.role]);
-        }
-        a.write_replacement_copy(self.role, &b.chunk, at)?;
+        self.chunk_of(stripe, b)?;
+        self.array
+            .write_replacement_copy(self.role, &b.chunk, stripe * c)?;
         Ok(c)
+    }
+
+    fn writes_replacement_of(&self) -> Option<usize> {
+        Some(self.role)
+    }
+
+    fn write_jobs<'b>(
+        &self,
+        stripe: u64,
+        b: &'b mut ReplaceBuf,
+    ) -> Option<Result<Vec<WriteJob<'b>>>> {
+        let at = stripe * self.chunk();
+        Some(
+            self.chunk_of(stripe, b)
+                .map(|()| vec![(self.role, Bytes::Borrowed(b.chunk.as_slice()), at)]),
+        )
+    }
+
+    fn write_done(
+        &self,
+        _: u64,
+        _: &mut ReplaceBuf,
+        failed: Vec<Option<(usize, Error)>>,
+    ) -> Result<u64> {
+        // The replacement that failed is dropped already; the copy ends with the error.
+        match failed.into_iter().flatten().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(self.chunk()),
+        }
     }
 
     fn done(&self, end: u64, _: &mut [ReplaceBuf]) {
@@ -1032,15 +1084,15 @@ impl Stage for MirrorRebuild<'_> {
         Ok(b.worked)
     }
 
+    fn writes_replacement_of(&self) -> Option<usize> {
+        self.to_replacement.then_some(self.role)
+    }
+
     fn write_jobs<'b>(&self, _: u64, b: &'b mut MirrorBuf) -> Option<Result<Vec<WriteJob<'b>>>> {
-        // The copy onto a replacement writes it one piece after another.
-        if self.to_replacement {
-            return None;
-        }
         for p in b.pieces.iter().filter(|p| p.data.is_none()) {
-            if let Err(e) = self
-                .array
-                .copy_mirror_range_locked(self.role, p.at, p.len, false)
+            if let Err(e) =
+                self.array
+                    .copy_mirror_range_locked(self.role, p.at, p.len, self.to_replacement)
             {
                 return Some(Err(e));
             }
@@ -1059,7 +1111,10 @@ impl Stage for MirrorRebuild<'_> {
         failed: Vec<Option<(usize, Error)>>,
     ) -> Result<u64> {
         if let Some((_, e)) = failed.into_iter().flatten().next() {
-            self.array.fail_member(self.role, &e);
+            // A replacement that failed is dropped already; a member rebuilt fails.
+            if !self.to_replacement {
+                self.array.fail_member(self.role, &e);
+            }
             return Err(e);
         }
         Ok(b.worked)

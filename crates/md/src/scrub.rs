@@ -51,7 +51,7 @@ use std::sync::{Mutex, PoisonError};
 
 use crate::layout::{ArrayLayout, Location, ParityLayout};
 use crate::parity::check::{locate_error, ErrorLocation};
-use crate::pipeline::{Pipe, Stage};
+use crate::pipeline::{Pipe, Stage, WriteJob};
 use crate::state::{Array, Bytes, ReadJob};
 use crate::units::{small, wide, StripeNo, SECTOR_SIZE};
 
@@ -156,9 +156,9 @@ impl Array {
         let units = self.scrub_units()?;
         debug_assert!(i < units.count);
         let _guards = self.lock_stripes(self.scrub_keys(&units, i, 1).into_iter());
-        let read = self.scrub_read(&units, i, repair)?;
+        let mut read = self.scrub_read(&units, i, repair)?;
         let mut found = Vec::new();
-        let bytes = self.scrub_compare(&units, i, read, repair, &mut found)?;
+        let bytes = self.scrub_compare(&units, i, &mut read, repair, &mut found)?;
         for m in found {
             report.record(m);
         }
@@ -201,26 +201,96 @@ impl Array {
 
     /// Compares (and with `repair`, repairs) unit `i` as read by [`Array::scrub_read`],
     /// its locks still held; what it finds goes to `found`, in order. Returns the array
-    /// bytes the unit covers.
+    /// bytes the unit covers. The unit's writes go out together
+    /// ([`Array::write_members`]), then [`Array::scrub_settle`] says what their
+    /// failures mean.
     fn scrub_compare(
         &self,
         units: &ScrubUnits,
         i: u64,
-        read: ScrubRead,
+        read: &mut ScrubRead,
         repair: bool,
         found: &mut Vec<Mismatch>,
     ) -> Result<u64> {
-        match (&self.layout, read) {
+        let mut plan = RepairPlan::default();
+        let (bytes, writes) = self.scrub_plan(units, i, read, repair, found, &mut plan);
+        let jobs = writes
+            .into_iter()
+            .map(|(m, off, data)| (m, (m, Cow::Borrowed(data), off)))
+            .collect();
+        let failed = self.write_members(jobs, WriteFlags::NONE, self.overlap_pays(0));
+        self.scrub_settle(&mut plan, failed, repair, found)?;
+        Ok(bytes)
+    }
+
+    /// Compares unit `i` as [`Array::scrub_compare`] does, writing nothing: returns the
+    /// array bytes the unit covers and the writes it asks for, `(member, member byte,
+    /// bytes)` (with `repair` the repairs; in both modes the rewrites of what did not
+    /// read), `plan` keeping what their failures mean.
+    fn scrub_plan<'r>(
+        &self,
+        units: &ScrubUnits,
+        i: u64,
+        read: &'r mut ScrubRead,
+        repair: bool,
+        found: &mut Vec<Mismatch>,
+        plan: &mut RepairPlan,
+    ) -> (u64, Vec<RepairWrite<'r>>) {
+        plan.read_error.clear();
+        plan.error = None;
+        let mut writes = Vec::new();
+        let bytes = match (&self.layout, read) {
             (ArrayLayout::Parity(pl), ScrubRead::Stripe { rows, read_errors }) => {
-                self.scrub_stripe(pl, i, rows, read_errors, repair, found)
+                self.scrub_stripe(pl, i, rows, read_errors, repair, found, &mut writes, plan)
             }
             (_, ScrubRead::Mirrors(pieces)) => {
                 let (_, n) = mirror_unit(units, i);
-                self.scrub_mirrors(pieces, repair, found)?;
-                Ok(n)
+                self.scrub_mirrors(pieces, repair, found, &mut writes, plan);
+                n
             }
             _ => unreachable!("a unit is read as its layout says"),
+        };
+        (bytes, writes)
+    }
+
+    /// What follows the writes of [`Array::scrub_plan`], `failed` holding each one's
+    /// member and error: a rewrite of what did not read that fails fails its member
+    /// (that finding is not repaired); a failed repair fails its member too, and on a
+    /// parity level fails the scrub as `execute_writes` fails a request (the array can
+    /// no longer rebuild what was written). A finding is repaired when every member it
+    /// rewrites is still up. Then the error of a piece no copy of could be read.
+    fn scrub_settle(
+        &self,
+        plan: &mut RepairPlan,
+        failed: Vec<Option<(usize, Error)>>,
+        repair: bool,
+        found: &mut [Mismatch],
+    ) -> Result<()> {
+        let mut repairs_failed = Vec::new();
+        for (read_error, f) in plan.read_error.drain(..).zip(failed) {
+            let Some((m, e)) = f else { continue };
+            match read_error {
+                Some(i) => {
+                    self.fail_member(m, &e);
+                    found[i].repaired = false;
+                }
+                None => repairs_failed.push((m, e)),
+            }
         }
+        match &self.layout {
+            ArrayLayout::Parity(pl) => self.writes_failed(pl, repairs_failed)?,
+            _ => {
+                for (m, e) in repairs_failed {
+                    self.fail_member(m, &e);
+                }
+            }
+        }
+        for m in found.iter_mut() {
+            if m.finding != Finding::ReadError {
+                m.repaired = repair && m.rewritten.iter().all(|&r| self.is_up(r));
+            }
+        }
+        plan.error.take().map_or(Ok(()), Err)
     }
 
     /// Checks (or repairs) the whole array, unit by unit, calling `progress(done,
@@ -263,16 +333,19 @@ impl Array {
     }
 
     /// One RAID4/5/6 stripe, read under its lock (which is still held): compares, and
-    /// with `repair` rewrites.
-    fn scrub_stripe(
+    /// with `repair` plans the rewrites into `writes` ([`Array::scrub_plan`]).
+    #[allow(clippy::too_many_arguments)]
+    fn scrub_stripe<'r>(
         &self,
         pl: &ParityLayout,
         stripe: u64,
-        mut rows: Vec<Vec<u8>>,
-        read_errors: Vec<usize>,
+        rows: &'r mut [Vec<u8>],
+        read_errors: &[usize],
         repair: bool,
         report: &mut Vec<Mismatch>,
-    ) -> Result<u64> {
+        writes: &mut Vec<RepairWrite<'r>>,
+        plan: &mut RepairPlan,
+    ) -> u64 {
         let c = pl.chunk().0 * SECTOR_SIZE;
         let k = wide(pl.data_disks());
         let unit = c * k;
@@ -282,8 +355,13 @@ impl Array {
         if !read_errors.is_empty() {
             // The failed chunks were rebuilt from the others, so the row is consistent
             // by construction: write them back as a read would, and compare nothing.
-            for m in read_errors {
-                let ok = self.rewrite(m, &rows[m], base);
+            let rows: &'r [Vec<u8>] = rows;
+            for &m in read_errors {
+                let ok = self.is_up(m);
+                if ok {
+                    writes.push((m, base, rows[m].as_slice()));
+                    plan.read_error.push(Some(report.len()));
+                }
                 report.push(Mismatch {
                     finding: Finding::ReadError,
                     stripe: Some(stripe),
@@ -295,7 +373,7 @@ impl Array {
                     repaired: ok,
                 });
             }
-            return Ok(unit);
+            return unit;
         }
         let (p, q) = {
             let data: Vec<&[u8]> = map.data.iter().map(|&m| rows[m].as_slice()).collect();
@@ -307,7 +385,7 @@ impl Array {
                 _ => true,
             };
         if parity_ok {
-            return Ok(unit);
+            return unit;
         }
         let order = map.syndrome_order();
         let data_slots: Vec<bool> = order.iter().map(Option::is_some).collect();
@@ -389,35 +467,17 @@ impl Array {
             });
         }
         if repair {
-            let writes: Vec<(usize, u64, Bytes<'_>)> = changed
-                .iter()
-                .enumerate()
-                .filter_map(|(m, span)| {
-                    span.map(|(a, b)| (m, base + wide(a), Cow::Borrowed(&rows[m][a..b])))
-                })
-                .collect();
-            self.execute_writes(pl, writes, WriteFlags::NONE, self.overlap_pays(0))?;
-        }
-        for mut m in found {
-            m.repaired = repair && m.rewritten.iter().all(|&r| self.is_up(r));
-            report.push(m);
-        }
-        Ok(unit)
-    }
-
-    /// Writes a rebuilt `buf` back to `role` at member byte `off`; a member that cannot
-    /// take it fails. Returns whether it was written.
-    fn rewrite(&self, role: usize, buf: &[u8], off: u64) -> bool {
-        if !self.is_up(role) {
-            return false;
-        }
-        match self.write_member(role, buf, off, WriteFlags::NONE) {
-            Ok(()) => true,
-            Err(e) => {
-                self.fail_member(role, &e);
-                false
+            let rows: &'r [Vec<u8>] = rows;
+            for (m, span) in changed.iter().enumerate() {
+                if let Some((a, b)) = *span {
+                    writes.push((m, base + wide(a), &rows[m][a..b]));
+                    plan.read_error.push(None);
+                }
             }
         }
+        // `repaired` is settled once the writes are done.
+        report.extend(found);
+        unit
     }
 
     /// Reads every copy of RAID1/10 array bytes `[pos, pos + n)`, under the locks
@@ -445,28 +505,36 @@ impl Array {
             .collect()
     }
 
-    /// Compares (and repairs) RAID1/10 array bytes as [`Array::scrub_mirrors_read`]
-    /// read them, the locks still held.
-    fn scrub_mirrors(
+    /// Compares (and with `repair`, plans the repairs of) RAID1/10 array bytes as
+    /// [`Array::scrub_mirrors_read`] read them, the locks still held
+    /// ([`Array::scrub_plan`]). A piece no copy of could be read ends the unit: its
+    /// error is kept in `plan`, raised once the writes before it are done.
+    fn scrub_mirrors<'r>(
         &self,
-        pieces: Vec<MirrorCopies>,
+        pieces: &'r mut [MirrorCopies],
         repair: bool,
         report: &mut Vec<Mismatch>,
-    ) -> Result<()> {
-        for MirrorCopies {
-            at,
-            len,
-            copies,
-            mut failed,
-        } in pieces
-        {
+        writes: &mut Vec<RepairWrite<'r>>,
+        plan: &mut RepairPlan,
+    ) {
+        for piece in pieces.iter_mut() {
+            let MirrorCopies {
+                at,
+                len,
+                copies,
+                failed,
+            } = piece;
+            let (at, len) = (*at, *len);
+            let failed = std::mem::take(failed);
+            let copies: &'r [CopyRead] = copies;
             let Some(((first, reference), others)) = copies.split_first() else {
-                let (_, e) = failed.pop().expect("a copy per member");
-                return Err(e.context(format!(
+                let (_, e) = failed.into_iter().last().expect("a copy per member");
+                plan.error = Some(e.context(format!(
                     "{}: no copy of array bytes {at}..{} could be read",
                     self.array_label(),
                     at + len
                 )));
+                return;
             };
             for (loc, e) in failed {
                 tracing::warn!(
@@ -475,7 +543,11 @@ impl Array {
                     self.describe_role(first.member)
                 );
                 let off = loc.sector.0 * SECTOR_SIZE;
-                let ok = self.rewrite(loc.member, reference, off);
+                let ok = self.is_up(loc.member);
+                if ok {
+                    writes.push((loc.member, off, reference.as_slice()));
+                    plan.read_error.push(Some(report.len()));
+                }
                 report.push(Mismatch {
                     finding: Finding::ReadError,
                     stripe: None,
@@ -517,8 +589,9 @@ impl Array {
                         }
                         let bytes = page(start).start..page(i - 1).end;
                         let off = loc.sector.0 * SECTOR_SIZE + wide(bytes.start);
-                        if !self.rewrite(loc.member, &reference[bytes], off) {
-                            break;
+                        if self.is_up(loc.member) {
+                            writes.push((loc.member, off, &reference[bytes]));
+                            plan.read_error.push(None);
                         }
                     }
                 }
@@ -535,12 +608,12 @@ impl Array {
                     member_offset: first.sector.0 * SECTOR_SIZE + wide(r.start),
                     len: wide(r.len()),
                     blamed: None,
-                    repaired: repair && members.iter().all(|&m| self.is_up(m)),
+                    // Settled once the writes are done.
+                    repaired: false,
                     rewritten: members,
                 });
             }
         }
-        Ok(())
     }
 }
 
@@ -551,6 +624,24 @@ fn mirror_unit(units: &ScrubUnits, i: u64) -> (u64, u64) {
         pos,
         units.unit_bytes.min(units.total_bytes.saturating_sub(pos)),
     )
+}
+
+/// The error of a scrub unit compared before it was read (a bug).
+fn not_read(i: u64) -> Error {
+    Error::new(ErrorKind::Io, format!("scrub unit {i} was not read"))
+}
+
+/// A write a scrub's compare asks for: `(member, member byte, bytes)`.
+type RepairWrite<'r> = (usize, u64, &'r [u8]);
+
+/// What the failures of a unit's [`RepairWrite`]s mean ([`Array::scrub_settle`]).
+#[derive(Default)]
+pub(crate) struct RepairPlan {
+    /// Per write, in order: the finding (index in the unit's findings) of the read
+    /// error it rewrites, or `None` for a repair of a mismatch.
+    read_error: Vec<Option<usize>>,
+    /// A mirror piece no copy of could be read: the unit's error.
+    error: Option<Error>,
 }
 
 /// Every copy of a piece of mirrored array bytes, as a scrub read them.
@@ -586,6 +677,8 @@ pub(crate) struct ScrubBuf {
     pieces: Vec<(u64, u64, Vec<CopyRead>)>,
     found: Vec<Mismatch>,
     bytes: u64,
+    /// The unit's writes sent with the window's others: what their failures mean.
+    plan: RepairPlan,
 }
 
 /// A check or repair, pipelined (pipeline.rs): the next window of units is read while
@@ -718,13 +811,52 @@ impl Stage for ScrubStage<'_> {
     }
 
     fn finish(&self, i: u64, b: &mut ScrubBuf) -> Result<u64> {
-        let read = b
-            .read
-            .take()
-            .ok_or_else(|| Error::new(ErrorKind::Io, format!("scrub unit {i} was not read")))??;
+        let mut read = b.read.take().unwrap_or_else(|| Err(not_read(i)))?;
         b.bytes = self
             .array
-            .scrub_compare(&self.units, i, read, self.repair, &mut b.found)?;
+            .scrub_compare(&self.units, i, &mut read, self.repair, &mut b.found)?;
+        Ok(b.bytes)
+    }
+
+    fn write_jobs<'b>(&self, i: u64, b: &'b mut ScrubBuf) -> Option<Result<Vec<WriteJob<'b>>>> {
+        // The unit compared, its writes sent with the window's others.
+        if !matches!(b.read, Some(Ok(_))) {
+            return Some(Err(b
+                .read
+                .take()
+                .map_or_else(|| not_read(i), |r| r.err().expect("not Ok"))));
+        }
+        let ScrubBuf {
+            read,
+            found,
+            bytes,
+            plan,
+            ..
+        } = b;
+        let Some(Ok(read)) = read.as_mut() else {
+            unreachable!("looked at above")
+        };
+        let (n, writes) = self
+            .array
+            .scrub_plan(&self.units, i, read, self.repair, found, plan);
+        *bytes = n;
+        let writes = writes
+            .into_iter()
+            .map(|(m, off, data)| (m, Bytes::Borrowed(data), off));
+        Some(Ok(writes.collect()))
+    }
+
+    fn write_done(
+        &self,
+        _: u64,
+        b: &mut ScrubBuf,
+        failed: Vec<Option<(usize, Error)>>,
+    ) -> Result<u64> {
+        if let Some(Ok(ScrubRead::Stripe { rows, .. })) = b.read.take() {
+            b.rows = rows; // kept for the next unit
+        }
+        self.array
+            .scrub_settle(&mut b.plan, failed, self.repair, &mut b.found)?;
         Ok(b.bytes)
     }
 

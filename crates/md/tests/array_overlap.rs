@@ -279,7 +279,8 @@ struct Seen {
     sync: AtomicU64,
     /// The reads among them.
     sync_reads: AtomicU64,
-    /// `(member, 'r' | 'w' | 'f' | 'd', offset, calling thread)` of each `*_then`.
+    /// `(member, 'r' | 'w' | 'f' | 'd', offset, calling thread)` of each `*_then`, and
+    /// `(member, 'W', ..)` of each synchronous write (`write_at`).
     later: Mutex<Vec<(usize, char, u64, ThreadId)>>,
     /// Synchronous discards since the last reset.
     sync_discards: AtomicU64,
@@ -288,6 +289,12 @@ struct Seen {
     /// Reads sent and not yet answered, and the most of them at once.
     reading: AtomicUsize,
     most_reading: AtomicUsize,
+    /// Writes sent through `write_then` and not yet answered, and the most of them at
+    /// once: of every member, and of each member (by its number, below 8).
+    writing: AtomicUsize,
+    most_writing: AtomicUsize,
+    member_writing: [AtomicUsize; 8],
+    member_most_writing: [AtomicUsize; 8],
 }
 
 impl Seen {
@@ -297,6 +304,10 @@ impl Seen {
         self.sync_reads.store(0, Ordering::SeqCst);
         self.later.lock().unwrap().clear();
         self.most_reading.store(0, Ordering::SeqCst);
+        self.most_writing.store(0, Ordering::SeqCst);
+        for most in &self.member_most_writing {
+            most.store(0, Ordering::SeqCst);
+        }
         self.gate.reset(expect);
     }
 
@@ -365,6 +376,7 @@ impl BlockDevice for Counted {
     }
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.seen.sync.fetch_add(1, Ordering::SeqCst);
+        self.note('W', offset);
         self.inner.write_at(buf, offset, flags)
     }
     fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
@@ -383,9 +395,17 @@ impl BlockDevice for Counted {
         self.note('w', offset);
         let (inner, buf) = (self.inner.clone(), buf.to_vec());
         let delay = self.seen.delay();
+        let (seen, member) = (self.seen.clone(), self.member);
+        let now = seen.writing.fetch_add(1, Ordering::SeqCst) + 1;
+        seen.most_writing.fetch_max(now, Ordering::SeqCst);
+        let now = seen.member_writing[member].fetch_add(1, Ordering::SeqCst) + 1;
+        seen.member_most_writing[member].fetch_max(now, Ordering::SeqCst);
         std::thread::spawn(move || {
             std::thread::sleep(delay);
-            done(inner.write_at(&buf, offset, flags));
+            let r = inner.write_at(&buf, offset, flags);
+            seen.writing.fetch_sub(1, Ordering::SeqCst);
+            seen.member_writing[member].fetch_sub(1, Ordering::SeqCst);
+            done(r);
         });
     }
     fn flush_then(&self, done: WriteDone) {
@@ -1103,5 +1123,227 @@ fn a_rebuild_over_members_that_complete_later_gets_past_a_source_whose_reads_fai
         let mut back = vec![0u8; size];
         a.read_at(&mut back, 0).unwrap();
         assert!(back == data, "{what}: the rebuilt member holds other data");
+    }
+}
+
+/// The writes of `member` at member byte `from` and beyond (its data area) since the
+/// last reset: asserts that each went through `write_then` from this thread, none
+/// through `write_at` (the worker pool, or a write one at a time); returns them.
+fn data_writes_from_here(seen: &Seen, member: Option<usize>, from: u64, what: &str) -> usize {
+    let me = std::thread::current().id();
+    let of = |ops: Vec<(usize, u64, ThreadId)>| -> Vec<(usize, u64, ThreadId)> {
+        ops.into_iter()
+            .filter(|o| member.is_none_or(|m| o.0 == m) && o.1 >= from)
+            .collect()
+    };
+    let sync = of(seen.later_ops('W'));
+    assert!(
+        sync.is_empty(),
+        "{what}: {} writes synchronously (through the worker pool), the first {:?}",
+        sync.len(),
+        &sync[..sync.len().min(4)]
+    );
+    let writes = of(seen.later_ops('w'));
+    assert!(
+        writes.iter().all(|w| w.2 == me),
+        "{what}: a write was sent from another thread: {writes:?}"
+    );
+    writes.len()
+}
+
+#[test]
+fn a_replace_over_members_that_complete_later_sends_a_windows_copies_at_once() {
+    // (level, members, the replacement's writes outstanding at once: a window of 16
+    // stripes, one chunk each; of mirrors up to 4 units of 1 MiB, RAID1's member
+    // holding 3 of them)
+    for (level, n, most) in [
+        (Level::Raid5, 4, 16),
+        (Level::Raid6, 5, 16),
+        (Level::Raid1, 2, 3),
+        (Level::Raid10, 4, 3),
+    ] {
+        let what = format!("{level} replace");
+        let (a, seen, mems) = counted_array(level, n);
+        let sb = Superblock::read_from(&*mems[0], "d0", FeaturePolicy::Supported).unwrap();
+        let data_start = sb.data_offset.0 * 512;
+        let used = usize::try_from(sb.size.0 * 512).unwrap();
+        let size = usize::try_from(a.geometry().size).unwrap();
+        a.write_at(&pattern(size, 81), 0, WriteFlags::NONE).unwrap();
+        let new = Arc::new(MemDisk::new(4 << 20));
+        let counted: Arc<dyn BlockDevice> = Arc::new(Counted {
+            inner: new.clone(),
+            member: n,
+            seen: seen.clone(),
+        });
+        a.replace("d0", Some((counted, "new".into())), false)
+            .unwrap();
+        seen.gate.set_delay_us(ANSWER_AFTER_US);
+        seen.reset(0);
+        a.run_pending().unwrap();
+        seen.gate.set_delay_us(0);
+        let r = a.report();
+        assert!(!r.state.degraded, "{what}: {}", r.state_text);
+        assert!(
+            r.members
+                .iter()
+                .any(|m| m.name.as_deref() == Some("new") && m.state == MemberState::ActiveSync),
+            "{what}: the replacement did not take the role: {}",
+            r.state_text
+        );
+        let copies = data_writes_from_here(&seen, Some(n), data_start, &what);
+        assert!(copies >= most, "{what}: {copies} writes to the replacement");
+        let at_once = seen.member_most_writing[n].load(Ordering::SeqCst);
+        assert!(
+            at_once >= most,
+            "{what}: {at_once} writes to the replacement outstanding at once, not a window"
+        );
+        // The replacement holds what the member replaced held.
+        let nsb = Superblock::read_from(&*new, "new", FeaturePolicy::Supported).unwrap();
+        let new_start = nsb.data_offset.0 * 512;
+        let (mut want, mut got) = (vec![0u8; used], vec![0u8; used]);
+        mems[0].read_at(&mut want, data_start).unwrap();
+        new.read_at(&mut got, new_start).unwrap();
+        assert!(want == got, "{what}: the replacement differs from d0");
+        let check = a.scrub(false, &|_, _| true).unwrap();
+        assert_eq!(check.mismatch_sectors, 0, "{what}: {check:#?}");
+    }
+}
+
+#[test]
+fn a_repair_over_members_that_complete_later_sends_a_windows_rewrites_at_once() {
+    for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 5), (Level::Raid10, 4)] {
+        let what = format!("{level} repair");
+        let (a, seen, mems) = counted_array(level, n);
+        let sb = Superblock::read_from(&*mems[0], "d0", FeaturePolicy::Supported).unwrap();
+        let data_start = sb.data_offset.0 * 512;
+        let size = usize::try_from(a.geometry().size).unwrap();
+        a.write_at(&pattern(size, 91), 0, WriteFlags::NONE).unwrap();
+        // Member 2 changed behind the array's back in 4 stripes of the first window
+        // (8 KiB chunks; RAID10: 2 of its first 4 units of 1 MiB).
+        for k in [1u64, 3, 5, 7] {
+            let at = data_start
+                + k * if level == Level::Raid10 {
+                    96 << 10
+                } else {
+                    8 << 10
+                };
+            mems[2]
+                .write_at(
+                    &pattern(4096, 200 + u8::try_from(k).unwrap()),
+                    at,
+                    WriteFlags::NONE,
+                )
+                .unwrap();
+        }
+        seen.gate.set_delay_us(ANSWER_AFTER_US);
+        seen.reset(0);
+        let report = a.scrub(true, &|_, _| true).unwrap();
+        seen.gate.set_delay_us(0);
+        assert!(report.mismatch_sectors >= 4 * 8, "{what}: {report:#?}");
+        assert!(
+            report.regions.iter().all(|m| m.repaired),
+            "{what}: {report:#?}"
+        );
+        let rewrites = data_writes_from_here(&seen, None, data_start, &what);
+        assert!(rewrites >= 4, "{what}: {rewrites} repair writes");
+        let at_once = seen.most_writing.load(Ordering::SeqCst);
+        assert!(
+            at_once >= 4,
+            "{what}: {at_once} repair writes outstanding at once, not a window's"
+        );
+        let check = a.scrub(false, &|_, _| true).unwrap();
+        assert_eq!(check.mismatch_sectors, 0, "{what}: {check:#?}");
+        assert!(!a.report().state.degraded, "{what}");
+    }
+}
+
+#[test]
+fn a_replacement_completing_later_that_fails_writes_is_dropped() {
+    for (level, n) in [(Level::Raid5, 4), (Level::Raid1, 2)] {
+        let what = format!("{level} replacement failing writes");
+        let (a, _, mems) = counted_array(level, n);
+        let sb = Superblock::read_from(&*mems[0], "d0", FeaturePolicy::Supported).unwrap();
+        let data_start = sb.data_offset.0 * 512;
+        let size = usize::try_from(a.geometry().size).unwrap();
+        let data = pattern(size, 13);
+        a.write_at(&data, 0, WriteFlags::NONE).unwrap();
+        let faulty = FaultyDisk::new(MemDisk::new(4 << 20));
+        let bad_at = data_start + (2 << 20);
+        faulty
+            .handle()
+            .fail_range(cairn_block::testkit::Op::Write, bad_at..bad_at + (64 << 10));
+        let new = Arc::new(DelayDisk::completing_later(Arc::new(faulty)));
+        a.replace("d0", Some((new, "new".into())), false).unwrap();
+        let e = a.run_pending().unwrap_err();
+        eprintln!("{what}: {e}");
+        let r = a.report();
+        assert!(
+            !r.members
+                .iter()
+                .any(|m| m.state == MemberState::Replacement || m.name.as_deref() == Some("new")),
+            "{what}: {}",
+            r.state_text
+        );
+        assert!(!r.state.degraded, "{what}: {}", r.state_text);
+        let mut back = vec![0u8; size];
+        a.read_at(&mut back, 0).unwrap();
+        assert!(back == data, "{what}: the array differs");
+    }
+}
+
+#[test]
+fn a_repair_write_that_fails_on_the_later_path_fails_its_member() {
+    // RAID6 rewrites the member blamed (2); RAID10 the copy that differs from the
+    // first (member 3, beside member 2).
+    for (level, n, bad) in [(Level::Raid6, 5, 2), (Level::Raid10, 4, 3)] {
+        let what = format!("{level} repair onto a member failing writes");
+        let handle = Mutex::new(None);
+        let (a, mems) = reassembled_over(level, n, "fails", |i, inner| {
+            let inner: Arc<dyn BlockDevice> = if i == bad {
+                let f = FaultyDisk::new(inner);
+                *handle.lock().unwrap() = Some(f.handle());
+                Arc::new(f)
+            } else {
+                inner
+            };
+            Arc::new(DelayDisk::completing_later(inner))
+        });
+        let sb = Superblock::read_from(&*mems[0], "d0", FeaturePolicy::Supported).unwrap();
+        let data_start = sb.data_offset.0 * 512;
+        let size = usize::try_from(a.geometry().size).unwrap();
+        let data = pattern(size, 17);
+        a.write_at(&data, 0, WriteFlags::NONE).unwrap();
+        let step = if level == Level::Raid10 {
+            96 << 10
+        } else {
+            8 << 10
+        };
+        for k in [1u64, 3] {
+            mems[bad]
+                .write_at(&pattern(4096, 150), data_start + k * step, WriteFlags::NONE)
+                .unwrap();
+        }
+        handle
+            .lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .fail_range(cairn_block::testkit::Op::Write, 0..(8 << 20));
+        let e = a.scrub(true, &|_, _| true).unwrap_err();
+        eprintln!("{what}: {e}");
+        assert_eq!(e.kind(), ErrorKind::Degraded, "{what}: {e}");
+        let r = a.report();
+        assert_eq!(
+            r.members[bad].state,
+            MemberState::Faulty,
+            "{what}: {}",
+            r.state_text
+        );
+        if level == Level::Raid6 {
+            // The blamed member is out: the data comes from the rest.
+            let mut back = vec![0u8; size];
+            a.read_at(&mut back, 0).unwrap();
+            assert!(back == data, "{what}: the array differs");
+        }
     }
 }
