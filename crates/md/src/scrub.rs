@@ -20,6 +20,8 @@
 //!     window N (its units' locks held): compare + repair   (this thread)
 //!     window N+1 (locks tried, taken):  read every member  (an I/O worker)
 //!     N done: its findings go into the report in unit order, N's locks dropped
+//!     (every member up completes later: N's units compared, then all their writes
+//!      sent from this thread and waited for once: scrub_plan, scrub_settle)
 //! ```
 //!
 //! Each unit is still read, compared and repaired under its locks, and a unit's findings
