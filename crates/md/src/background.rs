@@ -52,7 +52,8 @@ pub(crate) struct Pacer {
     /// unit is paced on its own, at the limit that holds while it runs.
     mark: (Instant, u64),
     last_fg: u64,
-    /// Whether the last step paused.
+    /// Whether the last step paused; before the first, whether there are limits (the
+    /// work counts as paced until a step shows it need not pause).
     paused: bool,
 }
 
@@ -63,7 +64,7 @@ impl Pacer {
             window: (Instant::now(), done),
             mark: (Instant::now(), done),
             last_fg: array.foreground_ops(),
-            paused: false,
+            paused: limits.is_some(),
         }
     }
 

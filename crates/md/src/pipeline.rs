@@ -202,16 +202,20 @@ impl<'a, S: Stage> Pipe<'a, S> {
             spare: Vec::new(),
             chunk,
         };
-        pipe.adapt();
+        pipe.adapt(true);
         pipe
     }
 
     /// Sizes the windows from the member latency as it stands (it is measured as the
     /// work goes, so the first windows may be small). Over members that complete later
-    /// the windows are large whatever it says: their reads and writes are sent from this
-    /// thread and waited for once, which costs no more for many units than for one.
-    fn adapt(&mut self) {
-        let large = self.array.members_slow() || self.array.up_members_complete_later();
+    /// the windows are large whatever it says while the work is `unpaced`: their reads
+    /// and writes are sent from this thread and waited for once, which costs no more for
+    /// many units than for one. Paced, a window is one unit, as over members in memory:
+    /// a large one at a low limit is a burst followed by a long pause (16 stripes at
+    /// 256 KiB/s are 8 s of nothing), with 16 stripes locked during the burst.
+    fn adapt(&mut self, unpaced: bool) {
+        let large =
+            self.array.members_slow() || (unpaced && self.array.up_members_complete_later());
         (self.window, self.how) = if large {
             (
                 (WINDOW_BYTES / self.chunk.max(1)).clamp(1, 16),
@@ -226,7 +230,7 @@ impl<'a, S: Stage> Pipe<'a, S> {
     /// and when `read_ahead` also reads the next window meanwhile. Returns the stripes
     /// done and the work they count.
     pub(crate) fn step(&mut self, first: u64, read_ahead: bool) -> Result<(u64, u64)> {
-        self.adapt();
+        self.adapt(read_ahead);
         let (mut cur, cur_guards, count) = match self.ahead.take() {
             Some((w, g)) if w.first == first => {
                 let count = w.count;
