@@ -315,13 +315,7 @@ impl Node {
         let (Some(q), Some(g)) = (&self.cfg.quorum, self.lease_guard()) else {
             return;
         };
-        let key = quorum::outdated_key(&self.cfg.resource, &self.cfg.node);
-        let held = quorum::primary_key(&self.cfg.resource);
-        let value = format!("{:016x} {}", self.persisted().current, self.cfg.node);
-        match q
-            .etcd
-            .put_if_lease(key.as_bytes(), value.as_bytes(), held.as_bytes(), g.id())
-        {
+        match self.put_outdated_mark(q, &self.cfg.node, g.id()) {
             Ok(true) => {}
             Ok(false) => tracing::warn!(
                 "{}: the detached disk is not marked outdated: etcd no longer holds this node's lease",

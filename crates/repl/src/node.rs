@@ -876,6 +876,22 @@ impl Node {
     /// lease check says. Once the mark is in, this node's data moves on to a new
     /// generation the peer does not hold (`new_generation_without`), before the write
     /// that needed the mark is acknowledged.
+    /// Marks `node`'s data outdated in etcd (stamped with this node's current generation
+    /// and name), only while this node holds the primary lease `lease` (a transaction on
+    /// it): `Ok(false)` when etcd no longer holds that lease, and nothing was written.
+    fn put_outdated_mark(
+        &self,
+        q: &Quorum,
+        node: &str,
+        lease: i64,
+    ) -> std::result::Result<bool, cairn_cluster::etcd::EtcdError> {
+        let key = quorum::outdated_key(&self.cfg.resource, node);
+        let held = quorum::primary_key(&self.cfg.resource);
+        let value = format!("{:016x} {}", self.persisted().current, self.cfg.node);
+        q.etcd
+            .put_if_lease(key.as_bytes(), value.as_bytes(), held.as_bytes(), lease)
+    }
+
     fn ensure_outdated(&self, peer: &Peer) -> Result<()> {
         let Some(q) = &self.cfg.quorum else {
             return Ok(());
@@ -887,7 +903,6 @@ impl Node {
         if peer.outdated.load(Ordering::Acquire) {
             return Ok(());
         }
-        let key = quorum::outdated_key(&self.cfg.resource, &peer.cfg.name);
         let held = quorum::primary_key(&self.cfg.resource);
         loop {
             self.lease_check()?;
@@ -897,11 +912,7 @@ impl Node {
                     format!("{}: this node is not primary", self.cfg.resource),
                 ));
             };
-            let value = format!("{:016x} {}", self.persisted().current, self.cfg.node);
-            match q
-                .etcd
-                .put_if_lease(key.as_bytes(), value.as_bytes(), held.as_bytes(), g.id())
-            {
+            match self.put_outdated_mark(q, &peer.cfg.name, g.id()) {
                 Ok(true) => {
                     peer.outdated.store(true, Ordering::Release);
                     self.event(
