@@ -37,7 +37,7 @@ use crate::bitmap::Bitmap;
 use crate::gen::{self, Decision, Generations, NodeView, JUST_CREATED};
 use crate::quorum::{self, OnLoss, Quorum};
 use crate::ranges::{OwnedRangeGuard, RangeLocks};
-use crate::rate::{Pacer, RateLimits};
+use crate::rate::{Pacer, RateLimits, Speed};
 use crate::wire::{self, Hello, Request, Welcome, OPT_CAIRN_REPL};
 use cairn_cluster::{Etcd, Lease, LeaseError, LeaseGuard};
 use cairn_nbd::client::Detached;
@@ -303,6 +303,8 @@ struct ResyncCounters {
     started: Instant,
     full: bool,
     pacer: Arc<Pacer>,
+    /// Its speed over the last seconds, for `status`.
+    speed: Arc<Speed>,
     /// Passes over the bitmap begun: one, and one more for each time a pass ended
     /// with blocks left (written behind its cursor, or a lease that came back).
     passes: u64,
@@ -1888,13 +1890,7 @@ impl Node {
                 let oos = peer.bitmap.count_bytes(self.data_size);
                 let resync = s.resync.as_ref().map(|r| {
                     let done = peer.resync_done.load(Ordering::Relaxed);
-                    let el = r.started.elapsed().as_secs_f64().max(0.001);
-                    #[allow(
-                        clippy::cast_possible_truncation,
-                        clippy::cast_sign_loss,
-                        clippy::cast_precision_loss
-                    )]
-                    let rate = (done as f64 / el) as u64;
+                    let rate = r.speed.rate(Instant::now(), done);
                     let target = r.pacer.target(&self.app_io);
                     Progress {
                         total_bytes: r.total.max(done + oos),

@@ -19,6 +19,7 @@
 //! it without sleeping. [`Pacer`] puts it behind a mutex, with the real clock, for the
 //! threads of one job; `status` reads the target from it.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::thread;
@@ -223,6 +224,66 @@ impl Pacer {
     }
 }
 
+/// How far back a job's shown speed looks: long enough to smooth the controller's slices,
+/// short enough that a new target shows within seconds.
+pub const SPEED_SPAN: Duration = Duration::from_secs(10);
+
+/// One sample of a job's progress kept per this much time.
+const SPEED_STEP: Duration = Duration::from_millis(500);
+
+/// A long job's speed over its last [`SPEED_SPAN`], which `status` shows and the finish
+/// time divides by. An average since the start lags behind for minutes after the
+/// controller changes its target (the application stops, a limit is raised); this follows
+/// within the span. While the job is younger than the span it is the average since the
+/// start. Time comes in as an argument, as for [`Controller`].
+#[derive(Debug)]
+pub struct Speed {
+    /// (when, bytes done then), oldest first: every sample of the last span and the
+    /// newest one before it.
+    samples: Mutex<VecDeque<(Instant, u64)>>,
+}
+
+impl Speed {
+    /// A job starting at `now` with nothing done.
+    pub fn new(now: Instant) -> Speed {
+        Speed {
+            samples: Mutex::new(VecDeque::from([(now, 0)])),
+        }
+    }
+
+    fn prune(samples: &mut VecDeque<(Instant, u64)>, now: Instant) {
+        while samples.len() >= 2 && samples[1].0 + SPEED_SPAN <= now {
+            samples.pop_front();
+        }
+    }
+
+    /// The job has done `done` bytes in all at `now`.
+    pub fn note(&self, now: Instant, done: u64) {
+        let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        if s.back().is_some_and(|b| now < b.0 + SPEED_STEP) {
+            return;
+        }
+        s.push_back((now, done));
+        Self::prune(&mut s, now);
+    }
+
+    /// Bytes per second at `now`, with `done` bytes done: since the oldest sample kept.
+    /// A job that stalls slows down in the figure as the stall goes on.
+    pub fn rate(&self, now: Instant, done: u64) -> u64 {
+        let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        Self::prune(&mut s, now);
+        let Some(&(t, d)) = s.front() else { return 0 };
+        let secs = now.saturating_duration_since(t).as_secs_f64().max(0.001);
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let r = (done.saturating_sub(d) as f64 / secs) as u64;
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,6 +451,48 @@ mod tests {
         }
         // 10 MiB of credit (100 ms at 100 MiB/s), plus the range that went into debt.
         assert_eq!(moved, 11 * MIB);
+    }
+
+    /// Drives a [`Speed`] from `t` for `secs` at `mib_per_sec`, noting every 100 ms.
+    fn run(sp: &Speed, t: &mut Instant, done: &mut u64, secs: u64, mib_per_sec: u64) {
+        for _ in 0..secs * 10 {
+            *t += ms(100);
+            *done += mib_per_sec * MIB / 10;
+            sp.note(*t, *done);
+        }
+    }
+
+    #[test]
+    fn the_speed_shown_follows_a_new_target_within_its_span() {
+        let mut t = Instant::now();
+        let sp = Speed::new(t);
+        let mut done = 0;
+        run(&sp, &mut t, &mut done, 60, 100);
+        assert_eq!(sp.rate(t, done) / MIB, 100);
+        // The application starts: the controller holds the job at 10 MiB/s. The average
+        // since the start would still say 82 MiB/s after 15 s.
+        run(&sp, &mut t, &mut done, 15, 10);
+        let r = sp.rate(t, done);
+        assert!((10 * MIB..11 * MIB).contains(&r), "{r}");
+        // Kept small: the samples of one span and one before it.
+        assert!(sp.samples.lock().unwrap().len() <= 22);
+    }
+
+    #[test]
+    fn a_young_job_shows_its_average_and_a_stalled_one_slows_down_to_nothing() {
+        let t0 = Instant::now();
+        let mut t = t0;
+        let sp = Speed::new(t);
+        let mut done = 0;
+        run(&sp, &mut t, &mut done, 2, 50);
+        assert_eq!(sp.rate(t, done), done / 2);
+        run(&sp, &mut t, &mut done, 20, 50);
+        // Nothing moves for 5 s: half the span.
+        let r = sp.rate(t + Duration::from_secs(5), done);
+        assert!((24 * MIB..26 * MIB).contains(&r), "{r}");
+        // And after a whole span, nothing.
+        assert_eq!(sp.rate(t + Duration::from_secs(11), done), 0);
+        assert_eq!(Speed::new(t0).rate(t0, 0), 0);
     }
 
     #[test]

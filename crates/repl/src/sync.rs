@@ -405,11 +405,13 @@ impl Node {
         peer.resync_done.store(0, Ordering::Relaxed);
         let failed: Mutex<Option<String>> = Mutex::new(None);
         let pacer = Arc::new(Pacer::new(self.cfg.resync, &self.app_io));
+        let speed = Arc::new(Speed::new(Instant::now()));
         peer.state().resync = Some(ResyncCounters {
             total,
             started: Instant::now(),
             full,
             pacer: pacer.clone(),
+            speed: speed.clone(),
             passes: 0,
         });
         let stopping =
@@ -459,7 +461,8 @@ impl Node {
                                     Some(e.to_string());
                                 return;
                             }
-                            peer.resync_done.fetch_add(len, Ordering::Relaxed);
+                            let done = peer.resync_done.fetch_add(len, Ordering::Relaxed);
+                            speed.note(Instant::now(), done + len);
                         }
                     });
                 }

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Conn, Node, Peer, Repl, Role};
 use crate::gen::JUST_CREATED;
-use crate::rate::{Pacer, RateLimits};
+use crate::rate::{Pacer, RateLimits, Speed};
 use crate::wire::{Request, DIGESTS_PER_REPLY};
 
 /// Bytes read at once, and the most a verify request covers when bitmap blocks are
@@ -209,6 +209,8 @@ struct Run {
     /// Set when the run ended: its seconds and its error.
     end: Mutex<Option<(f64, Option<String>)>>,
     pacer: Pacer,
+    /// Its speed over the last seconds, while it runs.
+    speed: Speed,
     /// The verify after a failover (the old primary's name): a run that stops early
     /// owes it again (sync.rs `verify_after_failover`).
     after_failover: Option<String>,
@@ -260,6 +262,7 @@ impl Shared {
             found: AtomicU64::new(0),
             end: Mutex::new(None),
             pacer: Pacer::new(pace.0, pace.1),
+            speed: Speed::new(Instant::now()),
             after_failover: after_failover.map(str::to_string),
         });
         runs.push((peer.to_string(), run.clone()));
@@ -274,12 +277,17 @@ impl Shared {
         let secs = end
             .as_ref()
             .map_or_else(|| run.started.elapsed().as_secs_f64(), |e| e.0);
+        // While it runs, the last seconds' speed; after, the average of the whole run.
         #[allow(
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss,
             clippy::cast_precision_loss
         )]
-        let rate = (done as f64 / secs.max(0.001)) as u64;
+        let rate = if end.is_none() {
+            run.speed.rate(Instant::now(), done)
+        } else {
+            (done as f64 / secs.max(0.001)) as u64
+        };
         let target = end.is_none().then(|| run.pacer.target(app));
         Some(VerifyStatus {
             running: end.is_none(),
@@ -464,7 +472,8 @@ impl Node {
                             }
                             run.found.fetch_add(diff.len() as u64, Ordering::Relaxed);
                             run.checked.fetch_add(b - a, Ordering::Relaxed);
-                            run.done.fetch_add(len, Ordering::Relaxed);
+                            let done = run.done.fetch_add(len, Ordering::Relaxed);
+                            run.speed.note(Instant::now(), done + len);
                         }
                         Err(e) => {
                             *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
