@@ -236,8 +236,8 @@ t_api() {
   "$CAIRN" repl primary home --force --control "$(ctl 1)"
   wait_peer 1 Established
   truncate -s 1M "$SHM/plain.img"
-  XDG_RUNTIME_DIR=$WORK/run1 start_cairn "$SHM/plain.img"
-  local s=$WORK/run1/cairn/control.sock v code
+  XDG_RUNTIME_DIR=$WORK/run1 start_cairn "$SHM/plain.img" --metrics "unix:$WORK/serve-m.sock"
+  local s=$WORK/run1/cairn/control.sock v code m
   expect_eq "$(jq -r .control "$CAIRN_JSON")" "$s" "cairn serve's control socket"
   expect_contains "$(curl -s --unix-socket "$s" http://cairn/v1)" "GET /v1/replication/NAME" "the routes"
   v=$(curl -s --max-time 10 --unix-socket "$s" http://cairn/v1/replication)
@@ -248,6 +248,12 @@ t_api() {
     "b Connected Established" "its peer's state"
   # Exactly what `cairn --json repl status` prints.
   expect_eq "$(jq -S '.resources[0]' <<<"$v")" "$(status_json 1 | jq -S .)" "the status as repl status has it"
+  # cairn serve's /metrics carries the resource's gauges beside its own.
+  m=$(curl -s --max-time 10 --unix-socket "$WORK/serve-m.sock" http://cairn/metrics)
+  expect_contains "$m" 'cairn_repl_primary{resource="home",node="a"} 1' "serve's metrics: the role"
+  expect_contains "$m" 'cairn_repl_peer_in_sync{resource="home",node="a",peer="b"} 1' "serve's metrics: the peer"
+  expect_contains "$m" 'cairn_export_size_bytes{export="plain"}' "serve's metrics: its own export"
+  expect_eq "$(grep -c '^# TYPE cairn_repl_primary gauge$' <<<"$m")" 1 "one TYPE line"
   code=$(curl -s -o "$WORK/one.json" -w '%{http_code}' --unix-socket "$s" http://cairn/v1/replication/home)
   expect_eq "$code" 200 "GET /v1/replication/home"
   expect_eq "$(jq -r .role "$WORK/one.json")" Primary "one resource's role"

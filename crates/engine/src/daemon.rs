@@ -10,7 +10,8 @@
 //!                                              md fail/add/remove/replace/check ─ md's Change
 //!   md arrays ── pushed changes ─ md_events::MdEvents (registered per array) ─ events
 //!                                          Fail / DegradedArray / RebuildStarted ...
-//!   --metrics (http) ──── Daemon::handle_metrics ─ metrics::render
+//!   --metrics (http) ──── Daemon::handle_metrics ─ metrics::render (+ the replicated
+//!                                                  resources' gauges, asked at each scrape)
 //!   GET /v1/replication ─ cairn_repl::control ─ each `cairn repl up` process's own
 //!                         control socket in the runtime directory (a status each)
 //! ```
@@ -466,7 +467,16 @@ impl Daemon {
                 });
             }
         }
-        metrics::render(&s)
+        let mut text = metrics::render(&s);
+        // The replicated resources beside this server, asked as GET /v1/replication asks
+        // them; one that does not answer in time has no rows this time.
+        let repl: Vec<cairn_repl::node::Status> = self
+            .replication()
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect();
+        text.push_str(&cairn_repl::metrics::prometheus_all(&repl));
+        text
     }
 
     fn metrics_response(&self) -> Response {

@@ -14,55 +14,70 @@ fn esc(v: &str) -> String {
 }
 
 pub fn prometheus(s: &Status) -> String {
+    prometheus_all(std::slice::from_ref(s))
+}
+
+/// Several resources' gauges in one text (`cairn serve`'s `/metrics` carries those of the
+/// resources running beside it): each metric's HELP and TYPE once, as the text format
+/// asks, then a row per resource (and per peer). Nothing for no resources.
+pub fn prometheus_all(all: &[Status]) -> String {
     let mut o = String::new();
-    let node = format!(
-        "resource=\"{}\",node=\"{}\"",
-        esc(&s.resource),
-        esc(&s.node)
-    );
+    if all.is_empty() {
+        return o;
+    }
+    let label = |s: &Status| {
+        format!(
+            "resource=\"{}\",node=\"{}\"",
+            esc(&s.resource),
+            esc(&s.node)
+        )
+    };
     let mut gauge = |name: &str, help: &str, rows: &[(String, Value)]| {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge");
         for (labels, v) in rows {
             let _ = writeln!(o, "{name}{{{labels}}} {v}");
         }
     };
+    let each = |f: &dyn Fn(&Status) -> Value| -> Vec<(String, Value)> {
+        all.iter().map(|s| (label(s), f(s))).collect()
+    };
     gauge(
         "cairn_repl_primary",
         "1 while this node is primary",
-        &[(node.clone(), Value::from(s.role == Role::Primary))],
+        &each(&|s| Value::from(s.role == Role::Primary)),
     );
     gauge(
         "cairn_repl_up_to_date",
         "1 while this node's disk is UpToDate",
-        &[(node.clone(), Value::from(s.disk == "UpToDate"))],
+        &each(&|s| Value::from(s.disk == "UpToDate")),
     );
     gauge(
         "cairn_repl_epoch",
         "the fencing epoch this node knows",
-        &[(node.clone(), Value::N(s.epoch))],
+        &each(&|s| Value::N(s.epoch)),
     );
     gauge(
         "cairn_repl_data_bytes",
         "bytes of replicated data",
-        &[(node.clone(), Value::N(s.data_size))],
+        &each(&|s| Value::N(s.data_size)),
     );
     gauge(
         "cairn_repl_resync_min_bytes_per_second",
         "the rate resync and verify keep while the application does I/O (--resync-min-rate)",
-        &[(node.clone(), Value::N(s.resync_limits.min_bytes_per_sec))],
+        &each(&|s| Value::N(s.resync_limits.min_bytes_per_sec)),
     );
     gauge(
         "cairn_repl_resync_max_bytes_per_second",
         "the rate resync and verify run at when the application is idle (--resync-rate; +Inf: unlimited)",
-        &[(
-            node.clone(),
-            Value::rate(Some(s.resync_limits.max_bytes_per_sec).filter(|m| *m > 0)),
-        )],
+        &each(&|s| Value::rate(Some(s.resync_limits.max_bytes_per_sec).filter(|m| *m > 0))),
     );
     let per = |f: &dyn Fn(&crate::node::PeerStatus) -> Value| -> Vec<(String, Value)> {
-        s.peers
-            .iter()
-            .map(|p| (format!("{node},peer=\"{}\"", esc(&p.name)), f(p)))
+        all.iter()
+            .flat_map(|s| {
+                s.peers
+                    .iter()
+                    .map(move |p| (format!("{},peer=\"{}\"", label(s), esc(&p.name)), f(p)))
+            })
             .collect()
     };
     gauge(
@@ -162,8 +177,7 @@ mod tests {
     use crate::node::{PeerStatus, Progress};
     use crate::rate::RateLimits;
 
-    #[test]
-    fn the_rate_controller_is_in_the_gauges() {
+    fn sample(resource: &str, node: &str) -> Status {
         let progress = |target, throttled| Progress {
             total_bytes: 100,
             done_bytes: 40,
@@ -185,9 +199,9 @@ mod tests {
             since: 0,
             verify: None,
         };
-        let s = Status {
-            resource: "home".into(),
-            node: "a".into(),
+        Status {
+            resource: resource.into(),
+            node: node.into(),
             role: Role::Primary,
             disk: "UpToDate".into(),
             data_size: 100,
@@ -209,8 +223,12 @@ mod tests {
                 peer("d", None),
             ],
             events: Vec::new(),
-        };
-        let m = prometheus(&s);
+        }
+    }
+
+    #[test]
+    fn the_rate_controller_is_in_the_gauges() {
+        let m = prometheus(&sample("home", "a"));
         let n = r#"resource="home",node="a""#;
         for line in [
             format!("cairn_repl_resync_min_bytes_per_second{{{n}}} 1048576"),
@@ -225,5 +243,34 @@ mod tests {
         ] {
             assert!(m.lines().any(|l| l == line), "{line} not in\n{m}");
         }
+    }
+
+    #[test]
+    fn several_resources_share_each_metrics_help_and_type() {
+        let mut b = sample("media", "b");
+        b.role = Role::Secondary;
+        b.peers.truncate(1);
+        let m = prometheus_all(&[sample("home", "a"), b]);
+        for name in ["cairn_repl_primary", "cairn_repl_peer_connected"] {
+            let help = format!("# HELP {name} ");
+            let kind = format!("# TYPE {name} gauge");
+            assert_eq!(m.lines().filter(|l| l.starts_with(&help)).count(), 1, "{m}");
+            assert_eq!(m.lines().filter(|l| *l == kind).count(), 1, "{m}");
+        }
+        for line in [
+            r#"cairn_repl_primary{resource="home",node="a"} 1"#,
+            r#"cairn_repl_primary{resource="media",node="b"} 0"#,
+            r#"cairn_repl_peer_connected{resource="home",node="a",peer="d"} 1"#,
+            r#"cairn_repl_peer_connected{resource="media",node="b",peer="b"} 1"#,
+        ] {
+            assert!(m.lines().any(|l| l == line), "{line} not in\n{m}");
+        }
+        // Each family's rows follow its TYPE line (a family split in two is malformed).
+        let rows = m
+            .lines()
+            .skip_while(|l| !l.starts_with("# TYPE cairn_repl_primary "));
+        let rows: Vec<_> = rows.skip(1).take_while(|l| !l.starts_with('#')).collect();
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(prometheus_all(&[]), "");
     }
 }
