@@ -83,6 +83,41 @@ t_failover() {
   cmp -n "$data" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
 }
 
+# An idle primary (no client I/O at all) sees its peer go: killed, the data connection's
+# end is seen at once; partitioned (no FIN), the ping it sends every 10 s gets no answer
+# within the peer timeout. Then it reconnects by itself.
+t_idle_peer_loss() {
+  nodes_up
+  node_up 1
+  node_up 2
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  node_kill 2
+  local n c start
+  for n in $(seq 30); do
+    c=$(peer_field 1 connection)
+    [ "$c" != Connected ] && break
+    sleep 0.1
+  done
+  [ "$c" != Connected ] || fail "3 s after its peer was killed the idle primary still says: $(status_text 1)"
+  say "killed peer seen by the idle primary within $((n / 10)).$((n % 10)) s: $(peer_field 1 last_error)"
+  node_up 2
+  wait_peer 1 Established
+  link_down
+  start=$SECONDS
+  for n in $(seq 250); do
+    c=$(peer_field 1 connection)
+    [ "$c" != Connected ] && break
+    sleep 0.1
+  done
+  [ "$c" != Connected ] || { link_up; fail "25 s into a partition the idle primary still says: $(status_text 1)"; }
+  say "partition seen by the idle primary after $((SECONDS - start)) s (ping every 10 s, peer timeout $PEER_TIMEOUT s): $(peer_field 1 last_error)"
+  link_up
+  wait_peer 1 Established 300
+  node_down 2
+  node_down 1
+}
+
 t_split_brain() {
   nodes_up
   node_up 1
@@ -777,6 +812,7 @@ t_detach() {
   cmp -n "$data" "$SHM/n1new.img" "$SHM/n2.img" || fail "the replicas differ after the attach"
 }
 
+run_test idle_peer_loss t_idle_peer_loss
 run_test refusals t_refusals
 run_test status t_status
 run_test api t_api

@@ -1839,6 +1839,16 @@ impl PipeShared {
 }
 
 impl Pipeline {
+    /// Why the connection is unusable (EOF, a protocol error, a reply not sent within the
+    /// timeout), once it is: every later request fails with it.
+    pub fn broken(&self) -> Option<String> {
+        self.shared
+            .waiters()
+            .broken
+            .as_ref()
+            .map(ToString::to_string)
+    }
+
     /// Sends a request and returns at once; [`Pending::wait`] takes its reply. `payload`
     /// goes with WRITE (its length is the request length) and must be empty otherwise.
     pub fn submit(
@@ -2181,6 +2191,12 @@ impl Detached {
 }
 
 impl Client {
+    /// Why a connection of this client is unusable, once one is (its requests fail from
+    /// then on): the server closed it, broke the protocol, or did not answer in time.
+    pub fn broken(&self) -> Option<String> {
+        self.pipes.iter().find_map(Pipeline::broken)
+    }
+
     /// Handshakes and enters transmission as `opts` asks, on one connection or, when the
     /// server offers multi-conn, on `opts.connections`.
     pub fn connect(opts: &ClientOptions) -> Result<Client> {

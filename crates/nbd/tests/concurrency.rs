@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_block::{BlockDevice, MemDisk, WriteDone, WriteFlags};
@@ -570,12 +570,15 @@ fn a_request_the_server_does_not_answer_fails_after_the_timeout_from_its_sending
 }
 
 /// A device whose writes complete later, on a thread of their own (as a replicated
-/// volume's complete when the replica answers): the first `slow_first` writes take
-/// 300 ms, the others are done at once; a write at offset `PANIC_AT` panics.
+/// volume's complete when the replica answers): the first `slow_first` writes wait
+/// until the test sends on `release` (5 s at most: a server that held the others back
+/// behind them then shows as a wrong order, not a hang), the others are done at once; a
+/// write at offset `PANIC_AT` panics.
 #[derive(Debug)]
 struct LaterDisk {
     inner: Arc<MemDisk>,
     slow_first: std::sync::atomic::AtomicUsize,
+    release: Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
 }
 
 const PANIC_AT: u64 = 3 << 20;
@@ -596,10 +599,11 @@ impl BlockDevice for LaterDisk {
             .slow_first
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
             .is_ok();
-        let (inner, data) = (self.inner.clone(), buf.to_vec());
+        let (inner, data, release) = (self.inner.clone(), buf.to_vec(), self.release.clone());
         std::thread::spawn(move || {
             if slow {
-                std::thread::sleep(Duration::from_millis(300));
+                let rx = release.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = rx.recv_timeout(Duration::from_secs(5));
             }
             done(inner.write_at(&data, offset, flags));
         });
@@ -612,9 +616,11 @@ impl BlockDevice for LaterDisk {
 /// on.
 #[test]
 fn writes_completed_later_are_answered_when_they_complete() {
+    let (release, rx) = std::sync::mpsc::channel();
     let disk = Arc::new(LaterDisk {
         inner: Arc::new(MemDisk::new(4 << 20)),
         slow_first: std::sync::atomic::AtomicUsize::new(1),
+        release: Arc::new(Mutex::new(rx)),
     });
     let srv = TestServer::start_with(ServerConfig::new(vec![export("d", disk.clone())]));
     let addr = &srv.addrs()[0];
@@ -624,6 +630,7 @@ fn writes_completed_later_are_answered_when_they_complete() {
     let first = c.recv().expect("first reply");
     assert_eq!(first.cookie, fast, "the slow write held back the fast one");
     assert!(first.is_ok(), "{first:?}");
+    release.send(()).unwrap();
     let second = c.recv().expect("second reply");
     assert_eq!(second.cookie, slow);
     assert!(second.is_ok(), "{second:?}");

@@ -6,10 +6,15 @@
 
 use super::*;
 
+/// How often a primary sends a read over a quiet data connection to learn that the peer
+/// still answers (DRBD's `ping-int`, 10 s by default there too).
+pub(super) const PING_INTERVAL: Duration = Duration::from_secs(10);
+
 impl Node {
     pub(super) fn run_peer(self: Arc<Self>, peer: &Arc<Peer>) {
         let mut backoff = Duration::from_millis(500);
         let mut last_out = Instant::now();
+        let mut last_ping = Instant::now();
         while !self.stop_peers.load(Ordering::SeqCst) {
             if !self.wait_for_lease(|| false) {
                 continue;
@@ -34,6 +39,9 @@ impl Node {
             } else {
                 self.sleep(Duration::from_millis(200));
             }
+            if let Some(link) = peer.link() {
+                self.check_link(peer, &link, &mut last_ping);
+            }
             if peer.link().is_some() {
                 self.verify_after_failover(peer);
             }
@@ -41,6 +49,24 @@ impl Node {
                 let _ = self.write_out_bitmaps();
                 last_out = Instant::now();
             }
+        }
+    }
+
+    /// DRBD's ping: a primary learns within [`PING_INTERVAL`] (and a peer timeout) that
+    /// a peer's data connection is gone (the peer killed or partitioned away, or its
+    /// export closed by `invalidate`), not only at its next write: an idle primary's
+    /// `status` tells the truth, and the reconnect (a full sync after an invalidation)
+    /// starts by itself. What the next write would do happens now: the peer is lost.
+    fn check_link(&self, peer: &Arc<Peer>, link: &Arc<Client>, last_ping: &mut Instant) {
+        if last_ping.elapsed() >= PING_INTERVAL {
+            *last_ping = Instant::now();
+            // The answer does not matter (a peer may refuse a read); a connection that
+            // gets none within the peer timeout is broken, which the look below sees.
+            let mut probe = [0u8; 4096];
+            let _ = link.read_at(&mut probe, 0);
+        }
+        if let Some(why) = link.broken() {
+            self.lose(peer, &format!("the data connection broke: {why}"));
         }
     }
 

@@ -618,8 +618,8 @@ impl Node {
                 return Err(format!("cannot save the metadata: {e}"));
             }
         }
-        // A primary connected now loses its data connection, notices at its next write
-        // or flush, and reconnects: the handshake then decides a full sync.
+        // A primary connected now loses its data connection, notices (at once, or at its
+        // next write or flush), and reconnects: the handshake then decides a full sync.
         if let Some(ex) = self
             .exports
             .lock()
@@ -636,7 +636,7 @@ impl Node {
             "invalidated",
             None,
             format!(
-                "{} on {}: this node's data is to be replaced: the primary resyncs all of it (a connected primary at its next write or flush)",
+                "{} on {}: this node's data is to be replaced: the primary resyncs all of it",
                 self.cfg.resource, self.cfg.node
             ),
         );
