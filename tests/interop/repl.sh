@@ -4,10 +4,14 @@
 # a writer logs every acknowledged write (acked_writes.py); the secondary is promoted and
 # holds every acknowledged write; the old primary comes back as secondary and is resynced
 # from the bitmap and its activity log only. A partition with writes on both sides is
-# detected as split brain on both nodes and resolved with --discard-my-data.
+# detected as split brain on both nodes and resolved with --discard-my-data. The same
+# failovers again under fio verify (failover_fio): after each kill, fio --verify_only
+# through the promoted node finds every write fio saw acknowledged.
 #
-# CAIRN_REPL_KILLS (default 2) kills per run; CAIRN_REPL_KILLS=50 is the long mode.
-# CAIRN_REPL_SPLITS (default 3) partitions. CAIRN_SEED replays a run.
+# CAIRN_REPL_KILLS (default 2) kills per run, in failover and again in failover_fio;
+# CAIRN_REPL_KILLS=50 is the long mode. CAIRN_REPL_SPLITS (default 3) partitions.
+# CAIRN_SEED replays a run's random choices. CAIRN_REPL_FIO_CORRUPT=1 shows that
+# failover_fio's check bites (below).
 . "$(dirname "$0")/lib.sh"
 
 KILLS=${CAIRN_REPL_KILLS:-2}
@@ -116,6 +120,211 @@ t_idle_peer_loss() {
   wait_peer 1 Established 300
   node_down 2
   node_down 1
+}
+
+# --- failover under fio verify ------------------------------------------------------------
+#
+# t_failover_fio: the same failovers as t_failover, checked by fio's own verification
+# instead of the acknowledged-writes oracle (the mechanics are crash.sh's; its header says
+# more). Each kill:
+#   1. fio (nbd engine, 1-2 jobs on their own connections, 4k-64k random writes with
+#      crc32c headers, --do_verify=0 --verify_state_save=1, --randrepeat=0 and a randseed
+#      from SEED) writes through the primary, paced to take 3 s for the volume;
+#   2. 0.3-1 s after the primary's disk took fio's first write, kill -9 of the primary:
+#      fio fails on the dead connection and, on its way out, writes what it issued and
+#      what completed to local-failover-N-verify.state in $WORK (a fio that leaves no
+#      state cannot be checked: reported, not counted, at most 2 x KILLS attempts);
+#   3. the secondary is promoted, and fio runs the same job with --verify_only
+#      --verify_state_load=1 through it: exit 0, no error, and exactly the bytes each job
+#      saw acknowledged read back and checked;
+#   4. the old primary returns as secondary, is resynced (Established, UpToDate), and the
+#      roles alternate. At the end the replicas' data areas are equal.
+# CAIRN_REPL_FIO_CORRUPT=1: on the first kill that can be checked, 512 bytes of zeros go
+# into the first block fio wrote (--write_iolog), through the new primary, and
+# --verify_only must fail there ("crc32c: verify failed ...").
+
+# rng N: sets R to a number in [0, N) from the run's SEED (crash.sh's 64-bit LCG; not
+# $RANDOM, which bash reseeds in subshells such as $(...)).
+rng() {
+  RNG=$((RNG * 6364136223846793005 + 1442695040888963407))
+  R=$((((RNG >> 33) & 0x7fffffff) % $1))
+}
+
+# ff_fio OUT EXTRA...: fio's job FF_ARGS through FF_URI with EXTRA; JSON to OUT.json.
+ff_fio() {
+  local out=$1
+  shift
+  # A fio whose server died can spin printing errors (fio 3.33): stderr capped, and
+  # timeout ends it for sure.
+  timeout -k 5 120 fio --name=failover --ioengine=nbd --uri="$FF_URI" "${FF_ARGS[@]}" "$@" \
+    --output-format=json --output="$out.json" >"$out.stdout" 2> >(head -c 1000000 >"$out.err")
+}
+
+# ff_details: what a failure report needs.
+ff_details() {
+  say "--- kill attempt $IT, seed $SEED, fio: ${FF_ARGS[*]}"
+  say "--- write run (exit $WSTATUS):"
+  tail -5 "$WORK/w.err" 2>/dev/null
+  say "--- verify run:"
+  tail -20 "$WORK/v.err" 2>/dev/null
+  tail -20 "$WORK/v.stdout" 2>/dev/null
+  say "--- node logs:"
+  tail -5 "$WORK/n1.log" "$WORK/n2.log"
+}
+
+# ff_wait_write I: waits (30 s at most) until node I's backing file changes: fio's first
+# write has reached the primary (an idle pair writes nothing to its disks).
+ff_wait_write() {
+  local n
+  for n in $(seq 600); do
+    [ "$(stat -c %y "${DISK[$1]}")" != "$FF_MTIME" ] && return 0
+    kill -0 "$FIO_PID" 2>/dev/null || { ff_details; fail "fio ended before writing anything (attempt $IT)"; }
+    sleep 0.05
+  done
+  ff_details
+  fail "fio wrote nothing within 30 s (attempt $IT)"
+}
+
+# ff_unregister PID: a process seen dead leaves the registry (its number may be reused).
+ff_unregister() { sed -i "/^pid $1\$/d" "$REGISTRY"; }
+
+t_failover_fio() {
+  need_tool fio
+  # corrupt: 1 until a checkable kill has had its planted corruption caught.
+  local corrupt=0 caught=""
+  if [ "${CAIRN_REPL_FIO_CORRUPT:-0}" = 1 ]; then need_tool nbdsh; corrupt=1; fi
+  nodes_up
+  node_up 1
+  node_up 2
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  wait_peer 2 Established
+  local p=1 s=2 size per ms delay jobs fseed written verified errs vstatus off i missing extra
+  local counted=0 uncheckable=0 mid=0
+  size=$(nbdinfo --size "$(client_uri 1)")
+  RNG=$((SEED * 7919 + 11))
+  say "NOTE: seed $SEED, $KILLS kills"
+  IT=0
+  while [ "$counted" -lt "$KILLS" ]; do
+    IT=$((IT + 1))
+    [ "$IT" -le $((KILLS * 2)) ] ||
+      fail "only $counted of $KILLS kills could be checked in $((IT - 1)) attempts ($uncheckable without a verify state from fio)"
+    rng 701
+    ms=$((300 + R))
+    delay=0.$(printf %03d "$ms")
+    [ "$ms" -lt 1000 ] || delay=1.000
+    rng 2
+    jobs=$((1 + R))
+    rng 2147483647
+    fseed=$R
+    extra=()
+    if [ "$corrupt" = 1 ]; then
+      jobs=1
+      extra=(--write_iolog="$WORK/w.iolog")
+    fi
+    per=$((size / jobs / 65536 * 65536))
+    # --iodepth=1, the write run too: the volume's NBD server may answer a connection's
+    # requests out of order (up to threads_per_connection of them run at once on the
+    # server's pool), and the check "bytes verified = bytes written" below needs the
+    # writes fio saw complete to be exactly those before the first one that failed.
+    # fio's state keeps the number of writes issued and the last iodepth that completed;
+    # --verify_only checks every write before that window and, inside it, stops at the
+    # first write not listed as completed. With several writes in flight answered out of
+    # order, a later one acknowledged while an earlier one was lost stops the check
+    # short of the bytes fio counted as written. At depth 1 nothing overtakes. With two
+    # jobs, two writes are still in flight at once, each on its own connection.
+    FF_ARGS=(--rw=randwrite --bsrange=4k-64k --iodepth=1 --numjobs="$jobs"
+      --size="$per" --offset_increment="$per" --randrepeat=0 --randseed="$fseed"
+      --verify=crc32c --rate=$((size / 3 / jobs)))
+    FF_URI=$(client_uri $p)
+    rm -f "$WORK"/local-failover-*-verify.state "$WORK/w.iolog" "$WORK"/[wv].json
+    FF_MTIME=$(stat -c %y "${DISK[$p]}")
+    WSTATUS=running
+    ff_fio "$WORK/w" --do_verify=0 --verify_state_save=1 "${extra[@]}" &
+    FIO_PID=$!
+    register pid "$FIO_PID"
+    ff_wait_write $p
+    sleep "$delay"
+    node_kill $p
+    ff_unregister "${NPID[$p]}"
+    WSTATUS=0
+    wait "$FIO_PID" || WSTATUS=$?
+    ff_unregister "$FIO_PID"
+    # The peer takes over whether or not this kill can be checked.
+    "$CAIRN" repl primary home --control "$(ctl $s)"
+    local checkable=1
+    # fio puts messages about the dead connection into its --output file ahead of the
+    # JSON: keep the JSON alone.
+    if [ -s "$WORK/w.json" ] && sed -n '/^{/,$p' "$WORK/w.json" >"$WORK/w.clean.json" &&
+      jq -e .jobs "$WORK/w.clean.json" >/dev/null 2>&1; then
+      mv "$WORK/w.clean.json" "$WORK/w.json"
+      for i in $(seq 0 $((jobs - 1))); do
+        [ -s "$WORK/local-failover-$i-verify.state" ] || checkable=0
+      done
+      [ "$checkable" = 1 ] ||
+        say "kill attempt $IT: fio left no verify state (fio exit $WSTATUS: $(tail -1 "$WORK/w.err")); not counted"
+    else
+      checkable=0
+      say "kill attempt $IT: fio's JSON is unreadable ($(head -c 200 "$WORK/w.json" 2>/dev/null | tr '\n' ' ')); not counted"
+    fi
+    if [ "$checkable" = 0 ]; then
+      uncheckable=$((uncheckable + 1))
+    else
+      counted=$((counted + 1))
+      written=$(jq '[.jobs[].write.io_bytes] | add' "$WORK/w.json")
+      # A kill at most 1 s after the first write, at a third of the volume a second.
+      if [ "$written" -lt $((per * jobs)) ]; then
+        mid=$((mid + 1))
+        [ "$WSTATUS" != 0 ] || { ff_details; fail "fio wrote $written of $((per * jobs)) bytes, yet exited 0"; }
+      fi
+      FF_URI=$(client_uri $s)
+      if [ "$corrupt" = 1 ]; then
+        off=$(awk '$3 == "write" { print $4; exit }' "$WORK/w.iolog")
+        [ -n "$off" ] || fail "no write in fio's iolog"
+        nbdsh -u "$FF_URI" -c "h.pwrite(bytes(512), $off + 512)"
+        say "corrupted 512 bytes at $((off + 512)) on node $s, inside the first block fio wrote"
+      fi
+      # --iodepth=1 and --verify_fatal=1: fio 3.33 stops a state-loaded verification by
+      # the count of verify reads completed, not issued (deeper, it reads past the window
+      # and "finds" writes the kill cut off), and at depth 1 a failed verify exits 0
+      # without --verify_fatal (see crash.sh).
+      vstatus=0
+      ff_fio "$WORK/v" --verify_only --verify_state_load=1 --verify_state_save=0 --do_verify=1 \
+        --iodepth=1 --verify_fatal=1 || vstatus=$?
+      if [ "$corrupt" = 1 ]; then
+        corrupt=0
+        caught=" (kill 1's planted corruption caught)"
+        [ "$vstatus" != 0 ] && grep -q 'verify' "$WORK/v.err" ||
+          { ff_details; fail "fio --verify_only did not notice the corrupted block (exit $vstatus)"; }
+        say "kill $counted of node $p after ${delay}s (randseed $fseed): wrote $written bytes; on node $s fio noticed the corruption (exit $vstatus): $(grep -m1 verify "$WORK/v.err")"
+      else
+        if [ "$vstatus" != 0 ] || grep -qiE 'verify|bad magic|crc32c' "$WORK/v.err"; then
+          ff_details
+          fail "fio --verify_only through node $s after kill $counted failed (exit $vstatus)"
+        fi
+        sed -n '/^{/,$p' "$WORK/v.json" >"$WORK/v.clean.json" && mv "$WORK/v.clean.json" "$WORK/v.json"
+        errs=$(jq '[.jobs[].error] | add' "$WORK/v.json")
+        expect_eq "$errs" 0 "fio errors in --verify_only (kill $counted)"
+        verified=$(jq '[.jobs[].read.io_bytes] | add' "$WORK/v.json")
+        expect_eq "$(jq -c '[.jobs[].read.io_bytes]' "$WORK/v.json")" \
+          "$(jq -c '[.jobs[].write.io_bytes]' "$WORK/w.json")" "bytes verified vs written, per job (kill $counted)"
+        [ "$verified" -gt 0 ] || { ff_details; fail "fio verified nothing after kill $counted"; }
+        say "kill $counted of node $p after ${delay}s ($jobs job(s), randseed $fseed): wrote $written of $((per * jobs)) bytes (fio exit $WSTATUS); node $s promoted, verified $verified, 0 errors"
+      fi
+    fi
+    # The old primary comes back as secondary and is resynced.
+    node_up $p
+    wait_peer $s Established
+    expect_eq "$(status_json $p | jq -r .disk)" UpToDate "node $p's disk after the resync"
+    local tmp=$p
+    p=$s
+    s=$tmp
+  done
+  "$CAIRN" repl secondary home --control "$(ctl $p)"
+  local data
+  data=$(status_json 1 | jq -r .data_size)
+  cmp -n "$data" "$SHM/n1.img" "$SHM/n2.img" || fail "the replicas differ"
+  say "NOTE: seed $SEED: $KILLS kills checked by fio --verify_only ($mid while fio was writing; $uncheckable more without a verify state from fio), 0 verify errors$caught, replicas equal"
 }
 
 t_split_brain() {
@@ -818,6 +1027,7 @@ run_test status t_status
 run_test api t_api
 run_test rate t_rate
 run_test failover t_failover
+run_test failover_fio t_failover_fio
 run_test split_brain t_split_brain
 run_test protocol_a t_protocol_a
 run_test three_nodes t_three_nodes
