@@ -43,7 +43,10 @@ t_failover() {
     local wpid=$!
     register pid "$wpid"
     for n in $(seq 100); do [ -s "$WORK/log" ] && break; sleep 0.05; done
-    sleep "$(printf '0.%03d' $((100 + RANDOM % 800)))"
+    # Drawn here, not inside $(...): bash reseeds RANDOM in subshells, and the replay
+    # (CAIRN_SEED) must repeat the delays.
+    local ms=$((100 + RANDOM % 800))
+    sleep "$(printf '0.%03d' "$ms")"
     node_kill $p
     wait "$wpid" || fail "the writer failed: $(cat "$WORK/writer.out")"
     [ -s "$WORK/log" ] || fail "no write was acknowledged before the kill"

@@ -107,7 +107,9 @@ t_partition() {
     register pid "$wpid"
     for n in $(seq 200); do [ -s "$WORK/log" ] && break; sleep 0.05; done
     [ -s "$WORK/log" ] || fail "no write acknowledged within 10 s: $(cat "$WORK/writer.out")"
-    sleep "$(printf '0.%03d' $((200 + RANDOM % 600)))"
+    # Drawn outside $(...): bash reseeds RANDOM in subshells; the replay repeats it.
+    local ms=$((200 + RANDOM % 600))
+    sleep "$(printf '0.%03d' "$ms")"
     kill -0 "$wpid" 2>/dev/null || fail "the writer finished before the cut: $(cat "$WORK/writer.out")"
     # The primary's namespace is cut off: its node and its etcd member, from both others.
     isolate $p
