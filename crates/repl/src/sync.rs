@@ -21,6 +21,13 @@ impl Node {
                 peer.state().last_error =
                     Some("this node is diskless: it cannot resync a peer".into());
                 self.sleep(Duration::from_millis(200));
+            } else if self.pulling().is_some() && peer.link().is_none() {
+                // Nor while its disk is being filled: that disk is no copy to resync
+                // from yet.
+                peer.state().last_error = Some(
+                    "this node's disk is being filled from a peer: it resyncs no peer until that is done".into(),
+                );
+                self.sleep(Duration::from_millis(200));
             } else if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
                 match self.connect_peer(peer) {
                     Ok(()) => backoff = Duration::from_millis(500),
@@ -99,7 +106,7 @@ impl Node {
     /// until the peer threads stop (the node is made secondary) or `give_up`: false. A
     /// primary without its lease neither connects nor copies: another node may be
     /// primary now.
-    fn wait_for_lease(&self, give_up: impl Fn() -> bool) -> bool {
+    pub(super) fn wait_for_lease(&self, give_up: impl Fn() -> bool) -> bool {
         if !self.lease_lost() {
             return true;
         }
@@ -146,7 +153,7 @@ impl Node {
         }
     }
 
-    fn sleep(&self, d: Duration) {
+    pub(super) fn sleep(&self, d: Duration) {
         let end = Instant::now() + d;
         while Instant::now() < end && !self.stop_peers.load(Ordering::SeqCst) {
             thread::sleep(Duration::from_millis(20).min(d));
