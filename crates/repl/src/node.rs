@@ -1290,7 +1290,7 @@ impl Node {
         if old.is_none() {
             return;
         }
-        peer.set(Conn::Connecting, Repl::Off);
+        self.pull_lost(peer, || peer.set(Conn::Connecting, Repl::Off));
         peer.state().last_error = Some(why.to_string());
         self.event(
             "disconnect",

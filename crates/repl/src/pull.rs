@@ -39,6 +39,12 @@ pub(super) struct Pull {
     pacer: Pacer,
     /// The peer the pull reads from now (its slot), for `status`.
     source: Mutex<Option<usize>>,
+    /// The last up-to-date peer, lost while no other was left: since then no write
+    /// was acknowledged (they are refused without an up-to-date peer), so it still
+    /// holds every acknowledged write, and it may come back to go on with the pull.
+    /// Any other peer waits for the end (its bitmap may mark writes it lacks on blocks
+    /// not filled here: only a whole local copy resyncs it).
+    resume: Mutex<Option<usize>>,
 }
 
 impl Node {
@@ -85,6 +91,50 @@ impl Node {
         Ok(())
     }
 
+    /// A link is being dropped: `off` sets the peer's state. If the pull loses its last
+    /// up-to-date peer with it, that peer is the one it may resume with. Under the
+    /// pull's lock, so two peers lost at once are ordered: the later one is the last
+    /// that took every acknowledged write.
+    pub(super) fn pull_lost(&self, peer: &Peer, off: impl FnOnce()) {
+        let Some(pull) = self.pulling() else {
+            return off();
+        };
+        let mut resume = pull.resume.lock().unwrap_or_else(|p| p.into_inner());
+        let was_up = peer.state().repl == Repl::Established;
+        off();
+        if was_up && self.up_to_date_peers().is_empty() {
+            *resume = Some(peer.slot);
+        }
+    }
+
+    /// While a pull runs, only the peer it may resume with is connected.
+    pub(super) fn pull_may_connect(&self, peer: &Peer) -> bool {
+        self.pulling().is_none_or(|pull| {
+            *pull.resume.lock().unwrap_or_else(|p| p.into_inner()) == Some(peer.slot)
+        })
+    }
+
+    /// Before the pull's last source is resynced from here (connect_peer): its bits on
+    /// blocks not filled here are cleared. They mark writes no peer acknowledged
+    /// (refused while it was away, or failed with it), whose local copy is no better
+    /// than its own, and the local disk has nothing else to send there; the pull
+    /// copies those blocks from it afterwards. Nothing changes meanwhile: writes are
+    /// refused, and the pull waits, until it is in sync again.
+    pub(super) fn pull_resume_bits(&self, peer: &Peer) {
+        let Some(pull) = self.pulling() else {
+            return;
+        };
+        let mut at = 0;
+        while let Some((a, b)) = peer.bitmap.next_run(at, u64::MAX) {
+            for bit in a..b {
+                if pull.todo.get(bit) {
+                    peer.bitmap.clear(bit, bit + 1);
+                }
+            }
+            at = b;
+        }
+    }
+
     /// `attach` on a diskless primary, under the admin lock: the disk (or `new`) is
     /// taken back, marked invalidated on disk, and filled from an up-to-date peer by a
     /// thread of its own while the volume is served.
@@ -125,6 +175,7 @@ impl Node {
             done: AtomicU64::new(0),
             pacer: Pacer::new(self.cfg.resync, &self.app_io),
             source: Mutex::new(Some(source.slot)),
+            resume: Mutex::new(None),
         });
         self.meta_gate.masked.store(true, Ordering::SeqCst);
         *self.pull.lock().unwrap_or_else(|p| p.into_inner()) = Some(pull.clone());
@@ -267,8 +318,8 @@ impl Node {
                         "resync-paused",
                         None,
                         format!(
-                            "{}: no up-to-date peer to fill the disk from: {} bytes not filled stay inconsistent (reads of them fail, writes are refused); \
-                             make this node secondary and promote a peer that has the data",
+                            "{}: no up-to-date peer to fill the disk from: {} bytes not filled stay inconsistent (reads of them fail, writes are refused) \
+                             until the last one is back; or make this node secondary and promote a peer that has the data",
                             self.cfg.resource,
                             pull.todo.count_bytes(self.data_size)
                         ),
@@ -277,7 +328,15 @@ impl Node {
                 self.sleep(Duration::from_millis(200));
                 continue;
             };
-            told_alone = false;
+            if told_alone {
+                told_alone = false;
+                self.event(
+                    "resync-resumed",
+                    Some(&peer.cfg.name),
+                    format!("filling the disk from {} again", peer.cfg.name),
+                );
+            }
+            *pull.resume.lock().unwrap_or_else(|p| p.into_inner()) = None;
             *pull.source.lock().unwrap_or_else(|p| p.into_inner()) = Some(peer.slot);
             let range = self.locks.lock(off, len);
             if let Err(e) = link.read_at(&mut buf[..n], off) {
@@ -680,11 +739,10 @@ mod tests {
     }
 
     /// The peer is lost mid-pull: the pull stops, the primary stays primary with its
-    /// disk inconsistent; filled ranges are read locally, the others fail, writes are
-    /// refused; the operator fails over to the peer, which resyncs this node in full.
-    #[test]
-    fn a_peer_lost_mid_pull_stops_it() {
-        let d = diskless_primary(1 << 20, "peer lost mid-pull");
+    /// disk inconsistent; filled ranges are read locally, the others fail, writes and
+    /// flushes are refused.
+    fn peer_lost_mid_pull(label: &str) -> Diskless {
+        let d = diskless_primary(1 << 20, label);
         let n = d.model.len();
         let io = app_io(&d.vol);
         d.node.attach_disk(None).unwrap();
@@ -708,8 +766,14 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Io, "{e}");
         assert!(d.vol.flush().is_err());
-        // Fail over: this node steps down, the peer (with every acknowledged write)
-        // is promoted and finds this node in need of a full resync.
+        d
+    }
+
+    /// ... and the operator fails over: this node steps down, the peer (with every
+    /// acknowledged write) is promoted and finds this node in need of a full resync.
+    #[test]
+    fn a_peer_lost_mid_pull_stops_it_and_the_peer_can_take_over() {
+        let d = peer_lost_mid_pull("peer lost, failover");
         d.node.demote().unwrap();
         d.far.promote(false).unwrap();
         let (decision, rule) = gen::decide(
@@ -718,10 +782,42 @@ mod tests {
             gen::Tie::MeSource,
         );
         assert_eq!(decision, Decision::SourceFull, "{rule:?}");
-        let mut all = vec![0u8; n];
+        let mut all = vec![0u8; d.model.len()];
         Volume(d.far.clone()).read_at(&mut all, 0).unwrap();
         assert!(all == d.model, "the new primary lacks a write");
         d.far.demote().unwrap();
+        d.far_stop.shutdown();
+    }
+
+    /// ... or the peer comes back: resynced from the primary's bitmap (nothing of the
+    /// blocks not filled here), and the pull goes on to the end.
+    #[test]
+    fn a_peer_lost_mid_pull_comes_back_and_the_pull_goes_on() {
+        let mut d = peer_lost_mid_pull("peer lost, back");
+        let n = d.model.len();
+        // A write refused while the peer was away that reached the local disk all the
+        // same, on blocks not filled yet: marked in the peer's bitmap, never
+        // acknowledged. The peer's data of those blocks stays (the pull copies it).
+        let at = (n - (64 << 10)) as u64;
+        d.disk
+            .write_at(&[0xee; 64 << 10], at, WriteFlags::NONE)
+            .unwrap();
+        d.node.peers[0].bitmap.set_bytes(at, 64 << 10);
+        d.node.set_connect(None, true, false).unwrap();
+        wait("the pull resumed", || {
+            kinds(&d.node).contains(&"resync-resumed".into())
+        });
+        for i in 0..20 {
+            random_write(&mut d, i, 0..n);
+        }
+        wait("the end of the pull", || d.node.status().disk == "UpToDate");
+        let mut all = vec![0u8; n];
+        d.disk.read_at(&mut all, 0).unwrap();
+        assert!(all == d.model, "the filled disk differs from the model");
+        d.far_disk.read_at(&mut all, 0).unwrap();
+        assert!(all == d.model, "the peer differs from the model");
+        assert_eq!(on_disk(&d.disk).current, d.far.persisted().current);
+        d.node.demote().unwrap();
         d.far_stop.shutdown();
     }
 

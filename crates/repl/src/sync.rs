@@ -21,9 +21,9 @@ impl Node {
                 peer.state().last_error =
                     Some("this node is diskless: it cannot resync a peer".into());
                 self.sleep(Duration::from_millis(200));
-            } else if self.pulling().is_some() && peer.link().is_none() {
+            } else if !self.pull_may_connect(peer) && peer.link().is_none() {
                 // Nor while its disk is being filled: that disk is no copy to resync
-                // from yet.
+                // from yet (but the pull's last source, back, is taken: pull.rs).
                 peer.state().last_error = Some(
                     "this node's disk is being filled from a peer: it resyncs no peer until that is done".into(),
                 );
@@ -241,10 +241,27 @@ impl Node {
                 full
             }
         };
+        if self.pulling().is_some() {
+            if full {
+                return Err(format!(
+                    "peer {} needs a full resync, and this node's disk is still being filled: it is connected once that is done",
+                    peer.cfg.name
+                ));
+            }
+            if !self.pull_may_connect(peer) {
+                return Err(format!(
+                    "this node's disk is being filled from a peer: {} is connected once that is done",
+                    peer.cfg.name
+                ));
+            }
+        }
         let resync = full || decision != Decision::InSync || mine > 0 || theirs > 0;
         if resync && !full && (decision != Decision::InSync || theirs > 0) {
             self.fetch_peer_bitmap(peer)?;
         }
+        // The pull's last source, back: what it holds of the blocks not filled here is
+        // what the pull copies; only the rest of its bitmap is resynced from here.
+        self.pull_resume_bits(peer);
         if full {
             peer.bitmap.set_all();
         }
