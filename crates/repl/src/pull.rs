@@ -13,6 +13,9 @@
 //!        ├─ application writes: local disk and peers as always (protocol C, even with
 //!        │  A configured); a block wholly written leaves `todo`; answered OK only if an
 //!        │  up-to-date peer has the write (the local disk is no whole copy yet)
+//!        ├─ no up-to-date peer left: the pull waits, writes are refused; the last peer
+//!        │  lost, back, is resynced from here for the blocks filled here only, and the
+//!        │  pull goes on (no other peer is connected until the end)
 //!        └─ `todo` empty ─> flush ─> the bitmaps towards the peers, then the real
 //!           generations and "consistent" saved: UpToDate
 //! ```
