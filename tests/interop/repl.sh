@@ -998,8 +998,6 @@ t_detach() {
   py "$ORACLE" check "$(client_uri 1)" "$seed" "$bs" "$WORK/log" >"$WORK/check.out" 2>&1 ||
     fail "the diskless primary reads wrong data: $(cat "$WORK/check.out")"
   local out
-  out=$(repl 1 attach 2>&1) && fail "attach on a primary succeeded"
-  expect_contains "$out" "fail over first" "attach on a primary is refused with what to do"
   # Failover, by hand: the peer holds every acknowledged write.
   repl 1 secondary
   repl 2 primary
@@ -1024,6 +1022,91 @@ t_detach() {
   cmp -n "$data" "$SHM/n1new.img" "$SHM/n2.img" || fail "the replicas differ after the attach"
 }
 
+# The primary's disk fails under a writer (as in `detach`), is healed, and is attached
+# again on the primary itself while a second writer goes on: the primary fills it from
+# its peer while it serves, the peer shown as the source of a full resync. Once
+# UpToDate, every acknowledged write of both writers reads back from the primary, and
+# still does after the peer is killed: from the primary's own disk.
+t_primary_attach() {
+  need_tool nbdkit
+  nodes_up
+  local fail=$WORK/p1.fail sock=$WORK/p1.sock
+  nbdkit -f --unix "$sock" --filter=error file "$SHM/n1.img" \
+    error=EIO error-rate=100% error-file="$fail" >"$WORK/nbdkit.log" 2>&1 &
+  register pid $!
+  local n
+  for n in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+  [ -S "$sock" ] || fail "nbdkit did not start: $(cat "$WORK/nbdkit.log")"
+  DISK[1]="nbd+unix:///?socket=$sock"
+  # Under the writer the pull keeps to 4 MiB/s: the writer finishes first.
+  node_up 1 --resync-rate 64 --resync-min-rate 4
+  node_up 2
+  repl 1 primary --force
+  wait_peer 1 Established
+  wait_peer 2 Established
+  local bs=4096 blocks seed=$((SEED + 200)) seed2=$((SEED + 201))
+  blocks=$(($(nbdinfo --size "$(client_uri 1)") / bs))
+  local half=$((blocks / 2))
+  rm -f "$WORK/log" "$WORK/log2"
+  py "$ORACLE" write "$(client_uri 1)" "$seed" "$blocks" "$bs" 32 "$WORK/log" >"$WORK/writer.out" 2>&1 &
+  local wpid=$!
+  register pid "$wpid"
+  local before=0
+  for n in $(seq 200); do
+    [ -f "$WORK/log" ] && before=$(wc -l <"$WORK/log")
+    [ "$before" -ge 500 ] && break
+    sleep 0.05
+  done
+  touch "$fail"
+  wait "$wpid" || fail "the writer failed: $(cat "$WORK/writer.out")"
+  expect_contains "$(cat "$WORK/writer.out")" "all $blocks writes acknowledged" \
+    "every write acknowledged although the primary's disk failed"
+  expect_eq "$(status_json 1 | jq -r .disk)" Diskless "the primary's disk state after the failure"
+  # Healed, and attached on the primary while a second writer rewrites the first half.
+  rm -f "$fail"
+  py "$ORACLE" write "$(client_uri 1)" "$seed2" "$half" "$bs" 32 "$WORK/log2" >"$WORK/writer2.out" 2>&1 &
+  wpid=$!
+  register pid "$wpid"
+  for n in $(seq 200); do [ -s "$WORK/log2" ] && break; sleep 0.05; done
+  local out
+  out=$(repl 1 attach 2>&1) || fail "attach on the diskless primary failed: $out"
+  expect_contains "$out" "filled from" "attach on a primary says where the disk is filled from"
+  local st
+  st=$(status_json 1)
+  expect_eq "$(jq -r .disk <<<"$st")" Inconsistent "the primary's disk while it is filled"
+  expect_eq "$(jq -r .role <<<"$st")" Primary "the role while the disk is filled"
+  expect_eq "$(jq -r '.peers[0].replication' <<<"$st")" SyncTarget "the peer's state seen from the filling primary"
+  expect_eq "$(jq -r '.peers[0].resync.full' <<<"$st")" true "the fill is a full resync"
+  expect_contains "$(status_text 1)" "full resync [" "the progress bar while the disk is filled"
+  expect_contains "$(last_event 1 resync-started)" "full resync from" "the resync-started event"
+  wait "$wpid" || fail "the second writer failed: $(cat "$WORK/writer2.out")"
+  expect_contains "$(cat "$WORK/writer2.out")" "all $half writes acknowledged" \
+    "every write during the fill acknowledged"
+  for n in $(seq 600); do [ "$(status_json 1 | jq -r .disk)" = UpToDate ] && break; sleep 0.1; done
+  expect_eq "$(status_json 1 | jq -r .disk)" UpToDate "the primary's disk after the fill: $(status_text 1)"
+  expect_contains "$(last_event 1 resync-done)" "resync from" "the resync-done event"
+  expect_eq "$(status_json 1 | jq -r '.peers[0].replication')" Established "the peer after the fill"
+  # The first writer's blocks the second did not rewrite, and all of the second's.
+  awk -v h="$half" '$1 >= h' "$WORK/log" >"$WORK/log1b"
+  local uri
+  uri=$(client_uri 1)
+  py "$ORACLE" check "$uri" "$seed" "$bs" "$WORK/log1b" >"$WORK/check.out" 2>&1 ||
+    fail "the filled primary lacks the first writer's writes: $(cat "$WORK/check.out")"
+  py "$ORACLE" check "$uri" "$seed2" "$bs" "$WORK/log2" >"$WORK/check.out" 2>&1 ||
+    fail "the filled primary lacks writes made during the fill: $(cat "$WORK/check.out")"
+  # The peer goes away: every byte is served from the primary's own disk.
+  node_kill 2
+  py "$ORACLE" check "$uri" "$seed" "$bs" "$WORK/log1b" >"$WORK/check.out" 2>&1 ||
+    fail "without its peer the primary lacks the first writer's writes: $(cat "$WORK/check.out")"
+  py "$ORACLE" check "$uri" "$seed2" "$bs" "$WORK/log2" >"$WORK/check.out" 2>&1 ||
+    fail "without its peer the primary lacks writes made during the fill: $(cat "$WORK/check.out")"
+  say "after the fill, alone: $(cat "$WORK/check.out")"
+  local data
+  data=$(status_json 1 | jq -r .data_size)
+  cmp -n "$data" "$SHM/n1.img" "$SHM/n2.img" || fail "the filled disk differs from the peer's"
+  repl 1 secondary
+}
+
 run_test idle_peer_loss t_idle_peer_loss
 run_test refusals t_refusals
 run_test status t_status
@@ -1041,4 +1124,5 @@ run_test stack t_stack
 run_test etcd_failover t_etcd_failover
 run_test external_meta t_external_meta
 run_test detach t_detach
+run_test primary_attach t_primary_attach
 finish

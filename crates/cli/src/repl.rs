@@ -91,8 +91,9 @@ pub enum ReplCommand {
     /// Drop this node's disk: a primary goes on diskless through an up-to-date peer, a
     /// secondary refuses its primary until `attach`
     Detach(CtlArgs),
-    /// On a diskless secondary: take the disk back, or a new one (--disk); the primary
-    /// resyncs all of it (refused on a primary: fail over first)
+    /// On a diskless node: take the disk back, or a new one (--disk). A secondary's is
+    /// resynced in full by the primary; a primary's is filled from an up-to-date peer
+    /// while the primary goes on serving (disk Inconsistent until done)
     Attach(AttachArgs),
 }
 

@@ -9,7 +9,8 @@
 //!                                                    its metadata from now on
 //!   primary, diskless: reads from an up-to-date peer; writes and flushes go to the peers
 //!   only and are answered OK only when an up-to-date (Established) peer has them; a new
-//!   generation, adopted by the peers in sync, so the old disk can never pass for current
+//!   generation, adopted by the peers in sync, so the old disk can never pass for current;
+//!   `attach` (the same disk or a new one) fills it from an up-to-date peer (pull.rs)
 //!   secondary, diskless: refuses its primary (the handshake), until `attach` (invalidate:
 //!   a full resync from the primary) of the same disk, or of a new one (`--disk`: swapped
 //!   in behind the gate)
@@ -25,6 +26,10 @@ use super::*;
 pub(super) struct Gate<P> {
     pub(super) state: Arc<std::sync::atomic::AtomicU8>,
     pub(super) inner: RwLock<P>,
+    /// Metadata only: while a primary fills its disk from a peer (pull.rs), every save
+    /// says what an invalidated disk says (just created, inconsistent), whatever the
+    /// node holds in memory: a crash mid-way must leave a disk nobody takes for current.
+    pub(super) masked: AtomicBool,
 }
 
 impl<P> Gate<P> {
@@ -32,6 +37,7 @@ impl<P> Gate<P> {
         Gate {
             state,
             inner: RwLock::new(inner),
+            masked: AtomicBool::new(false),
         }
     }
 
@@ -39,7 +45,7 @@ impl<P> Gate<P> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn replace(&self, new: P) -> P {
+    pub(super) fn replace(&self, new: P) -> P {
         std::mem::replace(
             &mut *self.inner.write().unwrap_or_else(|p| p.into_inner()),
             new,
@@ -117,6 +123,9 @@ impl MetaIo for Gate<Box<dyn MetaIo>> {
     }
     fn save(&self, p: &Persisted) -> Result<()> {
         self.meta_open()?;
+        if self.masked.load(Ordering::SeqCst) {
+            return self.get().save(&invalidated(p));
+        }
         self.get().save(p)
     }
     fn read_bitmap(&self, slot: usize) -> Result<Vec<u64>> {
@@ -170,6 +179,19 @@ impl<T: MetaIo + ?Sized> MetaIo for Arc<T> {
     fn write_al(&self, active: &[u64]) -> Result<()> {
         (**self).write_al(active)
     }
+}
+
+/// `p` as a disk given up is saved (`invalidate`, a failed disk, a disk being filled):
+/// no generation, no bitmap bases, inconsistent. A restart on it gets a full sync.
+pub(super) fn invalidated(p: &Persisted) -> Persisted {
+    let mut q = p.clone();
+    q.current = JUST_CREATED;
+    q.history = [0, 0];
+    for slot in &mut q.peers {
+        slot.bitmap_uuid = 0;
+    }
+    q.consistent = false;
+    q
 }
 
 /// A disk given to `attach --disk`, with its metadata.
@@ -226,13 +248,7 @@ impl Node {
         // The disk (if its metadata still takes a write) is given up as `invalidate`
         // does: no generation, inconsistent. A restart with it is resynced in full
         // instead of trusted.
-        let mut on_disk = self.persisted().clone();
-        on_disk.current = JUST_CREATED;
-        on_disk.history = [0, 0];
-        for slot in &mut on_disk.peers {
-            slot.bitmap_uuid = 0;
-        }
-        on_disk.consistent = false;
+        let on_disk = invalidated(&self.persisted());
         if let Err(e) = self.meta.save(&on_disk) {
             tracing::warn!(
                 "{}: cannot mark the failed disk inconsistent in its metadata: {e}",
@@ -330,7 +346,7 @@ impl Node {
 
     /// A connected peer in sync with the data (Established), to serve a diskless
     /// primary's reads.
-    fn up_to_date_peers(&self) -> Vec<(&Arc<Peer>, Arc<Client>)> {
+    pub(super) fn up_to_date_peers(&self) -> Vec<(&Arc<Peer>, Arc<Client>)> {
         self.peers
             .iter()
             .filter(|p| p.state().repl == Repl::Established)
@@ -339,15 +355,27 @@ impl Node {
     }
 
     /// A primary's read: from the local disk, or, once it failed (and is detached),
-    /// from an up-to-date peer. With none connected, the local error goes on.
+    /// from an up-to-date peer; while the disk is being filled (pull.rs), a range not
+    /// filled yet is read from an up-to-date peer too. With none connected, the local
+    /// error goes on.
+    ///
+    /// A detached disk is not even tried: the gate's refusal, seen after an `attach`
+    /// that came meanwhile, would detach the new disk.
     pub(crate) fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let e = match self.disk.read_at(buf, offset) {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
+        let e = if self.is_diskless() {
+            detached_err("data")
+        } else if self.pull_covers(offset, buf.len() as u64) {
+            io_err(
+                ErrorKind::Io,
+                "this range of the local disk is not filled from the peer yet",
+            )
+        } else {
+            match self.disk.read_at(buf, offset) {
+                Ok(()) => return Ok(()),
+                Err(e) if !self.local_failed(&e) => return Err(e),
+                Err(e) => e,
+            }
         };
-        if !self.local_failed(&e) {
-            return Err(e);
-        }
         for (peer, link) in self.up_to_date_peers() {
             match link.read_at(buf, offset) {
                 Ok(()) => return Ok(()),
@@ -355,7 +383,7 @@ impl Node {
             }
         }
         Err(e.context(format!(
-            "{}: the local disk is detached and no up-to-date peer is connected",
+            "{}: the local disk is detached or not filled yet, and no up-to-date peer is connected",
             self.cfg.resource
         )))
     }
@@ -363,7 +391,7 @@ impl Node {
     /// A disk for `attach --disk` fits the resource: the same data area and bitmap
     /// geometry as the peers', room for every peer, and metadata of this resource or
     /// of none yet.
-    fn check_new_disk(
+    pub(super) fn check_new_disk(
         &self,
         disk: &dyn BlockDevice,
         meta: &dyn MetaIo,
@@ -413,28 +441,21 @@ impl Node {
         }
         self.detach_disk("detached by the operator");
         Ok(format!(
-            "{} on {}: disk detached; `cairn repl attach {}` takes it back (a full resync, on a secondary)",
+            "{} on {}: disk detached; `cairn repl attach {}` takes it back (filled from an up-to-date peer on a primary, a full resync from the primary on a secondary)",
             self.cfg.resource, self.cfg.node, self.cfg.resource
         ))
     }
 
     /// `attach`: a diskless secondary takes its disk back, or `new` in its place (made
     /// by `create-md` for the same data size, bitmap block and activity-log extent), to
-    /// be replaced by a full resync from the primary (as `invalidate`). Refused on a
-    /// primary: a primary is never a resync target.
+    /// be replaced by a full resync from the primary (as `invalidate`). A diskless
+    /// primary fills it from an up-to-date peer while it serves (pull.rs).
     pub fn attach_disk(
         self: &Arc<Self>,
         new: Option<NewDisk>,
     ) -> std::result::Result<String, String> {
         {
             let _admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
-            if self.role() == Role::Primary {
-                return Err(format!(
-                    "{} is primary on {}: a primary is never a resync target, so it cannot take a disk back; \
-                     fail over first (promote an up-to-date peer after `cairn repl secondary {}` here), then attach here",
-                    self.cfg.resource, self.cfg.node, self.cfg.resource
-                ));
-            }
             if !self.is_diskless() {
                 return match new {
                     None => Ok(format!(
@@ -446,6 +467,9 @@ impl Node {
                         self.cfg.resource, self.cfg.node, self.cfg.resource
                     )),
                 };
+            }
+            if self.role() == Role::Primary {
+                return self.attach_primary(new);
             }
             if let Some((disk, meta)) = new {
                 self.check_new_disk(disk.as_ref(), meta.as_ref())?;
@@ -491,7 +515,7 @@ impl Node {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::tests::{far_secondary, fresh_of, node_a_towards, serve_peers};
     use super::*;
     use crate::store::{create, CreateParams, Store};
@@ -499,14 +523,14 @@ mod tests {
     use cairn_block::MemDisk;
     use rand::{Rng, SeedableRng};
 
-    const SIZE: u64 = 16 << 20;
+    pub(in crate::node) const SIZE: u64 = 16 << 20;
 
     fn new_disk(d: &Arc<dyn BlockDevice>) -> NewDisk {
         (d.clone(), Box::new(Store::open(d.clone()).unwrap()))
     }
 
     /// A 16 MiB disk with fresh metadata, behind a fault switch.
-    fn faulty() -> (Arc<dyn BlockDevice>, FaultHandle) {
+    pub(in crate::node) fn faulty() -> (Arc<dyn BlockDevice>, FaultHandle) {
         let f = FaultyDisk::new(MemDisk::new(SIZE));
         let h = f.handle();
         let p = CreateParams {
@@ -520,7 +544,7 @@ mod tests {
         (Arc::new(f), h)
     }
 
-    fn wait(what: &str, mut ok: impl FnMut() -> bool) {
+    pub(in crate::node) fn wait(what: &str, mut ok: impl FnMut() -> bool) {
         let until = Instant::now() + Duration::from_secs(30);
         while !ok() {
             assert!(Instant::now() < until, "waited 30 s for {what}");
@@ -528,17 +552,17 @@ mod tests {
         }
     }
 
-    fn established(node: &Node) -> bool {
+    pub(in crate::node) fn established(node: &Node) -> bool {
         node.status().peers[0].replication == Repl::Established
     }
 
-    fn kinds(node: &Node) -> Vec<String> {
+    pub(in crate::node) fn kinds(node: &Node) -> Vec<String> {
         node.status().events.into_iter().map(|e| e.kind).collect()
     }
 
     /// Writes through both of the primary's write paths (waiting, and answered by the
     /// last replica), alternately.
-    fn write(vol: &Volume, buf: &[u8], offset: u64, i: usize) -> Result<()> {
+    pub(in crate::node) fn write(vol: &Volume, buf: &[u8], offset: u64, i: usize) -> Result<()> {
         if i.is_multiple_of(2) {
             return vol.write_at(buf, offset, WriteFlags::NONE);
         }
@@ -611,10 +635,8 @@ mod tests {
         assert_ne!(now, before, "no new generation at the detach");
         assert_eq!(far.persisted().current, now, "the peer did not adopt it");
         assert_eq!(far.persisted().history[1], before, "not two generations on");
-        // A primary never takes a disk back; a diskless one steps down cleanly and
-        // cannot be promoted again.
-        let e = node.attach_disk(None).unwrap_err();
-        assert!(e.contains("fail over first"), "{e}");
+        // A diskless primary steps down cleanly and cannot be promoted again (it takes
+        // its disk back as primary in pull.rs's tests).
         node.demote().unwrap();
         let e = node.promote(false).unwrap_err();
         assert!(e.contains("diskless"), "{e}");

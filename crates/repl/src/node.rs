@@ -47,6 +47,8 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 // the node's fields as resync does.
 #[path = "detach.rs"]
 mod detach;
+#[path = "pull.rs"]
+mod pull;
 #[path = "secondary.rs"]
 mod secondary;
 #[path = "sync.rs"]
@@ -519,6 +521,10 @@ pub struct Node {
     /// what is inside).
     disk_gate: Arc<detach::Gate<Arc<dyn BlockDevice>>>,
     meta_gate: Arc<detach::Gate<Box<dyn MetaIo>>>,
+    /// A primary filling its disk from a peer (pull.rs); `pull_on` says whether there
+    /// is one without taking the lock, on every request.
+    pull: Mutex<Option<Arc<pull::Pull>>>,
+    pull_on: AtomicBool,
 }
 
 impl fmt::Debug for Node {
@@ -687,6 +693,8 @@ impl Node {
             disk_gate,
             meta: Box::new(meta_gate.clone()),
             meta_gate,
+            pull: Mutex::new(None),
+            pull_on: AtomicBool::new(false),
         };
         if crashed {
             node.event("crashed-primary", None, "this node stopped as primary without a clean stop: its activity log's extents will be resynced".into());
@@ -1043,6 +1051,7 @@ impl Node {
 
     fn write(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check_primary()?;
+        self.pull_needs_a_peer()?;
         self.app_io.fetch_add(1, Ordering::Relaxed);
         let len = buf.len() as u64;
         let range = self.locks.lock_owned(offset, len);
@@ -1064,11 +1073,16 @@ impl Node {
             .map(|(p, l)| (*p, l.as_ref().map(|l| l.start_write(buf, offset, flags))))
             .collect();
         let local = self.disk.write_at(buf, offset, flags);
+        if local.is_ok() {
+            self.pulled_by_write(offset, len);
+        }
         // Detached (now or before): the write is answered by the up-to-date peers alone,
         // with protocol A too.
         let gone = local.as_ref().is_err_and(|e| self.local_failed(e));
         let mut missed = Ok(());
-        if self.cfg.protocol == Protocol::A && local.is_ok() {
+        // While the disk is being filled, the local copy is no whole replica: the
+        // write waits for its peers (as protocol C).
+        if self.cfg.protocol == Protocol::A && local.is_ok() && self.pulling().is_none() {
             let tx = self
                 .async_tx
                 .lock()
@@ -1128,8 +1142,9 @@ impl Node {
         self.answer_write(local, gone, up_to_date).and(missed)
     }
 
-    /// A write's answer: the local result, or, once the local disk is detached, OK
-    /// only if an up-to-date peer has the write.
+    /// A write's answer: the local result, or, once the local disk is detached (or
+    /// while it is being filled from a peer), OK only if an up-to-date peer has the
+    /// write.
     fn answer_write(&self, local: Result<()>, gone: bool, up_to_date: usize) -> Result<()> {
         match local {
             Err(e) if gone && up_to_date == 0 => Err(e.context(format!(
@@ -1137,6 +1152,13 @@ impl Node {
                 self.cfg.resource
             ))),
             Err(_) if gone => Ok(()),
+            Ok(()) if up_to_date == 0 && self.pulling().is_some() => Err(io_err(
+                ErrorKind::Io,
+                format!(
+                    "{}: the local disk is being filled from a peer (inconsistent) and no up-to-date peer took the write",
+                    self.cfg.resource
+                ),
+            )),
             r => r,
         }
     }
@@ -1151,7 +1173,7 @@ impl Node {
         if self.cfg.protocol != Protocol::C {
             return done(self.write(buf, offset, flags));
         }
-        if let Err(e) = self.check_primary() {
+        if let Err(e) = self.check_primary().and_then(|()| self.pull_needs_a_peer()) {
             return done(Err(e));
         }
         self.app_io.fetch_add(1, Ordering::Relaxed);
@@ -1204,6 +1226,10 @@ impl Node {
             }
         }
         let local = self.disk.write_at(buf, offset, flags);
+        if local.is_ok() {
+            // Under the write's range, as in `write`.
+            self.pulled_by_write(offset, len);
+        }
         *op.local.lock().unwrap_or_else(|p| p.into_inner()) = Some(local);
         op.one();
     }
@@ -1236,12 +1262,18 @@ impl Node {
 
     fn flush(&self) -> Result<()> {
         self.check_primary()?;
+        self.pull_needs_a_peer()?;
+        // Diskless at the start: the gate's refusal is no failure of a disk an
+        // `attach` may bring meanwhile.
+        let was_diskless = self.is_diskless();
         let lost = std::cell::RefCell::new(Vec::new());
         let (local, up_to_date) = self.flush_replicas(|peer| {
             self.mark_active(peer);
             lost.borrow_mut().push(peer.slot);
         });
-        let gone = local.as_ref().is_err_and(|e| self.local_failed(e));
+        let gone = local
+            .as_ref()
+            .is_err_and(|e| was_diskless || self.local_failed(e));
         let local = self.answer_write(local, gone, up_to_date);
         // Writes acknowledged before may not be durable on a peer whose flush failed: with
         // a quorum it is marked outdated before this flush is acknowledged.
@@ -1260,7 +1292,7 @@ impl Node {
         if old.is_none() {
             return;
         }
-        peer.set(Conn::Connecting, Repl::Off);
+        self.pull_lost(peer, || peer.set(Conn::Connecting, Repl::Off));
         peer.state().last_error = Some(why.to_string());
         self.event(
             "disconnect",
@@ -1768,6 +1800,7 @@ impl Node {
             ex.clients.remove(&self.cfg.resource);
         }
         self.clean_stop().map_err(|e| e.to_string())?;
+        self.abandon_pull();
         // Giving the lease back (revoking it) lets another node take over at once.
         *self.guard.write().unwrap_or_else(|p| p.into_inner()) = None;
         drop(self.lease.lock().unwrap_or_else(|p| p.into_inner()).take());
@@ -1888,6 +1921,7 @@ impl Node {
             .map(|peer| {
                 let s = peer.state();
                 let oos = peer.bitmap.count_bytes(self.data_size);
+                let pull = self.pull_progress(peer.slot);
                 let resync = s.resync.as_ref().map(|r| {
                     let done = peer.resync_done.load(Ordering::Relaxed);
                     let rate = r.speed.rate(Instant::now(), done);
@@ -1906,10 +1940,16 @@ impl Node {
                     name: peer.cfg.name.clone(),
                     address: peer.cfg.opts.addr.to_string(),
                     connection: s.conn,
-                    replication: s.repl,
+                    // The peer a primary fills its disk from is, seen from here, the
+                    // source of a resync to this node.
+                    replication: if pull.is_some() && s.repl == Repl::Established {
+                        Repl::SyncTarget
+                    } else {
+                        s.repl
+                    },
                     out_of_sync_bytes: oos,
                     peer_changes: s.peer_changes.map(|c| c * self.meta.bm_block()),
-                    resync,
+                    resync: pull.or(resync),
                     last_error: s.last_error.clone(),
                     since: s
                         .since
@@ -1923,7 +1963,7 @@ impl Node {
             "Failed"
         } else if self.is_diskless() {
             "Diskless"
-        } else if !p.consistent {
+        } else if !p.consistent || self.pulling().is_some() {
             "Inconsistent"
         } else if p.current == JUST_CREATED {
             "Blank"

@@ -26,6 +26,13 @@ impl Node {
                 peer.state().last_error =
                     Some("this node is diskless: it cannot resync a peer".into());
                 self.sleep(Duration::from_millis(200));
+            } else if !self.pull_may_connect(peer) && peer.link().is_none() {
+                // Nor while its disk is being filled: that disk is no copy to resync
+                // from yet (but the pull's last source, back, is taken: pull.rs).
+                peer.state().last_error = Some(
+                    "this node's disk is being filled from a peer: it resyncs no peer until that is done".into(),
+                );
+                self.sleep(Duration::from_millis(200));
             } else if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
                 match self.connect_peer(peer) {
                     Ok(()) => backoff = Duration::from_millis(500),
@@ -125,7 +132,7 @@ impl Node {
     /// until the peer threads stop (the node is made secondary) or `give_up`: false. A
     /// primary without its lease neither connects nor copies: another node may be
     /// primary now.
-    fn wait_for_lease(&self, give_up: impl Fn() -> bool) -> bool {
+    pub(super) fn wait_for_lease(&self, give_up: impl Fn() -> bool) -> bool {
         if !self.lease_lost() {
             return true;
         }
@@ -172,7 +179,7 @@ impl Node {
         }
     }
 
-    fn sleep(&self, d: Duration) {
+    pub(super) fn sleep(&self, d: Duration) {
         let end = Instant::now() + d;
         while Instant::now() < end && !self.stop_peers.load(Ordering::SeqCst) {
             thread::sleep(Duration::from_millis(20).min(d));
@@ -260,10 +267,27 @@ impl Node {
                 full
             }
         };
+        if self.pulling().is_some() {
+            if full {
+                return Err(format!(
+                    "peer {} needs a full resync, and this node's disk is still being filled: it is connected once that is done",
+                    peer.cfg.name
+                ));
+            }
+            if !self.pull_may_connect(peer) {
+                return Err(format!(
+                    "this node's disk is being filled from a peer: {} is connected once that is done",
+                    peer.cfg.name
+                ));
+            }
+        }
         let resync = full || decision != Decision::InSync || mine > 0 || theirs > 0;
         if resync && !full && (decision != Decision::InSync || theirs > 0) {
             self.fetch_peer_bitmap(peer)?;
         }
+        // The pull's last source, back: what it holds of the blocks not filled here is
+        // what the pull copies; only the rest of its bitmap is resynced from here.
+        self.pull_resume_bits(peer);
         if full {
             peer.bitmap.set_all();
         }

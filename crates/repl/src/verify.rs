@@ -221,7 +221,7 @@ struct Run {
 pub(super) struct Shared {
     /// Set by `invalidate`: until a full resync starts, no resync may make this node's
     /// data current.
-    invalidated: AtomicBool,
+    pub(super) invalidated: AtomicBool,
     runs: Mutex<Vec<(String, Arc<Run>)>>,
 }
 
@@ -352,6 +352,14 @@ impl Node {
         if self.role() != Role::Primary {
             return Err(format!(
                 "{} is secondary on {}: verify runs on the primary, which compares its data with its peers'",
+                self.cfg.resource, self.cfg.node
+            ));
+        }
+        if self.is_diskless() || self.pulling().is_some() {
+            // Its blocks not filled yet would all differ, and be marked in the peers'
+            // bitmaps: a resync would then copy them from here.
+            return Err(format!(
+                "{} on {} has no whole local copy (diskless, or its disk is being filled from a peer): verify after `cairn repl status` shows it UpToDate",
                 self.cfg.resource, self.cfg.node
             ));
         }
