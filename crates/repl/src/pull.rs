@@ -40,6 +40,8 @@ pub(super) struct Pull {
     started: Instant,
     done: AtomicU64,
     pacer: Pacer,
+    /// Its speed over the last seconds, for `status`.
+    speed: Speed,
     /// The peer the pull reads from now (its slot), for `status`.
     source: Mutex<Option<usize>>,
     /// The last up-to-date peer, lost while no other was left: since then no write
@@ -177,6 +179,7 @@ impl Node {
             started: Instant::now(),
             done: AtomicU64::new(0),
             pacer: Pacer::new(self.cfg.resync, &self.app_io),
+            speed: Speed::new(Instant::now()),
             source: Mutex::new(Some(source.slot)),
             resume: Mutex::new(None),
         });
@@ -359,7 +362,8 @@ impl Node {
             }
             pull.todo.clear(a, b);
             drop(range);
-            pull.done.fetch_add(len, Ordering::Relaxed);
+            let done = pull.done.fetch_add(len, Ordering::Relaxed);
+            pull.speed.note(Instant::now(), done + len);
             cursor = b;
         }
         self.finish_pull(pull);
@@ -413,13 +417,7 @@ impl Node {
         }
         let done = pull.done.load(Ordering::Relaxed);
         let left = pull.todo.count_bytes(self.data_size);
-        let el = pull.started.elapsed().as_secs_f64().max(0.001);
-        #[allow(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss
-        )]
-        let rate = (done as f64 / el) as u64;
+        let rate = pull.speed.rate(Instant::now(), done);
         let target = pull.pacer.target(&self.app_io);
         Some(Progress {
             total_bytes: pull.total,
