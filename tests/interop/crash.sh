@@ -43,12 +43,7 @@ if [ "${CAIRN_LONG:-0}" = 1 ]; then KILLS=${CAIRN_KILLS:-50}; else KILLS=${CAIRN
 SEED=${CAIRN_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 say "crash: seed $SEED, $KILLS kills per array (replay: CAIRN_SEED=$SEED${CAIRN_LONG:+ CAIRN_LONG=$CAIRN_LONG})"
 
-# rng N: sets R to a number in [0, N) (a 64-bit LCG in bash arithmetic, the same on every
-# bash; not $RANDOM, which bash reseeds in subshells).
-rng() {
-  RNG=$((RNG * 6364136223846793005 + 1442695040888963407))
-  R=$((((RNG >> 33) & 0x7fffffff) % $1))
-}
+# rng N (lib.sh): the seeded choices below.
 
 # serve NAME: serves ${M[@]} as NAME with a control socket; sets CTL, URI, SIZE.
 serve() {
@@ -93,11 +88,7 @@ sb_states() {
 fio_job() {
   local out=$1
   shift
-  # A fio whose server died can spin printing errors (seen with fio 3.33): its stderr is
-  # capped (a full pipe ends it with SIGPIPE) and timeout kills it for sure, so it can
-  # neither outlive the test nor fill the disk.
-  timeout -k 5 120 fio --name=crash --ioengine=nbd --uri="$URI" "${FIO_ARGS[@]}" "$@" \
-    --output-format=json --output="$out.json" >"$out.stdout" 2> >(head -c 1000000 >"$out.err")
+  fio_nbd crash "$URI" "$out" "${FIO_ARGS[@]}" "$@"
 }
 
 # details: what a failure report needs.

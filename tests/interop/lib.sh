@@ -238,6 +238,27 @@ random_file() {
   [ "$(stat -c %s "$1")" = "$bytes" ] || fail "could not make $2 of random data in $1"
 }
 
+# --- seeded choices and fio under a server that may die -----------------------------------
+
+# rng N: sets R to a number in [0, N) from RNG (seed it from the run's SEED first): a
+# 64-bit LCG in bash arithmetic, the same on every bash; not $RANDOM, which bash reseeds
+# in subshells such as $(...), so a replay would not repeat it.
+rng() {
+  RNG=$((RNG * 6364136223846793005 + 1442695040888963407))
+  R=$((((RNG >> 33) & 0x7fffffff) % $1))
+}
+
+# fio_nbd NAME URI OUT ARGS...: fio's nbd engine on URI, JSON to OUT.json, stdout to
+# OUT.stdout, stderr to OUT.err. A fio whose server died can spin printing errors (seen
+# with fio 3.33): its stderr is capped (a full pipe ends it with SIGPIPE) and timeout
+# kills it for sure, so it can neither outlive the test nor fill the disk.
+fio_nbd() {
+  local name=$1 uri=$2 out=$3
+  shift 3
+  timeout -k 5 120 fio --name="$name" --ioengine=nbd --uri="$uri" "$@" \
+    --output-format=json --output="$out.json" >"$out.stdout" 2> >(head -c 1000000 >"$out.err")
+}
+
 # --- running tests ---------------------------------------------------------------------
 
 # run_test NAME FUNCTION: runs FUNCTION in a subshell with set -e, records the result,

@@ -146,21 +146,11 @@ t_idle_peer_loss() {
 # into the first block fio wrote (--write_iolog), through the new primary, and
 # --verify_only must fail there ("crc32c: verify failed ...").
 
-# rng N: sets R to a number in [0, N) from the run's SEED (crash.sh's 64-bit LCG; not
-# $RANDOM, which bash reseeds in subshells such as $(...)).
-rng() {
-  RNG=$((RNG * 6364136223846793005 + 1442695040888963407))
-  R=$((((RNG >> 33) & 0x7fffffff) % $1))
-}
-
 # ff_fio OUT EXTRA...: fio's job FF_ARGS through FF_URI with EXTRA; JSON to OUT.json.
 ff_fio() {
   local out=$1
   shift
-  # A fio whose server died can spin printing errors (fio 3.33): stderr capped, and
-  # timeout ends it for sure.
-  timeout -k 5 120 fio --name=failover --ioengine=nbd --uri="$FF_URI" "${FF_ARGS[@]}" "$@" \
-    --output-format=json --output="$out.json" >"$out.stdout" 2> >(head -c 1000000 >"$out.err")
+  fio_nbd failover "$FF_URI" "$out" "${FF_ARGS[@]}" "$@"
 }
 
 # ff_details: what a failure report needs.
