@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!   local read/write/flush fails ─> local_failed ─ pass-on ─> the error goes on as before
-//!                                        └ detach ─> Failed: the metadata on the disk says
-//!                                                    "inconsistent" (if it still takes a write)
+//!   (the application's, or a             └ detach ─> Failed: the metadata on the disk says
+//!   resync's or verify's read)                       "inconsistent" (if it still takes a write)
 //!                                                    ─> Diskless: Gate refuses the disk and
 //!                                                    its metadata from now on
 //!   primary, diskless: reads from an up-to-date peer; writes and flushes go to the peers
@@ -812,6 +812,126 @@ mod tests {
         );
         node.demote().unwrap();
         far_stop.shutdown();
+    }
+
+    /// Where the tests below make the primary's disk fail a read: inside the data area,
+    /// after its first few MiB.
+    const BAD: std::ops::Range<u64> = (9 << 20)..(9 << 20) + 4096;
+
+    /// The primary's disk fails one block's reads while it resyncs its peer (the
+    /// initial full sync). `detach`: the node detaches it as an application read would,
+    /// the resync stops, and the peer, not at fault, stays connected but Inconsistent.
+    /// `pass-on`: the resync fails and drops its peer, the disk stays.
+    fn resync_source_read_fails(on_io_error: OnIoError) -> Arc<Node> {
+        let (far, _far_disk, addr, far_stop) = far_secondary();
+        let (disk, h) = faulty();
+        h.fail_range(Op::Read, BAD);
+        let node = node_a_towards(addr, &disk, |c| c.on_io_error = on_io_error);
+        node.promote(true).unwrap();
+        let want = if on_io_error == OnIoError::Detach {
+            "resync-stopped"
+        } else {
+            "disconnect"
+        };
+        wait(want, || kinds(&node).contains(&want.to_string()));
+        let s = node.status();
+        let k = kinds(&node);
+        if on_io_error == OnIoError::Detach {
+            assert_eq!(s.disk, "Diskless", "{s:?}");
+            assert!(
+                k.contains(&"disk-failed".into()) && k.contains(&"detached".into()),
+                "{k:?}"
+            );
+            assert!(
+                !k.contains(&"disconnect".into()),
+                "the peer was dropped: {k:?}"
+            );
+            let p = &s.peers[0];
+            assert_eq!((p.connection, p.replication), (Conn::Connected, Repl::Off));
+            let e = p.last_error.clone().unwrap_or_default();
+            assert!(e.contains("detached") && e.contains("Inconsistent"), "{e}");
+            assert!(p.out_of_sync_bytes > 0, "{p:?}");
+            assert_eq!(far.status().disk, "Inconsistent");
+            // No up-to-date replica: the application gets the error; the peer still
+            // takes the write (it is connected).
+            let vol = Volume(node.clone());
+            let e = vol
+                .write_at(&[5; 4096], 4096, WriteFlags::NONE)
+                .unwrap_err();
+            assert!(e.to_string().contains("no up-to-date peer"), "{e}");
+            let e = node.verify(None, false).unwrap_err();
+            assert!(e.contains("diskless"), "{e}");
+        } else {
+            assert_eq!(s.disk, "UpToDate", "{s:?}");
+            assert!(!k.contains(&"detached".into()), "{k:?}");
+        }
+        far_stop.shutdown();
+        node
+    }
+
+    #[test]
+    fn a_resync_whose_local_read_fails_detaches_and_keeps_its_peer() {
+        resync_source_read_fails(OnIoError::Detach);
+    }
+
+    #[test]
+    fn with_pass_on_a_resync_whose_local_read_fails_drops_its_peer() {
+        resync_source_read_fails(OnIoError::PassOn);
+    }
+
+    /// The primary's disk fails one block's reads during an online verify: `detach`
+    /// detaches it and the verify stops saying so; the peer stays in sync and the
+    /// diskless primary goes on through it. `pass-on`: the verify fails, the disk stays.
+    fn verify_read_fails(on_io_error: OnIoError) {
+        let (_far, far_disk, addr, far_stop) = far_secondary();
+        let (disk, h) = faulty();
+        let node = node_a_towards(addr, &disk, |c| c.on_io_error = on_io_error);
+        node.promote(true).unwrap();
+        wait("the initial sync", || established(&node));
+        h.fail_range(Op::Read, BAD);
+        node.verify(None, false).unwrap();
+        wait("the verify's end", || {
+            node.status().peers[0]
+                .verify
+                .as_ref()
+                .is_some_and(|v| !v.running)
+        });
+        let s = node.status();
+        let v = s.peers[0].verify.clone().unwrap();
+        let e = v.error.unwrap_or_default();
+        let k = kinds(&node);
+        assert!(k.contains(&"verify-failed".into()), "{k:?}");
+        assert!(!k.contains(&"disconnect".into()), "{k:?}");
+        assert_eq!(s.peers[0].replication, Repl::Established);
+        if on_io_error == OnIoError::Detach {
+            assert!(e.contains("detached") && e.contains("in sync"), "{e}");
+            assert_eq!(s.disk, "Diskless", "{s:?}");
+            assert!(k.contains(&"detached".into()), "{k:?}");
+            let vol = Volume(node.clone());
+            vol.write_at(&[6; 4096], BAD.start, WriteFlags::NONE)
+                .unwrap();
+            let mut b = [0u8; 4096];
+            vol.read_at(&mut b, BAD.start).unwrap();
+            assert_eq!(b, [6; 4096]);
+            far_disk.read_at(&mut b, BAD.start).unwrap();
+            assert_eq!(b, [6; 4096], "the peer lacks the write");
+        } else {
+            assert!(e.contains("reading this node's data"), "{e}");
+            assert_eq!(s.disk, "UpToDate", "{s:?}");
+            assert!(!k.contains(&"detached".into()), "{k:?}");
+        }
+        node.demote().unwrap();
+        far_stop.shutdown();
+    }
+
+    #[test]
+    fn a_verify_whose_local_read_fails_detaches() {
+        verify_read_fails(OnIoError::Detach);
+    }
+
+    #[test]
+    fn with_pass_on_a_verify_whose_local_read_fails_only_stops() {
+        verify_read_fails(OnIoError::PassOn);
     }
 
     /// `detach` by hand: refused on a primary with no up-to-date peer; with one, the

@@ -403,7 +403,7 @@ impl Node {
         let run_bits = ((1u64 << 20) / bm).max(1);
         let total = peer.bitmap.count_bytes(self.data_size);
         peer.resync_done.store(0, Ordering::Relaxed);
-        let failed: Mutex<Option<String>> = Mutex::new(None);
+        let failed: Mutex<Option<ResyncStop>> = Mutex::new(None);
         let pacer = Arc::new(Pacer::new(self.cfg.resync, &self.app_io));
         peer.state().resync = Some(ResyncCounters {
             total,
@@ -444,19 +444,35 @@ impl Node {
                             if stopping() {
                                 return;
                             }
-                            let r = (|| -> Result<()> {
+                            // Err((error, the local disk's)).
+                            let r = (|| -> std::result::Result<(), (Error, bool)> {
                                 let Some(link) = peer.link() else {
-                                    return Err(io_err(ErrorKind::Gone, "the peer is gone"));
+                                    return Err((
+                                        io_err(ErrorKind::Gone, "the peer is gone"),
+                                        false,
+                                    ));
                                 };
                                 let _range = self.locks.lock(off, len);
-                                self.disk.read_at(&mut buf[..n], off)?;
-                                link.write_at(&buf[..n], off, WriteFlags::NONE)?;
+                                self.disk
+                                    .read_at(&mut buf[..n], off)
+                                    .map_err(|e| (e, true))?;
+                                link.write_at(&buf[..n], off, WriteFlags::NONE)
+                                    .map_err(|e| (e, false))?;
                                 peer.bitmap.clear(a, b);
                                 Ok(())
                             })();
-                            if let Err(e) = r {
-                                *failed.lock().unwrap_or_else(|p| p.into_inner()) =
-                                    Some(e.to_string());
+                            if let Err((e, local)) = r {
+                                // Out of the range lock: a detach asks the peers to
+                                // adopt a new generation.
+                                let stop = if local && self.local_failed(&e) {
+                                    ResyncStop::Detached(format!("reading at {off}: {e}"))
+                                } else {
+                                    ResyncStop::Failed(e.to_string())
+                                };
+                                failed
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .get_or_insert(stop);
                                 return;
                             }
                             peer.resync_done.fetch_add(len, Ordering::Relaxed);
@@ -464,10 +480,14 @@ impl Node {
                     });
                 }
             });
-            if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                self.lose(peer, &format!("resync: {e}"));
-                peer.state().resync = None;
-                return Err(e);
+            match failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                Some(ResyncStop::Failed(e)) => {
+                    self.lose(peer, &format!("resync: {e}"));
+                    peer.state().resync = None;
+                    return Err(e);
+                }
+                Some(ResyncStop::Detached(e)) => return Err(self.resync_detached(peer, &e)),
+                None => {}
             }
             if self.stop_peers.load(Ordering::SeqCst) {
                 peer.state().resync = None;
@@ -547,8 +567,37 @@ impl Node {
         );
         Ok(())
     }
+
+    /// The resync stopped because this node's disk failed a read and was detached
+    /// (`--on-io-error detach`): there is nothing left to copy from. The peer is not
+    /// dropped, the fault was not its own: it stays connected and takes the
+    /// application's writes, but stays Inconsistent (a resync target whose resync did
+    /// not finish) until a node with the data resyncs it; its blocks not yet copied
+    /// stay marked in its bitmap.
+    fn resync_detached(&self, peer: &Peer, e: &str) -> String {
+        let msg = format!(
+            "resync to {} stopped: this node's disk failed ({e}) and was detached, so there is nothing to copy from; {} stays connected but Inconsistent until a node with the data resyncs it",
+            peer.cfg.name, peer.cfg.name
+        );
+        {
+            let mut s = peer.state();
+            s.resync = None;
+            s.last_error = Some(msg.clone());
+        }
+        peer.set(Conn::Connected, Repl::Off);
+        self.event("resync-stopped", Some(&peer.cfg.name), msg.clone());
+        msg
+    }
 }
 
-fn failed_now(failed: &Mutex<Option<String>>) -> bool {
+/// Why a resync pass stopped early.
+enum ResyncStop {
+    /// The peer (or the link to it) failed: it is dropped.
+    Failed(String),
+    /// The local disk failed and was detached.
+    Detached(String),
+}
+
+fn failed_now(failed: &Mutex<Option<ResyncStop>>) -> bool {
     failed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
 }
