@@ -9,7 +9,9 @@
 //!                                                    its metadata from now on
 //!   primary, diskless: reads from an up-to-date peer; writes and flushes go to the peers
 //!   only and are answered OK only when an up-to-date (Established) peer has them; a new
-//!   generation, adopted by the peers in sync, so the old disk can never pass for current
+//!   generation, adopted by the peers in sync, so the old disk can never pass for current;
+//!   with no up-to-date peer: the request fails, or (`--on-no-data suspend-io`) waits
+//!   for one (wait_for_data) until the node stops being primary
 //!   secondary, diskless: refuses its primary (the handshake), until `attach` (invalidate:
 //!   a full resync from the primary) of the same disk, or of a new one (`--disk`: swapped
 //!   in behind the gate)
@@ -348,16 +350,145 @@ impl Node {
         if !self.local_failed(&e) {
             return Err(e);
         }
-        for (peer, link) in self.up_to_date_peers() {
-            match link.read_at(buf, offset) {
-                Ok(()) => return Ok(()),
-                Err(pe) => self.lose(peer, &pe.to_string()),
+        loop {
+            for (peer, link) in self.up_to_date_peers() {
+                match link.read_at(buf, offset) {
+                    Ok(()) => return Ok(()),
+                    Err(pe) => self.lose(peer, &pe.to_string()),
+                }
+            }
+            if !self.wait_for_data()? {
+                break;
             }
         }
         Err(e.context(format!(
             "{}: the local disk is detached and no up-to-date peer is connected",
             self.cfg.resource
         )))
+    }
+
+    /// Whether a request can be served with data: Ok(true) while the disk is attached or
+    /// an up-to-date peer is connected. A diskless primary with neither: with
+    /// `--on-no-data io-error`, Ok(false) (the request fails as before); with
+    /// `suspend-io`, the request waits (holding what its caller holds: a write, its
+    /// range) until an up-to-date peer is connected (Ok(true)), or fails once the node
+    /// stops being primary (demoted, stepped down by itself, stopping). The lease
+    /// freeze's shape (`lease_check`).
+    pub(crate) fn wait_for_data(&self) -> Result<bool> {
+        if !self.is_diskless() {
+            return Ok(true);
+        }
+        loop {
+            if !self.up_to_date_peers().is_empty() {
+                if self.no_data_lock().take().is_some() {
+                    self.event(
+                        "io-resumed",
+                        None,
+                        format!(
+                            "{} on {}: an up-to-date peer is connected: the held requests go on",
+                            self.cfg.resource, self.cfg.node
+                        ),
+                    );
+                }
+                return Ok(true);
+            }
+            if self.cfg.on_no_data == OnNoData::IoError {
+                return Ok(false);
+            }
+            if self.halt.load(Ordering::SeqCst)
+                || self.stopped.load(Ordering::SeqCst)
+                || self.role() != Role::Primary
+            {
+                let why = self
+                    .superseded_by()
+                    .unwrap_or_else(|| "it is being made secondary".into());
+                if self.no_data_lock().take().is_some() {
+                    self.event(
+                        "io-failed",
+                        None,
+                        format!(
+                            "{} on {}: the held requests fail: this node is no longer primary ({why})",
+                            self.cfg.resource, self.cfg.node
+                        ),
+                    );
+                }
+                return Err(io_err(
+                    ErrorKind::Shutdown,
+                    format!(
+                        "{}: this node is diskless, its I/O was suspended for want of an up-to-date peer, and it is no longer primary: {why}",
+                        self.cfg.resource
+                    ),
+                ));
+            }
+            {
+                let mut held = self.no_data_lock();
+                if held.is_none() {
+                    let why = "this node is diskless and no up-to-date peer is connected: \
+                               requests wait for one (--on-no-data suspend-io)"
+                        .to_string();
+                    *held = Some(why.clone());
+                    drop(held);
+                    self.event(
+                        "io-suspended",
+                        None,
+                        format!(
+                            "{} on {}: I/O suspended: {why}",
+                            self.cfg.resource, self.cfg.node
+                        ),
+                    );
+                }
+            }
+            // Held: writes this thread held back (cairn_nbd::cork) go out first.
+            cairn_nbd::cork::release();
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn no_data_lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.no_data.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Why requests are held now (`status`), if they are.
+    pub(super) fn no_data_status(&self) -> Option<String> {
+        self.no_data_lock().clone()
+    }
+
+    /// A write no replica with the data took (the local disk detached under it, no
+    /// up-to-date peer): failed with `e` (answer_write's) as before, or, with `--on-no-data suspend-io`,
+    /// held until an up-to-date peer is connected and sent to it; answered once one has
+    /// it.
+    pub(crate) fn write_when_data_returns(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+        e: Error,
+    ) -> Result<()> {
+        let len = buf.len() as u64;
+        loop {
+            if !self.wait_for_data()? {
+                return Err(e);
+            }
+            let mut took = 0;
+            let mut missed = Ok(());
+            for (peer, link) in self.up_to_date_peers() {
+                match link.write_at(buf, offset, flags) {
+                    Ok(()) => {
+                        let (a, b) = peer.bitmap.inside(offset, len);
+                        peer.bitmap.clear(a, b);
+                        took += 1;
+                    }
+                    Err(pe) => {
+                        peer.bitmap.set_bytes(offset, len);
+                        self.lose(peer, &pe.to_string());
+                        missed = missed.and_then(|()| self.ensure_outdated(peer));
+                    }
+                }
+            }
+            if took > 0 {
+                return missed;
+            }
+        }
     }
 
     /// A disk for `attach --disk` fits the resource: the same data area and bitmap
@@ -932,6 +1063,82 @@ mod tests {
     #[test]
     fn with_pass_on_a_verify_whose_local_read_fails_only_stops() {
         verify_read_fails(OnIoError::PassOn);
+    }
+
+    /// A diskless primary with `--on-no-data suspend-io` whose only peer is
+    /// disconnected: a write and a read are held, unanswered, with the status and an
+    /// event saying so. `back`: the peer is connected again (nothing to copy: no write
+    /// went out meanwhile) and both go on; else the node is demoted and both fail.
+    fn held_without_data(back: bool) {
+        let (_far, far_disk, addr, far_stop) = far_secondary();
+        let (disk, _h) = faulty();
+        let node = node_a_towards(addr, &disk, |c| c.on_no_data = OnNoData::SuspendIo);
+        node.promote(true).unwrap();
+        wait("the initial sync", || established(&node));
+        let vol = Volume(node.clone());
+        vol.write_at(&[3; 4096], 1 << 20, WriteFlags::NONE).unwrap();
+        node.detach().unwrap();
+        node.set_connect(None, false, false).unwrap();
+        assert!(node.status().io_suspended.is_none());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (v, t) = (vol.clone(), tx.clone());
+        thread::spawn(move || {
+            let _ = t.send(("write", v.write_at(&[9; 4096], 0, WriteFlags::NONE)));
+        });
+        let v = vol.clone();
+        thread::spawn(move || {
+            let mut b = [0u8; 4096];
+            let r = v.read_at(&mut b, 1 << 20);
+            let r = r.and_then(|()| {
+                if b == [3; 4096] {
+                    Ok(())
+                } else {
+                    Err(io_err(ErrorKind::Io, "the held read got other data"))
+                }
+            });
+            let _ = tx.send(("read", r));
+        });
+        wait("the suspension", || {
+            node.status().io_suspended.is_some() && kinds(&node).contains(&"io-suspended".into())
+        });
+        thread::sleep(Duration::from_millis(300));
+        assert!(rx.try_recv().is_err(), "a request was answered while held");
+        let why = node.status().io_suspended.unwrap();
+        assert!(why.contains("no up-to-date peer"), "{why}");
+        if back {
+            node.set_connect(None, true, false).unwrap();
+            for _ in 0..2 {
+                let (what, r) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+                r.unwrap_or_else(|e| panic!("the held {what}: {e}"));
+            }
+            assert!(established(&node));
+            assert!(node.status().io_suspended.is_none());
+            assert!(kinds(&node).contains(&"io-resumed".into()));
+            let mut b = [0u8; 4096];
+            far_disk.read_at(&mut b, 0).unwrap();
+            assert_eq!(b, [9; 4096], "the peer lacks the held write");
+            node.demote().unwrap();
+        } else {
+            node.demote().unwrap();
+            for _ in 0..2 {
+                let (what, r) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+                let e = r.expect_err(what);
+                assert!(e.to_string().contains("no longer primary"), "{what}: {e}");
+            }
+            assert!(kinds(&node).contains(&"io-failed".into()));
+            assert!(node.status().io_suspended.is_none());
+        }
+        far_stop.shutdown();
+    }
+
+    #[test]
+    fn a_held_write_goes_on_when_an_up_to_date_peer_returns() {
+        held_without_data(true);
+    }
+
+    #[test]
+    fn held_requests_fail_when_the_node_is_demoted() {
+        held_without_data(false);
     }
 
     /// `detach` by hand: refused on a primary with no up-to-date peer; with one, the

@@ -15,11 +15,14 @@ impl Node {
                 continue;
             }
             let want = peer.state().want;
-            // A diskless primary has nothing to resync a peer from: it keeps the peers
-            // it has and connects no other.
-            if self.is_diskless() && peer.link().is_none() {
-                peer.state().last_error =
-                    Some("this node is diskless: it cannot resync a peer".into());
+            // A diskless primary has nothing to resync a peer from: it connects only a
+            // peer with nothing marked for it (connect_peer refuses one that needs a
+            // copy after the handshake).
+            if self.is_diskless() && peer.link().is_none() && peer.bitmap.count() > 0 {
+                peer.state().last_error = Some(format!(
+                    "this node is diskless: it cannot resync a peer ({} bytes out of sync)",
+                    peer.bitmap.count_bytes(self.data_size)
+                ));
                 self.sleep(Duration::from_millis(200));
             } else if want && peer.link().is_none() && peer.state().conn != Conn::StandAlone {
                 match self.connect_peer(peer) {
@@ -234,9 +237,26 @@ impl Node {
                 full
             }
         };
+        if self.is_diskless() && (full || mine > 0 || theirs > 0) {
+            return Err(format!(
+                "this node is diskless: {} needs a resync ({}), and this node has no data to copy",
+                peer.cfg.name,
+                if full {
+                    "a full one".to_string()
+                } else {
+                    format!("{mine} blocks marked here, {theirs} there")
+                }
+            ));
+        }
         let resync = full || decision != Decision::InSync || mine > 0 || theirs > 0;
         if resync && !full && (decision != Decision::InSync || theirs > 0) {
             self.fetch_peer_bitmap(peer)?;
+            if self.is_diskless() && peer.bitmap.count() > 0 {
+                return Err(format!(
+                    "this node is diskless: {} needs a resync of its marked blocks, and this node has no data to copy",
+                    peer.cfg.name
+                ));
+            }
         }
         if full {
             peer.bitmap.set_all();
@@ -259,7 +279,10 @@ impl Node {
             let mut p = self.persisted();
             p.epoch = p.epoch.max(w.epoch) + 1;
             p.fence = Some(self.token(p.epoch));
-            self.meta.save(&p).map_err(|e| e.to_string())?;
+            // A diskless node keeps it in memory: its metadata is given up.
+            if !self.is_diskless() {
+                self.meta.save(&p).map_err(|e| e.to_string())?;
+            }
             p.epoch
         };
         let mut opts = peer.cfg.opts.clone();
@@ -546,7 +569,9 @@ impl Node {
             p.history = g.history;
             p.peers[peer.slot].bitmap_uuid = g.bitmap;
             p.crashed_primary = false;
-            self.meta.save(&p).map_err(|e| e.to_string())?;
+            if !self.is_diskless() {
+                self.meta.save(&p).map_err(|e| e.to_string())?;
+            }
         }
         let _ = self.write_out_bitmaps();
         self.clear_outdated(peer);
