@@ -771,6 +771,58 @@ t_detach() {
   cmp -n "$data" "$SHM/n1new.img" "$SHM/n2.img" || fail "the replicas differ after the attach"
 }
 
+# The primary's disk fails every read (nbdkit's error filter, while a file exists) during
+# its initial full resync: the resync's read detaches it, as an application's would; the
+# resync stops and the peer, not at fault, stays connected and Inconsistent. With
+# `--on-no-data suspend-io` a client's write is then held (nothing holds the data), shown
+# in status, and fails when the node is made secondary.
+t_detach_resync() {
+  need_tool nbdkit
+  nodes_up
+  local fail=$WORK/dr1.fail sock=$WORK/dr1.sock n
+  rm -f "$fail" "$sock"
+  nbdkit -f --unix "$sock" --filter=error file "$SHM/n1.img" \
+    error-pread=EIO error-pread-rate=100% error-pread-file="$fail" >"$WORK/nbdkit.log" 2>&1 &
+  register pid $!
+  for n in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+  [ -S "$sock" ] || fail "nbdkit did not start: $(cat "$WORK/nbdkit.log")"
+  DISK[1]="nbd+unix:///?socket=$sock"
+  node_up 1 --on-no-data suspend-io
+  node_up 2
+  touch "$fail"
+  repl 1 primary --force
+  for n in $(seq 200); do
+    [ -n "$(last_event 1 resync-stopped)" ] && break
+    sleep 0.1
+  done
+  expect_eq "$(status_json 1 | jq -r .disk)" Diskless "the primary's disk state"
+  expect_contains "$(last_event 1 disk-failed)" "the local disk failed" "the disk-failed event"
+  expect_contains "$(last_event 1 resync-stopped)" "stays connected but Inconsistent" \
+    "the resync-stopped event"
+  expect_eq "$(status_json 1 | jq '[.events[] | select(.kind == "disconnect")] | length')" 0 \
+    "peers dropped"
+  expect_eq "$(peer_field 1 connection)/$(peer_field 1 replication)" Connected/Off \
+    "the resync target's state on the primary"
+  expect_contains "$(status_text 1)" "last error: resync to b stopped" "the peer's last error"
+  expect_eq "$(status_json 2 | jq -r .disk)" Inconsistent "the resync target's disk"
+  # No replica holds the data: a write is held, not answered.
+  py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b"H" * 4096, 0); h.flush(); h.shutdown()' \
+    "$(client_uri 1)" >"$WORK/held.out" 2>&1 &
+  local wpid=$!
+  register pid "$wpid"
+  for n in $(seq 100); do
+    [ "$(status_json 1 | jq -r '.io_suspended // ""')" != "" ] && break
+    sleep 0.1
+  done
+  expect_contains "$(status_text 1)" "I/O suspended: this node is diskless" "the status line"
+  expect_contains "$(last_event 1 io-suspended)" "no up-to-date peer" "the io-suspended event"
+  sleep 1
+  kill -0 "$wpid" 2>/dev/null || fail "the held write was answered: $(cat "$WORK/held.out")"
+  repl 1 secondary
+  if wait "$wpid"; then fail "the held write succeeded"; fi
+  expect_contains "$(last_event 1 io-failed)" "no longer primary" "the io-failed event"
+}
+
 run_test refusals t_refusals
 run_test status t_status
 run_test api t_api
@@ -786,4 +838,5 @@ run_test stack t_stack
 run_test etcd_failover t_etcd_failover
 run_test external_meta t_external_meta
 run_test detach t_detach
+run_test detach_resync t_detach_resync
 finish
