@@ -823,6 +823,40 @@ t_detach_resync() {
   expect_contains "$(last_event 1 io-failed)" "no longer primary" "the io-failed event"
 }
 
+# `--on-no-data suspend-io` with a peer that comes back: a diskless primary (detached by
+# hand) whose peer is disconnected holds a client's write; connected again (nothing to
+# copy), the peer takes it and the client gets its answer.
+t_no_data_resume() {
+  nodes_up
+  node_up 1 --on-no-data suspend-io
+  node_up 2
+  repl 1 primary --force
+  wait_peer 1 Established
+  wait_peer 2 Established
+  repl 1 detach
+  expect_eq "$(status_json 1 | jq -r .disk)" Diskless "the primary's disk after detach"
+  repl 1 disconnect
+  py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b"R" * 4096, 8192); h.flush(); h.shutdown()' \
+    "$(client_uri 1)" >"$WORK/held.out" 2>&1 &
+  local wpid=$! n
+  register pid "$wpid"
+  for n in $(seq 100); do
+    [ "$(status_json 1 | jq -r '.io_suspended // ""')" != "" ] && break
+    sleep 0.1
+  done
+  expect_contains "$(status_text 1)" "I/O suspended" "the status line"
+  sleep 1
+  kill -0 "$wpid" 2>/dev/null || fail "the held write was answered: $(cat "$WORK/held.out")"
+  repl 1 connect
+  wait_peer 1 Established
+  wait "$wpid" || fail "the held write failed: $(cat "$WORK/held.out")"
+  expect_contains "$(last_event 1 io-resumed)" "go on" "the io-resumed event"
+  expect_eq "$(status_json 1 | jq -r '.io_suspended // "none"')" none "io_suspended after the peer came back"
+  expect_eq "$(dd if="$SHM/n2.img" bs=4096 skip=2 count=1 status=none | tr -d R | wc -c)" 0 \
+    "the held write on the peer's disk"
+  repl 1 secondary
+}
+
 run_test refusals t_refusals
 run_test status t_status
 run_test api t_api
@@ -839,4 +873,5 @@ run_test etcd_failover t_etcd_failover
 run_test external_meta t_external_meta
 run_test detach t_detach
 run_test detach_resync t_detach_resync
+run_test no_data_resume t_no_data_resume
 finish
