@@ -1141,6 +1141,40 @@ mod tests {
         held_without_data(false);
     }
 
+    /// `--on-no-data suspend-io` on the path that answers from a replica's reader
+    /// (protocol C, `write_then`): the disk fails under a write while no peer is up to
+    /// date. The write is held, not answered, and fails when the node is demoted.
+    #[test]
+    fn a_write_the_disk_fails_under_is_held_until_the_demotion() {
+        let (_far, _far_disk, addr, far_stop) = far_secondary();
+        let (disk, h) = faulty();
+        let node = node_a_towards(addr, &disk, |c| c.on_no_data = OnNoData::SuspendIo);
+        node.promote(true).unwrap();
+        wait("the initial sync", || established(&node));
+        node.set_connect(None, false, false).unwrap();
+        h.fail_always();
+        let (tx, rx) = std::sync::mpsc::channel();
+        Volume(node.clone()).write_then(
+            &[4; 4096],
+            0,
+            WriteFlags::NONE,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        wait("the suspension", || node.status().io_suspended.is_some());
+        assert_eq!(node.status().disk, "Diskless");
+        thread::sleep(Duration::from_millis(300));
+        assert!(rx.try_recv().is_err(), "the held write was answered");
+        node.demote().unwrap();
+        let e = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap()
+            .unwrap_err();
+        assert!(e.to_string().contains("no longer primary"), "{e}");
+        far_stop.shutdown();
+    }
+
     /// `detach` by hand: refused on a primary with no up-to-date peer; with one, the
     /// primary goes on diskless and its disk sees nothing more.
     #[test]

@@ -2151,12 +2151,27 @@ impl ReplWrite {
             (Err(e), Some((buf, flags))) if gone && up_to_date == 0 => {
                 // Held until an up-to-date peer takes it, on a thread of its own (this
                 // may be a connection's reader).
-                let (node, buf, flags) = (node.clone(), buf.clone(), *flags);
-                thread::spawn(move || {
-                    let r = node.write_when_data_returns(&buf, offset, flags, e);
-                    drop(range);
-                    done(r.and(missed));
-                });
+                let job = Arc::new(Mutex::new(Some((range, done, e, missed))));
+                let (node, buf, flags, j) = (node.clone(), buf.clone(), *flags, job.clone());
+                let spawned =
+                    thread::Builder::new()
+                        .name("repl-held-write".into())
+                        .spawn(move || {
+                            let taken = j.lock().unwrap_or_else(|p| p.into_inner()).take();
+                            if let Some((range, done, e, missed)) = taken {
+                                let r = node.write_when_data_returns(&buf, offset, flags, e);
+                                drop(range);
+                                done(r.and(missed));
+                            }
+                        });
+                if let Err(te) = spawned {
+                    tracing::warn!("cannot start a thread to hold a write: {te}");
+                    let taken = job.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some((range, done, e, _missed)) = taken {
+                        drop(range);
+                        done(Err(e));
+                    }
+                }
             }
             (r, _) => {
                 drop(range);
