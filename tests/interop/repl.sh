@@ -1097,6 +1097,92 @@ t_primary_attach() {
   repl 1 secondary
 }
 
+# The primary's disk fails every read (nbdkit's error filter, while a file exists) during
+# its initial full resync: the resync's read detaches it, as an application's would; the
+# resync stops and the peer, not at fault, stays connected and Inconsistent. With
+# `--on-no-data suspend-io` a client's write is then held (nothing holds the data), shown
+# in status, and fails when the node is made secondary.
+t_detach_resync() {
+  need_tool nbdkit
+  nodes_up
+  local fail=$WORK/dr1.fail sock=$WORK/dr1.sock n
+  rm -f "$fail" "$sock"
+  nbdkit -f --unix "$sock" --filter=error file "$SHM/n1.img" \
+    error-pread=EIO error-pread-rate=100% error-pread-file="$fail" >"$WORK/nbdkit.log" 2>&1 &
+  register pid $!
+  for n in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+  [ -S "$sock" ] || fail "nbdkit did not start: $(cat "$WORK/nbdkit.log")"
+  DISK[1]="nbd+unix:///?socket=$sock"
+  node_up 1 --on-no-data suspend-io
+  node_up 2
+  touch "$fail"
+  repl 1 primary --force
+  for n in $(seq 200); do
+    [ -n "$(last_event 1 resync-stopped)" ] && break
+    sleep 0.1
+  done
+  expect_eq "$(status_json 1 | jq -r .disk)" Diskless "the primary's disk state"
+  expect_contains "$(last_event 1 disk-failed)" "the local disk failed" "the disk-failed event"
+  expect_contains "$(last_event 1 resync-stopped)" "stays connected but Inconsistent" \
+    "the resync-stopped event"
+  expect_eq "$(status_json 1 | jq '[.events[] | select(.kind == "disconnect")] | length')" 0 \
+    "peers dropped"
+  expect_eq "$(peer_field 1 connection)/$(peer_field 1 replication)" Connected/Off \
+    "the resync target's state on the primary"
+  expect_contains "$(status_text 1)" "last error: resync to b stopped" "the peer's last error"
+  expect_eq "$(status_json 2 | jq -r .disk)" Inconsistent "the resync target's disk"
+  # No replica holds the data: a write is held, not answered.
+  py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b"H" * 4096, 0); h.flush(); h.shutdown()' \
+    "$(client_uri 1)" >"$WORK/held.out" 2>&1 &
+  local wpid=$!
+  register pid "$wpid"
+  for n in $(seq 100); do
+    [ "$(status_json 1 | jq -r '.io_suspended // ""')" != "" ] && break
+    sleep 0.1
+  done
+  expect_contains "$(status_text 1)" "I/O suspended: this node is diskless" "the status line"
+  expect_contains "$(last_event 1 io-suspended)" "no up-to-date peer" "the io-suspended event"
+  sleep 1
+  kill -0 "$wpid" 2>/dev/null || fail "the held write was answered: $(cat "$WORK/held.out")"
+  repl 1 secondary
+  if wait "$wpid"; then fail "the held write succeeded"; fi
+  expect_contains "$(last_event 1 io-failed)" "no longer primary" "the io-failed event"
+}
+
+# `--on-no-data suspend-io` with a peer that comes back: a diskless primary (detached by
+# hand) whose peer is disconnected holds a client's write; connected again (nothing to
+# copy), the peer takes it and the client gets its answer.
+t_no_data_resume() {
+  nodes_up
+  node_up 1 --on-no-data suspend-io
+  node_up 2
+  repl 1 primary --force
+  wait_peer 1 Established
+  wait_peer 2 Established
+  repl 1 detach
+  expect_eq "$(status_json 1 | jq -r .disk)" Diskless "the primary's disk after detach"
+  repl 1 disconnect
+  py -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b"R" * 4096, 8192); h.flush(); h.shutdown()' \
+    "$(client_uri 1)" >"$WORK/held.out" 2>&1 &
+  local wpid=$! n
+  register pid "$wpid"
+  for n in $(seq 100); do
+    [ "$(status_json 1 | jq -r '.io_suspended // ""')" != "" ] && break
+    sleep 0.1
+  done
+  expect_contains "$(status_text 1)" "I/O suspended" "the status line"
+  sleep 1
+  kill -0 "$wpid" 2>/dev/null || fail "the held write was answered: $(cat "$WORK/held.out")"
+  repl 1 connect
+  wait_peer 1 Established
+  wait "$wpid" || fail "the held write failed: $(cat "$WORK/held.out")"
+  expect_contains "$(last_event 1 io-resumed)" "go on" "the io-resumed event"
+  expect_eq "$(status_json 1 | jq -r '.io_suspended // "none"')" none "io_suspended after the peer came back"
+  expect_eq "$(dd if="$SHM/n2.img" bs=4096 skip=2 count=1 status=none | tr -d R | wc -c)" 0 \
+    "the held write on the peer's disk"
+  repl 1 secondary
+}
+
 run_test idle_peer_loss t_idle_peer_loss
 run_test refusals t_refusals
 run_test status t_status
@@ -1115,4 +1201,6 @@ run_test etcd_failover t_etcd_failover
 run_test external_meta t_external_meta
 run_test detach t_detach
 run_test primary_attach t_primary_attach
+run_test detach_resync t_detach_resync
+run_test no_data_resume t_no_data_resume
 finish

@@ -27,7 +27,7 @@ use cairn_nbd::uri::NbdUri;
 use cairn_nbd::{Listen, Server, ServerConfig, ServerTls};
 use cairn_repl::control;
 use cairn_repl::node::{
-    Exports, Node, NodeConfig, OnIoError, PeerConfig, Protocol, SplitBrainPolicy, Status,
+    Exports, Node, NodeConfig, OnIoError, OnNoData, PeerConfig, Protocol, SplitBrainPolicy, Status,
 };
 
 use crate::error::{CliError, Result};
@@ -50,8 +50,9 @@ disk has them (faster, but the last writes before a crash of the primary may be 
 the peer). With `--etcd`, the primary role is an etcd lease and a secondary can take over by \
 itself (`--auto-failover`). A node whose own disk fails an I/O detaches it (`--on-io-error \
 detach`, the default): a primary goes on diskless, reading and writing through an up-to-date \
-peer, so the application sees no error while one is connected. docs/replication.md has the \
-whole story.";
+peer, so the application sees no error while one is connected; with none, its requests fail \
+(`--on-no-data io-error`, the default) or wait for one (`--on-no-data suspend-io`). \
+docs/replication.md has the whole story.";
 
 const REPL_EXAMPLES: &str = "\
 Examples (two hosts, a and b):
@@ -264,6 +265,12 @@ pub struct UpArgs {
     /// pass-on (the error goes to the application, or to the primary)
     #[arg(long, value_name = "detach|pass-on", default_value = "detach")]
     pub on_io_error: OnIoError,
+    /// What a diskless primary does with a request when no up-to-date peer is connected
+    /// (DRBD's on-no-data-accessible): io-error, the default (the request fails), or
+    /// suspend-io (it waits, unanswered, until an up-to-date peer is connected again, or
+    /// fails when the node is made secondary; `status` shows "I/O suspended")
+    #[arg(long, value_name = "io-error|suspend-io", default_value = "io-error")]
+    pub on_no_data: OnNoData,
     #[command(flatten)]
     pub etcd_access: crate::fence::EtcdAccessOptions,
     #[command(flatten)]
@@ -572,6 +579,8 @@ struct ResourceDef {
     on_lease_loss: Option<String>,
     /// "detach" (the default) or "pass-on", as `--on-io-error`.
     on_io_error: Option<String>,
+    /// "io-error" (the default) or "suspend-io", as `--on-no-data`.
+    on_no_data: Option<String>,
     node: Vec<NodeDef>,
 }
 
@@ -720,6 +729,9 @@ fn resolve_up(a: &UpArgs) -> Result<UpArgs> {
         if let Some(v) = &res.on_io_error {
             r.on_io_error = v.parse().map_err(|e| bad("on_io_error", e))?;
         }
+        if let Some(v) = &res.on_no_data {
+            r.on_no_data = v.parse().map_err(|e| bad("on_no_data", e))?;
+        }
         r.tls.insecure_no_tls |= res.insecure_no_tls.unwrap_or(false);
         r.resync_rate = res.resync_rate.unwrap_or(r.resync_rate);
         if res.resync_min_rate == Some(0) {
@@ -800,6 +812,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
             true => None,
         },
         on_io_error: a.on_io_error,
+        on_no_data: a.on_no_data,
     };
     let backing = open_backing(&disk_path, false, &a.resource)?;
     let disk = backing.dev.clone();
@@ -1281,6 +1294,9 @@ pub fn render(s: &Status) -> String {
     if let Some(q) = &s.quorum {
         let _ = writeln!(o, "  etcd: {q}");
     }
+    if let Some(why) = &s.io_suspended {
+        let _ = writeln!(o, "  I/O suspended: {why}");
+    }
     for p in &s.peers {
         let _ = writeln!(
             o,
@@ -1477,9 +1493,16 @@ mod tests {
         assert_eq!(args(&[]).unwrap().on_io_error, OnIoError::Detach);
         write("on_io_error = \"pass-on\"\n");
         assert_eq!(args(&[]).unwrap().on_io_error, OnIoError::PassOn);
+        // Requests without data: io-error by default, suspend-io from the file.
+        assert_eq!(args(&[]).unwrap().on_no_data, OnNoData::IoError);
+        write("on_no_data = \"suspend-io\"\n");
+        assert_eq!(args(&[]).unwrap().on_no_data, OnNoData::SuspendIo);
         write("on_io_error = \"detatch\"\n");
         let err = args(&[]).unwrap_err();
         assert!(err.to_string().contains("on_io_error"), "{err}");
+        write("on_no_data = \"suspend\"\n");
+        let err = args(&[]).unwrap_err();
+        assert!(err.to_string().contains("on_no_data"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

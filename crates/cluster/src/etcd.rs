@@ -9,7 +9,8 @@
 //!          └ exchange: one POST, `Connection: close`, the answer read to its end
 //! ```
 //!
-//! One request per connection, a deadline on every socket call (the TLS handshake's
+//! One request per connection (over TLS the member's last session is resumed: the
+//! certificate exchange is not repeated), a deadline on every socket call (the TLS handshake's
 //! reads and writes included), bodies capped. An [`Etcd`] may name several members
 //! (`http://A:2379,http://B:2379`): a request goes to the member that answered last, and to
 //! the next one in the list when that one cannot be reached (no connection, or no TLS
@@ -30,6 +31,12 @@
 //! cost the lease while the others serve. It is logged as a warning each time, and when no
 //! member verifies the error ([`EtcdError::Tls`]) names each and why.
 //!
+//! Each member's TLS session is kept after a request that went well and offered at the
+//! next connection to the same `HOST:PORT` (an abbreviated handshake, no certificates
+//! sent: the member's was checked against that name when the session was made). After
+//! any failure the member's session is forgotten and the next handshake is a full one.
+//! [`Etcd::tls_sessions_resumed`] counts the resumed handshakes.
+//!
 //! etcd's own users ([`Etcd::with_auth`], etcdctl's `--user`): every request carries the
 //! token `/v3/auth/authenticate` gave (`Authorization` header), fetched before the first
 //! request and again when etcd answers "invalid auth token" (its `--auth-token-ttl` without
@@ -40,17 +47,18 @@
 //! No HTTP crate: ureq would pull a second TLS stack in for four POSTs, and etcd's gRPC
 //! client needs an async runtime the rest of cairn does not use.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
 use openssl::ssl::{
-    ErrorCode, SslConnector, SslFiletype, SslMethod, SslOptions, SslStream, SslVersion,
+    ErrorCode, SslConnector, SslFiletype, SslMethod, SslOptions, SslSession, SslStream, SslVersion,
 };
 use openssl::x509::store::X509StoreBuilder;
 use openssl::x509::{X509VerifyResult, X509};
@@ -133,15 +141,23 @@ impl EtcdTls {
     }
 }
 
-/// An OpenSSL client context for the members, and the files it came from (for messages).
-#[derive(Clone)]
+/// An OpenSSL client context for the members, the files it came from (for messages),
+/// and the last TLS session of each member, offered at the next connection to it.
 struct Tls {
     connector: SslConnector,
     files: EtcdTls,
+    /// By `HOST:PORT` as the URL names it: a session is only offered to the name it was
+    /// made with, whose certificate was checked against that name. Replaced after each
+    /// request that succeeded, dropped after any that failed (the next handshake is
+    /// then a full one).
+    sessions: Mutex<HashMap<String, SslSession>>,
+    /// Handshakes that resumed a session.
+    resumed: AtomicU64,
 }
 
 impl fmt::Debug for Tls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Sessions hold key material: not shown.
         f.debug_struct("Tls").field("files", &self.files).finish()
     }
 }
@@ -203,7 +219,32 @@ impl Tls {
         Ok(Tls {
             connector: b.build(),
             files: files.clone(),
+            sessions: Mutex::new(HashMap::new()),
+            resumed: AtomicU64::new(0),
         })
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, SslSession>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// After a request on `conn` to `authority`: its session is kept for the next
+    /// connection if the request went well, else forgotten.
+    fn keep_session(&self, authority: &str, conn: &mut Conn, ok: bool) {
+        let session = match conn {
+            Conn::Tls(s) if ok => {
+                // Our close_notify (the member closed first: it may not arrive). OpenSSL
+                // marks the session of a connection freed without one as not
+                // resumable, and the one kept here is that same object.
+                let _ = s.shutdown();
+                s.ssl().session().map(ToOwned::to_owned)
+            }
+            _ => None,
+        };
+        match session {
+            Some(session) => self.sessions().insert(authority.to_string(), session),
+            None => self.sessions().remove(authority),
+        };
     }
 }
 
@@ -416,6 +457,14 @@ impl Etcd {
         )
     }
 
+    /// Over TLS: the connections so far (by this client and its clones) that resumed the
+    /// member's previous session instead of a full handshake; 0 over plain HTTP.
+    pub fn tls_sessions_resumed(&self) -> u64 {
+        self.tls
+            .as_ref()
+            .map_or(0, |t| t.resumed.load(Ordering::Relaxed))
+    }
+
     /// A connection to the first member that takes one, starting at the current member.
     fn connect(&self) -> Result<(usize, Conn)> {
         let n = self.authorities.len();
@@ -424,7 +473,11 @@ impl Etcd {
         let mut refused_tls = false;
         for i in (0..n).map(|k| (first + k) % n) {
             let url = format!("{}://{}", self.scheme(), self.authorities[i]);
-            match self.connect_one(&self.authorities[i], &url) {
+            let r = self.connect_one(&self.authorities[i], &url);
+            if let (Err(_), Some(tls)) = (&r, &self.tls) {
+                tls.sessions().remove(&self.authorities[i]);
+            }
+            match r {
                 Ok(c) => {
                     if i != first {
                         tracing::info!("etcd: now talking to {url} ({})", failed.join("; "));
@@ -472,17 +525,32 @@ impl Etcd {
             .map_or(authority, |(h, _)| h)
             .trim_start_matches('[')
             .trim_end_matches(']');
-        let ssl = tls
+        let mut ssl = tls
             .connector
             .configure()
             .and_then(|c| c.into_ssl(host))
             .map_err(|e| ConnectError::Tls(format!("{url}: TLS: {e}")))?;
+        // The member's last session, to skip the certificate exchange and the key
+        // agreement's costliest steps: the member resumes it or, if it will not, a full
+        // handshake follows by itself.
+        if let Some(session) = tls.sessions().get(authority) {
+            // SAFETY: every cached session came from a connection made through
+            // `tls.connector` (keep_session), the context this `ssl` was made from.
+            if let Err(e) = unsafe { ssl.set_session(session) } {
+                tracing::debug!("etcd: {url}: TLS session not offered: {e}");
+            }
+        }
         let mut s =
             SslStream::new(ssl, s).map_err(|e| ConnectError::Tls(format!("{url}: TLS: {e}")))?;
         // The socket's timeouts bound each read and write of the handshake; one that runs
         // out surfaces as WANT_READ / WANT_WRITE.
         match s.connect() {
-            Ok(()) => Ok(Conn::Tls(Box::new(s))),
+            Ok(()) => {
+                if s.ssl().session_reused() {
+                    tls.resumed.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Conn::Tls(Box::new(s)))
+            }
             Err(e) => {
                 let verify = s.ssl().verify_result();
                 if verify != X509VerifyResult::OK {
@@ -566,8 +634,13 @@ impl Etcd {
     }
 
     fn send(&self, path: &str, body: &str, token: Option<&str>) -> Result<Value> {
-        let (i, s) = self.connect()?;
-        let r = self.exchange(i, s, path, body, token);
+        let (i, mut s) = self.connect()?;
+        let r = self.exchange(i, &mut s, path, body, token);
+        if let Some(tls) = &self.tls {
+            // After the answer was read to its end: with TLS 1.3 the member's session
+            // ticket comes after the handshake.
+            tls.keep_session(&self.authorities[i], &mut s, r.is_ok());
+        }
         if matches!(
             r,
             Err(EtcdError::Io(_) | EtcdError::Unavailable(_) | EtcdError::Tls(_))
@@ -590,7 +663,7 @@ impl Etcd {
     fn exchange(
         &self,
         i: usize,
-        mut s: Conn,
+        s: &mut Conn,
         path: &str,
         body: &str,
         token: Option<&str>,

@@ -257,6 +257,54 @@ fn tls_mistakes_are_clear_errors() {
     assert!(err.to_string().contains("mismatch"), "{err}");
 }
 
+/// Each request is a connection of its own; from the second on, the member's TLS session
+/// is resumed (no certificate exchange), with the same checks: a name the certificate
+/// does not have still fails, and a client cut off by a failure starts over with a full
+/// handshake.
+#[test]
+fn tls_sessions_are_resumed() {
+    let Some((certs, etcd)) = tls_etcd() else {
+        return;
+    };
+    let e = Etcd::with_tls(&etcd.url, &certs.client()).unwrap();
+    let (id, _) = e.grant(5).unwrap();
+    assert_eq!(
+        e.tls_sessions_resumed(),
+        0,
+        "the first handshake is a full one"
+    );
+    assert!(e.keepalive(id).unwrap() > 0);
+    assert_eq!(e.tls_sessions_resumed(), 1, "the second request's session");
+    // Clones share the sessions (a lease's keepalive client is one).
+    let c = e.clone();
+    assert_eq!(c.get(b"/tls-none").unwrap(), None);
+    assert_eq!(e.tls_sessions_resumed(), 2);
+    // An address the certificate does not name is refused as before.
+    let port = etcd.url.rsplit_once(':').unwrap().1;
+    let both = Etcd::with_tls(
+        &format!("https://127.0.0.2:{port},{}", etcd.url),
+        &certs.client(),
+    )
+    .unwrap();
+    both.get(b"/tls-none").unwrap();
+    both.get(b"/tls-none").unwrap();
+    assert_eq!(both.tls_sessions_resumed(), 1);
+    let only_other = Etcd::with_tls(&format!("https://127.0.0.2:{port}"), &certs.client())
+        .unwrap()
+        .grant(5)
+        .unwrap_err();
+    assert!(only_other.to_string().contains("mismatch"), "{only_other}");
+    // A request that fails (a lease etcd does not know) drops the session: the next
+    // handshake is a full one.
+    let err = e.create_if_absent(b"/tls-x", b"v", id + 12345).unwrap_err();
+    assert!(matches!(err, EtcdError::Server(_)), "{err:?}");
+    let before = e.tls_sessions_resumed();
+    e.revoke(id).unwrap();
+    assert_eq!(e.tls_sessions_resumed(), before, "resumed after a failure");
+    e.get(b"/tls-none").unwrap();
+    assert_eq!(e.tls_sessions_resumed(), before + 1);
+}
+
 /// A member whose certificate does not verify is passed over: nothing was sent to it, so
 /// the request goes to the next member.
 #[test]

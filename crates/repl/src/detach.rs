@@ -3,13 +3,15 @@
 //!
 //! ```text
 //!   local read/write/flush fails ─> local_failed ─ pass-on ─> the error goes on as before
-//!                                        └ detach ─> Failed: the metadata on the disk says
-//!                                                    "inconsistent" (if it still takes a write)
+//!   (the application's, or a             └ detach ─> Failed: the metadata on the disk says
+//!   resync's or verify's read)                       "inconsistent" (if it still takes a write)
 //!                                                    ─> Diskless: Gate refuses the disk and
 //!                                                    its metadata from now on
 //!   primary, diskless: reads from an up-to-date peer; writes and flushes go to the peers
 //!   only and are answered OK only when an up-to-date (Established) peer has them; a new
 //!   generation, adopted by the peers in sync, so the old disk can never pass for current;
+//!   with no up-to-date peer: the request fails, or (`--on-no-data suspend-io`) waits
+//!   for one (wait_for_data) until the node stops being primary;
 //!   `attach` (the same disk or a new one) fills it from an up-to-date peer (pull.rs)
 //!   secondary, diskless: refuses its primary (the handshake), until `attach` (invalidate:
 //!   a full resync from the primary) of the same disk, or of a new one (`--disk`: swapped
@@ -376,16 +378,147 @@ impl Node {
                 Err(e) => e,
             }
         };
-        for (peer, link) in self.up_to_date_peers() {
-            match link.read_at(buf, offset) {
-                Ok(()) => return Ok(()),
-                Err(pe) => self.lose(peer, &pe.to_string()),
+        loop {
+            for (peer, link) in self.up_to_date_peers() {
+                match link.read_at(buf, offset) {
+                    Ok(()) => return Ok(()),
+                    Err(pe) => self.lose(peer, &pe.to_string()),
+                }
+            }
+            // Held only while diskless (`--on-no-data suspend-io`); a range not filled
+            // yet with no up-to-date peer fails at once, as a pull's writes do.
+            if !self.is_diskless() || !self.wait_for_data()? {
+                break;
             }
         }
         Err(e.context(format!(
             "{}: the local disk is detached or not filled yet, and no up-to-date peer is connected",
             self.cfg.resource
         )))
+    }
+
+    /// Whether a request can be served with data: Ok(true) while the disk is attached or
+    /// an up-to-date peer is connected. A diskless primary with neither: with
+    /// `--on-no-data io-error`, Ok(false) (the request fails as before); with
+    /// `suspend-io`, the request waits (holding what its caller holds: a write, its
+    /// range) until an up-to-date peer is connected (Ok(true)), or fails once the node
+    /// stops being primary (demoted, stepped down by itself, stopping). The lease
+    /// freeze's shape (`lease_check`).
+    pub(crate) fn wait_for_data(&self) -> Result<bool> {
+        if !self.is_diskless() {
+            return Ok(true);
+        }
+        loop {
+            if !self.up_to_date_peers().is_empty() {
+                if self.no_data_lock().take().is_some() {
+                    self.event(
+                        "io-resumed",
+                        None,
+                        format!(
+                            "{} on {}: an up-to-date peer is connected: the held requests go on",
+                            self.cfg.resource, self.cfg.node
+                        ),
+                    );
+                }
+                return Ok(true);
+            }
+            if self.cfg.on_no_data == OnNoData::IoError {
+                return Ok(false);
+            }
+            if self.halt.load(Ordering::SeqCst)
+                || self.stopped.load(Ordering::SeqCst)
+                || self.role() != Role::Primary
+            {
+                let why = self
+                    .superseded_by()
+                    .unwrap_or_else(|| "it is being made secondary".into());
+                if self.no_data_lock().take().is_some() {
+                    self.event(
+                        "io-failed",
+                        None,
+                        format!(
+                            "{} on {}: the held requests fail: this node is no longer primary ({why})",
+                            self.cfg.resource, self.cfg.node
+                        ),
+                    );
+                }
+                return Err(io_err(
+                    ErrorKind::Shutdown,
+                    format!(
+                        "{}: this node is diskless, its I/O was suspended for want of an up-to-date peer, and it is no longer primary: {why}",
+                        self.cfg.resource
+                    ),
+                ));
+            }
+            {
+                let mut held = self.no_data_lock();
+                if held.is_none() {
+                    let why = "this node is diskless and no up-to-date peer is connected: \
+                               requests wait for one (--on-no-data suspend-io)"
+                        .to_string();
+                    *held = Some(why.clone());
+                    drop(held);
+                    self.event(
+                        "io-suspended",
+                        None,
+                        format!(
+                            "{} on {}: I/O suspended: {why}",
+                            self.cfg.resource, self.cfg.node
+                        ),
+                    );
+                }
+            }
+            // Held: writes this thread held back (cairn_nbd::cork) go out first.
+            cairn_nbd::cork::release();
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn no_data_lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.no_data.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Why requests are held now (`status`), if they are.
+    pub(super) fn no_data_status(&self) -> Option<String> {
+        self.no_data_lock().clone()
+    }
+
+    /// A write no replica with the data took (the local disk detached under it, no
+    /// up-to-date peer): failed with `e` (answer_write's) as before, or, with `--on-no-data suspend-io`,
+    /// held until an up-to-date peer is connected and sent to it; answered once one has
+    /// it.
+    pub(crate) fn write_when_data_returns(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+        e: Error,
+    ) -> Result<()> {
+        let len = buf.len() as u64;
+        loop {
+            if !self.wait_for_data()? {
+                return Err(e);
+            }
+            let mut took = 0;
+            let mut missed = Ok(());
+            for (peer, link) in self.up_to_date_peers() {
+                match link.write_at(buf, offset, flags) {
+                    Ok(()) => {
+                        let (a, b) = peer.bitmap.inside(offset, len);
+                        peer.bitmap.clear(a, b);
+                        took += 1;
+                    }
+                    Err(pe) => {
+                        peer.bitmap.set_bytes(offset, len);
+                        self.lose(peer, &pe.to_string());
+                        missed = missed.and_then(|()| self.ensure_outdated(peer));
+                    }
+                }
+            }
+            if took > 0 {
+                return missed;
+            }
+        }
     }
 
     /// A disk for `attach --disk` fits the resource: the same data area and bitmap
@@ -833,6 +966,236 @@ pub(super) mod tests {
             "{p:?}"
         );
         node.demote().unwrap();
+        far_stop.shutdown();
+    }
+
+    /// Where the tests below make the primary's disk fail a read: inside the data area,
+    /// after its first few MiB.
+    const BAD: std::ops::Range<u64> = (9 << 20)..(9 << 20) + 4096;
+
+    /// The primary's disk fails one block's reads while it resyncs its peer (the
+    /// initial full sync). `detach`: the node detaches it as an application read would,
+    /// the resync stops, and the peer, not at fault, stays connected but Inconsistent.
+    /// `pass-on`: the resync fails and drops its peer, the disk stays.
+    fn resync_source_read_fails(on_io_error: OnIoError) -> Arc<Node> {
+        let (far, _far_disk, addr, far_stop) = far_secondary();
+        let (disk, h) = faulty();
+        h.fail_range(Op::Read, BAD);
+        let node = node_a_towards(addr, &disk, |c| c.on_io_error = on_io_error);
+        node.promote(true).unwrap();
+        let want = if on_io_error == OnIoError::Detach {
+            "resync-stopped"
+        } else {
+            "disconnect"
+        };
+        wait(want, || kinds(&node).contains(&want.to_string()));
+        let s = node.status();
+        let k = kinds(&node);
+        if on_io_error == OnIoError::Detach {
+            assert_eq!(s.disk, "Diskless", "{s:?}");
+            assert!(
+                k.contains(&"disk-failed".into()) && k.contains(&"detached".into()),
+                "{k:?}"
+            );
+            assert!(
+                !k.contains(&"disconnect".into()),
+                "the peer was dropped: {k:?}"
+            );
+            let p = &s.peers[0];
+            assert_eq!((p.connection, p.replication), (Conn::Connected, Repl::Off));
+            let e = p.last_error.clone().unwrap_or_default();
+            assert!(e.contains("detached") && e.contains("Inconsistent"), "{e}");
+            assert!(p.out_of_sync_bytes > 0, "{p:?}");
+            assert_eq!(far.status().disk, "Inconsistent");
+            // No up-to-date replica: the application gets the error; the peer still
+            // takes the write (it is connected).
+            let vol = Volume(node.clone());
+            let e = vol
+                .write_at(&[5; 4096], 4096, WriteFlags::NONE)
+                .unwrap_err();
+            assert!(e.to_string().contains("no up-to-date peer"), "{e}");
+            let e = node.verify(None, false).unwrap_err();
+            assert!(e.contains("diskless"), "{e}");
+        } else {
+            assert_eq!(s.disk, "UpToDate", "{s:?}");
+            assert!(!k.contains(&"detached".into()), "{k:?}");
+        }
+        far_stop.shutdown();
+        node
+    }
+
+    #[test]
+    fn a_resync_whose_local_read_fails_detaches_and_keeps_its_peer() {
+        resync_source_read_fails(OnIoError::Detach);
+    }
+
+    #[test]
+    fn with_pass_on_a_resync_whose_local_read_fails_drops_its_peer() {
+        resync_source_read_fails(OnIoError::PassOn);
+    }
+
+    /// The primary's disk fails one block's reads during an online verify: `detach`
+    /// detaches it and the verify stops saying so; the peer stays in sync and the
+    /// diskless primary goes on through it. `pass-on`: the verify fails, the disk stays.
+    fn verify_read_fails(on_io_error: OnIoError) {
+        let (_far, far_disk, addr, far_stop) = far_secondary();
+        let (disk, h) = faulty();
+        let node = node_a_towards(addr, &disk, |c| c.on_io_error = on_io_error);
+        node.promote(true).unwrap();
+        wait("the initial sync", || established(&node));
+        h.fail_range(Op::Read, BAD);
+        node.verify(None, false).unwrap();
+        wait("the verify's end", || {
+            node.status().peers[0]
+                .verify
+                .as_ref()
+                .is_some_and(|v| !v.running)
+        });
+        let s = node.status();
+        let v = s.peers[0].verify.clone().unwrap();
+        let e = v.error.unwrap_or_default();
+        let k = kinds(&node);
+        assert!(k.contains(&"verify-failed".into()), "{k:?}");
+        assert!(!k.contains(&"disconnect".into()), "{k:?}");
+        assert_eq!(s.peers[0].replication, Repl::Established);
+        if on_io_error == OnIoError::Detach {
+            assert!(e.contains("detached") && e.contains("in sync"), "{e}");
+            assert_eq!(s.disk, "Diskless", "{s:?}");
+            assert!(k.contains(&"detached".into()), "{k:?}");
+            let vol = Volume(node.clone());
+            vol.write_at(&[6; 4096], BAD.start, WriteFlags::NONE)
+                .unwrap();
+            let mut b = [0u8; 4096];
+            vol.read_at(&mut b, BAD.start).unwrap();
+            assert_eq!(b, [6; 4096]);
+            far_disk.read_at(&mut b, BAD.start).unwrap();
+            assert_eq!(b, [6; 4096], "the peer lacks the write");
+        } else {
+            assert!(e.contains("reading this node's data"), "{e}");
+            assert_eq!(s.disk, "UpToDate", "{s:?}");
+            assert!(!k.contains(&"detached".into()), "{k:?}");
+        }
+        node.demote().unwrap();
+        far_stop.shutdown();
+    }
+
+    #[test]
+    fn a_verify_whose_local_read_fails_detaches() {
+        verify_read_fails(OnIoError::Detach);
+    }
+
+    #[test]
+    fn with_pass_on_a_verify_whose_local_read_fails_only_stops() {
+        verify_read_fails(OnIoError::PassOn);
+    }
+
+    /// A diskless primary with `--on-no-data suspend-io` whose only peer is
+    /// disconnected: a write and a read are held, unanswered, with the status and an
+    /// event saying so. `back`: the peer is connected again (nothing to copy: no write
+    /// went out meanwhile) and both go on; else the node is demoted and both fail.
+    fn held_without_data(back: bool) {
+        let (_far, far_disk, addr, far_stop) = far_secondary();
+        let (disk, _h) = faulty();
+        let node = node_a_towards(addr, &disk, |c| c.on_no_data = OnNoData::SuspendIo);
+        node.promote(true).unwrap();
+        wait("the initial sync", || established(&node));
+        let vol = Volume(node.clone());
+        vol.write_at(&[3; 4096], 1 << 20, WriteFlags::NONE).unwrap();
+        node.detach().unwrap();
+        node.set_connect(None, false, false).unwrap();
+        assert!(node.status().io_suspended.is_none());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (v, t) = (vol.clone(), tx.clone());
+        thread::spawn(move || {
+            let _ = t.send(("write", v.write_at(&[9; 4096], 0, WriteFlags::NONE)));
+        });
+        let v = vol.clone();
+        thread::spawn(move || {
+            let mut b = [0u8; 4096];
+            let r = v.read_at(&mut b, 1 << 20);
+            let r = r.and_then(|()| {
+                if b == [3; 4096] {
+                    Ok(())
+                } else {
+                    Err(io_err(ErrorKind::Io, "the held read got other data"))
+                }
+            });
+            let _ = tx.send(("read", r));
+        });
+        wait("the suspension", || {
+            node.status().io_suspended.is_some() && kinds(&node).contains(&"io-suspended".into())
+        });
+        thread::sleep(Duration::from_millis(300));
+        assert!(rx.try_recv().is_err(), "a request was answered while held");
+        let why = node.status().io_suspended.unwrap();
+        assert!(why.contains("no up-to-date peer"), "{why}");
+        if back {
+            node.set_connect(None, true, false).unwrap();
+            for _ in 0..2 {
+                let (what, r) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+                r.unwrap_or_else(|e| panic!("the held {what}: {e}"));
+            }
+            assert!(established(&node));
+            assert!(node.status().io_suspended.is_none());
+            assert!(kinds(&node).contains(&"io-resumed".into()));
+            let mut b = [0u8; 4096];
+            far_disk.read_at(&mut b, 0).unwrap();
+            assert_eq!(b, [9; 4096], "the peer lacks the held write");
+            node.demote().unwrap();
+        } else {
+            node.demote().unwrap();
+            for _ in 0..2 {
+                let (what, r) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+                let e = r.expect_err(what);
+                assert!(e.to_string().contains("no longer primary"), "{what}: {e}");
+            }
+            assert!(kinds(&node).contains(&"io-failed".into()));
+            assert!(node.status().io_suspended.is_none());
+        }
+        far_stop.shutdown();
+    }
+
+    #[test]
+    fn a_held_write_goes_on_when_an_up_to_date_peer_returns() {
+        held_without_data(true);
+    }
+
+    #[test]
+    fn held_requests_fail_when_the_node_is_demoted() {
+        held_without_data(false);
+    }
+
+    /// `--on-no-data suspend-io` on the path that answers from a replica's reader
+    /// (protocol C, `write_then`): the disk fails under a write while no peer is up to
+    /// date. The write is held, not answered, and fails when the node is demoted.
+    #[test]
+    fn a_write_the_disk_fails_under_is_held_until_the_demotion() {
+        let (_far, _far_disk, addr, far_stop) = far_secondary();
+        let (disk, h) = faulty();
+        let node = node_a_towards(addr, &disk, |c| c.on_no_data = OnNoData::SuspendIo);
+        node.promote(true).unwrap();
+        wait("the initial sync", || established(&node));
+        node.set_connect(None, false, false).unwrap();
+        h.fail_always();
+        let (tx, rx) = std::sync::mpsc::channel();
+        Volume(node.clone()).write_then(
+            &[4; 4096],
+            0,
+            WriteFlags::NONE,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        wait("the suspension", || node.status().io_suspended.is_some());
+        assert_eq!(node.status().disk, "Diskless");
+        thread::sleep(Duration::from_millis(300));
+        assert!(rx.try_recv().is_err(), "the held write was answered");
+        node.demote().unwrap();
+        let e = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap()
+            .unwrap_err();
+        assert!(e.to_string().contains("no longer primary"), "{e}");
         far_stop.shutdown();
     }
 

@@ -52,6 +52,11 @@ pub fn prometheus_all(all: &[Status]) -> String {
         &each(&|s| Value::from(s.disk == "UpToDate")),
     );
     gauge(
+        "cairn_repl_io_suspended",
+        "1 while requests wait for an up-to-date peer (a diskless primary, --on-no-data suspend-io)",
+        &each(&|s| Value::from(s.io_suspended.is_some())),
+    );
+    gauge(
         "cairn_repl_epoch",
         "the fencing epoch this node knows",
         &each(&|s| Value::N(s.epoch)),
@@ -213,6 +218,7 @@ mod tests {
             },
             crashed_primary: false,
             quorum: None,
+            io_suspended: None,
             resync_limits: RateLimits {
                 min_bytes_per_sec: 1 << 20,
                 max_bytes_per_sec: 0,

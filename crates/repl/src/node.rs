@@ -199,6 +199,29 @@ impl std::str::FromStr for OnIoError {
     }
 }
 
+/// What a diskless primary does with a request no up-to-date replica can serve (DRBD's
+/// `on-no-data-accessible`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnNoData {
+    /// Fail it.
+    IoError,
+    /// Hold it, unanswered, until an up-to-date peer is connected again (then it goes
+    /// on), or the node stops being primary (then it fails).
+    SuspendIo,
+}
+
+impl std::str::FromStr for OnNoData {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "io-error" => Ok(OnNoData::IoError),
+            "suspend-io" => Ok(OnNoData::SuspendIo),
+            _ => Err(format!("{s:?}: expected io-error or suspend-io")),
+        }
+    }
+}
+
 /// The local disk's health, apart from what its data holds (`Status::disk`).
 const DISK_ATTACHED: u8 = 0;
 /// It failed an I/O; the node is detaching it.
@@ -234,6 +257,8 @@ pub struct NodeConfig {
     pub quorum: Option<Quorum>,
     /// What a failed I/O on the local disk does.
     pub on_io_error: OnIoError,
+    /// What a diskless primary does with a request no up-to-date peer can serve.
+    pub on_no_data: OnNoData,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -412,6 +437,9 @@ pub struct Status {
     /// `--resync-min-rate` and `--resync-rate`, in bytes per second.
     #[serde(default)]
     pub resync_limits: RateLimits,
+    /// Requests are held (`--on-no-data suspend-io`): why.
+    #[serde(default)]
+    pub io_suspended: Option<String>,
     pub peers: Vec<PeerStatus>,
     pub events: Vec<Event>,
 }
@@ -454,6 +482,7 @@ impl NodeConfig {
             peer_timeout: Duration::from_secs(1),
             quorum: None,
             on_io_error: OnIoError::Detach,
+            on_no_data: OnNoData::IoError,
         }
     }
 }
@@ -517,6 +546,8 @@ pub struct Node {
     /// One detach at a time: a request that finds the disk failed waits until the
     /// detach is done (the new generation adopted) before it answers.
     detaching: Mutex<()>,
+    /// Set while requests are held for want of data (`--on-no-data suspend-io`): why.
+    no_data: Mutex<Option<String>>,
     /// `disk` and `meta` are these, seen through their trait (`attach --disk` swaps
     /// what is inside).
     disk_gate: Arc<detach::Gate<Arc<dyn BlockDevice>>>,
@@ -689,6 +720,7 @@ impl Node {
             sync_source: Mutex::new(None),
             disk_state,
             detaching: Mutex::new(()),
+            no_data: Mutex::new(None),
             disk: disk_gate.clone(),
             disk_gate,
             meta: Box::new(meta_gate.clone()),
@@ -1051,6 +1083,7 @@ impl Node {
 
     fn write(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check_primary()?;
+        self.wait_for_data()?;
         self.pull_needs_a_peer()?;
         self.app_io.fetch_add(1, Ordering::Relaxed);
         let len = buf.len() as u64;
@@ -1138,8 +1171,16 @@ impl Node {
         if logged {
             self.al.end(offset, len);
         }
+        let r = match self.answer_write(local, gone, up_to_date) {
+            // `--on-no-data suspend-io`: held (with its range) until an up-to-date peer
+            // can take it.
+            Err(e) if gone && up_to_date == 0 => {
+                self.write_when_data_returns(buf, offset, flags, e)
+            }
+            r => r,
+        };
         drop(range);
-        self.answer_write(local, gone, up_to_date).and(missed)
+        r.and(missed)
     }
 
     /// A write's answer: the local result, or, once the local disk is detached (or
@@ -1170,7 +1211,11 @@ impl Node {
     /// round trip. A replica that failed is handled on a thread of its own: losing it
     /// saves metadata and may ask etcd, which must not hold a connection's reader.
     fn write_then(self: &Arc<Self>, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
-        if self.cfg.protocol != Protocol::C {
+        if self.cfg.protocol != Protocol::C
+            || self.is_diskless() && self.cfg.on_no_data == OnNoData::SuspendIo
+        {
+            // (A diskless node's write may be held: on the caller's thread, as a
+            // frozen one is.)
             return done(self.write(buf, offset, flags));
         }
         if let Err(e) = self.check_primary().and_then(|()| self.pull_needs_a_peer()) {
@@ -1196,6 +1241,7 @@ impl Node {
             local: Mutex::new(None),
             range: Mutex::new(Some(range)),
             done: Mutex::new(Some(done)),
+            held: (self.cfg.on_no_data == OnNoData::SuspendIo).then(|| (buf.to_vec(), flags)),
         });
         // Every replica's write is on its way before the local one starts.
         for peer in &self.peers {
@@ -1262,6 +1308,7 @@ impl Node {
 
     fn flush(&self) -> Result<()> {
         self.check_primary()?;
+        self.wait_for_data()?;
         self.pull_needs_a_peer()?;
         // Diskless at the start: the gate's refusal is no failure of a disk an
         // `attach` may bring meanwhile.
@@ -1280,6 +1327,10 @@ impl Node {
         let mut missed = Ok(());
         for slot in lost.into_inner() {
             missed = missed.and_then(|()| self.ensure_outdated(&self.peers[slot]));
+        }
+        if local.is_err() && gone && up_to_date == 0 && self.wait_for_data()? {
+            // `--on-no-data suspend-io`: an up-to-date peer is back; it flushes.
+            return missed.and_then(|()| self.flush());
         }
         local.and(missed)
     }
@@ -1992,6 +2043,7 @@ impl Node {
             crashed_primary: p.crashed_primary,
             quorum: self.quorum_status(role),
             resync_limits: self.cfg.resync,
+            io_suspended: self.no_data_status(),
             peers,
             events: self
                 .events
@@ -2046,6 +2098,9 @@ struct ReplWrite {
     local: Mutex<Option<Result<()>>>,
     range: Mutex<Option<OwnedRangeGuard>>,
     done: Mutex<Option<WriteDone>>,
+    /// `--on-no-data suspend-io`: the data and flags, for a write that no replica with
+    /// the data took (the disk failed under it) and that waits for one.
+    held: Option<(Vec<u8>, WriteFlags)>,
 }
 
 impl ReplWrite {
@@ -2124,9 +2179,40 @@ impl ReplWrite {
         if self.logged {
             node.al.end(offset, len);
         }
-        drop(self.range.lock().unwrap_or_else(|p| p.into_inner()).take());
-        if let Some(done) = self.done.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            done(node.answer_write(local, gone, up_to_date).and(missed));
+        let range = self.range.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(done) = self.done.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        match (node.answer_write(local, gone, up_to_date), &self.held) {
+            (Err(e), Some((buf, flags))) if gone && up_to_date == 0 => {
+                // Held until an up-to-date peer takes it, on a thread of its own (this
+                // may be a connection's reader).
+                let job = Arc::new(Mutex::new(Some((range, done, e, missed))));
+                let (node, buf, flags, j) = (node.clone(), buf.clone(), *flags, job.clone());
+                let spawned =
+                    thread::Builder::new()
+                        .name("repl-held-write".into())
+                        .spawn(move || {
+                            let taken = j.lock().unwrap_or_else(|p| p.into_inner()).take();
+                            if let Some((range, done, e, missed)) = taken {
+                                let r = node.write_when_data_returns(&buf, offset, flags, e);
+                                drop(range);
+                                done(r.and(missed));
+                            }
+                        });
+                if let Err(te) = spawned {
+                    tracing::warn!("cannot start a thread to hold a write: {te}");
+                    let taken = job.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some((range, done, e, _missed)) = taken {
+                        drop(range);
+                        done(Err(e));
+                    }
+                }
+            }
+            (r, _) => {
+                drop(range);
+                done(r.and(missed));
+            }
         }
     }
 }

@@ -20,11 +20,14 @@ impl Node {
                 continue;
             }
             let want = peer.state().want;
-            // A diskless primary has nothing to resync a peer from: it keeps the peers
-            // it has and connects no other.
-            if self.is_diskless() && peer.link().is_none() {
-                peer.state().last_error =
-                    Some("this node is diskless: it cannot resync a peer".into());
+            // A diskless primary has nothing to resync a peer from: it connects only a
+            // peer with nothing marked for it (connect_peer refuses one that needs a
+            // copy after the handshake).
+            if self.is_diskless() && peer.link().is_none() && peer.bitmap.count() > 0 {
+                peer.state().last_error = Some(format!(
+                    "this node is diskless: it cannot resync a peer ({} bytes out of sync)",
+                    peer.bitmap.count_bytes(self.data_size)
+                ));
                 self.sleep(Duration::from_millis(200));
             } else if !self.pull_may_connect(peer) && peer.link().is_none() {
                 // Nor while its disk is being filled: that disk is no copy to resync
@@ -281,9 +284,26 @@ impl Node {
                 ));
             }
         }
+        if self.is_diskless() && (full || mine > 0 || theirs > 0) {
+            return Err(format!(
+                "this node is diskless: {} needs a resync ({}), and this node has no data to copy",
+                peer.cfg.name,
+                if full {
+                    "a full one".to_string()
+                } else {
+                    format!("{mine} blocks marked here, {theirs} there")
+                }
+            ));
+        }
         let resync = full || decision != Decision::InSync || mine > 0 || theirs > 0;
         if resync && !full && (decision != Decision::InSync || theirs > 0) {
             self.fetch_peer_bitmap(peer)?;
+            if self.is_diskless() && peer.bitmap.count() > 0 {
+                return Err(format!(
+                    "this node is diskless: {} needs a resync of its marked blocks, and this node has no data to copy",
+                    peer.cfg.name
+                ));
+            }
         }
         // The pull's last source, back: what it holds of the blocks not filled here is
         // what the pull copies; only the rest of its bitmap is resynced from here.
@@ -309,7 +329,10 @@ impl Node {
             let mut p = self.persisted();
             p.epoch = p.epoch.max(w.epoch) + 1;
             p.fence = Some(self.token(p.epoch));
-            self.meta.save(&p).map_err(|e| e.to_string())?;
+            // A diskless node keeps it in memory: its metadata is given up.
+            if !self.is_diskless() {
+                self.meta.save(&p).map_err(|e| e.to_string())?;
+            }
             p.epoch
         };
         let mut opts = peer.cfg.opts.clone();
@@ -453,7 +476,7 @@ impl Node {
         let run_bits = ((1u64 << 20) / bm).max(1);
         let total = peer.bitmap.count_bytes(self.data_size);
         peer.resync_done.store(0, Ordering::Relaxed);
-        let failed: Mutex<Option<String>> = Mutex::new(None);
+        let failed: Mutex<Option<ResyncStop>> = Mutex::new(None);
         let pacer = Arc::new(Pacer::new(self.cfg.resync, &self.app_io));
         let speed = Arc::new(Speed::new(Instant::now()));
         peer.state().resync = Some(ResyncCounters {
@@ -496,19 +519,35 @@ impl Node {
                             if stopping() {
                                 return;
                             }
-                            let r = (|| -> Result<()> {
+                            // Err((error, the local disk's)).
+                            let r = (|| -> std::result::Result<(), (Error, bool)> {
                                 let Some(link) = peer.link() else {
-                                    return Err(io_err(ErrorKind::Gone, "the peer is gone"));
+                                    return Err((
+                                        io_err(ErrorKind::Gone, "the peer is gone"),
+                                        false,
+                                    ));
                                 };
                                 let _range = self.locks.lock(off, len);
-                                self.disk.read_at(&mut buf[..n], off)?;
-                                link.write_at(&buf[..n], off, WriteFlags::NONE)?;
+                                self.disk
+                                    .read_at(&mut buf[..n], off)
+                                    .map_err(|e| (e, true))?;
+                                link.write_at(&buf[..n], off, WriteFlags::NONE)
+                                    .map_err(|e| (e, false))?;
                                 peer.bitmap.clear(a, b);
                                 Ok(())
                             })();
-                            if let Err(e) = r {
-                                *failed.lock().unwrap_or_else(|p| p.into_inner()) =
-                                    Some(e.to_string());
+                            if let Err((e, local)) = r {
+                                // Out of the range lock: a detach asks the peers to
+                                // adopt a new generation.
+                                let stop = if local && self.local_failed(&e) {
+                                    ResyncStop::Detached(format!("reading at {off}: {e}"))
+                                } else {
+                                    ResyncStop::Failed(e.to_string())
+                                };
+                                failed
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .get_or_insert(stop);
                                 return;
                             }
                             let done = peer.resync_done.fetch_add(len, Ordering::Relaxed);
@@ -517,10 +556,14 @@ impl Node {
                     });
                 }
             });
-            if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                self.lose(peer, &format!("resync: {e}"));
-                peer.state().resync = None;
-                return Err(e);
+            match failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                Some(ResyncStop::Failed(e)) => {
+                    self.lose(peer, &format!("resync: {e}"));
+                    peer.state().resync = None;
+                    return Err(e);
+                }
+                Some(ResyncStop::Detached(e)) => return Err(self.resync_detached(peer, &e)),
+                None => {}
             }
             if self.stop_peers.load(Ordering::SeqCst) {
                 peer.state().resync = None;
@@ -579,7 +622,9 @@ impl Node {
             p.history = g.history;
             p.peers[peer.slot].bitmap_uuid = g.bitmap;
             p.crashed_primary = false;
-            self.meta.save(&p).map_err(|e| e.to_string())?;
+            if !self.is_diskless() {
+                self.meta.save(&p).map_err(|e| e.to_string())?;
+            }
         }
         let _ = self.write_out_bitmaps();
         self.clear_outdated(peer);
@@ -600,8 +645,37 @@ impl Node {
         );
         Ok(())
     }
+
+    /// The resync stopped because this node's disk failed a read and was detached
+    /// (`--on-io-error detach`): there is nothing left to copy from. The peer is not
+    /// dropped, the fault was not its own: it stays connected and takes the
+    /// application's writes, but stays Inconsistent (a resync target whose resync did
+    /// not finish) until a node with the data resyncs it; its blocks not yet copied
+    /// stay marked in its bitmap.
+    fn resync_detached(&self, peer: &Peer, e: &str) -> String {
+        let msg = format!(
+            "resync to {} stopped: this node's disk failed ({e}) and was detached, so there is nothing to copy from; {} stays connected but Inconsistent until a node with the data resyncs it",
+            peer.cfg.name, peer.cfg.name
+        );
+        {
+            let mut s = peer.state();
+            s.resync = None;
+            s.last_error = Some(msg.clone());
+        }
+        peer.set(Conn::Connected, Repl::Off);
+        self.event("resync-stopped", Some(&peer.cfg.name), msg.clone());
+        msg
+    }
 }
 
-fn failed_now(failed: &Mutex<Option<String>>) -> bool {
+/// Why a resync pass stopped early.
+enum ResyncStop {
+    /// The peer (or the link to it) failed: it is dropped.
+    Failed(String),
+    /// The local disk failed and was detached.
+    Detached(String),
+}
+
+fn failed_now(failed: &Mutex<Option<ResyncStop>>) -> bool {
     failed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
 }

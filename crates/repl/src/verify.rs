@@ -554,9 +554,22 @@ impl Node {
             ));
         }
         let bm = self.meta.bm_block();
-        let _range = self.locks.lock(off, len);
-        let local = block_digests(self.disk.as_ref(), off, len, bm)
-            .map_err(|e| format!("reading this node's data at {off}: {e}"))?;
+        let range = self.locks.lock(off, len);
+        let local = match block_digests(self.disk.as_ref(), off, len, bm) {
+            Ok(d) => d,
+            Err(e) => {
+                // Out of the range lock: a detach asks the peers to adopt a new
+                // generation.
+                drop(range);
+                if self.local_failed(&e) {
+                    return Err(format!(
+                        "this node's disk failed reading at {off} ({e}) and was detached: there is nothing left to compare; peer {} stays connected and in sync",
+                        peer.cfg.name
+                    ));
+                }
+                return Err(format!("reading this node's data at {off}: {e}"));
+            }
+        };
         let data = peer.request(
             &Request::Digest {
                 node: self.cfg.node.clone(),

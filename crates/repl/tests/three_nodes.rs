@@ -122,6 +122,7 @@ impl Up {
             peer_timeout: Duration::from_secs(10),
             quorum: None,
             on_io_error: OnIoError::Detach,
+            on_no_data: cairn_repl::node::OnNoData::IoError,
         };
         let meta = Box::new(Store::open(disk.clone()).unwrap());
         let node = Node::open(cfg, disk.clone(), meta).unwrap();
