@@ -518,6 +518,11 @@ impl Node {
             if took > 0 {
                 return missed;
             }
+            // A disk attached meanwhile (being filled, no peer left): wait_for_data no
+            // longer waits, and this loop must not spin; nothing holds the write.
+            if !self.is_diskless() {
+                return Err(e);
+            }
         }
     }
 

@@ -6,7 +6,7 @@
 //!   attach on a diskless primary ─> the disk opened behind the gate, its metadata saved
 //!   as invalidated (and every save masked so until the end), `todo` = every block
 //!        │
-//!        ├─ pull thread, in disk order: range lock ─> read from an up-to-date peer ─>
+//!        ├─ pull threads (four, as a resync), in disk order: range lock ─> read from an up-to-date peer ─>
 //!        │  write locally ─> clear the bits ─> release (paced as a resync)
 //!        ├─ application reads: a range with bits in `todo` from an up-to-date peer,
 //!        │  the rest locally
@@ -283,13 +283,11 @@ impl Node {
         );
     }
 
-    /// The pull thread: every block of `todo`, in disk order, from an up-to-date peer.
+    /// The pull thread: every block of `todo`, in disk order, from an up-to-date peer,
+    /// four copies in flight (as a resync), in passes: a pass hands the runs out in disk
+    /// order; a run whose copy failed (its peer lost) stays in `todo` for the next one.
     fn run_pull(&self, pull: &Arc<Pull>) {
-        let bm = pull.todo.block();
-        let run_bits = ((1u64 << 20) / bm).max(1);
-        let mut buf = vec![0u8; usize::try_from(run_bits * bm).expect("1 MiB")];
-        let mut cursor = 0;
-        let mut told_alone = false;
+        let told_alone = AtomicBool::new(false);
         let stopping = || {
             self.stop_peers.load(Ordering::SeqCst) || self.is_diskless() || !self.is_current(pull)
         };
@@ -304,22 +302,58 @@ impl Node {
             if !self.wait_for_lease(|| false) {
                 continue;
             }
-            let Some((a, b)) = pull.todo.next_run(cursor, run_bits) else {
-                if pull.todo.count() == 0 {
-                    break;
+            if pull.todo.count() == 0 {
+                break;
+            }
+            let cursor = Mutex::new(0u64);
+            thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| self.pull_runs(pull, &cursor, &told_alone, &stopping));
                 }
-                cursor = 0;
-                continue;
+            });
+        }
+        self.finish_pull(pull);
+    }
+
+    /// One of a pass's copiers: the next run of `todo` after `cursor`, until none is
+    /// left, the lease is lost or the pull stops.
+    fn pull_runs(
+        &self,
+        pull: &Arc<Pull>,
+        cursor: &Mutex<u64>,
+        told_alone: &AtomicBool,
+        stopping: &dyn Fn() -> bool,
+    ) {
+        let bm = pull.todo.block();
+        let run_bits = ((1u64 << 20) / bm).max(1);
+        let mut buf = vec![0u8; usize::try_from(run_bits * bm).expect("1 MiB")];
+        loop {
+            if stopping() || self.lease_lost() {
+                return;
+            }
+            let run = {
+                let mut c = cursor.lock().unwrap_or_else(|p| p.into_inner());
+                let r = pull.todo.next_run(*c, run_bits);
+                if let Some((_, end)) = r {
+                    *c = end;
+                }
+                r
             };
+            let Some((a, b)) = run else { return };
             let off = a * bm;
             let len = (b * bm).min(self.data_size) - off;
             let n = usize::try_from(len).expect("<= 1 MiB");
             // Waits holding no range, so application writes go on.
             pull.pacer.admit(len, &self.app_io, stopping);
-            let Some((peer, link)) = self.up_to_date_peers().into_iter().next() else {
+            let (peer, link) = loop {
+                if stopping() {
+                    return;
+                }
+                if let Some(p) = self.up_to_date_peers().into_iter().next() {
+                    break p;
+                }
                 *pull.source.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                if !told_alone {
-                    told_alone = true;
+                if !told_alone.swap(true, Ordering::SeqCst) {
                     self.event(
                         "resync-paused",
                         None,
@@ -332,10 +366,8 @@ impl Node {
                     );
                 }
                 self.sleep(Duration::from_millis(200));
-                continue;
             };
-            if told_alone {
-                told_alone = false;
+            if told_alone.swap(false, Ordering::SeqCst) {
                 self.event(
                     "resync-resumed",
                     Some(&peer.cfg.name),
@@ -347,6 +379,7 @@ impl Node {
             let range = self.locks.lock(off, len);
             if let Err(e) = link.read_at(&mut buf[..n], off) {
                 drop(range);
+                // The run stays in `todo`: the next pass copies it from another peer.
                 self.lose(peer, &format!("reading for the pull: {e}"));
                 continue;
             }
@@ -364,9 +397,7 @@ impl Node {
             drop(range);
             let done = pull.done.fetch_add(len, Ordering::Relaxed);
             pull.speed.note(Instant::now(), done + len);
-            cursor = b;
         }
-        self.finish_pull(pull);
     }
 
     /// Every block is filled: flushed, then the bitmaps towards the peers and the real
@@ -637,10 +668,13 @@ mod tests {
     #[test]
     fn a_write_during_the_pull_is_never_overwritten_by_it() {
         let d = diskless_primary(2 << 20, "writes under the pull");
-        d.node.attach_disk(None).unwrap();
         const SPAN: usize = 3 << 20;
         let model = Arc::new(Mutex::new(d.model.clone()));
         let stop = Arc::new(AtomicBool::new(false));
+        // Application I/O from the start holds the pull at its minimum: an idle one
+        // fills the 16 MiB before the writers begin.
+        let io = app_io(&d.vol);
+        d.node.attach_disk(None).unwrap();
         let pull = d.node.pulling().unwrap();
         let writers: Vec<_> = (0..4usize)
             .map(|t| {
@@ -685,6 +719,7 @@ mod tests {
         for w in writers {
             w.join().unwrap();
         }
+        drop(io);
         wait("the end of the pull", || d.node.status().disk == "UpToDate");
         let model = model.lock().unwrap();
         let mut all = vec![0u8; model.len()];
