@@ -6,8 +6,9 @@
 //!   attach on a diskless primary ─> the disk opened behind the gate, its metadata saved
 //!   as invalidated (and every save masked so until the end), `todo` = every block
 //!        │
-//!        ├─ pull threads (four, as a resync), in disk order: range lock ─> read from an up-to-date peer ─>
-//!        │  write locally ─> clear the bits ─> release (paced as a resync)
+//!        ├─ four pull threads (as a resync), in disk order: range lock ─> read from an
+//!        │  up-to-date peer ─> write locally ─> clear the bits ─> release (paced as a
+//!        │  resync)
 //!        ├─ application reads: a range with bits in `todo` from an up-to-date peer,
 //!        │  the rest locally
 //!        ├─ application writes: local disk and peers as always (protocol C, even with
