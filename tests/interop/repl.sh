@@ -950,14 +950,8 @@ t_external_meta() {
 t_detach() {
   need_tool nbdkit
   nodes_up
-  local fail=$WORK/d1.fail sock=$WORK/d1.sock
-  nbdkit -f --unix "$sock" --filter=error file "$SHM/n1.img" \
-    error=EIO error-rate=100% error-file="$fail" >"$WORK/nbdkit.log" 2>&1 &
-  register pid $!
-  local n
-  for n in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-  [ -S "$sock" ] || fail "nbdkit did not start: $(cat "$WORK/nbdkit.log")"
-  DISK[1]="nbd+unix:///?socket=$sock"
+  local fail=$WORK/d1.fail n
+  error_disk 1 d1 error=EIO error-rate=100% error-file="$fail"
   node_up 1
   node_up 2
   repl 1 primary --force
@@ -1020,14 +1014,8 @@ t_detach() {
 t_primary_attach() {
   need_tool nbdkit
   nodes_up
-  local fail=$WORK/p1.fail sock=$WORK/p1.sock
-  nbdkit -f --unix "$sock" --filter=error file "$SHM/n1.img" \
-    error=EIO error-rate=100% error-file="$fail" >"$WORK/nbdkit.log" 2>&1 &
-  register pid $!
-  local n
-  for n in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-  [ -S "$sock" ] || fail "nbdkit did not start: $(cat "$WORK/nbdkit.log")"
-  DISK[1]="nbd+unix:///?socket=$sock"
+  local fail=$WORK/p1.fail n
+  error_disk 1 p1 error=EIO error-rate=100% error-file="$fail"
   # Under the writer the pull keeps to 4 MiB/s: the writer finishes first.
   node_up 1 --resync-rate 64 --resync-min-rate 4
   node_up 2
@@ -1105,14 +1093,9 @@ t_primary_attach() {
 t_detach_resync() {
   need_tool nbdkit
   nodes_up
-  local fail=$WORK/dr1.fail sock=$WORK/dr1.sock n
-  rm -f "$fail" "$sock"
-  nbdkit -f --unix "$sock" --filter=error file "$SHM/n1.img" \
-    error-pread=EIO error-pread-rate=100% error-pread-file="$fail" >"$WORK/nbdkit.log" 2>&1 &
-  register pid $!
-  for n in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-  [ -S "$sock" ] || fail "nbdkit did not start: $(cat "$WORK/nbdkit.log")"
-  DISK[1]="nbd+unix:///?socket=$sock"
+  local fail=$WORK/dr1.fail n
+  rm -f "$fail"
+  error_disk 1 dr1 error-pread=EIO error-pread-rate=100% error-pread-file="$fail"
   node_up 1 --on-no-data suspend-io
   node_up 2
   touch "$fail"

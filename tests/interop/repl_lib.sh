@@ -116,6 +116,20 @@ node_up() {
   fail "node $i does not answer: $(tail -5 "$WORK/n$i.log")"
 }
 
+# error_disk I TAG ARGS...: node I's disk ($SHM/nI.img) served by nbdkit behind its error
+# filter with ARGS (e.g. error=EIO error-rate=100% error-file=F: failing while F exists)
+# on $WORK/TAG.sock; DISK[I] becomes that export. nbdkit's log: $WORK/nbdkit.log.
+error_disk() {
+  local i=$1 sock=$WORK/$2.sock n
+  shift 2
+  rm -f "$sock"
+  nbdkit -f --unix "$sock" --filter=error file "$SHM/n$i.img" "$@" >"$WORK/nbdkit.log" 2>&1 &
+  register pid $!
+  for n in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+  [ -S "$sock" ] || fail "nbdkit did not start: $(cat "$WORK/nbdkit.log")"
+  DISK[$i]="nbd+unix:///?socket=$sock"
+}
+
 # node_kill I: SIGKILL, as a host that loses power. node_down I: a clean stop.
 node_kill() {
   kill -KILL "${NPID[$1]}"
