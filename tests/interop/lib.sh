@@ -259,6 +259,26 @@ fio_nbd() {
     --output-format=json --output="$out.json" >"$out.stdout" 2> >(head -c 1000000 >"$out.err")
 }
 
+# fio_verified W V STATUS LABEL DETAILS: the checks of a `fio --verify_only` run (JSON in
+# V.json, stderr in V.err, exit STATUS) against the write run it replays (W.json, already
+# cleaned): exit 0, no verify message, 0 errors, and exactly the bytes each job wrote
+# read back, more than none (each connection's replies in order: the writes fio saw
+# complete are those before the first failed one). Sets VERIFIED (bytes). DETAILS is
+# called before a failure.
+fio_verified() {
+  local w=$1 v=$2 status=$3 label=$4 details=$5
+  if [ "$status" != 0 ] || grep -qiE 'verify|bad magic|crc32c' "$v.err"; then
+    "$details"
+    fail "fio --verify_only $label failed (exit $status)"
+  fi
+  sed -n '/^{/,$p' "$v.json" >"$v.clean.json" && mv "$v.clean.json" "$v.json"
+  expect_eq "$(jq '[.jobs[].error] | add' "$v.json")" 0 "fio errors in --verify_only ($label)"
+  VERIFIED=$(jq '[.jobs[].read.io_bytes] | add' "$v.json")
+  expect_eq "$(jq -c '[.jobs[].read.io_bytes]' "$v.json")" \
+    "$(jq -c '[.jobs[].write.io_bytes]' "$w.json")" "bytes verified vs written, per job ($label)"
+  [ "$VERIFIED" -gt 0 ] || { "$details"; fail "fio verified nothing ($label)"; }
+}
+
 # --- running tests ---------------------------------------------------------------------
 
 # run_test NAME FUNCTION: runs FUNCTION in a subshell with set -e, records the result,
