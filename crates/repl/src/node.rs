@@ -1339,11 +1339,19 @@ impl Node {
     /// its bitmap, and (as primary) the data takes a new generation, so the next
     /// handshake sees that this side changed while the peer was away.
     fn lose(&self, peer: &Peer, why: &str) {
-        let old = peer.link.write().unwrap_or_else(|p| p.into_inner()).take();
+        // The link goes under the fill's lock too (pull.rs `pull_lost`): two peers lost
+        // at once are then ordered as their links went, and the later one, the last to
+        // take every acknowledged write, is the one a fill may resume with.
+        let mut old = None;
+        self.pull_lost(peer, || {
+            old = peer.link.write().unwrap_or_else(|p| p.into_inner()).take();
+            if old.is_some() {
+                peer.set(Conn::Connecting, Repl::Off);
+            }
+        });
         if old.is_none() {
             return;
         }
-        self.pull_lost(peer, || peer.set(Conn::Connecting, Repl::Off));
         peer.state().last_error = Some(why.to_string());
         self.event(
             "disconnect",
@@ -1850,8 +1858,10 @@ impl Node {
             // Removing the export ends its connections (their requests answered first).
             ex.clients.remove(&self.cfg.resource);
         }
-        self.clean_stop().map_err(|e| e.to_string())?;
+        let stopped = self.clean_stop();
+        // A fill cut short is given up whether or not the stop saved everything.
         self.abandon_pull();
+        stopped.map_err(|e| e.to_string())?;
         // Giving the lease back (revoking it) lets another node take over at once.
         *self.guard.write().unwrap_or_else(|p| p.into_inner()) = None;
         drop(self.lease.lock().unwrap_or_else(|p| p.into_inner()).take());

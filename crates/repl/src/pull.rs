@@ -313,7 +313,18 @@ impl Node {
                 }
             });
         }
-        self.finish_pull(pull);
+        // The last flush or save failed: detached (the fill ends with the disk), or with
+        // `pass-on` tried again each second until it works or the fill is stopped.
+        while !self.finish_pull(pull) {
+            if self.is_diskless() {
+                self.end_pull(pull);
+                return;
+            }
+            if stopping() {
+                return;
+            }
+            self.sleep(Duration::from_secs(1));
+        }
     }
 
     /// One of a pass's copiers: the next run of `todo` after `cursor`, until none is
@@ -375,13 +386,24 @@ impl Node {
                     format!("filling the disk from {} again", peer.cfg.name),
                 );
             }
-            *pull.resume.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            {
+                // The peer to resume with is needed no more while one is up to date.
+                // Checked under its lock: a peer lost since it was picked above may
+                // have just been made the one (pull_lost), which must stay.
+                let mut resume = pull.resume.lock().unwrap_or_else(|p| p.into_inner());
+                if resume.is_some() && !self.up_to_date_peers().is_empty() {
+                    *resume = None;
+                }
+            }
             *pull.source.lock().unwrap_or_else(|p| p.into_inner()) = Some(peer.slot);
             let range = self.locks.lock(off, len);
             if let Err(e) = link.read_at(&mut buf[..n], off) {
                 drop(range);
                 // The run stays in `todo`: the next pass copies it from another peer.
-                self.lose(peer, &format!("reading for the pull: {e}"));
+                // (Not a newer link of the same peer: this one may be gone already.)
+                if peer.link().is_some_and(|l| Arc::ptr_eq(&l, &link)) {
+                    self.lose(peer, &format!("reading for the pull: {e}"));
+                }
                 continue;
             }
             if let Err(e) = self.disk.write_at(&buf[..n], off, WriteFlags::NONE) {
@@ -403,12 +425,15 @@ impl Node {
 
     /// Every block is filled: flushed, then the bitmaps towards the peers and the real
     /// generations (which the up-to-date peers hold: they adopted each one) are saved
-    /// with "consistent". Only then do restarts take the disk for current.
-    fn finish_pull(&self, pull: &Arc<Pull>) {
+    /// with "consistent". Only then do restarts take the disk for current. False when the
+    /// flush or a save failed (the disk detached, or with `pass-on` left as it is).
+    fn finish_pull(&self, pull: &Arc<Pull>) -> bool {
         let r = self.disk.flush().and_then(|()| self.write_out_bitmaps());
         if let Err(e) = r {
-            self.local_failed(&e);
-            return;
+            if !self.local_failed(&e) {
+                tracing::warn!("{}: ending the fill: {e}", self.cfg.resource);
+            }
+            return false;
         }
         {
             let mut p = self.persisted();
@@ -417,8 +442,10 @@ impl Node {
             if let Err(e) = self.meta.save(&p) {
                 self.meta_gate.masked.store(true, Ordering::SeqCst);
                 drop(p);
-                self.local_failed(&e);
-                return;
+                if !self.local_failed(&e) {
+                    tracing::warn!("{}: ending the fill: {e}", self.cfg.resource);
+                }
+                return false;
             }
         }
         self.end_pull(pull);
@@ -439,6 +466,7 @@ impl Node {
                 pull.started.elapsed().as_secs_f64()
             ),
         );
+        true
     }
 
     /// The pull's progress, shown on the peer it reads from (as a sync target's).
@@ -882,6 +910,32 @@ mod tests {
         d.h.heal();
         d.node.attach_disk(None).unwrap();
         wait("the second pull", || d.node.status().disk == "UpToDate");
+        d.disk.read_at(&mut all, 0).unwrap();
+        assert!(all == d.model, "the filled disk differs from the model");
+        d.node.demote().unwrap();
+        d.far_stop.shutdown();
+    }
+
+    /// Every block copied, the flush that ends the fill fails: the disk detaches and the
+    /// fill ends with it (no fill left behind that would refuse every peer), and a
+    /// second attach of the healed disk fills it to the end.
+    #[test]
+    fn the_fills_last_flush_failing_detaches_and_ends_it() {
+        let d = diskless_primary(1 << 20, "the last flush fails");
+        let n = d.model.len();
+        let io = app_io(&d.vol);
+        d.node.attach_disk(None).unwrap();
+        wait("some of the pull", || pulled(&d.node) >= 1 << 20);
+        d.h.fail_after(cairn_block::testkit::Op::Flush, 0);
+        drop(io);
+        wait("the disk detached at the end", || {
+            d.node.status().disk == "Diskless"
+        });
+        wait("the fill ended with it", || d.node.pulling().is_none());
+        d.h.heal();
+        d.node.attach_disk(None).unwrap();
+        wait("the second pull", || d.node.status().disk == "UpToDate");
+        let mut all = vec![0u8; n];
         d.disk.read_at(&mut all, 0).unwrap();
         assert!(all == d.model, "the filled disk differs from the model");
         d.node.demote().unwrap();
