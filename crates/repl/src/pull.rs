@@ -141,6 +141,23 @@ impl Node {
         }
     }
 
+    /// The parts of bits `[a, b)` this node's disk holds: all of them, or while a fill
+    /// runs, the runs of blocks it filled (or the application wrote whole). The caller
+    /// holds the range lock over them, so neither changes meanwhile.
+    pub(super) fn pull_filled_parts(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
+        let Some(pull) = self.pulling() else {
+            return vec![(a, b)];
+        };
+        let mut parts: Vec<(u64, u64)> = Vec::new();
+        for bit in (a..b).filter(|&bit| !pull.todo.get(bit)) {
+            match parts.last_mut() {
+                Some(last) if last.1 == bit => last.1 = bit + 1,
+                _ => parts.push((bit, bit + 1)),
+            }
+        }
+        parts
+    }
+
     /// `attach` on a diskless primary, under the admin lock: the disk (or `new`) is
     /// taken back, marked invalidated on disk, and filled from an up-to-date peer by a
     /// thread of its own while the volume is served.
@@ -912,6 +929,37 @@ mod tests {
         wait("the second pull", || d.node.status().disk == "UpToDate");
         d.disk.read_at(&mut all, 0).unwrap();
         assert!(all == d.model, "the filled disk differs from the model");
+        d.node.demote().unwrap();
+        d.far_stop.shutdown();
+    }
+
+    /// While a fill runs, a resync from this node sends only what the disk holds: the
+    /// blocks filled, and those the application wrote whole, not the others.
+    #[test]
+    fn a_resync_during_a_fill_sends_only_the_filled_blocks() {
+        let d = diskless_primary(1 << 20, "filled parts");
+        let io = app_io(&d.vol);
+        d.node.attach_disk(None).unwrap();
+        wait("some of the pull", || pulled(&d.node) >= 1 << 20);
+        let bits = d.node.data_size / 4096;
+        let far = bits - 2;
+        d.vol
+            .write_at(&[9u8; 4096], far * 4096, WriteFlags::NONE)
+            .unwrap();
+        let pull = d.node.pulling().unwrap();
+        // As a resync's copier: under the range lock, so the fill stands still.
+        let all = d.node.locks.lock(0, d.node.data_size);
+        let parts = d.node.pull_filled_parts(0, bits);
+        for bit in 0..bits {
+            let inside = parts.iter().any(|&(x, y)| (x..y).contains(&bit));
+            assert_eq!(inside, !pull.todo.get(bit), "bit {bit}: {parts:?}");
+        }
+        drop(all);
+        assert!(parts.iter().any(|&(x, y)| x <= far && far < y), "{parts:?}");
+        assert_eq!(parts[0].0, 0, "the filled start: {parts:?}");
+        drop(io);
+        wait("the end of the pull", || d.node.status().disk == "UpToDate");
+        assert_eq!(d.node.pull_filled_parts(3, 7), vec![(3, 7)]);
         d.node.demote().unwrap();
         d.far_stop.shutdown();
     }

@@ -366,6 +366,17 @@ impl Node {
         // (Peer::link_or_mark), some perhaps still writing here: a peer found in sync
         // at the handshake needs a resync of those blocks all the same.
         let late = !resync && peer.bitmap.count() > 0;
+        if late && self.is_diskless() {
+            // Marked while it connected (a write lost with it, say): a diskless node has
+            // nothing to copy, and a resync would read through the gate and take that
+            // refusal for a failing disk. Dropped, as the handshake drops such a peer.
+            let e = format!(
+                "this node is diskless: blocks were marked for {} while it connected, and it has no data to copy",
+                peer.cfg.name
+            );
+            self.lose(peer, &e);
+            return Err(e);
+        }
         if late {
             if let Err(e) = peer.request(
                 &Request::SyncStart {
@@ -531,8 +542,16 @@ impl Node {
                                 self.disk
                                     .read_at(&mut buf[..n], off)
                                     .map_err(|e| (e, true))?;
-                                link.write_at(&buf[..n], off, WriteFlags::NONE)
-                                    .map_err(|e| (e, false))?;
+                                // While this node's disk is being filled, its blocks not
+                                // filled yet hold nothing to send: the peer's own are
+                                // what the fill copies here (pull.rs).
+                                for (x, y) in self.pull_filled_parts(a, b) {
+                                    let lo = usize::try_from(x * bm - off).expect("<= 1 MiB");
+                                    let hi = usize::try_from((y * bm).min(self.data_size) - off)
+                                        .expect("<= 1 MiB");
+                                    link.write_at(&buf[lo..hi], x * bm, WriteFlags::NONE)
+                                        .map_err(|e| (e, false))?;
+                                }
                                 peer.bitmap.clear(a, b);
                                 Ok(())
                             })();
