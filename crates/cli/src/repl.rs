@@ -1437,6 +1437,14 @@ mod tests {
     fn etcd_access_in_a_config_file() {
         let dir = std::env::temp_dir().join(format!("cairn-repl-etcd-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        // Removed when the test ends, whether it passed or not.
+        struct Rm(PathBuf);
+        impl Drop for Rm {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let _rm = Rm(dir.clone());
         let file = dir.join("r.toml");
         let write = |extra: &str| {
             std::fs::write(
@@ -1503,7 +1511,6 @@ mod tests {
         write("on_no_data = \"suspend\"\n");
         let err = args(&[]).unwrap_err();
         assert!(err.to_string().contains("on_no_data"), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -217,12 +217,28 @@ mod tests {
     use std::os::unix::net::UnixListener;
     use std::time::Instant;
 
-    fn scratch(name: &str) -> PathBuf {
+    /// A scratch directory, removed when the test ends, whether it passed or not.
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(name: &str) -> Scratch {
         let dir =
             std::env::temp_dir().join(format!("cairn-repl-ctl-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        dir
+        Scratch(dir)
     }
 
     #[test]
@@ -245,7 +261,6 @@ mod tests {
             vec![dir.join("repl-a.sock"), dir.join("repl-b.sock")]
         );
         assert!(local_sockets(&dir.join("missing")).is_empty());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -316,6 +331,5 @@ mod tests {
         let all = statuses_at_once(&[dead.clone(), stuck.clone()], short);
         assert!(all[0].as_ref().unwrap_err().is_gone());
         assert!(all[1].as_ref().unwrap_err().timed_out());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
