@@ -934,6 +934,27 @@ t_external_meta() {
   expect_contains "$out" "at least 12288 bytes" "too small a metadata file is named with the size it needs"
 }
 
+# write_while_the_disk_fails SEED BLOCKS BS FAIL: acked_writes.py writes every block of
+# node 1's volume (log in $WORK/log); after 500 acknowledgements FAIL is created, which
+# makes node 1's error-filter disk fail; every write must still be acknowledged.
+write_while_the_disk_fails() {
+  local seed=$1 blocks=$2 bs=$3 fail=$4 wpid before=0 n
+  rm -f "$WORK/log"
+  py "$ORACLE" write "$(client_uri 1)" "$seed" "$blocks" "$bs" 32 "$WORK/log" >"$WORK/writer.out" 2>&1 &
+  wpid=$!
+  register pid "$wpid"
+  for n in $(seq 200); do
+    [ -f "$WORK/log" ] && before=$(wc -l <"$WORK/log")
+    [ "$before" -ge 500 ] && break
+    sleep 0.05
+  done
+  touch "$fail"
+  [ "$before" -lt $((blocks / 2)) ] || fail "the writer was almost done before the disk failed ($before of $blocks)"
+  wait "$wpid" || fail "the writer failed: $(cat "$WORK/writer.out")"
+  expect_contains "$(cat "$WORK/writer.out")" "all $blocks writes acknowledged" \
+    "every write acknowledged although the primary's disk failed"
+}
+
 # The primary's disk fails (nbdkit's error filter, EIO on every request while a file
 # exists) under a writer: the primary detaches it and goes on diskless through its peer,
 # so every write is acknowledged and reads back; after a failover a new disk is attached
@@ -950,21 +971,7 @@ t_detach() {
   wait_peer 2 Established
   local bs=4096 blocks seed=$((SEED + 100))
   blocks=$(($(nbdinfo --size "$(client_uri 1)") / bs))
-  rm -f "$WORK/log"
-  py "$ORACLE" write "$(client_uri 1)" "$seed" "$blocks" "$bs" 32 "$WORK/log" >"$WORK/writer.out" 2>&1 &
-  local wpid=$!
-  register pid "$wpid"
-  local before=0
-  for n in $(seq 200); do
-    [ -f "$WORK/log" ] && before=$(wc -l <"$WORK/log")
-    [ "$before" -ge 500 ] && break
-    sleep 0.05
-  done
-  touch "$fail"
-  [ "$before" -lt $((blocks / 2)) ] || fail "the writer was almost done before the disk failed ($before of $blocks)"
-  wait "$wpid" || fail "the writer failed: $(cat "$WORK/writer.out")"
-  expect_contains "$(cat "$WORK/writer.out")" "all $blocks writes acknowledged" \
-    "every write acknowledged although the primary's disk failed"
+  write_while_the_disk_fails "$seed" "$blocks" "$bs" "$fail"
   expect_eq "$(status_json 1 | jq -r .disk)" Diskless "the primary's disk state"
   expect_contains "$(last_event 1 disk-failed)" "the local disk failed" "the disk-failed event"
   expect_contains "$(last_event 1 detached)" "diskless primary" "the detached event"
@@ -1016,20 +1023,9 @@ t_primary_attach() {
   local bs=4096 blocks seed=$((SEED + 200)) seed2=$((SEED + 201))
   blocks=$(($(nbdinfo --size "$(client_uri 1)") / bs))
   local half=$((blocks / 2))
-  rm -f "$WORK/log" "$WORK/log2"
-  py "$ORACLE" write "$(client_uri 1)" "$seed" "$blocks" "$bs" 32 "$WORK/log" >"$WORK/writer.out" 2>&1 &
-  local wpid=$!
-  register pid "$wpid"
-  local before=0
-  for n in $(seq 200); do
-    [ -f "$WORK/log" ] && before=$(wc -l <"$WORK/log")
-    [ "$before" -ge 500 ] && break
-    sleep 0.05
-  done
-  touch "$fail"
-  wait "$wpid" || fail "the writer failed: $(cat "$WORK/writer.out")"
-  expect_contains "$(cat "$WORK/writer.out")" "all $blocks writes acknowledged" \
-    "every write acknowledged although the primary's disk failed"
+  rm -f "$WORK/log2"
+  write_while_the_disk_fails "$seed" "$blocks" "$bs" "$fail"
+  local wpid
   expect_eq "$(status_json 1 | jq -r .disk)" Diskless "the primary's disk state after the failure"
   # Healed, and attached on the primary while a second writer rewrites the first half.
   rm -f "$fail"
