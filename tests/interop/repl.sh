@@ -125,6 +125,47 @@ t_idle_peer_loss() {
   node_down 1
 }
 
+# t_secondary_sees_loss: the secondary's status tells the truth about its primary, which is
+# what an operator reads before promoting it: a killed primary is seen gone within 3 s (its
+# data connections end), a partitioned idle one within 25 s (the peer server's TCP
+# keepalive probes after 5 s of silence; an idle primary pings every 10 s). Both times the
+# pair comes back by itself.
+t_secondary_sees_loss() {
+  nodes_up
+  node_up 1
+  node_up 2
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established
+  wait_peer 2 Established
+  node_kill 1
+  local n c start
+  for n in $(seq 30); do
+    c=$(peer_field 2 connection)
+    [ "$c" != Connected ] && break
+    sleep 0.1
+  done
+  [ "$c" != Connected ] || fail "3 s after its primary was killed the secondary still says: $(status_text 2)"
+  say "killed primary seen by the secondary within $((n / 10)).$((n % 10)) s: $(peer_field 2 last_error)"
+  node_up 1
+  "$CAIRN" repl primary home --force --control "$(ctl 1)"
+  wait_peer 1 Established 300
+  wait_peer 2 Established
+  link_down
+  start=$SECONDS
+  for n in $(seq 250); do
+    c=$(peer_field 2 connection)
+    [ "$c" != Connected ] && break
+    sleep 0.1
+  done
+  [ "$c" != Connected ] || { link_up; fail "25 s into a partition the secondary still says: $(status_text 2)"; }
+  say "partition seen by the secondary after $((SECONDS - start)) s: $(peer_field 2 last_error)"
+  link_up
+  wait_peer 1 Established 300
+  wait_peer 2 Established 300
+  node_down 2
+  node_down 1
+}
+
 # --- failover under fio verify ------------------------------------------------------------
 #
 # t_failover_fio: the same failovers as t_failover, checked by fio's own verification
@@ -1154,6 +1195,7 @@ t_no_data_resume() {
 }
 
 run_test idle_peer_loss t_idle_peer_loss
+run_test secondary_sees_loss t_secondary_sees_loss
 run_test refusals t_refusals
 run_test status t_status
 run_test api t_api

@@ -852,6 +852,7 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
     let mut pcfg = ServerConfig::new(Vec::new());
     pcfg.allow_empty = true;
     pcfg.fence = Some(Arc::new(target.clone()));
+    pcfg.keepalive = Some(cairn_repl::node::PEER_KEEPALIVE);
     pcfg.extension = Some(Arc::new(target));
     pcfg.tls.clone_from(&tls);
     let peer_server = Server::new(pcfg).map_err(|e| CliError::new(e.to_string()))?;

@@ -249,6 +249,11 @@ pub trait FenceStore: Send + Sync + fmt::Debug {
     fn record_bytes(&self, _export: &str, _dev: &dyn BlockDevice) -> cairn_block::Result<Vec<u8>> {
         Ok(Vec::new())
     }
+    /// A connection that declared `token` for `export` and was admitted has ended (the
+    /// client closed it, it broke, or the server cut it): a store that follows its
+    /// owner's presence (replication's secondary) learns of it here. Called once per
+    /// such connection, after its last reply.
+    fn connection_ended(&self, _export: &str, _token: &FenceToken) {}
 }
 
 /// What a server said to a declared token.

@@ -56,6 +56,7 @@ mod sync;
 #[path = "verify.rs"]
 mod verify;
 pub use detach::NewDisk;
+pub use secondary::PEER_KEEPALIVE;
 pub use verify::{block_digests, VerifyStatus};
 
 /// What the node keeps in its metadata superblock.
@@ -3024,6 +3025,39 @@ pub(super) mod tests {
         far_disk.read_at(&mut b, 0).unwrap();
         assert!(a == b, "the replicas differ after the resync");
         node.demote().unwrap();
+        far_stop.shutdown();
+    }
+
+    /// The secondary sees its primary's data connection end (here the primary steps
+    /// down; a kill or a keepalive that finds no answer ends it the same way): its status
+    /// no longer shows a primary that is gone as connected and in sync.
+    #[test]
+    fn a_secondary_sees_its_primary_go() {
+        let (far, _far_disk, addr, far_stop) = far_secondary();
+        let disk = fresh_of(16 << 20);
+        let node = node_a_towards(addr, &disk, |_| {});
+        node.promote(true).unwrap();
+        let seen = |want: fn(Conn) -> bool| {
+            let until = Instant::now() + Duration::from_secs(20);
+            loop {
+                let s = far.status();
+                if want(s.peers[0].connection) {
+                    return s;
+                }
+                assert!(Instant::now() < until, "{:?}", s.peers[0]);
+                thread::sleep(Duration::from_millis(10));
+            }
+        };
+        seen(|c| c == Conn::Connected);
+        node.demote().unwrap();
+        let s = seen(|c| c != Conn::Connected);
+        assert_eq!(s.peers[0].connection, Conn::Connecting, "{:?}", s.peers[0]);
+        assert_eq!(s.peers[0].replication, Repl::Off);
+        assert!(
+            s.events.iter().any(|e| e.kind == "disconnect"),
+            "{:?}",
+            s.events
+        );
         far_stop.shutdown();
     }
 

@@ -271,4 +271,46 @@ impl Node {
         );
         Ok(())
     }
+
+    /// A data connection of the primary holding `token` ended: killed, partitioned away
+    /// (the peer server's TCP keepalive breaks a silent connection within about
+    /// [`PEER_KEEPALIVE`] × 2), or dropped by the primary itself. Its link is gone (the
+    /// primary makes a new one, with a new epoch), so the status an operator reads
+    /// before promoting this node says so at once rather than `Connected` for as long as
+    /// nobody writes. A connection of an older epoch (a link the primary replaced) says
+    /// nothing about the current one.
+    pub(crate) fn primary_connection_ended(&self, token: &FenceToken) {
+        if self.role() == Role::Primary || token.generation < self.persisted().epoch {
+            return;
+        }
+        let Some(peer) = self.peer_named(&token.owner.node) else {
+            return;
+        };
+        {
+            let mut s = peer.state();
+            if s.conn != Conn::Connected {
+                return;
+            }
+            s.conn = Conn::Connecting;
+            s.repl = Repl::Off;
+            s.since = SystemTime::now();
+            s.last_error = Some(format!(
+                "primary {}'s data connection ended (epoch {})",
+                token.owner.node, token.generation
+            ));
+        }
+        self.event(
+            "disconnect",
+            Some(&token.owner.node),
+            format!(
+                "lost primary {}: its data connection ended (epoch {})",
+                token.owner.node, token.generation
+            ),
+        );
+    }
 }
+
+/// The idle time after which the peer-facing server probes a primary's connection (TCP
+/// keepalive; three probes a quarter of it apart): a primary pings every 10 s while idle
+/// (sync.rs), so a partitioned one is seen gone within about 10 s of its last word.
+pub const PEER_KEEPALIVE: Duration = Duration::from_secs(5);

@@ -94,4 +94,10 @@ impl FenceStore for Target {
             .ok_or_else(|| Error::new(ErrorKind::Shutdown, "resource closed"))?;
         node.fence_store(token)
     }
+
+    fn connection_ended(&self, _export: &str, token: &FenceToken) {
+        if let Some(node) = self.node() {
+            node.primary_connection_ended(token);
+        }
+    }
 }

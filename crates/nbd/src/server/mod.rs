@@ -145,6 +145,9 @@ pub struct ServerConfig {
     /// How long a client may take to finish its handshake, and how long a reply write may
     /// make no progress (a client that does not read), before the connection is cut.
     pub client_timeout: Duration,
+    /// TCP keepalive after this long without traffic (`None`: off): a client gone
+    /// without a word (partitioned away) ends its connection within about twice this.
+    pub keepalive: Option<Duration>,
     /// Bytes of request payloads and read replies held at once by all connections.
     pub max_in_flight: usize,
     /// How long a shutdown waits for connections to finish in-flight requests.
@@ -171,6 +174,7 @@ impl ServerConfig {
             max_workers: MAX_WORKERS,
             max_connections: 256,
             client_timeout: Duration::from_secs(30),
+            keepalive: None,
             max_in_flight: MAX_IN_FLIGHT,
             shutdown_grace: Duration::from_secs(10),
             fence: None,
@@ -224,6 +228,7 @@ struct Shared {
     pool: Pool,
     max_connections: usize,
     client_timeout: Duration,
+    keepalive: Option<Duration>,
     /// Server-wide budget of request and reply buffers.
     in_flight: Arc<Budget>,
     grace: Duration,
@@ -338,6 +343,7 @@ impl Server {
                 pool: Pool::new(config.max_workers),
                 max_connections: config.max_connections.max(1),
                 client_timeout: config.client_timeout.max(Duration::from_millis(1)),
+                keepalive: config.keepalive,
                 in_flight: Budget::new(config.max_in_flight),
                 grace: config.shutdown_grace,
                 fence: config.fence,

@@ -305,6 +305,9 @@ pub(super) fn serve_connection(
         let _ = out.send_pending();
         let _ = out.w.flush();
     }
+    if let (Some(store), Some(token)) = (&shared.fence, &t.fence) {
+        store.connection_ended(&t.export.export.name, token);
+    }
     tracing::debug!("{peer}: disconnected");
 }
 
