@@ -323,6 +323,9 @@ impl SubMap {
     }
 }
 
+/// An image's mapping and its metadata LV's (if it has one).
+pub(crate) type ImageMaps = (SubMap, Option<SubMap>);
+
 /// What a RAID LV open for writing keeps of its metadata LVs, to record in dm-raid's
 /// superblocks what md's array does, as dm-raid's `super_sync` does: an image that fails
 /// is recorded as failed in the superblocks of the images left (events + 1), so a
@@ -341,7 +344,7 @@ pub struct RaidMeta {
     /// Each image's metadata LV, where present.
     pub(crate) rmetas: Mutex<Vec<Option<Arc<dyn BlockDevice>>>>,
     /// Each image's mapping and its metadata LV's, for images present at the start.
-    pub(crate) maps: Mutex<Vec<Option<(SubMap, Option<SubMap>)>>>,
+    pub(crate) maps: Mutex<Vec<Option<ImageMaps>>>,
     /// The array (weak: the array holds this observer).
     pub(crate) array: std::sync::Weak<cairn_md::Array>,
     /// One superblock update at a time.

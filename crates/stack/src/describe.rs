@@ -140,7 +140,7 @@ fn mark_failed_images(
             continue;
         }
         let failed = r.members.iter().find(|m| {
-            m.role.is_some_and(|role| role as usize == i)
+            m.role.and_then(|role| usize::try_from(role).ok()) == Some(i)
                 && m.state == cairn_md::MemberState::Faulty
         });
         if let Some(m) = failed {
