@@ -464,16 +464,13 @@ impl RaidMeta {
                 None => None,
             };
             let events = rmeta.as_deref().map_or(0, Self::image_events);
-            let change = array.readd_into(
-                i,
-                Arc::new(img),
-                self.images[i].clone(),
-                rmeta.clone(),
-                events,
-            )?;
-            if let Some(d) = rmeta {
-                self.set_rmeta(i, d);
+            if let Some(d) = &rmeta {
+                // Before the re-add: a rebuild that ends at once records the image in
+                // sync through this metadata LV, not the dead one.
+                self.set_rmeta(i, d.clone());
             }
+            let change =
+                array.readd_into(i, Arc::new(img), self.images[i].clone(), rmeta, events)?;
             done.push(change.message);
         }
         Ok(done)
