@@ -262,7 +262,15 @@ pub fn node_line(n: &Node) -> String {
                 format!("{}  {size}  {}{why}", n.name, n.state)
             }
         }
-        _ => format!("{} {}  {size}  {}", n.kind, n.name, n.state),
+        // A PV under a failed RAID LV image says why, as a failed member does.
+        _ => {
+            let why = match &n.failure {
+                Some(f) if f.since.is_empty() => format!(" ({})", f.reason),
+                Some(f) => format!(" (since {}: {})", f.since, f.reason),
+                None => String::new(),
+            };
+            format!("{} {}  {size}  {}{why}", n.kind, n.name, n.state)
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Requests are split at segment and stripe-chunk boundaries; flush goes to every PV the
-//! LV uses, FUA and write_zeroes pass down piece by piece. A read or write that spans
+//! LV's own extents are on (not the other PVs of a shared list), FUA and write_zeroes pass down piece by piece. A read or write that spans
 //! several PVs (a striped LV) issues its pieces at once when the PVs are slow
 //! (`cairn_block::overlap`), by PV when large, one after another on PVs in memory. A
 //! discard joins a PV's adjacent pieces into one request per PV; over PVs that complete
@@ -226,6 +226,47 @@ impl LogicalVolume {
         self.raid_meta.as_ref()
     }
 
+    /// A RAID LV open for writing, whose PV called `pv` (by its open name) answered
+    /// again as `dev` after it went away (a remote PV whose server came back): every
+    /// image out of the array with extents on it is opened over `dev` and re-added into
+    /// its role, and md rebuilds only what its write-intent bitmap marks written
+    /// meanwhile. Returns one sentence per image re-added; none when no image waits for
+    /// that PV (or the LV is not a RAID LV open for writing).
+    pub fn raid_pv_returned(&self, pv: &str, dev: &Arc<dyn BlockDevice>) -> Result<Vec<String>> {
+        match &self.raid_meta {
+            Some(m) => m
+                .pv_returned(pv, dev)
+                .map_err(|e| e.context(format!("LV {}", self.name))),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// For each image of a RAID LV, the PVs (open names) its extents are on, in image
+    /// order; empty for other LVs.
+    pub fn raid_image_pvs(&self) -> Vec<Vec<String>> {
+        let Some(m) = &self.raid_meta else {
+            return Vec::new();
+        };
+        let maps = m
+            .maps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        maps.iter()
+            .map(|x| {
+                x.as_ref().map_or_else(Vec::new, |(img, _)| {
+                    let mut out: Vec<String> = Vec::new();
+                    for a in img.segments.iter().flat_map(|s| &s.areas) {
+                        let n = &img.pvs[a.pv].0;
+                        if !out.contains(n) {
+                            out.push(n.clone());
+                        }
+                    }
+                    out
+                })
+            })
+            .collect()
+    }
+
     /// The md array doing a RAID LV's I/O (status, fail, rebuild), if it is one.
     pub fn array(&self) -> Option<&Arc<cairn_md::Array>> {
         self.raid.as_ref()
@@ -246,13 +287,18 @@ impl LogicalVolume {
             // Every image's PVs, in image order.
             return self.pvs.iter().map(|p| p.0.as_str()).collect();
         }
-        let mut out: Vec<&str> = Vec::new();
-        for seg in &self.segments {
-            for a in &seg.areas {
-                let n = self.pvs[a.pv].0.as_str();
-                if !out.contains(&n) {
-                    out.push(n);
-                }
+        self.used_pvs()
+            .into_iter()
+            .map(|i| self.pvs[i].0.as_str())
+            .collect()
+    }
+
+    /// Indexes into `pvs` of the PVs the segments use, in the order first reached.
+    fn used_pvs(&self) -> Vec<usize> {
+        let mut out: Vec<usize> = Vec::new();
+        for a in self.segments.iter().flat_map(|s| &s.areas) {
+            if !out.contains(&a.pv) {
+                out.push(a.pv);
             }
         }
         out
@@ -448,12 +494,18 @@ impl BlockDevice for LogicalVolume {
         if let Some(a) = &self.raid {
             return a.flush();
         }
-        let how = if self.latency.slow() && self.pvs.len() > 1 {
+        // Only the PVs this LV's extents are on: a RAID LV's images are mapped over one
+        // shared PV list, and an image flushing its sibling's PV would fail with it.
+        let used = self.used_pvs();
+        let how = if self.latency.slow() && used.len() > 1 {
             Overlap::Each
         } else {
             Overlap::No
         };
-        let jobs = self.pvs.iter().enumerate().collect();
+        let jobs = used
+            .into_iter()
+            .map(|i| (i, (&self.pvs[i].0, &self.pvs[i].1)))
+            .collect();
         fan_out(jobs, how, |(name, d)| {
             d.flush()
                 .map_err(|e| e.context(format!("LV {}: flushing PV {name}", self.name)))

@@ -292,17 +292,63 @@ fn bitmap_header(
     cairn_md::bitmap::BitmapSuper::new(cairn_md::Uuid::default(), Sectors(sync), chunk, events)
 }
 
+/// A sub-LV's mapping, kept so that it can be opened again over a PV that came back.
+#[derive(Clone)]
+pub(crate) struct SubMap {
+    pub(crate) name: String,
+    pub(crate) pvs: Vec<(String, Arc<dyn BlockDevice>)>,
+    pub(crate) segments: Vec<crate::lv::MapSegment>,
+}
+
+impl SubMap {
+    /// Whether the sub-LV has extents on the PV called `pv`.
+    fn uses(&self, pv: &str) -> bool {
+        self.segments
+            .iter()
+            .flat_map(|s| &s.areas)
+            .any(|a| self.pvs[a.pv].0 == pv)
+    }
+
+    /// The sub-LV opened for writing, with the PV called `pv` now `dev`.
+    fn open_with(&mut self, pv: &str, dev: &Arc<dyn BlockDevice>) -> Result<crate::LogicalVolume> {
+        for p in self.pvs.iter_mut().filter(|p| p.0 == pv) {
+            p.1 = dev.clone();
+        }
+        crate::LogicalVolume::new(
+            self.name.clone(),
+            self.pvs.clone(),
+            self.segments.clone(),
+            false,
+        )
+    }
+}
+
+/// An image's mapping and its metadata LV's (if it has one).
+pub(crate) type ImageMaps = (SubMap, Option<SubMap>);
+
 /// What a RAID LV open for writing keeps of its metadata LVs, to record in dm-raid's
-/// superblocks what md's array does: a rebuild that finishes clears its image's failed
-/// bit (events + 1), so the kernel and cairn take the image as in sync again. It hears
-/// of the array's work as an [`cairn_md::Observer`]. The write-intent bits themselves
-/// are md's bitmap, kept by the array in the same metadata LVs
-/// ([`cairn_md::Array::attach_own_bitmap`]).
+/// superblocks what md's array does, as dm-raid's `super_sync` does: an image that fails
+/// is recorded as failed in the superblocks of the images left (events + 1), so a
+/// restart does not read its stale copy; a rebuild or re-add that finishes clears its
+/// image's failed bit (events + 1), so the kernel and cairn take the image as in sync
+/// again. It hears of the array's work as an [`cairn_md::Observer`]. The write-intent
+/// bits themselves are md's bitmap, kept by the array in the same metadata LVs
+/// ([`cairn_md::Array::attach_own_bitmap`]); its events follow the superblocks'.
+///
+/// It also keeps each image's mapping, so that an image whose PV went away (a remote PV
+/// whose server stopped) can be put back when the PV answers again
+/// ([`crate::LogicalVolume::raid_pv_returned`]).
 pub struct RaidMeta {
     /// `VG/image` for each image, in `raids` order (the names the array's members carry).
     pub(crate) images: Vec<String>,
     /// Each image's metadata LV, where present.
     pub(crate) rmetas: Mutex<Vec<Option<Arc<dyn BlockDevice>>>>,
+    /// Each image's mapping and its metadata LV's, for images present at the start.
+    pub(crate) maps: Mutex<Vec<Option<ImageMaps>>>,
+    /// The array (weak: the array holds this observer).
+    pub(crate) array: std::sync::Weak<cairn_md::Array>,
+    /// One superblock update at a time.
+    pub(crate) updating: Mutex<()>,
     pub(crate) label: String,
 }
 
@@ -327,57 +373,150 @@ impl RaidMeta {
     /// Image `i` is rebuilt: every present superblock records it in sync (its failed
     /// bit cleared, its recovery done), events one past the freshest.
     pub(crate) fn image_rebuilt(&self, i: usize) -> Result<()> {
+        self.update_superblocks(i, false)
+    }
+
+    /// Rewrites the superblocks of the images in the array (and of image `i`) with
+    /// image `i`'s failed bit set (`failed`) or cleared, events one past the freshest;
+    /// then the bitmap records those events. An image out of the array is left alone
+    /// (its PV may be gone); a write that fails is the array's next failure, not this
+    /// update's.
+    fn update_superblocks(&self, i: usize, failed: bool) -> Result<()> {
+        let _one = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
+        let array = self.array.upgrade();
         let rmetas = self.rmetas().clone();
         let mut sbs = Vec::new();
         for (j, d) in rmetas.iter().enumerate() {
             let Some(d) = d else { continue };
-            if let Some(sb) = read_rmeta(&**d)? {
-                sbs.push((j, d.clone(), sb));
+            let out = array.as_ref().is_some_and(|a| a.is_out(j));
+            if out && (j != i || failed) {
+                continue;
+            }
+            match read_rmeta(&**d) {
+                Ok(Some(sb)) => sbs.push((j, d.clone(), sb)),
+                Ok(None) => {}
+                Err(e) if j != i => {
+                    tracing::warn!("LV {}: metadata LV of image {j}: {e}", self.label);
+                }
+                Err(e) => return Err(e),
             }
         }
         let events = sbs.iter().map(|s| s.2.events).max().unwrap_or(0) + 1;
+        let mut first_err = None;
         for (j, d, mut sb) in sbs {
             if i < 256 {
-                sb.failed_devices[i / 64] &= !(1 << (i % 64));
+                if failed {
+                    sb.failed_devices[i / 64] |= 1 << (i % 64);
+                } else {
+                    sb.failed_devices[i / 64] &= !(1 << (i % 64));
+                }
             }
-            if j == i {
+            if j == i && !failed {
                 sb.disk_recovery_offset = MAX_SECTOR;
             }
             sb.array_position = u32::try_from(j).unwrap_or(u32::MAX);
             sb.events = events;
-            d.write_at(&sb.encode(), 0, WriteFlags::FUA)?;
+            if let Err(e) = d.write_at(&sb.encode(), 0, WriteFlags::FUA) {
+                tracing::warn!("LV {}: superblock of image {j}: {e}", self.label);
+                first_err.get_or_insert(e);
+            }
         }
-        Ok(())
+        if let Some(a) = array {
+            // md writes its events into the bitmap with every superblock update; one
+            // behind would make the next start take the bitmap as out of date.
+            a.record_events(events)?;
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// What image `i`'s metadata LV says of it: the events of its superblock (0 when it
+    /// has none), as it was when the image left.
+    fn image_events(dev: &dyn BlockDevice) -> u64 {
+        read_rmeta(dev).ok().flatten().map_or(0, |sb| sb.events)
+    }
+
+    /// The PV called `pv` answers again as `dev`: each image out of the array with
+    /// extents on it is opened over `dev` and re-added into its role. Returns what was
+    /// done, one sentence per image.
+    pub(crate) fn pv_returned(&self, pv: &str, dev: &Arc<dyn BlockDevice>) -> Result<Vec<String>> {
+        let Some(array) = self.array.upgrade() else {
+            return Ok(Vec::new());
+        };
+        let mut done = Vec::new();
+        let mut maps = self.maps.lock().unwrap_or_else(PoisonError::into_inner);
+        for (i, m) in maps.iter_mut().enumerate() {
+            let Some((image, meta)) = m else { continue };
+            let uses = image.uses(pv) || meta.as_ref().is_some_and(|m| m.uses(pv));
+            if !uses {
+                continue;
+            }
+            if !array.is_out(i) {
+                // Keep the mapping current for the next time the PV goes.
+                image.open_with(pv, dev)?;
+                if let Some(m) = meta {
+                    m.open_with(pv, dev)?;
+                }
+                continue;
+            }
+            let img = image.open_with(pv, dev)?;
+            let rmeta: Option<Arc<dyn BlockDevice>> = match meta {
+                Some(m) => Some(Arc::new(m.open_with(pv, dev)?)),
+                None => None,
+            };
+            let events = rmeta.as_deref().map_or(0, Self::image_events);
+            if let Some(d) = &rmeta {
+                // Before the re-add: a rebuild that ends at once records the image in
+                // sync through this metadata LV, not the dead one.
+                self.set_rmeta(i, d.clone());
+            }
+            let change =
+                array.readd_into(i, Arc::new(img), self.images[i].clone(), rmeta, events)?;
+            done.push(change.message);
+        }
+        Ok(done)
     }
 }
 
 impl cairn_md::Observer for RaidMeta {
     fn md_event(&self, _array: &str, event: &cairn_md::MdEvent) {
-        let cairn_md::MdEvent::JobEnded { job, .. } = event else {
-            return;
-        };
-        if job.action != "recovery" || job.state != "finished" {
-            return;
-        }
-        let Some(i) = job
-            .member
-            .as_ref()
-            .and_then(|m| self.images.iter().position(|n| n == m))
-        else {
-            return;
-        };
-        match self.image_rebuilt(i) {
-            Ok(()) => tracing::info!(
-                "LV {}: {} rebuilt; its metadata LVs say in sync",
-                self.label,
-                self.images[i]
-            ),
-            Err(e) => tracing::warn!(
-                "LV {}: {} rebuilt, but recording it in the metadata LVs failed: {e}; \
-                 it counts as failed at the next start",
-                self.label,
-                self.images[i]
-            ),
+        let image = |m: &str| self.images.iter().position(|n| n == m);
+        match event {
+            cairn_md::MdEvent::MemberFailed { member, .. } => {
+                let Some(i) = image(member) else { return };
+                match self.update_superblocks(i, true) {
+                    Ok(()) => tracing::info!(
+                        "LV {}: {} recorded as failed in the metadata LVs",
+                        self.label,
+                        self.images[i]
+                    ),
+                    Err(e) => tracing::warn!(
+                        "LV {}: {} failed, but recording it in the metadata LVs failed: {e}",
+                        self.label,
+                        self.images[i]
+                    ),
+                }
+            }
+            cairn_md::MdEvent::JobEnded { job, .. }
+                if job.action == "recovery" && job.state == "finished" =>
+            {
+                let Some(i) = job.member.as_deref().and_then(image) else {
+                    return;
+                };
+                match self.image_rebuilt(i) {
+                    Ok(()) => tracing::info!(
+                        "LV {}: {} rebuilt; its metadata LVs say in sync",
+                        self.label,
+                        self.images[i]
+                    ),
+                    Err(e) => tracing::warn!(
+                        "LV {}: {} rebuilt, but recording it in the metadata LVs failed: {e}; \
+                         it counts as failed at the next start",
+                        self.label,
+                        self.images[i]
+                    ),
+                }
+            }
+            _ => {}
         }
     }
 }

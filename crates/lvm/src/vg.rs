@@ -1852,7 +1852,13 @@ impl Vg {
             });
         }
         let mut images: Vec<Option<LogicalVolume>> = Vec::new();
+        let mut image_maps: Vec<Option<crate::raid::SubMap>> = Vec::new();
         for m in maps {
+            image_maps.push(m.as_ref().map(|(f, map)| crate::raid::SubMap {
+                name: f.clone(),
+                pvs: devs.clone(),
+                segments: map.clone(),
+            }));
             images.push(match m {
                 Some((f, map)) => Some(LogicalVolume::new(f, devs.clone(), map, ro)?),
                 None => None,
@@ -1937,18 +1943,41 @@ impl Vg {
             cairn_md::Array::from_layout(layout, members, &vec![cairn_md::Sectors::ZERO; n])
                 .map_err(|e| e.context(format!("LV {full}")))?;
         array.set_label(format!("RAID LV {full}"));
+        let image_names: Vec<String> = r
+            .images
+            .iter()
+            .map(|i| format!("{}/{i}", self.meta.name))
+            .collect();
+        array.name_members(&image_names);
         let writable = !(ro || ignore_failed || array.capabilities().read_only);
         // Open for writing: md's write-intent bitmap, kept in the metadata LVs as dm-raid
         // keeps it. Its dirty bits say where the last writer stopped mid-way; those
         // regions (only those) are resynced before serving.
         let mut rmetas: Vec<Option<Arc<dyn BlockDevice>>> = vec![None; n];
+        let mut meta_maps: Vec<Option<crate::raid::SubMap>> = vec![None; n];
         if writable {
             let mut mdevs = Vec::new();
             let mut mindex = BTreeMap::new();
             for (i, m) in r.metas.iter().enumerate() {
                 let Some(m) = m else { continue };
-                if let Some(d) = self.open_sub(m, &mut mdevs, &mut mindex, false)? {
-                    rmetas[i] = Some(Arc::new(d));
+                let sub = self.lv_meta(m)?;
+                let f = format!("{}/{m}", self.meta.name);
+                match self.map_segments(sub, &f, &mut mdevs, &mut mindex) {
+                    Ok(map) => {
+                        rmetas[i] = Some(Arc::new(LogicalVolume::new(
+                            f.clone(),
+                            mdevs.clone(),
+                            map.clone(),
+                            false,
+                        )?));
+                        meta_maps[i] = Some(crate::raid::SubMap {
+                            name: f,
+                            pvs: mdevs.clone(),
+                            segments: map,
+                        });
+                    }
+                    Err(e) if e.kind() == ErrorKind::Degraded => {}
+                    Err(e) => return Err(e),
                 }
             }
         }
@@ -2000,13 +2029,19 @@ impl Vg {
                 );
             }
         }
+        let maps = image_maps
+            .into_iter()
+            .zip(meta_maps)
+            .zip(&down)
+            // Images missing at the start come back through a repair, not a re-add.
+            .map(|((img, meta), dn)| if *dn { None } else { img.map(|i| (i, meta)) })
+            .collect();
         let meta = Arc::new(crate::raid::RaidMeta {
-            images: r
-                .images
-                .iter()
-                .map(|i| format!("{}/{i}", self.meta.name))
-                .collect(),
+            images: image_names,
             rmetas: std::sync::Mutex::new(rmetas),
+            maps: std::sync::Mutex::new(maps),
+            array: Arc::downgrade(&array),
+            updating: std::sync::Mutex::new(()),
             label: full,
         });
         array.observe(meta.clone());

@@ -464,6 +464,34 @@ impl Array {
         name: String,
         bitmap_dev: Option<Arc<dyn BlockDevice>>,
     ) -> Result<Change> {
+        self.fill_role(role, dev, name, bitmap_dev, None)
+    }
+
+    /// [`Array::rebuild_into`] for a former member of `role` coming back (a RAID LV's
+    /// image whose PV answers again), whose own record says it left at `member_events`
+    /// (its dm-raid superblock's events). md's re-add rule decides how much is copied:
+    /// when the bitmap has not cleared any bit since it left (`member_events >=
+    /// events_cleared`; bits are never cleared while a role is down), only the regions
+    /// the bitmap marks are rebuilt, as `mdadm --re-add` does; otherwise all of it.
+    pub fn readd_into(
+        &self,
+        role: usize,
+        dev: Arc<dyn BlockDevice>,
+        name: String,
+        bitmap_dev: Option<Arc<dyn BlockDevice>>,
+        member_events: u64,
+    ) -> Result<Change> {
+        self.fill_role(role, dev, name, bitmap_dev, Some(member_events))
+    }
+
+    fn fill_role(
+        &self,
+        role: usize,
+        dev: Arc<dyn BlockDevice>,
+        name: String,
+        bitmap_dev: Option<Arc<dyn BlockDevice>>,
+        readd_events: Option<u64>,
+    ) -> Result<Change> {
         if !self.layout_is_redundant() {
             return Err(invalid(format!(
                 "{}: {} has no redundancy; nothing can be rebuilt",
@@ -506,13 +534,32 @@ impl Array {
             name: name.clone(),
             base: 0,
         });
+        let guided = readd_events.is_some_and(|e| self.bitmap_allows_readd(e));
+        let dirty: u64 = if guided {
+            self.bitmap_dirty_ranges().iter().map(|r| r.1).sum()
+        } else {
+            0
+        };
         {
             let mut meta = self.meta_lock();
             self.slots[role].set_member(Some(member), 0);
+            self.slots[role]
+                .bitmap_guided
+                .store(guided, Ordering::Release);
             meta.events += 1;
             self.write_superblocks(&mut meta)?;
         }
-        let msg = format!("{name} takes role {role}; it is rebuilt from the others");
+        let msg = match (readd_events, guided) {
+            (None, _) => format!("{name} takes role {role}; it is rebuilt from the others"),
+            (Some(_), true) => format!(
+                "{name} re-added into role {role}; only the {dirty} bytes the bitmap marks \
+                 (and any written meanwhile) are rebuilt"
+            ),
+            (Some(_), false) => format!(
+                "{name} re-added into role {role}; the bitmap cannot tell what it missed, so \
+                 it is rebuilt in full"
+            ),
+        };
         tracing::info!("{}: {msg}", self.array_label());
         self.member_added(&name, &msg);
         self.kick();

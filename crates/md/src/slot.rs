@@ -68,6 +68,18 @@ impl Slot {
     }
 
     /// Puts `m` in the slot (in sync up to `synced`), returning the one it held.
+    /// Gives the member filling this role another name (nothing else changes).
+    pub(crate) fn rename(&self, name: String) {
+        let mut g = self.member.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(m) = g.as_ref() {
+            *g = Some(Arc::new(Member {
+                dev: m.dev.clone(),
+                name,
+                base: m.base,
+            }));
+        }
+    }
+
     pub(crate) fn set_member(&self, m: Option<Arc<Member>>, synced: u64) -> Option<Arc<Member>> {
         let mut g = self.member.write().unwrap_or_else(PoisonError::into_inner);
         // The new member must never look in sync before its position is set.

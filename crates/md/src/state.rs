@@ -439,6 +439,15 @@ impl Array {
         self.label = label;
     }
 
+    /// Names the members of an array built without superblocks ([`Array::from_layout`]
+    /// calls them "member N"): role `i` is called `names[i]` in reports, events and
+    /// errors (a RAID LV's image sub-LVs, `vg/lv_rimage_i`).
+    pub fn name_members(&mut self, names: &[String]) {
+        for (slot, name) in self.slots.iter().zip(names) {
+            slot.rename(name.clone());
+        }
+    }
+
     /// The placement maths in use.
     pub fn layout(&self) -> &ArrayLayout {
         &self.layout
@@ -468,6 +477,12 @@ impl Array {
     /// Whether `role` is present, has not failed and is in sync (not being rebuilt).
     pub fn is_up(&self, role: usize) -> bool {
         self.is_writable(role) && self.slots[role].synced.load(Ordering::Acquire) == u64::MAX
+    }
+
+    /// Whether `role` is out of the array: missing, or failed (a role being rebuilt is
+    /// in: it takes writes).
+    pub fn is_out(&self, role: usize) -> bool {
+        !self.is_writable(role)
     }
 
     /// Whether `role` is present and has not failed: it takes writes, even while it is

@@ -45,6 +45,27 @@ fn below(e: &OpenedExport) -> Node {
                 .and_then(|a| a.last_scrub())
                 .filter(|s| s.complete)
                 .map(|s| s.mismatch_sectors);
+            // A degraded RAID LV says so, as an md array does; the PV under a failed
+            // image says which image failed, why and since when.
+            let report = lv.array().map(|a| a.report());
+            let state = match &report {
+                Some(r) if r.state.degraded || r.state.failed || r.state.recovering => {
+                    NodeState::array(r.state)
+                }
+                _ => mode(e),
+            };
+            let image_pvs = lv.volume.raid_image_pvs();
+            let children = lv
+                .pvs
+                .iter()
+                .map(|pv| {
+                    let mut n = below(pv);
+                    if let Some(r) = &report {
+                        mark_failed_images(&mut n, &crate::lvm::pv_name(pv), r, &image_pvs);
+                    }
+                    n
+                })
+                .collect();
             Node {
                 data_offset: lv.first_byte,
                 lv: Some(LvDetails {
@@ -53,12 +74,12 @@ fn below(e: &OpenedExport) -> Node {
                 }),
                 // A RAID LV's rebuild, resync or scrub, as an md array's shows.
                 progress: lv.array().and_then(|a| progress(a)),
-                children: lv.pvs.iter().map(below).collect(),
+                children,
                 ..Node::new(
                     NodeKind::Lv,
                     format!("lv:{name}"),
                     name,
-                    mode(e),
+                    state,
                     g.size,
                     g.into(),
                 )
@@ -101,6 +122,42 @@ fn below(e: &OpenedExport) -> Node {
                     g.into(),
                 )
             }
+        }
+    }
+}
+
+/// The PV node `n` (called `pv`) of a RAID LV whose array reports `r`: when an image
+/// with extents on it failed, the PV shows md's "faulty" and the image's failure (the
+/// image named in the reason).
+fn mark_failed_images(
+    n: &mut Node,
+    pv: &str,
+    r: &cairn_md::report::ArrayReport,
+    image_pvs: &[Vec<String>],
+) {
+    for (i, pvs) in image_pvs.iter().enumerate() {
+        if !pvs.iter().any(|p| p == pv) {
+            continue;
+        }
+        let failed = r.members.iter().find(|m| {
+            m.role.and_then(|role| usize::try_from(role).ok()) == Some(i)
+                && m.state == cairn_md::MemberState::Faulty
+        });
+        if let Some(m) = failed {
+            n.state = NodeState::Member(cairn_md::MemberState::Faulty);
+            let image = m.name.clone().unwrap_or_else(|| format!("image {i}"));
+            n.failure = Some(match &m.failure {
+                Some(f) => {
+                    let mut f = MemberFailure::from(f);
+                    f.reason = format!("image {image} failed: {}", f.reason);
+                    f
+                }
+                None => MemberFailure {
+                    reason: format!("image {image} failed"),
+                    since: String::new(),
+                },
+            });
+            return;
         }
     }
 }

@@ -436,7 +436,17 @@ fn assemble_lvm(
             .map(|e| e.path.display().to_string())
             .collect();
         match crate::lvm::open_vg_exports(&vg_name, stacks, read_only) {
-            Ok(lvs) => out.extend(lvs),
+            Ok(lvs) => {
+                // RAID LVs on remote PVs: their images come back with their PVs.
+                for e in &lvs {
+                    if let Some(lv) = e.lvm() {
+                        let pvs: Vec<std::path::PathBuf> =
+                            lv.pvs.iter().flat_map(OpenedExport::leaves).collect();
+                        crate::remote::supervise_lv(&lv.volume, &pvs, open);
+                    }
+                }
+                out.extend(lvs);
+            }
             Err(err) => {
                 for s in shown {
                     report.skip(s, err.to_string());

@@ -543,6 +543,16 @@ fn uuid_text(b: &[u8; 16]) -> String {
     format!("{}:{}:{}:{}", &h[0..8], &h[8..16], &h[16..24], &h[24..32])
 }
 
+/// The claim of the remote export used whole at `path`, if this process holds one: a
+/// reconnection to it declares the claim's owner generation and sits behind its lease
+/// check, as the first connection did.
+pub fn export_claim(path: &Path) -> Option<Arc<Claim>> {
+    claims()
+        .iter()
+        .find(|c| c.export.as_deref() == Some(path))
+        .cloned()
+}
+
 /// Gives up the claims of the remote exports used whole at `paths` (a stack closed on a
 /// failure path: nothing is served from them any more).
 pub fn release_exports(paths: &[PathBuf]) {

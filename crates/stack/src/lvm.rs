@@ -19,7 +19,7 @@ use crate::export::{Layer, LvLayer};
 use crate::node::LvDetails;
 
 /// How a PV stack is named in messages and in the metadata's device hint.
-fn pv_name(e: &OpenedExport) -> String {
+pub(crate) fn pv_name(e: &OpenedExport) -> String {
     match (e.md(), e.luks()) {
         (Some(a), Some(_)) => format!("LUKS on md array {}", a.report().name),
         (Some(a), None) => format!("md array {}", a.report().name),

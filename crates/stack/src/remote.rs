@@ -15,6 +15,14 @@
 //!   so md rebuilds only what the write-intent bitmap marks dirty since.
 //!
 //! The supervisor stops when the array is closed or dropped.
+//!
+//! A RAID LV whose PVs are remote ([`supervise_lv`]) gets the same: its images are the
+//! array's members, an image whose PV's server went away fails alone (its PV's
+//! connection is dead), and when that server answers again the PV is reconnected, the
+//! image opened over the new connection and re-added into its role, rebuilt from the
+//! write-intent bitmap kept in the metadata LVs (only the regions written meanwhile).
+//! An image missing when the LV was opened is not re-added: `cairn lvm lvconvert
+//! --repair` rebuilds it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -172,6 +180,101 @@ fn run(weak: &Weak<Array>, remote: &[String], opts: &Options, claim: Option<&cra
                 Err(e) => {
                     if r.said.as_deref() != Some(e.as_str()) {
                         tracing::warn!("{name} answers again but cannot rejoin: {e}");
+                        r.said = Some(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Starts the supervisor of the RAID LV `lv` when any of its PVs (`pvs`, by their open
+/// names) is remote and the LV is writable; returns whether one was started.
+pub fn supervise_lv(lv: &Arc<cairn_lvm::LogicalVolume>, pvs: &[PathBuf], opts: &Options) -> bool {
+    let remote: Vec<String> = pvs
+        .iter()
+        .filter(|p| leaf::is_remote(p))
+        .map(|p| p.display().to_string())
+        .collect();
+    if remote.is_empty() || opts.read_only || lv.array().is_none() {
+        return false;
+    }
+    let weak = Arc::downgrade(lv);
+    let opts = opts.clone();
+    thread::Builder::new()
+        .name(format!("remote-lv-{}", lv.name()))
+        .spawn(move || run_lv(&weak, &remote, &opts))
+        .is_ok()
+}
+
+fn run_lv(weak: &Weak<cairn_lvm::LogicalVolume>, remote: &[String], opts: &Options) {
+    let mut retries: HashMap<&str, Retry> = HashMap::new();
+    loop {
+        thread::sleep(TICK);
+        let Some(lv) = weak.upgrade() else { return };
+        let Some(array) = lv.array() else { return };
+        if array.is_closed() || array.fenced().is_some() {
+            return;
+        }
+        if array.report().state.failed {
+            // As for md arrays: too many images gone; the operator decides.
+            continue;
+        }
+        let image_pvs = lv.raid_image_pvs();
+        for name in remote {
+            let waiting = image_pvs
+                .iter()
+                .enumerate()
+                .any(|(i, pvs)| array.is_out(i) && pvs.iter().any(|p| p == name));
+            if !waiting {
+                retries.remove(name.as_str());
+                continue;
+            }
+            let now = Instant::now();
+            let r = retries.entry(name.as_str()).or_insert(Retry {
+                next: now,
+                wait: FIRST_RETRY,
+                said: None,
+            });
+            if now < r.next {
+                continue;
+            }
+            r.next = now + r.wait;
+            r.wait = (r.wait * 2).min(LONGEST_RETRY);
+            let path = PathBuf::from(name);
+            // A PV used whole was claimed: the new connection declares the same owner
+            // generation and sits behind the same lease check.
+            let claim = crate::fence::export_claim(&path);
+            let token = claim.as_ref().and_then(|c| c.token().cloned());
+            let dev = match leaf::open_remote_fenced(&path, false, opts.remote_timeout(), token) {
+                Ok(dev) => {
+                    let dev = dev as Arc<dyn BlockDevice>;
+                    match &claim {
+                        Some(c) => c.fence_device(dev),
+                        None => dev,
+                    }
+                }
+                Err(RemoteError::Unreachable(e) | RemoteError::Refused(e)) => {
+                    let e = e.to_string();
+                    if r.said.as_deref() != Some(e.as_str()) {
+                        tracing::warn!("PV {name} of LV {}: still away: {e}", lv.name());
+                        r.said = Some(e);
+                    }
+                    continue;
+                }
+            };
+            let dev = opts.hooks.wrap(&format!("file:{name}"), dev);
+            match lv.raid_pv_returned(name, &dev) {
+                Ok(msgs) => {
+                    for m in msgs {
+                        tracing::warn!("PV {name} answers again: {m}");
+                    }
+                    retries.remove(name.as_str());
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    if r.said.as_deref() != Some(e.as_str()) {
+                        tracing::warn!("PV {name} answers again but its images cannot rejoin: {e}");
                         r.said = Some(e);
                     }
                 }

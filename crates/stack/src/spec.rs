@@ -277,12 +277,20 @@ fn open_lvs(pvs: &[Spec], opts: &Options, keys: &mut Keys) -> Result<Vec<OpenedE
     }
     let arrays = export::all_arrays(&opened);
     let leaves: Vec<PathBuf> = opened.iter().flat_map(OpenedExport::leaves).collect();
-    crate::lvm::open_lv_exports(opened, opts.read_only).inspect_err(|_| {
+    let lvs = crate::lvm::open_lv_exports(opened, opts.read_only).inspect_err(|_| {
         for a in arrays {
             let _ = crate::fence::close_array(&a);
         }
         crate::fence::release_exports(&leaves);
-    })
+    })?;
+    // RAID LVs on remote PVs: their images are re-added when a PV's server returns.
+    for e in &lvs {
+        if let Some(lv) = e.lvm() {
+            let pvs: Vec<PathBuf> = lv.pvs.iter().flat_map(OpenedExport::leaves).collect();
+            crate::remote::supervise_lv(&lv.volume, &pvs, opts);
+        }
+    }
+    Ok(lvs)
 }
 
 /// Opens a spec that makes one export (anything but LVM).
