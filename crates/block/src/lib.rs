@@ -17,6 +17,7 @@
 pub mod codec;
 mod error;
 mod file;
+mod filter;
 mod mem;
 pub mod overlap;
 mod owner;
@@ -27,6 +28,7 @@ pub mod testkit;
 
 pub use error::{Error, ErrorKind, Result};
 pub use file::{FileDisk, OpenOptions};
+pub use filter::{Filter, IoOp};
 pub use mem::MemDisk;
 pub use owner::InUse;
 
