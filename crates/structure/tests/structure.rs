@@ -229,9 +229,9 @@ fn deps(files: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>> 
         for p in paths(&code, "crate::") {
             // The longest prefix that is a module.
             let best = (1..=p.len())
+                .rev()
                 .map(|n| p[..n].join("::"))
-                .filter(|m| files.contains_key(m))
-                .last();
+                .find(|m| files.contains_key(m));
             targets.extend(best);
         }
         if !paths(&code, "super::").is_empty() {
