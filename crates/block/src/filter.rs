@@ -10,19 +10,23 @@
 //!
 //! A wrapper implements [`Filter`] (never [`BlockDevice`] by hand) and says
 //! [`filter_device!`] once: it names the device below with [`Filter::inner`] and
-//! overrides only what it changes. Every default passes
-//! the call to the same method below, the `*_then` forms to the `*_then` forms, so a
-//! member that completes later (a network device) keeps overlapping its operations
-//! through any number of filters, and the capabilities and
-//! [`BlockDevice::completes_later`] below show through. A filter that checks or counts
-//! before each operation does it once, in [`Filter::admit`], which every default
-//! read, write, flush, discard and write-zeroes (in both forms) calls first.
+//! overrides only what it changes. Every default passes the call to the same method
+//! below, the `*_then` forms to the `*_then` forms, so a member that completes later (a
+//! network device) keeps overlapping its operations through any number of filters, and
+//! the capabilities and [`BlockDevice::completes_later`] below show through. A filter
+//! that checks, counts or waits before each operation does it once, in
+//! [`Filter::admit`], which every default read, write, flush, discard and write-zeroes
+//! (in both forms) calls first.
 //!
 //! A filter that changes an operation changes both its forms (`read_at` and
-//! `read_then`, ...), or sets [`Filter::SYNCHRONOUS`]: its `*_then` forms then run through
-//! its own synchronous ones on the calling thread, as the plain trait's defaults do.
+//! `read_then`, ...), or sets [`Filter::SYNCHRONOUS`]: its `*_then` forms then run
+//! through its own synchronous ones on the calling thread, as the plain trait's defaults
+//! do. `testkit::conformance::check_pass_through` checks a filter against what it says.
 //!
-//! The defaults are plain static calls: nothing is allocated or boxed per operation.
+//! The defaults are static calls: a filter allocates nothing per operation beyond what
+//! the trait's own defaults do (a `SYNCHRONOUS` filter's `read_then` fills a buffer, as
+//! the trait's default does). `Arc<T>` and `Box<T>` are plain forwards of their own
+//! (crate root).
 
 use std::fmt::Debug;
 use std::ops::Deref;
