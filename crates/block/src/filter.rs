@@ -9,14 +9,14 @@
 //! ```
 //!
 //! A wrapper implements [`Filter`] (never [`BlockDevice`] by hand) and says
-//! [`filter_device!`] once: it names the device below with [`Filter::inner`] and
-//! overrides only what it changes. Every default passes the call to the same method
-//! below, the `*_then` forms to the `*_then` forms, so a member that completes later (a
-//! network device) keeps overlapping its operations through any number of filters, and
-//! the capabilities and [`BlockDevice::completes_later`] below show through. A filter
-//! that checks, counts or waits before each operation does it once, in
-//! [`Filter::admit`], which every default read, write, flush, discard and write-zeroes
-//! (in both forms) calls first.
+//! [`filter_device!`](crate::filter_device) once: it names the device below with
+//! [`Filter::inner`] and overrides only what it changes. Every default passes the call to
+//! the same method below, the `*_then` forms to the `*_then` forms, so a member that
+//! completes later (a network device) keeps overlapping its operations through any
+//! number of filters, and the capabilities and [`BlockDevice::completes_later`] below
+//! show through. A filter that checks, counts or waits before each operation does it
+//! once, in [`Filter::admit`], which every default read, write, flush, discard and
+//! write-zeroes (in both forms) calls first.
 //!
 //! A filter that changes an operation changes both its forms (`read_at` and
 //! `read_then`, ...), or sets [`Filter::SYNCHRONOUS`]: its `*_then` forms then run
@@ -57,7 +57,7 @@ impl IoOp {
 }
 
 /// A layer over one device that passes through whatever it does not override; with
-/// [`filter_device!`] it is a [`BlockDevice`].
+/// [`filter_device!`](crate::filter_device) it is a [`BlockDevice`].
 pub trait Filter: Send + Sync + Debug {
     /// The device below.
     type Inner: BlockDevice + ?Sized;
