@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Runs every test cairn has: `cargo test --workspace`, then the interop tests in
-# tests/interop/ that drive the real tools (nbdinfo, nbdcopy, nbdsh, qemu-img, fio,
+# Runs every test cairn has: `cargo fmt --check`, `cargo test --workspace`, then the
+# interop tests in tests/interop/ that drive the real tools (nbdinfo, nbdcopy, nbdsh, qemu-img, fio,
 # nbdfuse + loop + mkfs) against `cairn serve`.
 #
 # Usage: scripts/test.sh [TOPIC...]     e.g. scripts/test.sh nbdinfo badreq
-#   With TOPICs, runs only those interop scripts (and skips cargo test).
+#   With TOPICs, runs only those interop scripts (and skips the fmt check and cargo test).
 #   CI=true: a missing tool fails its test instead of skipping it.
-#   SKIP_CARGO_TEST=1: interop tests only.
+#   SKIP_CARGO_TEST=1: interop tests only (no fmt check either).
 #
 # Installs missing system packages first (scripts/install-deps.sh, needs root or sudo).
 # Ends with one line "interop: N passed, N failed[, N skipped]" and exits non-zero if
-# cargo test or any interop test failed.
+# the fmt check, cargo test or any interop test failed.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +33,10 @@ fi
 
 TOPICS=("$@")
 cargo_status=0
+fmt_status=0
 if [ ${#TOPICS[@]} -eq 0 ] && [ "${SKIP_CARGO_TEST:-0}" != 1 ]; then
+  section "cargo fmt --all -- --check"
+  cargo fmt --all -- --check </dev/null || fmt_status=$?
   section "cargo test --workspace"
   cargo test --workspace </dev/null || cargo_status=$?
 fi
@@ -81,6 +84,7 @@ failed=$(grep -c '^FAIL' "$RESULTS")
 skipped=$(grep -c '^SKIP' "$RESULTS")
 
 section "summary ($(($(date +%s) - START)) s)"
+if [ "$fmt_status" -ne 0 ]; then echo "cargo fmt --check: FAILED (run cargo fmt --all)"; fi
 if [ "$cargo_status" -ne 0 ]; then echo "cargo test --workspace: FAILED (exit $cargo_status)"; fi
 grep -E '^(FAIL|SKIP)' "$RESULTS" | sed 's/^/  /'
 if [ "$skipped" -gt 0 ]; then
@@ -89,4 +93,4 @@ fi
 line="interop: $passed passed, $failed failed"
 [ "$skipped" -gt 0 ] && line="$line, $skipped skipped"
 echo "$line"
-[ "$failed" -eq 0 ] && [ "$cargo_status" -eq 0 ]
+[ "$failed" -eq 0 ] && [ "$cargo_status" -eq 0 ] && [ "$fmt_status" -eq 0 ]

@@ -3,12 +3,14 @@
 //! ```text
 //!   NBD server / engine      -- calls check_io once per request, then the top device
 //!   volume / crypt / array   -- each a BlockDevice over BlockDevices
+//!   filters (fence, stats)   -- a Filter over one device: change one thing, pass the rest
 //!   FileDisk / MemDisk       -- leaves: files, block devices, memory
 //! ```
 //!
 //! Every layer is a [`BlockDevice`]: byte offsets, lengths that are multiples of the
 //! logical block size, thread-safe `&self` methods. Requests are validated once at the
 //! boundary with [`check_io`]; layers only `debug_assert!` what the boundary guaranteed.
+//! A wrapper over one device is a [`Filter`] and writes only what it changes.
 //!
 //! Ordering contract (that of an NVMe disk): writes between two flushes may complete in
 //! any order; `flush` makes every write that completed before it durable; a write with
@@ -17,6 +19,7 @@
 pub mod codec;
 mod error;
 mod file;
+mod filter;
 mod mem;
 pub mod overlap;
 mod owner;
@@ -27,6 +30,7 @@ pub mod testkit;
 
 pub use error::{Error, ErrorKind, Result};
 pub use file::{FileDisk, OpenOptions};
+pub use filter::{Filter, IoOp};
 pub use mem::MemDisk;
 pub use owner::InUse;
 

@@ -5,8 +5,10 @@ mod common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use cairn_block::testkit::conformance::{self, Options};
-use cairn_block::testkit::{FaultyDisk, LogWritesDisk};
+use std::sync::Arc;
+
+use cairn_block::testkit::conformance::{self, Method, Options};
+use cairn_block::testkit::{DelayDisk, FaultyDisk, LogWritesDisk};
 use cairn_block::{
     BlockDevice, Capabilities, Error, ErrorKind, Extent, FileDisk, Geometry, MemDisk, OpenOptions,
     Result, WriteFlags,
@@ -320,4 +322,133 @@ fn random_ops_catch_a_rare_bug() {
         outcome.is_err(),
         "random ops missed a write_zeroes that skips a block"
     );
+}
+
+/// What the test kit's wrappers change, each said in its impl: the synchronous doubles
+/// run their `*_then` forms through their synchronous ones, on the calling thread.
+const SYNCHRONOUS: &[Method] = &[
+    Method::CompletesLater,
+    Method::ReadThen,
+    Method::WriteThen,
+    Method::FlushThen,
+    Method::DiscardThen,
+];
+
+#[test]
+fn arc_and_box_pass_everything_through() {
+    conformance::check_pass_through(&|d| Arc::new(d), &[]);
+    conformance::check_pass_through(&|d| Arc::new(Box::new(d)), &[]);
+}
+
+#[test]
+fn the_test_kits_wrappers_pass_through_all_they_do_not_change() {
+    conformance::check_pass_through(&|d| Arc::new(FaultyDisk::new(d)), SYNCHRONOUS);
+    conformance::check_pass_through(
+        &|d| Arc::new(LogWritesDisk::new(d).expect("log")),
+        SYNCHRONOUS,
+    );
+    conformance::check_pass_through(&|d| Arc::new(DelayDisk::new(d)), SYNCHRONOUS);
+}
+
+/// A wrapper written by hand that forgets the `*_then` forms, as the bench's member
+/// delay once did: the check names what it lost.
+#[test]
+fn the_pass_through_check_catches_a_wrapper_that_forgets_methods() {
+    #[derive(Debug)]
+    struct Forgetful(Arc<dyn BlockDevice>);
+    impl BlockDevice for Forgetful {
+        fn geometry(&self) -> Geometry {
+            self.0.geometry()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            self.0.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+            self.0.write_at(buf, offset, flags)
+        }
+    }
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        conformance::check_pass_through(&|d| Arc::new(Forgetful(d)), &[])
+    }));
+    assert!(outcome.is_err(), "the check passed a wrapper that forgets");
+    // Told what it changes, the same wrapper passes: the check is about what is said.
+    conformance::check_pass_through(
+        &|d| Arc::new(Forgetful(d)),
+        &[
+            Method::CompletesLater,
+            Method::Flush,
+            Method::Discard,
+            Method::WriteZeroes,
+            Method::ReadThen,
+            Method::WriteThen,
+            Method::FlushThen,
+            Method::DiscardThen,
+            Method::Extents,
+            Method::Cache,
+        ],
+    );
+}
+
+/// A filter that says only what is below passes everything through by the defaults.
+#[derive(Debug)]
+struct Nothing(Arc<dyn BlockDevice>);
+impl cairn_block::Filter for Nothing {
+    type Inner = dyn BlockDevice;
+    fn inner(&self) -> impl std::ops::Deref<Target = dyn BlockDevice> + '_ {
+        &*self.0
+    }
+}
+cairn_block::filter_device!(Nothing);
+
+/// One that refuses everything in `admit`.
+#[derive(Debug)]
+struct Closed(Arc<conformance::Recorder>);
+impl cairn_block::Filter for Closed {
+    type Inner = conformance::Recorder;
+    fn inner(&self) -> impl std::ops::Deref<Target = conformance::Recorder> + '_ {
+        &*self.0
+    }
+    fn admit(&self, op: cairn_block::IoOp) -> Result<()> {
+        Err(Error::new(ErrorKind::Io, format!("{} refused", op.name())))
+    }
+}
+cairn_block::filter_device!(Closed);
+
+#[test]
+fn a_filter_of_defaults_passes_everything_and_admit_stops_both_forms() {
+    conformance::check_pass_through(&|d| Arc::new(Nothing(d)), &[]);
+
+    let below = Arc::new(conformance::Recorder::new(1 << 20));
+    let dev = Closed(below.clone());
+    let mut buf = vec![0u8; 4096];
+    assert!(dev.read_at(&mut buf, 0).is_err());
+    assert!(dev.write_at(&buf, 0, WriteFlags::NONE).is_err());
+    assert!(dev.flush().is_err());
+    assert!(dev.discard(0, 4096).is_err());
+    assert!(dev.write_zeroes(0, 4096, WriteFlags::NONE).is_err());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = tx.clone();
+    dev.read_then(4096, 0, Box::new(move |r| t.send(r.is_err()).unwrap()));
+    let t = tx.clone();
+    dev.write_then(
+        &buf,
+        0,
+        WriteFlags::NONE,
+        Box::new(move |r| t.send(r.is_err()).unwrap()),
+    );
+    let t = tx.clone();
+    dev.flush_then(Box::new(move |r| t.send(r.is_err()).unwrap()));
+    dev.discard_then(0, 4096, Box::new(move |r| tx.send(r.is_err()).unwrap()));
+    assert_eq!(
+        rx.iter().take(4).filter(|e| *e).count(),
+        4,
+        "all four refused"
+    );
+    assert!(below.take().is_empty(), "a refused call reached below");
+    // Not I/O: they pass.
+    assert!(dev.extents(0, 4096).is_ok() && dev.cache(0, 4096).is_ok());
+    assert!(dev.completes_later());
 }

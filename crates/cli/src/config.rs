@@ -20,6 +20,15 @@ use serde::Deserialize;
 use crate::error::{CliError, Result};
 use cairn_stack::Spec;
 
+/// `--tls off|on|require`, and the file's `tls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    Off,
+    On,
+    Require,
+}
+
 /// The whole file.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,7 +54,7 @@ pub struct Config {
     pub key_dir: Option<PathBuf>,
     /// As `--tls`, `--tls-certificates`, `--tls-verify-peer`, `--tls-psk` and
     /// `--insecure-no-tls`.
-    pub tls: Option<crate::serve::TlsMode>,
+    pub tls: Option<TlsMode>,
     pub tls_certificates: Option<PathBuf>,
     #[serde(default)]
     pub tls_verify_peer: bool,
@@ -237,7 +246,7 @@ mod tests {
             Path::new("/etc/cairn"),
         )
         .unwrap();
-        assert_eq!(c.tls, Some(crate::serve::TlsMode::On));
+        assert_eq!(c.tls, Some(TlsMode::On));
         assert_eq!(c.tls_psk, Some(PathBuf::from("/etc/cairn/keys.psk")));
         assert!(c.insecure_no_tls && !c.tls_verify_peer);
         assert!(parse("tls = \"maybe\"\n", "c", Path::new("/")).is_err());

@@ -21,7 +21,7 @@ use cairn_cluster::ondisk::{now_unix, DecodeError, OwnerRecord};
 use cairn_cluster::{Etcd, MemberStore};
 use cairn_nbd::fence::FenceStore;
 use cairn_stack::export::OpenedExport;
-use cairn_stack::fence::Ownership;
+use cairn_stack::Ownership;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
@@ -208,7 +208,7 @@ pub fn setup(opts: &FenceOptions, plain: bool, opened: &[OpenedExport]) -> Resul
             }))))
         }
     };
-    if !opts.etcd.is_empty() && !opened.iter().any(cairn_stack::fence::leased) {
+    if !opts.etcd.is_empty() && !opened.iter().any(cairn_stack::OpenedExport::leased) {
         tracing::warn!("--etcd: no md array is served writable, so no lease was taken");
     }
     Ok(Fencing { store })
@@ -355,7 +355,7 @@ fn kept_beside(member: &str) -> std::result::Result<Option<OwnerRecord>, String>
         if let Some(tls) = &o.tls {
             hs.starttls(tls)?;
         }
-        let b = cairn_nbd::fence::query(&mut hs, &o.export, &asker)?;
+        let b = hs.query_owner(&o.export, &asker)?;
         let _ = hs.abort();
         Ok::<_, cairn_nbd::client::Error>(b)
     })()

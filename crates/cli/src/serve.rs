@@ -25,6 +25,8 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use crate::config::{Config, ExportEntry};
+// A setting of the file and the flags alike; its home is the settings.
+pub use crate::config::TlsMode;
 use crate::daemon::OperatorOptions;
 use crate::error::{CliError, Result};
 use crate::global::Global;
@@ -49,7 +51,7 @@ pub struct Extras {
     /// `--member-timeout`, for stacks the control API opens.
     pub remote_timeout: Option<std::time::Duration>,
     /// `--owner-id` and `--etcd`, for arrays the control API opens.
-    pub ownership: cairn_stack::fence::Ownership,
+    pub ownership: cairn_stack::Ownership,
 }
 
 pub fn run(args: ServeArgs, global: &Global) -> Result<()> {
@@ -1158,15 +1160,6 @@ pub struct ServerOptions {
 
     #[command(flatten)]
     pub tls: TlsOptions,
-}
-
-/// `--tls off|on|require`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TlsMode {
-    Off,
-    On,
-    Require,
 }
 
 /// NBD over TLS (docs/tls.md).

@@ -22,10 +22,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cairn_block::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, Geometry, ReadDone, Result, WriteDone,
-    WriteFlags,
-};
+use cairn_block::{BlockDevice, Error, ErrorKind, Result};
 
 use crate::etcd::{Created, Etcd, EtcdError, KeyValue};
 
@@ -382,64 +379,49 @@ impl FencedDevice {
     }
 }
 
-impl BlockDevice for FencedDevice {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
+impl cairn_block::Filter for FencedDevice {
+    type Inner = dyn BlockDevice;
+    fn inner(&self) -> impl std::ops::Deref<Target = dyn BlockDevice> + '_ {
+        &*self.inner
     }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+    fn admit(&self, op: cairn_block::IoOp) -> Result<()> {
+        self.lease.check(op.name())
     }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.lease.check("read")?;
-        self.inner.read_at(buf, offset)
+}
+
+cairn_block::filter_device!(FencedDevice);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_block::testkit::conformance::{check_pass_through, Method, Recorder};
+    use cairn_block::WriteFlags;
+
+    #[test]
+    fn a_fenced_device_passes_everything_through_while_its_lease_holds() {
+        let lease = LeaseGuard::for_tests(Instant::now() + Duration::from_secs(600));
+        check_pass_through(&|d| Arc::new(FencedDevice::new(d, lease.clone())), &[]);
     }
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        self.lease.check("write")?;
-        self.inner.write_at(buf, offset, flags)
-    }
-    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: WriteDone) {
-        match self.lease.check("write") {
-            Ok(()) => self.inner.write_then(buf, offset, flags, done),
-            Err(e) => done(Err(e)),
-        }
-    }
-    fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
-        match self.lease.check("read") {
-            Ok(()) => self.inner.read_then(len, offset, done),
-            Err(e) => done(Err(e)),
-        }
-    }
-    fn flush_then(&self, done: WriteDone) {
-        match self.lease.check("flush") {
-            Ok(()) => self.inner.flush_then(done),
-            Err(e) => done(Err(e)),
-        }
-    }
-    fn discard_then(&self, offset: u64, len: u64, done: WriteDone) {
-        match self.lease.check("discard") {
-            Ok(()) => self.inner.discard_then(offset, len, done),
-            Err(e) => done(Err(e)),
-        }
-    }
-    fn completes_later(&self) -> bool {
-        self.inner.completes_later()
-    }
-    fn flush(&self) -> Result<()> {
-        self.lease.check("flush")?;
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.lease.check("discard")?;
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.lease.check("write zeroes")?;
-        self.inner.write_zeroes(offset, len, flags)
-    }
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.extents(offset, len)
-    }
-    fn cache(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.cache(offset, len)
+
+    #[test]
+    fn a_fenced_device_stops_both_forms_once_its_lease_is_gone() {
+        let lease = LeaseGuard::for_tests(Instant::now() - Duration::from_secs(1));
+        let below = Arc::new(Recorder::new(1 << 20));
+        let dev = FencedDevice::new(below.clone(), lease);
+        let buf = vec![0u8; 4096];
+        assert!(dev.write_at(&buf, 0, WriteFlags::NONE).is_err());
+        let (tx, rx) = std::sync::mpsc::channel();
+        dev.write_then(
+            &buf,
+            0,
+            WriteFlags::NONE,
+            Box::new(move |r| tx.send(r).unwrap()),
+        );
+        assert!(rx.recv().unwrap().is_err());
+        assert!(
+            below.take().is_empty(),
+            "{:?} went below",
+            Method::WriteThen
+        );
     }
 }

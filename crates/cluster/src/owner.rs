@@ -341,7 +341,7 @@ pub fn take_over_whole(
         if let Some(tls) = &opts.tls {
             hs.starttls(tls)?;
         }
-        let a = cairn_nbd::fence::query(&mut hs, &opts.export, &probe)?;
+        let a = hs.query_owner(&opts.export, &probe)?;
         let _ = hs.abort();
         Ok::<_, cairn_nbd::client::Error>(a)
     })()
@@ -486,8 +486,7 @@ fn release_enforced(opts: &ClientOptions, token: &FenceToken, whole: bool) -> Re
     if let Some(tls) = &opts.tls {
         hs.starttls(tls).map_err(|e| e.to_string())?;
     }
-    cairn_nbd::fence::declare_flags(
-        &mut hs,
+    hs.declare_fence(
         &opts.export,
         token,
         cairn_nbd::fence::FENCE_FLAG_RELEASE

@@ -18,9 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use cairn_block::{
-    BlockDevice, Capabilities, Extent, Geometry, ReadDone, Result, WriteDone, WriteFlags,
-};
+use cairn_block::{BlockDevice, ReadDone, Result, WriteDone, WriteFlags};
 use serde::{Deserialize, Serialize};
 
 /// Upper bounds of the latency histogram buckets, in nanoseconds (Prometheus `le`), from
@@ -364,12 +362,10 @@ impl<D: BlockDevice> StatsDisk<D> {
     }
 }
 
-impl<D: BlockDevice> BlockDevice for StatsDisk<D> {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl<D: BlockDevice> cairn_block::Filter for StatsDisk<D> {
+    type Inner = D;
+    fn inner(&self) -> impl std::ops::Deref<Target = D> + '_ {
+        &self.inner
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
@@ -426,9 +422,6 @@ impl<D: BlockDevice> BlockDevice for StatsDisk<D> {
             }),
         );
     }
-    fn completes_later(&self) -> bool {
-        self.inner.completes_later()
-    }
     fn flush(&self) -> Result<()> {
         self.stats.track(Op::Flush, 0, || self.inner.flush())
     }
@@ -441,13 +434,9 @@ impl<D: BlockDevice> BlockDevice for StatsDisk<D> {
             self.inner.write_zeroes(offset, len, flags)
         })
     }
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.extents(offset, len)
-    }
-    fn cache(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.cache(offset, len)
-    }
 }
+
+cairn_block::filter_device!([D: BlockDevice] StatsDisk<D>);
 
 /// The process's counters by stack node id ("export:home", "member:d0.img", ...).
 ///
@@ -505,6 +494,14 @@ pub fn monotonic_ns() -> u64 {
 mod tests {
     use super::*;
     use cairn_block::{ErrorKind, MemDisk};
+
+    #[test]
+    fn a_stats_disk_passes_everything_through() {
+        cairn_block::testkit::conformance::check_pass_through(
+            &|d| Arc::new(StatsDisk::new(d, Arc::new(IoStats::new()))),
+            &[],
+        );
+    }
 
     #[test]
     fn counts_every_kind_with_bytes_and_errors() {

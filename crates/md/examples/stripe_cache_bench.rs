@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_block::{BlockDevice, Geometry, MemDisk, Result, WriteFlags};
+use cairn_block::{BlockDevice, MemDisk, Result, WriteFlags};
 use cairn_md::{Array, CreateOptions, Level, Sectors, StripeCache, StripeCacheOptions};
 
 fn arg(i: usize, default: u64) -> u64 {
@@ -41,20 +41,26 @@ impl Slow {
     }
 }
 
-impl BlockDevice for Slow {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
+/// Reads and writes wait; flushes pass as they are.
+impl cairn_block::Filter for Slow {
+    type Inner = MemDisk;
+    fn inner(&self) -> impl std::ops::Deref<Target = MemDisk> + '_ {
+        &self.inner
     }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.wait();
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        self.wait();
-        self.inner.write_at(buf, offset, flags)
+    fn admit(&self, op: cairn_block::IoOp) -> Result<()> {
+        match op {
+            cairn_block::IoOp::Read => {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+                self.wait();
+            }
+            cairn_block::IoOp::Write => self.wait(),
+            _ => {}
+        }
+        Ok(())
     }
 }
+
+cairn_block::filter_device!(Slow);
 
 fn run(size: u32, hold: Duration, delay: Duration, piece: u64, threads: u64) -> (f64, u64) {
     let members: Vec<Arc<Slow>> = (0..3)

@@ -3,7 +3,7 @@
 //! and region lock table, member I/O with failure handling, and superblock writes.
 //!
 //! The modules that give the array its behaviour build on this one and never the other
-//! way round (tests/module_dag.rs holds the crate to that):
+//! way round (crates/structure/tests/structure.rs holds the crate to that):
 //!
 //! ```text
 //!   array (data path: read/write/flush/discard, simple levels)   stripe (RAID4/5/6)

@@ -35,6 +35,9 @@ use cairn_block::{
     WriteFlags,
 };
 
+use crate::fence::{
+    FenceAnswer, FenceToken, FENCE_FLAG_QUERY, FENCE_FLAG_WHOLE, OPT_CAIRN_FENCE, REP_CAIRN_OWNER,
+};
 use crate::proto::*;
 use crate::server::Listen;
 use crate::tls::{ClientTls, TlsConn, TlsReader, TlsWriter};
@@ -945,6 +948,61 @@ impl Handshake {
             broken: None,
             timeout: self.timeout,
         })
+    }
+}
+
+/// The client's half of cairn's fence option (the wire format is in crate::fence).
+impl Handshake {
+    /// Declares `token` for `export`, with option flags ([`crate::fence::FENCE_FLAG_RELEASE`] gives
+    /// the export up, [`FENCE_FLAG_WHOLE`] says the owner uses all of it). A refusal is
+    /// an error ([`Error::is_fenced`]); a server that does not know the option answers
+    /// [`FenceAnswer::NotEnforced`].
+    pub fn declare_fence(
+        &mut self,
+        export: &str,
+        token: &FenceToken,
+        flags: u16,
+    ) -> Result<FenceAnswer> {
+        let data = token.encode_option_flags(export, flags);
+        let mut replies = self.option(OPT_CAIRN_FENCE, &data)?;
+        let last = replies
+            .pop()
+            .ok_or_else(|| Error::Protocol("no reply to the fence option".into()))?;
+        match last.reply {
+            REP_ACK => Ok(FenceAnswer::Enforced),
+            REP_ERR_UNSUP => Ok(FenceAnswer::NotEnforced),
+            reply => Err(Error::Option {
+                option: OPT_CAIRN_FENCE,
+                reply,
+                message: String::from_utf8_lossy(&last.data).into_owned(),
+            }),
+        }
+    }
+
+    /// Asks the server for the owner record of `export` ([`FENCE_FLAG_QUERY`]; `token`
+    /// names the asking owner and is not admitted). `None`: the server does not enforce
+    /// (it keeps no record of its own).
+    pub fn query_owner(&mut self, export: &str, token: &FenceToken) -> Result<Option<Vec<u8>>> {
+        let data = token.encode_option_flags(export, FENCE_FLAG_QUERY | FENCE_FLAG_WHOLE);
+        let mut replies = self.option(OPT_CAIRN_FENCE, &data)?;
+        let last = replies
+            .pop()
+            .ok_or_else(|| Error::Protocol("no reply to the fence query".into()))?;
+        match last.reply {
+            REP_ACK => Ok(Some(
+                replies
+                    .into_iter()
+                    .find(|r| r.reply == REP_CAIRN_OWNER)
+                    .map(|r| r.data)
+                    .unwrap_or_default(),
+            )),
+            REP_ERR_UNSUP => Ok(None),
+            reply => Err(Error::Option {
+                option: OPT_CAIRN_FENCE,
+                reply,
+                message: String::from_utf8_lossy(&last.data).into_owned(),
+            }),
+        }
     }
 }
 
@@ -2238,12 +2296,7 @@ impl Client {
                 } else {
                     0
                 };
-                Some(crate::fence::declare_flags(
-                    &mut hs,
-                    &opts.export,
-                    t,
-                    flags,
-                )?)
+                Some(hs.declare_fence(&opts.export, t, flags)?)
             }
             None => None,
         };

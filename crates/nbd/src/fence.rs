@@ -16,7 +16,10 @@
 //! (libnbd, qemu) never send it and see no change. The byte layout is in docs/fencing.md.
 //!
 //! The record the server persists the generation in belongs to cairn-cluster; this crate
-//! only knows it through [`FenceStore`].
+//! only knows it through [`FenceStore`]. This module is the wire format and nothing
+//! else: the client sends the option with [`crate::client::Handshake::declare_fence`]
+//! and [`crate::client::Handshake::query_owner`], the server answers it in
+//! `server::fence`.
 
 use std::fmt;
 
@@ -264,72 +267,6 @@ pub enum FenceAnswer {
     /// The server does not know the option (nbdkit, qemu-nbd, a cairn serve with
     /// `--fence off`): only the etcd lease and the record check at assembly protect it.
     NotEnforced,
-}
-
-/// Declares `token` for `export` during a client handshake. A refusal is an error
-/// ([`crate::client::Error::is_fenced`]); a server that does not know the option answers
-/// [`FenceAnswer::NotEnforced`].
-pub fn declare(
-    hs: &mut crate::client::Handshake,
-    export: &str,
-    token: &FenceToken,
-) -> crate::client::Result<FenceAnswer> {
-    declare_flags(hs, export, token, 0)
-}
-
-/// [`declare`] with option flags: [`FENCE_FLAG_RELEASE`] gives the export up.
-pub fn declare_flags(
-    hs: &mut crate::client::Handshake,
-    export: &str,
-    token: &FenceToken,
-    flags: u16,
-) -> crate::client::Result<FenceAnswer> {
-    use crate::proto::{REP_ACK, REP_ERR_UNSUP};
-    let data = token.encode_option_flags(export, flags);
-    let mut replies = hs.option(OPT_CAIRN_FENCE, &data)?;
-    let last = replies
-        .pop()
-        .ok_or_else(|| crate::client::Error::Protocol("no reply to the fence option".into()))?;
-    match last.reply {
-        REP_ACK => Ok(FenceAnswer::Enforced),
-        REP_ERR_UNSUP => Ok(FenceAnswer::NotEnforced),
-        reply => Err(crate::client::Error::Option {
-            option: OPT_CAIRN_FENCE,
-            reply,
-            message: String::from_utf8_lossy(&last.data).into_owned(),
-        }),
-    }
-}
-
-/// Asks the server for the owner record of `export` ([`FENCE_FLAG_QUERY`]; `token`
-/// names the asking owner and is not admitted). `None`: the server does not enforce (it
-/// keeps no record of its own).
-pub fn query(
-    hs: &mut crate::client::Handshake,
-    export: &str,
-    token: &FenceToken,
-) -> crate::client::Result<Option<Vec<u8>>> {
-    use crate::proto::{REP_ACK, REP_ERR_UNSUP};
-    let data = token.encode_option_flags(export, FENCE_FLAG_QUERY | FENCE_FLAG_WHOLE);
-    let mut replies = hs.option(OPT_CAIRN_FENCE, &data)?;
-    let last = replies
-        .pop()
-        .ok_or_else(|| crate::client::Error::Protocol("no reply to the fence query".into()))?;
-    match last.reply {
-        REP_ACK => Ok(Some(
-            replies
-                .into_iter()
-                .find(|r| r.reply == REP_CAIRN_OWNER)
-                .map(|r| r.data)
-                .unwrap_or_default(),
-        )),
-        REP_ERR_UNSUP => Ok(None),
-        reply => Err(crate::client::Error::Option {
-            option: OPT_CAIRN_FENCE,
-            reply,
-            message: String::from_utf8_lossy(&last.data).into_owned(),
-        }),
-    }
 }
 
 #[cfg(test)]

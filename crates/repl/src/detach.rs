@@ -83,26 +83,21 @@ impl<P> Gate<P> {
     }
 }
 
-impl BlockDevice for Gate<Arc<dyn BlockDevice>> {
-    fn geometry(&self) -> Geometry {
-        self.get().geometry()
+/// Every data operation asks the gate first. Its `*_then` forms run here, through the
+/// gated synchronous ones, as they did before the gate was a filter: the local disk
+/// completes on the calling thread anyway.
+impl cairn_block::Filter for Gate<Arc<dyn BlockDevice>> {
+    type Inner = Arc<dyn BlockDevice>;
+    const SYNCHRONOUS: bool = true;
+    fn inner(&self) -> impl std::ops::Deref<Target = Arc<dyn BlockDevice>> + '_ {
+        self.get()
     }
-    fn capabilities(&self) -> Capabilities {
-        self.get().capabilities()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.data_open()?;
-        self.get().read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        self.data_open()?;
-        self.get().write_at(buf, offset, flags)
-    }
-    fn flush(&self) -> Result<()> {
-        self.data_open()?;
-        self.get().flush()
+    fn admit(&self, _op: cairn_block::IoOp) -> Result<()> {
+        self.data_open()
     }
 }
+
+cairn_block::filter_device!(Gate<Arc<dyn BlockDevice>>);
 
 impl MetaIo for Gate<Box<dyn MetaIo>> {
     fn data_size(&self) -> u64 {
@@ -662,6 +657,46 @@ pub(super) mod tests {
     use rand::{Rng, SeedableRng};
 
     pub(in crate::node) const SIZE: u64 = 16 << 20;
+
+    /// The gate passes every call to the disk while it is attached; its `*_then` forms
+    /// run through the gated synchronous ones, and a detached gate refuses them all.
+    #[test]
+    fn the_gate_passes_through_while_attached_and_stops_everything_once_detached() {
+        use cairn_block::testkit::conformance::{check_pass_through, Method, Recorder};
+        let synchronous = [
+            Method::CompletesLater,
+            Method::ReadThen,
+            Method::WriteThen,
+            Method::FlushThen,
+            Method::DiscardThen,
+        ];
+        check_pass_through(
+            &|d| {
+                Arc::new(Gate::new(
+                    Arc::new(std::sync::atomic::AtomicU8::new(DISK_ATTACHED)),
+                    d,
+                ))
+            },
+            &synchronous,
+        );
+        let below = Arc::new(Recorder::new(1 << 20));
+        let gate = Gate::new(
+            Arc::new(std::sync::atomic::AtomicU8::new(DISK_DISKLESS)),
+            below.clone() as Arc<dyn BlockDevice>,
+        );
+        let mut buf = vec![0u8; 4096];
+        assert!(gate.read_at(&mut buf, 0).is_err());
+        assert!(gate.write_at(&buf, 0, WriteFlags::NONE).is_err());
+        assert!(gate.flush().is_err());
+        assert!(gate.discard(0, 4096).is_err());
+        assert!(gate.write_zeroes(0, 4096, WriteFlags::NONE).is_err());
+        gate.read_then(4096, 0, Box::new(|r| assert!(r.is_err())));
+        gate.write_then(&buf, 0, WriteFlags::NONE, Box::new(|r| assert!(r.is_err())));
+        assert!(
+            below.take().is_empty(),
+            "a detached gate let a call through"
+        );
+    }
 
     fn new_disk(d: &Arc<dyn BlockDevice>) -> NewDisk {
         (d.clone(), Box::new(Store::open(d.clone()).unwrap()))

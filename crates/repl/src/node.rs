@@ -2289,7 +2289,14 @@ impl DataArea {
     }
 }
 
-impl BlockDevice for DataArea {
+/// A view of the local disk: each result is seen on its way up. Its `*_then` forms run
+/// through the synchronous ones (the local disk completes on the calling thread).
+impl cairn_block::Filter for DataArea {
+    type Inner = dyn BlockDevice;
+    const SYNCHRONOUS: bool = true;
+    fn inner(&self) -> impl std::ops::Deref<Target = dyn BlockDevice> + '_ {
+        &*self.disk
+    }
     fn geometry(&self) -> Geometry {
         Geometry {
             size: self.size,
@@ -2312,7 +2319,25 @@ impl BlockDevice for DataArea {
     fn flush(&self) -> Result<()> {
         self.seen(self.disk.flush())
     }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.seen(self.disk.write_zeroes(offset, len, flags))
+    }
+    /// Its capabilities say none: a primary never sends one.
+    fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
+        Err(io_err(ErrorKind::Unsupported, "discard"))
+    }
+    /// Its capabilities say none: what the trait's default says.
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<cairn_block::Extent>> {
+        Ok(vec![cairn_block::Extent {
+            offset,
+            length: len,
+            hole: false,
+            zero: false,
+        }])
+    }
 }
+
+cairn_block::filter_device!(DataArea);
 
 #[cfg(test)]
 pub(super) mod tests {
@@ -2321,6 +2346,34 @@ pub(super) mod tests {
     use crate::store::{create, CreateParams, Store};
     use cairn_block::MemDisk;
     use cairn_cluster::Etcd;
+
+    /// The data area a secondary writes shows a smaller size, no discard and no
+    /// extents, and runs its `*_then` forms through the synchronous ones (where it sees
+    /// each result); the rest reaches the disk as it was called.
+    #[test]
+    fn the_data_area_passes_through_all_it_does_not_change() {
+        use cairn_block::testkit::conformance::{check_pass_through, Method};
+        check_pass_through(
+            &|d| {
+                Arc::new(DataArea {
+                    disk: d,
+                    size: 512 << 10,
+                    node: std::sync::Weak::new(),
+                })
+            },
+            &[
+                Method::Geometry,
+                Method::Capabilities,
+                Method::CompletesLater,
+                Method::ReadThen,
+                Method::WriteThen,
+                Method::FlushThen,
+                Method::DiscardThen,
+                Method::Discard,
+                Method::Extents,
+            ],
+        );
+    }
 
     fn fresh() -> Arc<dyn BlockDevice> {
         fresh_of(64 << 20)
@@ -3070,15 +3123,11 @@ pub(super) mod tests {
         go: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     }
 
-    impl BlockDevice for HeldDisk {
-        fn geometry(&self) -> Geometry {
-            self.disk.geometry()
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.disk.capabilities()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-            self.disk.read_at(buf, offset)
+    impl cairn_block::Filter for HeldDisk {
+        type Inner = dyn BlockDevice;
+        const SYNCHRONOUS: bool = true;
+        fn inner(&self) -> impl std::ops::Deref<Target = dyn BlockDevice> + '_ {
+            &*self.disk
         }
         fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
             if *self.at.lock().unwrap() == Some(offset) {
@@ -3095,10 +3144,9 @@ pub(super) mod tests {
             }
             self.disk.write_at(buf, offset, flags)
         }
-        fn flush(&self) -> Result<()> {
-            self.disk.flush()
-        }
     }
+
+    cairn_block::filter_device!(HeldDisk);
 
     /// A write that found the peer unconnected, still writing locally while the peer
     /// thread connects it and runs its resync, must be in that resync: its bits used to

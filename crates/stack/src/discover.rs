@@ -58,7 +58,7 @@ pub struct ScanOptions {
     /// Statistics, and the person to ask for passphrases (none: key files only).
     pub hooks: Hooks,
     /// Owner name and etcd lease for the arrays opened writable.
-    pub ownership: crate::fence::Ownership,
+    pub ownership: crate::hooks::Ownership,
 }
 
 impl ScanOptions {
@@ -695,7 +695,7 @@ pub fn scan(paths: &[PathBuf], opts: &ScanOptions) -> Result<(Vec<OpenedExport>,
         report.exports.push(summary(e, key));
     }
     for e in &mut out {
-        crate::fence::fence_export(e);
+        e.fence_by_leases();
     }
     Ok((out, report))
 }

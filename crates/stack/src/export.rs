@@ -57,6 +57,23 @@ pub enum Layer {
 }
 
 impl OpenedExport {
+    /// Wraps the device in the lease check of every array below it held as an etcd
+    /// lease, so client I/O is refused once a lease may be lost (also what a stripe
+    /// cache above the array would otherwise acknowledge).
+    pub fn fence_by_leases(&mut self) {
+        for array in self.arrays() {
+            if let Some(g) = crate::fence::lease_of(&array) {
+                self.device = Arc::new(cairn_cluster::FencedDevice::new(self.device.clone(), g));
+            }
+        }
+    }
+
+    /// Whether any array below, or any remote export used whole, is held as an etcd
+    /// lease.
+    pub fn leased(&self) -> bool {
+        crate::fence::leased(&self.arrays(), &self.leaves())
+    }
+
     /// Every md array in this export's stack, each once (LVs of one VG share their PVs).
     pub fn arrays(&self) -> Vec<Arc<cairn_md::Array>> {
         let mut out: Vec<Arc<cairn_md::Array>> = Vec::new();

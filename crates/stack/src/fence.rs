@@ -38,19 +38,8 @@ use cairn_nbd::client::{Client, ClientOptions};
 use cairn_nbd::fence::{FenceToken, OwnerId};
 
 use crate::error::{Result, StackError};
-use crate::export::OpenedExport;
 use crate::hooks::Options;
 use crate::leaf;
-
-/// Who this host is across hosts, and where ownership is decided.
-#[derive(Debug, Clone, Default)]
-pub struct Ownership {
-    /// This host's name in owner records and etcd leases; empty: the host name.
-    pub node: String,
-    /// With an etcd (and its lease TTL): every md array opened writable is first taken
-    /// as a lease there.
-    pub etcd: Option<(Etcd, Duration)>,
-}
 
 /// This process's hold on a set of remote devices one owner writes: an md array's members
 /// ([`claim`]), or one remote export used whole as a LUKS volume, a PV or a served export
@@ -203,19 +192,12 @@ pub fn abandon(claim: &Arc<Claim>) {
     }
 }
 
-/// Wraps `e`'s device in the lease check of every array below it that holds one, so
-/// client I/O is refused once a lease may be lost (also what a stripe cache above the
-/// array would otherwise acknowledge).
-pub fn fence_export(e: &mut OpenedExport) {
-    for array in e.arrays() {
-        let guard = claims()
-            .iter()
-            .find(|c| c.is_for(&array))
-            .and_then(|c| c.guard.clone());
-        if let Some(g) = guard {
-            e.device = Arc::new(FencedDevice::new(e.device.clone(), g));
-        }
-    }
+/// The lease check of `array`, when this process holds the array as an etcd lease.
+pub fn lease_of(array: &Array) -> Option<LeaseGuard> {
+    claims()
+        .iter()
+        .find(|c| c.is_for(array))
+        .and_then(|c| c.guard.clone())
 }
 
 /// `dev`, about to join `array` (`md add`, `md replace`), behind the array's lease check
@@ -228,12 +210,11 @@ pub fn fence_member(array: &Array, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDe
     }
 }
 
-/// Whether any array below `e`, or any remote export it uses whole, is held as an etcd
-/// lease.
-pub fn leased(e: &OpenedExport) -> bool {
+/// Whether any of `arrays`, or any remote export in `leaves` (used whole), is held as
+/// an etcd lease.
+pub fn leased(arrays: &[Arc<Array>], leaves: &[PathBuf]) -> bool {
     let all = claims();
-    let leaves = e.leaves();
-    e.arrays()
+    arrays
         .iter()
         .any(|a| all.iter().any(|c| c.is_for(a) && c.guard.is_some()))
         || all

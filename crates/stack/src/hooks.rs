@@ -12,6 +12,16 @@ use cairn_luks::SecretBytes;
 
 use crate::error::Result;
 
+/// Who this host is across hosts, and where ownership is decided (crate::fence uses it).
+#[derive(Debug, Clone, Default)]
+pub struct Ownership {
+    /// This host's name in owner records and etcd leases; empty: the host name.
+    pub node: String,
+    /// With an etcd (and its lease TTL): every md array opened writable is first taken
+    /// as a lease there.
+    pub etcd: Option<(cairn_cluster::Etcd, std::time::Duration)>,
+}
+
 /// Wraps a node's device to count its I/O under the node id (`file:PATH`,
 /// `member:NAME`, `export:NAME`), so the counters and the status tree name the same
 /// nodes.
@@ -62,7 +72,7 @@ pub struct Options {
     pub speed_limits: Option<cairn_md::SpeedLimits>,
     /// This host's name in owner records and, with an etcd, each writable md array
     /// taken as a lease there before its members (docs/fencing.md).
-    pub ownership: crate::fence::Ownership,
+    pub ownership: Ownership,
     pub hooks: Hooks,
 }
 

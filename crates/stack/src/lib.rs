@@ -39,6 +39,6 @@ pub mod spec;
 
 pub use error::{Result, StackError};
 pub use export::{Layer, OpenedExport};
-pub use hooks::{Hooks, Options, Prompt, StatsHook};
+pub use hooks::{Hooks, Options, Ownership, Prompt, StatsHook};
 pub use node::Node;
 pub use spec::{open, open_all, open_one, Keys, Spec};

@@ -258,7 +258,7 @@ pub fn open(
         Spec::Lvm(pvs) => open_lvs(pvs, opts, keys)?,
         _ => vec![open_checked(spec, name, opts, keys)?],
     };
-    opened.iter_mut().for_each(crate::fence::fence_export);
+    opened.iter_mut().for_each(OpenedExport::fence_by_leases);
     Ok(opened)
 }
 
@@ -302,7 +302,7 @@ pub fn open_one(
 ) -> Result<OpenedExport> {
     spec.check()?;
     let mut e = open_checked(spec, name, opts, keys)?;
-    crate::fence::fence_export(&mut e);
+    e.fence_by_leases();
     Ok(e)
 }
 

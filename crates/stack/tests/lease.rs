@@ -15,7 +15,7 @@ use cairn_block::{BlockDevice, ErrorKind, MemDisk, WriteFlags};
 use cairn_cluster::{owner_key, Etcd, OwnerRecord};
 use cairn_md::{Array, CreateOptions, Level, MemberState};
 use cairn_nbd::Listen;
-use cairn_stack::fence::Ownership;
+use cairn_stack::Ownership;
 use cairn_stack::{Keys, OpenedExport, Options, Spec};
 use common::{mem, Member, TestEtcd};
 

@@ -990,3 +990,225 @@ pub fn check_random_ops(dev: &dyn BlockDevice, seed: u64, ops: usize) {
     let got = read(dev, 0, limit);
     check(&recent, &model, &known, 0, &got);
 }
+
+/// A [`BlockDevice`] method, as [`check_pass_through`] names what a filter changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Geometry,
+    Capabilities,
+    CompletesLater,
+    ReadAt,
+    WriteAt,
+    Flush,
+    Discard,
+    WriteZeroes,
+    ReadThen,
+    WriteThen,
+    FlushThen,
+    DiscardThen,
+    Extents,
+    Cache,
+}
+
+impl Method {
+    /// What reaches a [`Recorder`] below: every method but the three that describe.
+    const CALLS: [Method; 11] = [
+        Method::ReadAt,
+        Method::WriteAt,
+        Method::Flush,
+        Method::Discard,
+        Method::WriteZeroes,
+        Method::ReadThen,
+        Method::WriteThen,
+        Method::FlushThen,
+        Method::DiscardThen,
+        Method::Extents,
+        Method::Cache,
+    ];
+}
+
+/// The device [`check_pass_through`] puts under a filter: a [`crate::MemDisk`] that
+/// records which method each call came in by, says it completes later (its `*_then`
+/// forms answer before they return, which the contract allows) and has every capability.
+#[derive(Debug)]
+pub struct Recorder {
+    disk: crate::MemDisk,
+    calls: std::sync::Mutex<Vec<Method>>,
+}
+
+impl Recorder {
+    pub fn new(size: u64) -> Recorder {
+        Recorder {
+            disk: crate::MemDisk::new(size),
+            calls: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn note(&self, m: Method) {
+        self.calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(m);
+    }
+
+    /// The calls seen since the last `take`.
+    pub fn take(&self) -> Vec<Method> {
+        std::mem::take(
+            &mut *self
+                .calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    pub const CAPABILITIES: crate::Capabilities = crate::Capabilities {
+        read_only: false,
+        flush: Support::Native,
+        fua: Support::Native,
+        discard: Support::Native,
+        write_zeroes: Support::Native,
+        extents: true,
+    };
+}
+
+impl BlockDevice for Recorder {
+    fn geometry(&self) -> Geometry {
+        self.disk.geometry()
+    }
+    fn capabilities(&self) -> crate::Capabilities {
+        Recorder::CAPABILITIES
+    }
+    fn completes_later(&self) -> bool {
+        true
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> crate::Result<()> {
+        self.note(Method::ReadAt);
+        self.disk.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> crate::Result<()> {
+        self.note(Method::WriteAt);
+        self.disk.write_at(buf, offset, flags)
+    }
+    fn flush(&self) -> crate::Result<()> {
+        self.note(Method::Flush);
+        self.disk.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> crate::Result<()> {
+        self.note(Method::Discard);
+        self.disk.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> crate::Result<()> {
+        self.note(Method::WriteZeroes);
+        self.disk.write_zeroes(offset, len, flags)
+    }
+    fn read_then(&self, len: usize, offset: u64, done: crate::ReadDone) {
+        self.note(Method::ReadThen);
+        let mut buf = vec![0u8; len];
+        done(self.disk.read_at(&mut buf, offset).map(|()| buf));
+    }
+    fn write_then(&self, buf: &[u8], offset: u64, flags: WriteFlags, done: crate::WriteDone) {
+        self.note(Method::WriteThen);
+        done(self.disk.write_at(buf, offset, flags));
+    }
+    fn flush_then(&self, done: crate::WriteDone) {
+        self.note(Method::FlushThen);
+        done(self.disk.flush());
+    }
+    fn discard_then(&self, offset: u64, len: u64, done: crate::WriteDone) {
+        self.note(Method::DiscardThen);
+        done(self.disk.discard(offset, len));
+    }
+    fn extents(&self, offset: u64, len: u64) -> crate::Result<Vec<Extent>> {
+        self.note(Method::Extents);
+        self.disk.extents(offset, len)
+    }
+    fn cache(&self, offset: u64, len: u64) -> crate::Result<()> {
+        self.note(Method::Cache);
+        self.disk.cache(offset, len)
+    }
+}
+
+/// Checks that a filter keeps what the device below says (geometry, capabilities,
+/// [`BlockDevice::completes_later`]) and passes each call to the same method below,
+/// exactly once (a `*_then` form to the `*_then` form, so a member that completes later
+/// keeps overlapping its operations), except the methods in `changes`, which the filter
+/// says it changes. `wrap` puts the filter over the [`Recorder`] it is given (1 MiB).
+/// Panics with the first method that does not pass through.
+pub fn check_pass_through(
+    wrap: &dyn Fn(std::sync::Arc<dyn BlockDevice>) -> std::sync::Arc<dyn BlockDevice>,
+    changes: &[Method],
+) {
+    let below = std::sync::Arc::new(Recorder::new(1 << 20));
+    let dev = wrap(below.clone());
+    let kept = |m: Method| !changes.contains(&m);
+    if kept(Method::Geometry) {
+        assert_eq!(dev.geometry(), below.geometry(), "geometry changed");
+    }
+    if kept(Method::Capabilities) {
+        assert_eq!(
+            dev.capabilities(),
+            Recorder::CAPABILITIES,
+            "capabilities changed"
+        );
+    }
+    if kept(Method::CompletesLater) {
+        assert!(dev.completes_later(), "completes_later() changed");
+    }
+    below.take();
+    for m in Method::CALLS {
+        if !kept(m) {
+            continue;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ok = |r: crate::Result<()>| {
+            if let Err(e) = r {
+                panic!("{m:?} through the filter failed: {e}");
+            }
+        };
+        let mut buf = vec![0u8; 4096];
+        match m {
+            Method::ReadAt => ok(dev.read_at(&mut buf, 4096)),
+            Method::WriteAt => ok(dev.write_at(&buf, 4096, WriteFlags::NONE)),
+            Method::Flush => ok(dev.flush()),
+            Method::Discard => ok(dev.discard(4096, 4096)),
+            Method::WriteZeroes => ok(dev.write_zeroes(4096, 4096, WriteFlags::NONE)),
+            Method::ReadThen => {
+                dev.read_then(4096, 4096, Box::new(move |r| tx.send(r.map(drop)).unwrap()));
+            }
+            Method::WriteThen => {
+                let t = tx.clone();
+                dev.write_then(
+                    &buf,
+                    4096,
+                    WriteFlags::NONE,
+                    Box::new(move |r| t.send(r).unwrap()),
+                );
+            }
+            Method::FlushThen => {
+                let t = tx.clone();
+                dev.flush_then(Box::new(move |r| t.send(r).unwrap()));
+            }
+            Method::DiscardThen => {
+                let t = tx.clone();
+                dev.discard_then(4096, 4096, Box::new(move |r| t.send(r).unwrap()));
+            }
+            Method::Extents => ok(dev.extents(4096, 4096).map(drop)),
+            Method::Cache => ok(dev.cache(4096, 4096)),
+            Method::Geometry | Method::Capabilities | Method::CompletesLater => unreachable!(),
+        }
+        if matches!(
+            m,
+            Method::ReadThen | Method::WriteThen | Method::FlushThen | Method::DiscardThen
+        ) {
+            let r = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("{m:?} through the filter never completed"));
+            ok(r);
+        }
+        assert_eq!(
+            below.take(),
+            vec![m],
+            "{m:?} through the filter did not arrive below as {m:?}, once"
+        );
+    }
+}

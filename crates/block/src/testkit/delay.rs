@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{BlockDevice, Capabilities, Geometry, ReadDone, Result, WriteDone, WriteFlags};
+use crate::{BlockDevice, ReadDone, Result, WriteDone, WriteFlags};
 
 /// Wraps a device and delays each read, write, flush, discard and write-zeroes by
 /// [`DelayDisk::set_delay`] (zero at first). Counts the operations it passed on.
@@ -82,28 +82,18 @@ impl DelayDisk {
     }
 }
 
-impl BlockDevice for DelayDisk {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
+/// Every operation waits first; the `*_then` forms of one that completes later wait on
+/// a thread of their own.
+impl crate::Filter for DelayDisk {
+    type Inner = dyn BlockDevice;
+
+    fn inner(&self) -> impl std::ops::Deref<Target = dyn BlockDevice> + '_ {
+        &*self.inner
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+    fn admit(&self, _op: crate::IoOp) -> Result<()> {
         self.wait();
-        self.inner.read_at(buf, offset)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        self.wait();
-        self.inner.write_at(buf, offset, flags)
-    }
-
-    fn flush(&self) -> Result<()> {
-        self.wait();
-        self.inner.flush()
+        Ok(())
     }
 
     fn read_then(&self, len: usize, offset: u64, done: ReadDone) {
@@ -129,14 +119,6 @@ impl BlockDevice for DelayDisk {
     fn completes_later(&self) -> bool {
         self.later
     }
-
-    fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.wait();
-        self.inner.discard(offset, len)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.wait();
-        self.inner.write_zeroes(offset, len, flags)
-    }
 }
+
+crate::filter_device!(DelayDisk);

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{BlockDevice, Capabilities, Error, ErrorKind, Extent, Geometry, Result, WriteFlags};
+use crate::{BlockDevice, Error, ErrorKind, Extent, Result, WriteFlags};
 
 /// The kind of an op, as fault rules and counters see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -442,13 +442,13 @@ impl<D: BlockDevice> FaultyDisk<D> {
     }
 }
 
-impl<D: BlockDevice> BlockDevice for FaultyDisk<D> {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
+/// Its faults are in the synchronous forms; the `*_then` forms run through them.
+impl<D: BlockDevice> crate::Filter for FaultyDisk<D> {
+    type Inner = D;
+    const SYNCHRONOUS: bool = true;
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+    fn inner(&self) -> impl std::ops::Deref<Target = D> + '_ {
+        &self.inner
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
@@ -509,9 +509,6 @@ impl<D: BlockDevice> BlockDevice for FaultyDisk<D> {
         self.gate(Op::Extents, offset, len)?;
         self.inner.extents(offset, len)
     }
-
-    fn cache(&self, offset: u64, len: u64) -> Result<()> {
-        // A hint: never failed, never counted.
-        self.inner.cache(offset, len)
-    }
 }
+
+crate::filter_device!([D: BlockDevice] FaultyDisk<D>);

@@ -63,7 +63,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rand::Rng;
 
-use crate::{BlockDevice, Capabilities, Error, ErrorKind, Extent, Geometry, Result, WriteFlags};
+use crate::{BlockDevice, Error, ErrorKind, Geometry, Result, WriteFlags};
 
 /// A shared logical clock ordering log entries across devices. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -787,17 +787,13 @@ impl<D> LogWritesDisk<D> {
     }
 }
 
-impl<D: BlockDevice> BlockDevice for LogWritesDisk<D> {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
+/// It logs the synchronous forms; the `*_then` forms run through them.
+impl<D: BlockDevice> crate::Filter for LogWritesDisk<D> {
+    type Inner = D;
+    const SYNCHRONOUS: bool = true;
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.inner.read_at(buf, offset)
+    fn inner(&self) -> impl std::ops::Deref<Target = D> + '_ {
+        &self.inner
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
@@ -832,12 +828,6 @@ impl<D: BlockDevice> BlockDevice for LogWritesDisk<D> {
             || self.inner.write_zeroes(offset, len, flags),
         )
     }
-
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.extents(offset, len)
-    }
-
-    fn cache(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.cache(offset, len)
-    }
 }
+
+crate::filter_device!([D: BlockDevice] LogWritesDisk<D>);

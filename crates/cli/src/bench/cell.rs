@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_block::{BlockDevice, Capabilities, Extent, FileDisk, Geometry, OpenOptions, WriteFlags};
+use cairn_block::{BlockDevice, FileDisk, OpenOptions};
 use cairn_luks::{FormatOptions, Luks2, PbkdfOptions};
 use cairn_md::{Array, CreateOptions, Level, Sectors, StripeCache, StripeCacheOptions};
 use zeroize::Zeroizing;
@@ -51,37 +51,21 @@ impl DelayDisk {
     }
 }
 
-impl BlockDevice for DelayDisk {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
+/// Waits before each operation and passes everything on, `*_then` forms included: a
+/// member that completes later (`--nbd`) keeps overlapping its operations (the wait is
+/// on the thread that sends each one).
+impl cairn_block::Filter for DelayDisk {
+    type Inner = dyn BlockDevice;
+    fn inner(&self) -> impl std::ops::Deref<Target = dyn BlockDevice> + '_ {
+        &*self.inner
     }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> cairn_block::Result<()> {
+    fn admit(&self, _op: cairn_block::IoOp) -> cairn_block::Result<()> {
         self.wait();
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> cairn_block::Result<()> {
-        self.wait();
-        self.inner.write_at(buf, offset, flags)
-    }
-    fn flush(&self) -> cairn_block::Result<()> {
-        self.wait();
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> cairn_block::Result<()> {
-        self.wait();
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, flags: WriteFlags) -> cairn_block::Result<()> {
-        self.wait();
-        self.inner.write_zeroes(offset, len, flags)
-    }
-    fn extents(&self, offset: u64, len: u64) -> cairn_block::Result<Vec<Extent>> {
-        self.inner.extents(offset, len)
+        Ok(())
     }
 }
+
+cairn_block::filter_device!(DelayDisk);
 
 /// Where the members come from: scratch files in a directory this run made, or the
 /// user's devices. The directory is made either way (it also holds `--nbd`'s sockets, key
@@ -338,7 +322,18 @@ fn fill_random(buf: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_block::MemDisk;
+    use cairn_block::{MemDisk, WriteFlags};
+
+    /// A network member (`--nbd`) under the delay keeps overlapping its operations: every
+    /// call, `*_then` forms included, reaches it as it was made, and it still completes
+    /// later.
+    #[test]
+    fn the_member_delay_passes_everything_through() {
+        cairn_block::testkit::conformance::check_pass_through(
+            &|d| Arc::new(DelayDisk::new(d, Duration::ZERO)),
+            &[],
+        );
+    }
 
     /// Member operations for writing 4 MiB sequentially in `req`-byte requests to a
     /// RAID6 over 4 members with 64 KiB chunks (full stripe 128 KiB), no stripe cache.
