@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use cairn_block::{BlockDevice, MemDisk, WriteFlags};
 use cairn_md::{Array, BitmapChoice, FeaturePolicy, Level, SpeedLimits, Superblock};
-use common::{dyn_members, names, Shape, MIB};
+use common::{dyn_members, names, us, Shape, MIB};
 
 fn sb(d: &MemDisk) -> Superblock {
     Superblock::read_from(d, "m", FeaturePolicy::Supported).unwrap()
@@ -99,7 +99,9 @@ fn an_old_copy_of_a_member_is_rebuilt_in_full() {
         .unwrap();
     go_idle(&a, &m);
     let copy = m[1].to_vec();
-    let x: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let x: Vec<u8> = (0..8u32 << 20)
+        .map(|i| u8::try_from(i % 251).unwrap())
+        .collect();
     a.write_at(&x, x_at, WriteFlags::NONE).unwrap();
     go_idle(&a, &m);
     let cleared = a.bitmap_info().unwrap().events_cleared;
@@ -126,7 +128,7 @@ fn an_old_copy_of_a_member_is_rebuilt_in_full() {
     let mut buf = vec![0u8; 128 << 10];
     for i in 0..64u64 {
         a.read_at(&mut buf, x_at + i * (128 << 10)).unwrap();
-        let want = &x[(i * (128 << 10)) as usize..((i + 1) * (128 << 10)) as usize];
+        let want = &x[us(i * (128 << 10))..us((i + 1) * (128 << 10))];
         assert!(buf == want, "read {i} of X returned old data");
     }
     a.close().unwrap();
