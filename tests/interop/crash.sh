@@ -17,8 +17,8 @@
 #      (expected) and, on its way out, writes the number of writes it issued and the last
 #      iodepth ones that completed to local-crash-N-verify.state in the working
 #      directory ($WORK);
-#   4. the superblocks say "active" (written and not closed; cairn has no idle timer that
-#      would mark them clean while it runs);
+#   4. the superblocks say "active" (written and not closed; fio never leaves the array
+#      idle for md's safe-mode delay, 200 ms, which would mark them clean while it runs);
 #   5. cairn restarts, and fio runs the same job with --verify_only
 #      --verify_state_load=1: it regenerates the same writes without issuing them and
 #      reads back every write up to the first one that had not completed (in the last

@@ -699,6 +699,106 @@ t_raid6_over_tls_members() {
   expect_eq "$CAIRN_STATUS" 0 "clean stop"
 }
 
+# idle_api CTL ARRAY: whether the served array has no dirty bitmap bit (bits clear once
+# idle for 5 s; safe mode marked it clean 200 ms after the last write).
+idle_api() {
+  [ "$(curl -s --unix-socket "$1" "http://cairn/v1/arrays/$2" | jq -r .detail.bitmap.dirty)" = 0 ]
+}
+
+# A disk host restored from an old snapshot (issue 30): a RAID1 on two nbdkit members
+# (Unix sockets), 1 MiB bitmap chunks. Data written, idle; member 1's export file copied;
+# 8 MiB X written, idle (bits cleared, clean); member 1's server killed, a write fails it;
+# its file replaced by the old copy and the server restarted: the supervisor re-adds it
+# by itself, as a full recovery (logged), and 64 reads of X (both mirrors in turn) all
+# return X.
+t_stale_copy_on_a_member_server() {
+  need_tool nbdkit nbdinfo nbdsh jq curl mdadm
+  local M=() i pid1 ctl=$WORK/sc.sock
+  for i in 0 1; do truncate -s 32M "$SHM/sc$i.img"; done
+  nbdkit_unix sc0 "$SHM/sc0.img"; M+=("$NBD_URI")
+  nbdkit_unix sc1 "$SHM/sc1.img"; M+=("$NBD_URI"); pid1=$!
+  "$CAIRN" md create -l 1 -n 2 --bitmap-chunk 1M --name sc "${M[@]}" >/dev/null || fail "md create"
+  random_file "$WORK/a" 8M
+  random_file "$WORK/x" 8M
+  start_cairn --control "$ctl" --member-timeout 2 --md "$(IFS=,; echo "${M[*]}"):sc"
+  local uri
+  uri=$(unix_uri sc)
+  A=$WORK/a nbdsh -u "$uri" -c 'import os; h.pwrite(open(os.environ["A"], "rb").read(), 4 << 20); h.flush()'
+  wait_for 30 "idle after the first data" idle_api "$ctl" sc
+  cp --sparse=always "$SHM/sc1.img" "$SHM/sc1.old"
+  X=$WORK/x nbdsh -u "$uri" -c 'import os; h.pwrite(open(os.environ["X"], "rb").read(), 4 << 20); h.flush()'
+  wait_for 30 "idle after X" idle_api "$ctl" sc
+  kill -KILL "$pid1"
+  wait "$pid1" 2>/dev/null || true
+  # A write outside X meets the dead server: member 1 fails.
+  nbdsh -u "$uri" -c 'h.pwrite(b"\x77" * 4096, 20 << 20); h.flush()' || fail "write with a member gone"
+  wait_for 15 "member 1 failed" grep -q "sc1.*is now out of the array" "$CAIRN_LOG"
+  cp --sparse=always "$SHM/sc1.old" "$SHM/sc1.img"
+  nbdkit_unix sc1 "$SHM/sc1.img"
+  wait_for 60 "re-added by the supervisor" grep -q "answers again" "$CAIRN_LOG"
+  local readded
+  readded=$(grep "answers again" "$CAIRN_LOG" | tail -1)
+  say "$readded"
+  local st
+  for i in $(seq 300); do
+    st=$(curl -s --unix-socket "$ctl" "http://cairn/v1/arrays/sc" |
+      jq -r '"\(.background.action) \(.background.state) \(.detail.state.degraded)"')
+    [ "$st" = "recovery finished false" ] && break
+    sleep 0.1
+  done
+  expect_eq "$st" "recovery finished false" "rebuilt"
+  local bad
+  bad=$(X=$WORK/x nbdsh -u "$uri" -c '
+import os
+x = open(os.environ["X"], "rb").read()
+n = 128 << 10
+print(sum(h.pread(n, (4 << 20) + i * n) != x[i * n:(i + 1) * n] for i in range(64)))')
+  expect_eq "$bad" 0 "reads of X returning old data"
+  expect_contains "$readded" "full recovery" "the old snapshot is rebuilt in full"
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "clean stop"
+}
+
+# One member server that takes the connection and the handshake but never answers a
+# request (nbdkit's delay filter, an hour per read and write), then one that reports too
+# small a size: `serve --md` starts degraded within a few member timeouts, naming the
+# member ("did not answer within 2 s" / "too small"), and the data reads back.
+t_silent_member_server() {
+  need_tool nbdkit nbdinfo nbdcopy jq curl
+  local M=() i ctl=$WORK/sl.sock
+  for i in 0 1 2; do truncate -s 24M "$SHM/sl$i.img"; done
+  for i in 0 1 2; do nbdkit_unix "sl$i" "$SHM/sl$i.img"; M+=("$NBD_URI"); done
+  local pid2=$!
+  "$CAIRN" md create -l 5 -n 3 -c 64K --name sl "${M[@]}" >/dev/null || fail "md create"
+  random_file "$WORK/d" 8M
+  start_cairn --control "$ctl" --member-timeout 2 --md "$(IFS=,; echo "${M[*]}"):sl"
+  nbdcopy "$WORK/d" "$(unix_uri sl)"
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "clean stop"
+  kill "$pid2"; wait "$pid2" 2>/dev/null || true
+  nbdkit_unix sl2 "$SHM/sl2.img" --filter=delay delay-read=3600 delay-write=3600
+  local silent=$! t0 t1
+  t0=$(date +%s)
+  start_cairn --control "$ctl" --member-timeout 2 --md "$(IFS=,; echo "${M[*]}"):sl"
+  t1=$(date +%s)
+  say "started in $((t1 - t0)) s with a silent member"
+  [ $((t1 - t0)) -le 9 ] || fail "the start took $((t1 - t0)) s"
+  expect_contains "$(cat "$CAIRN_LOG")" "${M[2]}: not reached: its server took the connection but did not answer within 2 s" "the silent member named"
+  expect_contains "$(cat "$CAIRN_LOG")" "running DEGRADED" "degraded start"
+  expect_eq "$(nbdcopy "$(unix_uri sl)" - | head -c 8M | sha256sum)" "$(sha256sum <"$WORK/d")" "data without the silent member"
+  stop_cairn
+  kill -KILL "$silent"; wait "$silent" 2>/dev/null || true
+  # Too small: the same file cut to 8 MiB behind nbdkit's truncate filter.
+  nbdkit_unix sl2 "$SHM/sl2.img" --filter=truncate truncate=8M
+  silent=$!
+  start_cairn --control "$ctl" --member-timeout 2 --md "$(IFS=,; echo "${M[*]}"):sl"
+  expect_contains "$(cat "$CAIRN_LOG")" "too small" "the small member named"
+  expect_contains "$(cat "$CAIRN_LOG")" "running DEGRADED" "degraded start"
+  expect_eq "$(nbdcopy "$(unix_uri sl)" - | head -c 8M | sha256sum)" "$(sha256sum <"$WORK/d")" "data without the small member"
+  stop_cairn
+  kill "$silent"; wait "$silent" 2>/dev/null || true
+}
+
 run_test raid6_members_on_other_hosts t_raid6_members_on_other_hosts
 run_test uris_everywhere t_uris_everywhere
 run_test bad_sectors_on_a_remote_member t_bad_sectors_on_a_remote_member
@@ -706,4 +806,6 @@ run_test fencing_over_the_network t_fencing_over_the_network
 run_test foreign_data_on_remote_members t_foreign_data_on_remote_members
 run_test damaged_owner_record_refuses_the_start t_damaged_owner_record_refuses_the_start
 run_test raid6_over_tls_members t_raid6_over_tls_members
+run_test stale_copy_on_a_member_server t_stale_copy_on_a_member_server
+run_test silent_member_server t_silent_member_server
 finish

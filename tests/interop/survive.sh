@@ -286,6 +286,11 @@ t_refusals() {
   expect_contains "$out" "need at least" "too small"
   out=$(md fail x "${M[0]}" 2>&1)
   expect_contains "$out" "nothing to do" "repeat"
+  # A failed member not removed cannot be added back as it is (mdadm refuses too): the
+  # array would stay degraded while the answer said "nothing to do".
+  out=$(md add x "${M[0]}" 2>&1) && fail "md add of a failed, unremoved member exited 0: $out"
+  expect_contains "$out" "remove it first (cairn md remove x ${M[0]})" "add of a failed member"
+  expect_eq "$(degraded x)" true "still degraded"
   out=$(md check x 2>&1) && fail "check of a degraded array started"
   say "$out"
   stop_cairn

@@ -293,6 +293,7 @@ pub fn run(args: QuickstartArgs, global: &Global) -> Result<()> {
         speed_limit_max: 200_000,
         stripe_cache_size: None,
         stripe_cache_hold_ms: None,
+        safe_mode_delay: None,
         operator: crate::daemon::OperatorOptions::default(),
         // The demo keeps its own rule: a warning for a network listener, no refusal.
         tls: crate::serve::TlsOptions {

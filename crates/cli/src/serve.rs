@@ -311,6 +311,8 @@ pub fn serve(
     // and scrubs asked for with `cairn md check`.
     let arrays = cairn_stack::export::all_arrays(&opened);
     let limits = opts.speed_limits();
+    // Arrays added through the control API later take it too.
+    cairn_md::set_default_safe_mode_delay(opts.safe_mode_delay());
     for a in &arrays {
         let writable = !a.capabilities().read_only && opened.iter().any(|e| !e.read_only);
         if writable {
@@ -1155,6 +1157,15 @@ pub struct ServerOptions {
           value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub stripe_cache_hold_ms: Option<u64>,
 
+    /// How long an md array must go unwritten before its superblocks are marked clean
+    /// again while it runs, in milliseconds (md's safe_mode_delay); the next write marks
+    /// it dirty first. Each switch counts one event, which is what lets md tell an old
+    /// copy of a member from a current one. 0 keeps arrays dirty from their first write
+    /// until they stop [default: 200]
+    #[arg(long, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub safe_mode_delay: Option<u64>,
+
     #[command(flatten)]
     pub operator: OperatorOptions,
 
@@ -1221,6 +1232,15 @@ impl TlsOptions {
 }
 
 impl ServerOptions {
+    /// md's safe-mode delay (`None`: off), for every array this process serves.
+    pub fn safe_mode_delay(&self) -> Option<std::time::Duration> {
+        match self.safe_mode_delay {
+            Some(0) => None,
+            Some(ms) => Some(std::time::Duration::from_millis(ms)),
+            None => Some(cairn_md::DEFAULT_SAFE_MODE_DELAY),
+        }
+    }
+
     /// The resync pacing, in bytes per second.
     pub fn speed_limits(&self) -> cairn_md::SpeedLimits {
         let max = self.speed_limit_max.max(1).saturating_mul(1024);

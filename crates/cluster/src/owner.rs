@@ -164,6 +164,36 @@ pub struct Rules {
     pub replace_owner: bool,
 }
 
+/// Why a member that took the connection is gone: "did not answer within N s" when a
+/// request timed out, else what happened to the connection.
+pub fn unanswered(e: &cairn_block::Error, opts: &ClientOptions) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        let io = c.downcast_ref::<std::io::Error>().or_else(|| {
+            match c.downcast_ref::<cairn_nbd::client::Error>() {
+                Some(cairn_nbd::client::Error::Io(io)) => Some(io),
+                _ => None,
+            }
+        });
+        if io.is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            )
+        }) {
+            return match opts.timeout {
+                Some(t) => format!(
+                    "its server took the connection but did not answer within {} s",
+                    t.as_secs_f64()
+                ),
+                None => "its server took the connection but did not answer".to_string(),
+            };
+        }
+        cause = c.source();
+    }
+    format!("its server took the connection, then: {e}")
+}
+
 /// Takes ownership of `array` on remote members for `owner`.
 pub fn take_over(
     array: [u8; 16],
@@ -197,10 +227,22 @@ pub fn take_over(
                 })
             }
         };
-        let rec = OwnerRecord::read(&client).map_err(|e| TakeoverError::Member {
-            member: name.clone(),
-            message: e.to_string(),
-        })?;
+        let rec = match OwnerRecord::read(&client) {
+            Ok(rec) => rec,
+            // It took the connection but does not answer (a hung server, a silent
+            // disk): a member that is not there, as a refused connection is.
+            Err(e) if e.kind() == cairn_block::ErrorKind::Gone => {
+                tracing::warn!("{name}: not reached: {}", unanswered(&e, opts));
+                missing.push(name.clone());
+                continue;
+            }
+            Err(e) => {
+                return Err(TakeoverError::Member {
+                    member: name.clone(),
+                    message: e.to_string(),
+                })
+            }
+        };
         let _ = client.disconnect();
         match rec {
             Ok(r) => seen.push((name.clone(), opts.clone(), r)),

@@ -692,12 +692,27 @@ impl Daemon {
                 let name = m.path.display().to_string();
                 // A member this array already holds is open for writing here, so it
                 // cannot be opened again; the answer is the array's own.
-                if self.array_holds(&m.array, &m.path) {
-                    return self.md_change(&m.array, |_| {
-                        Ok(cairn_md::Change::unchanged(format!(
-                            "{name} is already in the array; nothing to do"
-                        )))
-                    });
+                match self.array_holds(&m.array, &m.path) {
+                    Some(cairn_md::MemberState::Faulty) => {
+                        // mdadm refuses too: a failed member keeps its role until it is
+                        // removed, and only then can it come back (re-added or rebuilt).
+                        return Err(Response::error(
+                            409,
+                            format!(
+                                "{name} failed and is still in the array; remove it first \
+                                 (cairn md remove {} {name}), then add it",
+                                m.array
+                            ),
+                        ));
+                    }
+                    Some(_) => {
+                        return self.md_change(&m.array, |_| {
+                            Ok(cairn_md::Change::unchanged(format!(
+                                "{name} is already in the array; nothing to do"
+                            )))
+                        });
+                    }
+                    None => {}
                 }
                 let dev = open_new_member(&m.path, self.open.remote_timeout())?;
                 self.md_change(&m.array, |a| {
@@ -753,18 +768,20 @@ impl Daemon {
         }
     }
 
-    /// Whether the array `who` names has `path` among its members (active, spare,
-    /// replacement or faulty: every one it holds open).
-    fn array_holds(&self, who: &str, path: &Path) -> bool {
-        let Ok(a) = self.find_array(who) else {
-            return false;
-        };
+    /// The state of `path` in the array `who` names, when the array holds it open
+    /// (active, spare, replacement or faulty).
+    fn array_holds(&self, who: &str, path: &Path) -> Option<cairn_md::MemberState> {
+        let a = self.find_array(who).ok()?;
         a.report()
             .members
             .iter()
             .filter(|m| m.reason.is_none())
-            .filter_map(|m| m.name.as_deref())
-            .any(|n| same_file(Path::new(n), path))
+            .find(|m| {
+                m.name
+                    .as_deref()
+                    .is_some_and(|n| same_file(Path::new(n), path))
+            })
+            .map(|m| m.state)
     }
 
     /// The md arrays being served: (name, array, the exports it is under).

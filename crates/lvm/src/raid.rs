@@ -401,7 +401,12 @@ impl RaidMeta {
                 Err(e) => return Err(e),
             }
         }
-        let events = sbs.iter().map(|s| s.2.events).max().unwrap_or(0) + 1;
+        let events = sbs
+            .iter()
+            .map(|s| s.2.events)
+            .max()
+            .unwrap_or(0)
+            .saturating_add(1);
         let mut first_err = None;
         for (j, d, mut sb) in sbs {
             if i < 256 {

@@ -432,7 +432,7 @@ impl BlockDevice for Array {
             ));
         }
         self.check_fenced()?;
-        self.start_write()?;
+        let _pending = self.start_write()?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let _in = InFlight::enter(&self.in_flight);
         self.bitmap_start(offset, wide(buf.len()))?;
@@ -516,7 +516,7 @@ impl BlockDevice for Array {
             return Ok(());
         }
         self.check_fenced()?;
-        self.start_write()?;
+        let _pending = self.start_write()?;
         self.bitmap_start(offset, len)?;
         let r = self.simple_discard(offset, len);
         self.bitmap_end(offset, len);

@@ -121,7 +121,7 @@ impl Array {
         }
         let mut found = Vec::with_capacity(members.len());
         for (dev, name) in members.into_iter().zip(names) {
-            let sb = Superblock::read_from(&*dev, &name, FeaturePolicy::Supported)?;
+            let sb = Superblock::read_any_size(&*dev, &name, FeaturePolicy::Supported)?;
             found.push(Found { dev, name, sb });
         }
         check_one_array(&found)?;
@@ -156,6 +156,14 @@ impl Array {
                 events: f.sb.events,
                 reason,
             };
+            let sectors = Sectors::from_bytes_floor(f.dev.geometry().size);
+            if let Err(e) = f.sb.check_member_size(sectors, &f.name) {
+                // A device that shrank (a member server reporting too small a size):
+                // md does not take it, the others run degraded if they can.
+                tracing::warn!("{label}: {e}; it is left out");
+                left_out.push(out(format!("too small: {e}"), &f));
+                continue;
+            }
             if f.sb.events.saturating_add(1) < events {
                 let claimed = f.sb.role().slot();
                 let taken = claimed.is_some_and(|r| {
@@ -322,8 +330,12 @@ impl Array {
             .copied()
             .filter(|&r| {
                 let r16 = u16::try_from(r).ok();
+                // A member too small to hold its data is a disk that cannot be used,
+                // as a missing one: not stale.
                 freshest.dev_roles.iter().any(|d| d.slot() == r16)
-                    && left_out.iter().any(|l| l.role == u32::try_from(r).ok())
+                    && left_out.iter().any(|l| {
+                        l.role == u32::try_from(r).ok() && !l.reason.starts_with("too small")
+                    })
             })
             .collect();
         if !stale_roles.is_empty() && !opts.force {
@@ -521,6 +533,11 @@ impl Array {
         let bitmap = crate::bitmap::load_bitmap(&slots, &layout, &bitmap_sb, events, &label)?;
         let forced = (opts.force && dirty) || !forced_in.is_empty();
         let mut array = Array::build(layout, slots, identity, meta, left_out, forced)?;
+        if events >= u64::MAX - 1 && !array.capabilities().read_only {
+            // No room for one more change: the first write would need it (superblocks
+            // never say u64::MAX, see `write_superblocks`).
+            return Err(crate::state::events_exhausted(&label, events));
+        }
         array.install_bitmap(bitmap);
         if uneven && !array.capabilities().read_only {
             let mut meta = array.meta_lock();

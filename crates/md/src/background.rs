@@ -359,7 +359,8 @@ impl Array {
     /// Lets the array run its own background work from now on: rebuilds onto spares
     /// when a member fails or one is added, replacements, a pending resync, and scrubs
     /// asked for with [`Array::request_scrub`], each paced by `limits`. Starts whatever
-    /// is pending now.
+    /// is pending now. From then on an idle array is also marked clean after the
+    /// safe-mode delay (safemode.rs).
     pub fn manage(self: &Arc<Self>, limits: SpeedLimits) {
         let first = {
             let mut m = self.manager();
@@ -370,6 +371,9 @@ impl Array {
         };
         if first && self.bitmap_chunk().is_some() {
             self.start_bitmap_daemon();
+        }
+        if first {
+            self.start_safe_mode();
         }
         self.kick();
     }

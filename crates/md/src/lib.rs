@@ -10,6 +10,7 @@
 //!   scrub            md's check / repair: redundancy against data, per stripe or region
 //!   create           what mdadm 4.2 writes at --create             -> Superblock per member
 //!   bitmap           write-intent bitmap: format, create, set before write, lazy clear
+//!   safemode         idle arrays marked clean (events + 1), dirty again on the next write
 //!   ondisk, examine  superblock v1.2 bytes <-> Superblock; mdadm --examine fields
 //!   layout           array sector -> (member, member sector); P/Q placement per stripe
 //!   parity           XOR, RAID6 P/Q over GF(2^8), recovery; scalar and SIMD kernels
@@ -57,6 +58,7 @@ pub(crate) mod pipeline;
 pub(crate) mod ppl;
 pub mod probe;
 pub mod report;
+mod safemode;
 pub mod scrub;
 mod slot;
 mod state;
@@ -76,5 +78,6 @@ pub use observe::{Failure, MdEvent, Observer};
 pub use ondisk::{DevRole, FeaturePolicy, Features, MdTime, SetName, Superblock, Uuid};
 pub use probe::{probe_signatures, Signature};
 pub use report::{ArrayReport, ArrayState, MemberReport, MemberState};
+pub use safemode::{set_default_safe_mode_delay, DEFAULT_SAFE_MODE_DELAY};
 pub use scrub::{Finding, Mismatch, ScrubReport, ScrubUnits};
 pub use units::{ChunkNo, Sectors, StripeNo};

@@ -165,7 +165,7 @@ impl Array {
                 let s = meta.spares.remove(i);
                 let name = s.member.name.clone();
                 meta.faulty.push(s);
-                meta.events += 1;
+                meta.bump_events();
                 self.write_superblocks(&mut meta)?;
                 drop(meta);
                 self.member_failed(&name, None, "marked faulty by the operator".into());
@@ -220,7 +220,7 @@ impl Array {
             Place::Faulty(i) => meta.faulty.remove(i).member.name.clone(),
         };
         if meta.sbs.iter().any(Option::is_some) {
-            meta.events += 1;
+            meta.bump_events();
             self.write_superblocks(&mut meta)?;
         }
         drop(meta);
@@ -241,6 +241,19 @@ impl Array {
                 self.identity.level
             )));
         }
+        let failed = match self.find(&name) {
+            Ok(Place::Role(r)) => !self.is_writable(r),
+            Ok(Place::Faulty(_)) => true,
+            _ => false,
+        };
+        if failed {
+            // mdadm refuses too: the failed member keeps its place until it is removed.
+            return Err(invalid(format!(
+                "{name} failed and is still in {}; remove it first (cairn md remove), then \
+                 add it",
+                self.array_label()
+            )));
+        }
         if self.all_names().iter().any(|n| names_match(&name, n)) {
             return Ok(Change::unchanged(format!(
                 "{name} is already in the array; nothing to do"
@@ -257,7 +270,7 @@ impl Array {
         {
             let mut meta = self.meta_lock();
             meta.spares.push(spare);
-            meta.events += 1;
+            meta.bump_events();
             self.write_superblocks(&mut meta)?;
         }
         self.member_added(&member.name, "added as a spare");
@@ -365,7 +378,7 @@ impl Array {
                 .bitmap_guided
                 .store(only.is_some(), Ordering::Release);
             meta.sbs[role] = Some(sb);
-            meta.events += 1;
+            meta.bump_events();
             self.write_superblocks(&mut meta)?;
         }
         let how = match &only {
@@ -378,7 +391,17 @@ impl Array {
                      rebuilt"
                 ),
             },
-            None => "it is rebuilt in full".to_string(),
+            None => match self.bitmap_info() {
+                // md's rule: bits were cleared since this copy of the member was
+                // current, so the bitmap no longer says all it missed.
+                Some(bm) => format!(
+                    "its events ({}) are older than the bitmap's last clearing ({}), so \
+                     the bitmap cannot say what it missed: full recovery, it is rebuilt \
+                     in full",
+                    old.events, bm.events_cleared
+                ),
+                None => "it is rebuilt in full".to_string(),
+            },
         };
         tracing::info!(
             "{}: {name} re-added into role {role}; {how}",
@@ -546,7 +569,7 @@ impl Array {
             self.slots[role]
                 .bitmap_guided
                 .store(guided, Ordering::Release);
-            meta.events += 1;
+            meta.bump_events();
             self.write_superblocks(&mut meta)?;
         }
         let msg = match (readd_events, guided) {
@@ -649,7 +672,7 @@ impl Array {
         );
         meta.replacements[role] = spare.sb;
         self.slots[role].set_replacement(Some(spare.member));
-        meta.events += 1;
+        meta.bump_events();
         self.write_superblocks(&mut meta)?;
         drop(meta);
         self.kick();
@@ -712,7 +735,7 @@ impl Array {
             });
         }
         meta.sbs[role] = Some(sb);
-        meta.events += 1;
+        meta.bump_events();
         if let Err(e) = self.write_superblocks(&mut meta) {
             tracing::warn!(
                 "{}: recording the spare's new role: {e}",
@@ -851,7 +874,7 @@ impl Array {
             let mut meta = self.meta_lock();
             slot.synced.store(u64::MAX, Ordering::Release);
             slot.recovery_cp.store(0, Ordering::Release);
-            meta.events += 1;
+            meta.bump_events();
             self.write_superblocks(&mut meta)?;
         }
         tracing::info!(
@@ -963,7 +986,7 @@ impl Array {
         self.flush()?;
         let mut meta = self.meta_lock();
         if meta.sbs.iter().any(Option::is_some) {
-            meta.events += 1;
+            meta.bump_events();
             self.write_superblocks(&mut meta)?;
         }
         Ok(())
@@ -1200,7 +1223,7 @@ impl Array {
                 role: Some(role),
             });
         }
-        meta.events += 1;
+        meta.bump_events();
         self.write_superblocks(&mut meta)?;
         Ok(true)
     }

@@ -731,6 +731,43 @@ impl Superblock {
         Ok(sb)
     }
 
+    /// Where the bad-block log is, when there is one (`bblog_size` and `bblog_offset`
+    /// both set; md records bad blocks there even before the feature bit is set): it must
+    /// lie outside the superblock and the data area, or the first bad block md records
+    /// would overwrite client data (and client writes the log).
+    fn check_bblog_placement(&self, member: &str, sb_end: Sectors) -> Result<()> {
+        if self.bblog_size == 0 || self.bblog_offset == 0 {
+            return Ok(());
+        }
+        let start = i128::from(self.super_offset.0) + i128::from(self.bblog_offset);
+        let end = start + i128::from(self.bblog_size);
+        let data = i128::from(self.data_offset.0);
+        let data_end = data + i128::from(self.data_size.0);
+        let overlaps = |a: i128, b: i128| start < b && end > a;
+        let what = if start < 0 {
+            Some("starts before the member".to_string())
+        } else if overlaps(data, data_end) {
+            Some(format!(
+                "overlaps the data area (sectors {data}..{data_end})"
+            ))
+        } else if overlaps(i128::from(self.super_offset.0), i128::from(sb_end.0)) {
+            Some("overlaps the superblock".to_string())
+        } else {
+            None
+        };
+        match what {
+            None => Ok(()),
+            Some(w) => Err(corrupt(
+                member,
+                "bblog_offset",
+                format!(
+                    "the bad-block log ({} sectors at sector {start}) {w}",
+                    self.bblog_size
+                ),
+            )),
+        }
+    }
+
     /// The field-level rules: sizes and offsets that fit together without overflow,
     /// level/layout/chunk combinations the kernel would run, a consistent role table.
     fn check_fields(&self, member: &str) -> Result<()> {
@@ -853,6 +890,7 @@ impl Superblock {
                 ));
             }
         }
+        self.check_bblog_placement(member, sb_end)?;
         // Active roles must name slots of this array, at most twice (a replacement).
         let slot_limit = u64::from(self.raid_disks)
             + if f.has(Features::RESHAPE_ACTIVE) {
@@ -1112,6 +1150,18 @@ impl Superblock {
         member: &str,
         policy: FeaturePolicy,
     ) -> Result<Superblock> {
+        let sb = Self::read_any_size(dev, member, policy)?;
+        sb.check_member_size(Sectors::from_bytes_floor(dev.geometry().size), member)?;
+        Ok(sb)
+    }
+
+    /// [`Superblock::read_from`] without the member-size check: assembly leaves a
+    /// member smaller than its superblock says out (degraded) rather than failing.
+    pub(crate) fn read_any_size(
+        dev: &dyn BlockDevice,
+        member: &str,
+        policy: FeaturePolicy,
+    ) -> Result<Superblock> {
         let size = dev.geometry().size;
         let area = u64::try_from(SUPERBLOCK_AREA).expect("4096");
         if size < SUPERBLOCK_BYTE_OFFSET + area {
@@ -1124,9 +1174,7 @@ impl Superblock {
         let mut buf = vec![0u8; SUPERBLOCK_AREA];
         dev.read_at(&mut buf, SUPERBLOCK_BYTE_OFFSET)
             .map_err(|e| e.context(format!("reading md superblock on {member}")))?;
-        let sb = Self::parse_with(&buf, member, policy)?;
-        sb.check_member_size(Sectors::from_bytes_floor(size), member)?;
-        Ok(sb)
+        Self::parse_with(&buf, member, policy)
     }
 
     /// Writes the encoded superblock to `dev` at byte 4096, durable on return (FUA).
@@ -1311,6 +1359,46 @@ pub(crate) mod tests {
         let bb = patch(&good, 8, &8u32.to_le_bytes());
         assert!(Superblock::parse(&bb, "m").is_ok());
         expect_err(&patch(&bb, 186, &0u16.to_le_bytes()), c, "bblog");
+    }
+
+    /// A bad-block log inside the data area (data_offset 24 with the log at its usual
+    /// place, 16 sectors after the superblock: sectors 24..32) or on the superblock is
+    /// refused with a sentence, behind a valid checksum, with or without the feature bit.
+    #[test]
+    fn a_bad_block_log_over_data_or_superblock_is_refused() {
+        let c = ErrorKind::Corrupt;
+        // cairn's encoder refuses to write one at all.
+        let mut sb = sample();
+        sb.data_offset = Sectors(24);
+        assert!(sb.encode().is_err());
+        let good = sample().encode().unwrap();
+        let over_data = patch(&good, 128, &24u64.to_le_bytes());
+        let e = Superblock::parse(&over_data, "m").unwrap_err();
+        assert_eq!(e.kind(), c);
+        assert!(
+            e.to_string().contains(
+                "bblog_offset: the bad-block log (8 sectors at sector 24) overlaps the data \
+                 area (sectors 24.."
+            ),
+            "{e}"
+        );
+        expect_err(
+            &patch(&over_data, 8, &8u32.to_le_bytes()),
+            c,
+            "overlaps the data",
+        );
+        expect_err(
+            &patch(&good, 188, &(-4i32).to_le_bytes()),
+            c,
+            "overlaps the superblock",
+        );
+        expect_err(
+            &patch(&good, 188, &(-9i32).to_le_bytes()),
+            c,
+            "starts before the member",
+        );
+        // Its usual place with room for it is fine.
+        assert!(Superblock::parse(&patch(&good, 128, &32u64.to_le_bytes()), "m").is_ok());
     }
 
     #[test]

@@ -95,6 +95,28 @@ pub(crate) struct Meta {
     pub(crate) faulty: Vec<Extra>,
 }
 
+impl Meta {
+    /// One more change to record (md's `mddev->events++`). Saturates at `u64::MAX`,
+    /// which [`Array::write_superblocks`] refuses to write, so the last value written is
+    /// `u64::MAX - 1`: the counter never wraps (a wrapped count would make every member
+    /// look stale, or a stale one current).
+    pub(crate) fn bump_events(&mut self) {
+        self.events = self.events.saturating_add(1);
+    }
+}
+
+/// The sentence for an event counter with no room left.
+pub(crate) fn events_exhausted(label: &str, events: u64) -> Error {
+    Error::new(
+        ErrorKind::Corrupt,
+        format!(
+            "{label}: the superblocks' event counter is at its maximum ({events}); md cannot \
+             record another change without wrapping it, so the array is not written \
+             (serve it read-only to copy the data off)"
+        ),
+    )
+}
+
 /// A member outside the roles: a spare or a displaced faulty member.
 #[derive(Clone)]
 pub(crate) struct Extra {
@@ -234,6 +256,35 @@ pub struct Array {
     pub(crate) flush_latency: Latency,
     /// Who hears of state changes, and why members failed (observe.rs).
     pub(crate) observers: crate::observe::types::Observers,
+    /// md's safe mode (safemode.rs): client writes between [`Array::start_write`] and
+    /// their end, writes ended so far, when the last one ended (ms since `born`).
+    pub(crate) writes_pending: AtomicUsize,
+    pub(crate) writes_done: AtomicU64,
+    pub(crate) last_write_ms: AtomicU64,
+    pub(crate) born: std::time::Instant,
+    /// This array's safe-mode delay in ms (`u64::MAX`: the process default).
+    pub(crate) safe_mode_delay_ms: AtomicU64,
+    /// The thread that marks the array clean when idle, woken when writes stop.
+    pub(crate) safe_mode_thread: OnceLock<std::thread::Thread>,
+}
+
+/// A client write counted from [`Array::start_write`] until dropped (md's
+/// `md_write_start`/`md_write_end`): safe mode marks the array clean only when none is.
+pub(crate) struct PendingWrite<'a>(&'a Array);
+
+impl Drop for PendingWrite<'_> {
+    fn drop(&mut self) {
+        let a = self.0;
+        let ms = u64::try_from(a.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        a.last_write_ms.store(ms, Ordering::SeqCst);
+        a.writes_done.fetch_add(1, Ordering::SeqCst);
+        if a.writes_pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // The last one: the safe-mode timer starts now.
+            if let Some(t) = a.safe_mode_thread.get() {
+                t.unpark();
+            }
+        }
+    }
 }
 
 impl fmt::Debug for Array {
@@ -430,6 +481,12 @@ impl Array {
             bitmap: None,
             resynced: AtomicU64::new(0),
             ppl: None,
+            writes_pending: AtomicUsize::new(0),
+            writes_done: AtomicU64::new(0),
+            last_write_ms: AtomicU64::new(0),
+            born: std::time::Instant::now(),
+            safe_mode_delay_ms: AtomicU64::new(u64::MAX),
+            safe_mode_thread: OnceLock::new(),
         })
     }
 
@@ -842,7 +899,7 @@ impl Array {
         );
         let mut meta = self.meta_lock();
         if meta.sbs.iter().any(Option::is_some) && !self.caps.read_only {
-            meta.events += 1;
+            meta.bump_events();
             if let Err(e) = self.write_superblocks(&mut meta) {
                 tracing::warn!("{}: recording the failure: {e}", self.array_label());
             }
@@ -867,6 +924,9 @@ impl Array {
                     self.array_label()
                 ),
             ));
+        }
+        if meta.events == u64::MAX {
+            return Err(events_exhausted(self.array_label(), meta.events));
         }
         meta.utime = now();
         if !meta.sbs.iter().any(Option::is_some) && meta.spares.is_empty() {
@@ -978,7 +1038,7 @@ impl Array {
                     self.describe_role(role)
                 );
             }
-            meta.events += 1;
+            meta.bump_events();
         }
         Err(Error::new(
             ErrorKind::Io,
@@ -1032,22 +1092,31 @@ impl Array {
         roles
     }
 
-    /// Before the first write: mark the superblocks dirty (md's `md_write_start`).
-    pub(crate) fn start_write(&self) -> Result<()> {
-        if self.dirty.load(Ordering::Acquire) || !self.layout_is_redundant() {
-            return Ok(());
+    /// Before a client write: counts it as pending until the returned guard drops, and
+    /// marks the superblocks dirty first when they say clean (md's `md_write_start`).
+    /// The count goes up before `dirty` is read, and safe mode clears `dirty` before it
+    /// reads the count (both SeqCst): a write either is seen pending, or sees the array
+    /// clean and waits here for the metadata lock to mark it dirty again.
+    pub(crate) fn start_write(&self) -> Result<PendingWrite<'_>> {
+        self.writes_pending.fetch_add(1, Ordering::SeqCst);
+        let pending = PendingWrite(self);
+        if self.dirty.load(Ordering::SeqCst) || !self.layout_is_redundant() {
+            return Ok(pending);
         }
         let mut meta = self.meta_lock();
         if meta.dirty || !meta.sbs.iter().any(Option::is_some) {
-            self.dirty.store(true, Ordering::Release);
-            return Ok(());
+            self.dirty.store(true, Ordering::SeqCst);
+            return Ok(pending);
         }
         meta.dirty = true;
-        meta.events += 1;
-        self.write_superblocks(&mut meta)
-            .map_err(|e| e.context("marking the array dirty before a write"))?;
-        self.dirty.store(true, Ordering::Release);
-        Ok(())
+        meta.bump_events();
+        if let Err(e) = self.write_superblocks(&mut meta) {
+            // Not marked: the next write tries again rather than taking it as done.
+            meta.dirty = false;
+            return Err(e.context("marking the array dirty before a write"));
+        }
+        self.dirty.store(true, Ordering::SeqCst);
+        Ok(pending)
     }
 
     pub(crate) fn layout_is_redundant(&self) -> bool {
@@ -1128,7 +1197,7 @@ impl Array {
         let mut meta = self.meta_lock();
         if (meta.dirty || meta.resync_pending) && meta.sbs.iter().any(Option::is_some) {
             meta.dirty = false;
-            meta.events += 1;
+            meta.bump_events();
             self.write_superblocks(&mut meta)?;
         }
         meta.dirty = false;
@@ -1242,7 +1311,7 @@ impl Array {
             meta.resync_pending = false;
             meta.resync_from = Sectors::ZERO;
             if meta.sbs.iter().any(Option::is_some) {
-                meta.events += 1;
+                meta.bump_events();
                 self.write_superblocks(&mut meta)?;
             }
         }

@@ -269,3 +269,78 @@ fn a_log_entry_with_the_last_sequence_number_is_ignored() {
     a.read_at(&mut buf, 8192).unwrap();
     assert_eq!(buf, vec![0x5a; 4096]);
 }
+
+/// Sets `events` (byte 200) on every member.
+fn set_events(members: &[Arc<MemDisk>], events: u64) {
+    for m in members {
+        patch_sb(m, |b| b[200..208].copy_from_slice(&events.to_le_bytes()));
+    }
+}
+
+fn events_on(disk: &MemDisk) -> u64 {
+    Superblock::read_from(disk, "m", FeaturePolicy::Supported)
+        .unwrap()
+        .events
+}
+
+/// md's event counter at its maximum: the superblock still parses (`md examine` shows
+/// it), but an array that would have to count one more change is refused with a
+/// sentence, and nothing wraps to 0 (which would make the freshest member look stale).
+#[test]
+fn an_event_counter_at_its_maximum_is_refused_not_wrapped() {
+    let (a, m) = create(&Shape::new(Level::Raid1, None, 64, 2));
+    drop(a);
+    for at_max in [u64::MAX, u64::MAX - 1] {
+        set_events(&m, at_max);
+        assert_eq!(events_on(&m[0]), at_max);
+        let e = assemble(&m, &[0, 1], false).expect_err("no room for one more event");
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        assert!(
+            e.to_string().contains(&format!(
+                "the superblocks' event counter is at its maximum ({at_max})"
+            )),
+            "{e}"
+        );
+    }
+    // Room for one: the first write takes the last event; the next change (marking it
+    // clean) is refused rather than wrapped, and says why.
+    set_events(&m, u64::MAX - 2);
+    let a = assemble(&m, &[0, 1], false).unwrap();
+    a.write_at(&[7u8; 4096], 0, WriteFlags::NONE).unwrap();
+    assert_eq!(events_on(&m[0]), u64::MAX - 1, "dirty: the last event");
+    // Still writable while dirty: no event needed.
+    a.write_at(&[8u8; 4096], 4096, WriteFlags::NONE).unwrap();
+    let e = a.close().expect_err("a close needs one more event");
+    assert!(e.to_string().contains("at its maximum"), "{e}");
+    for d in &m {
+        assert_eq!(events_on(d), u64::MAX - 1, "not wrapped");
+    }
+}
+
+/// A bad-block log that overlaps the data area (data_offset moved onto the log, valid
+/// checksum) is refused at assembly and by the superblock parser `md examine` uses.
+#[test]
+fn a_bad_block_log_over_the_data_is_refused() {
+    let (a, m) = create(&Shape::new(Level::Raid1, None, 64, 2));
+    drop(a);
+    let sb = Superblock::read_from(&*m[0], "m", FeaturePolicy::Supported).unwrap();
+    assert!(
+        sb.bblog_size > 0 && sb.bblog_offset > 0,
+        "cairn writes a log"
+    );
+    let log_at = sb.super_offset.0 as i64 + i64::from(sb.bblog_offset);
+    for d in &m {
+        patch_sb(d, |b| {
+            b[128..136].copy_from_slice(&(log_at as u64).to_le_bytes())
+        });
+    }
+    let e = assemble(&m, &[0, 1], false).expect_err("log over data");
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    let want = format!(
+        "bblog_offset: the bad-block log ({} sectors at sector {log_at}) overlaps the data area",
+        sb.bblog_size
+    );
+    assert!(e.to_string().contains(&want), "{e}");
+    let e = Superblock::read_from(&*m[1], "disk1.img", FeaturePolicy::Supported).unwrap_err();
+    assert!(e.to_string().contains(&want), "{e}");
+}
