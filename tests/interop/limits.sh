@@ -10,7 +10,8 @@ as_nobody() { AS_NOBODY=(setpriv --reuid=65534 --regid=65534 --clear-groups env 
 
 # Another user made the default runtime directory first, mode 0777 (here root in the
 # victim's $XDG_RUNTIME_DIR; /tmp/cairn-UID is the same check). The victim's cairn must not
-# put its sockets there, and its client verbs must not send requests to a socket there.
+# put its sockets there, and its client verbs must not connect to a socket there (checked
+# before connecting: the fake socket records every connection, not only requests).
 t_hijacked_runtime_dir() {
   need_root
   need_tool setpriv
@@ -44,6 +45,8 @@ s = socket.socket(socket.AF_UNIX)
 s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(8)
 while True:
     c, _ = s.accept()
+    # A connection alone is a leak (the victim looked here): recorded before any data.
+    open(sys.argv[2], "ab").write(b"[connected]")
     c.settimeout(2)
     try:
         data = c.recv(65536)
