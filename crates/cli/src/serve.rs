@@ -1165,8 +1165,9 @@ pub struct ServerOptions {
     pub max_connections: u32,
 
     /// Seconds a client may take to finish the NBD handshake, and may go without reading
-    /// a reply it is being sent, before it is disconnected. Such a client otherwise holds
-    /// a connection slot, and the memory of its unsent replies, for ever
+    /// a reply it is being sent, before it is disconnected (a reply still going out after
+    /// this must have been read at 256 KiB/s or more over it). Such a client otherwise
+    /// holds a connection slot, and the memory of its unsent replies, for ever
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_CLIENT_TIMEOUT,
           value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub client_timeout: u64,
