@@ -513,9 +513,9 @@ pub fn check_tls_clients(
         _ => None,
     }) {
         Some(a) => Err(format!(
-            "tcp:{a} is reachable from the network and {problem}: add ca-cert.pem and \
-             --tls-verify-peer (see docs/tls.md), or say --tls-anonymous-clients to let \
-             any client in without a certificate"
+            "tcp:{a} is reachable from the network and {problem}: add the CA's \
+             ca-cert.pem to the directory (see docs/tls.md), or say \
+             --tls-anonymous-clients to let any client in without a certificate"
         )),
         None => Ok(()),
     }
