@@ -35,6 +35,7 @@ needed=(
   "etcd etcd-server" # crates/cluster tests and tests/interop/fence.sh start their own etcd
   "certtool gnutls-bin"  # tests/interop/tls.sh: a throwaway CA and certificates
   "psktool gnutls-bin"   # tests/interop/tls.sh: PSK files (username:hexkey)
+  "nbd-client nbd-client"  # tests/interop/tls.sh: the Linux client's TLS 1.2 (-l, and the negotiation)
   "pkg-config pkg-config"  # the openssl crate finds libssl with it
   "openssl openssl"  # crates/cluster tests and fence.sh etcd_tls: a throwaway CA for etcd over TLS
 )

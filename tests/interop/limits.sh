@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a client or another local user cannot do to a running cairn: hijack its default
-# socket directory, exhaust its descriptors, hold connections without a handshake, or grow
-# its memory by not reading replies.
+# socket directory, exhaust its descriptors, hold connections without a handshake (or
+# every slot with half-open handshakes from one address), grow its memory by not reading
+# replies, or starve other clients by reading them slowly.
 . "$(dirname "$0")/lib.sh"
 
 # "${AS_NOBODY[@]}" CMD...: runs CMD as uid/gid 65534 with $XDG_RUNTIME_DIR set to $XDG
@@ -10,7 +11,8 @@ as_nobody() { AS_NOBODY=(setpriv --reuid=65534 --regid=65534 --clear-groups env 
 
 # Another user made the default runtime directory first, mode 0777 (here root in the
 # victim's $XDG_RUNTIME_DIR; /tmp/cairn-UID is the same check). The victim's cairn must not
-# put its sockets there, and its client verbs must not send requests to a socket there.
+# put its sockets there, and its client verbs must not connect to a socket there (checked
+# before connecting: the fake socket records every connection, not only requests).
 t_hijacked_runtime_dir() {
   need_root
   need_tool setpriv
@@ -44,6 +46,8 @@ s = socket.socket(socket.AF_UNIX)
 s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(8)
 while True:
     c, _ = s.accept()
+    # A connection alone is a leak (the victim looked here): recorded before any data.
+    open(sys.argv[2], "ab").write(b"[connected]")
     c.settimeout(2)
     try:
         data = c.recv(65536)
@@ -342,10 +346,242 @@ EOF
   "$CAIRN" status --control "$WORK/ctl.sock" >/dev/null || fail "status after the slow client"
 }
 
+# Clients for the fairness tests: `slow.py ADDR MODE [N]`, ADDR a Unix socket path or
+# HOST:PORT (optionally SRC/HOST:PORT to connect from SRC).
+#   slow N:     N connections that each send two 32 MiB READs and then take 64 KiB of
+#               the replies every second (a trickle, 64 KiB/s); prints "ready", then
+#               "cut I SECS" as the server closes each (seconds since its READs).
+#   unread:     one connection, one 32 MiB READ never read; prints the seconds until
+#               the server closed it.
+#   probe SECS: one connection doing a 4 KiB and a 1 MiB READ every 0.2 s for SECS;
+#               prints "ops N max LATENCY" (or "stuck after N ops" when a reply took 15 s).
+#   halfopen N: N connections that send NBD_OPT_STARTTLS, read its ACK and never start
+#               TLS; prints "ready", then, a second later, "open K" (how many the server
+#               kept), and holds them.
+#   tlslist:    one connection that does STARTTLS (no certificate), lists the exports and
+#               prints their names.
+write_slow_client() {
+  cat >"$WORK/slow.py" <<'EOF'
+import select, socket, ssl, struct, sys, threading, time
+addr, mode = sys.argv[1], sys.argv[2]
+arg = sys.argv[3] if len(sys.argv) > 3 else "1"
+MAGIC = 0x49484156454F5054
+def connect():
+    if ":" not in addr:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(addr)
+        return s
+    src, _, hp = addr.rpartition("/")
+    host, port = hp.rsplit(":", 1)
+    s = socket.socket()
+    if src:
+        s.bind((src, 0))
+    s.connect((host, int(port)))
+    return s
+def recvn(s, n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise EOFError("closed")
+        b += c
+    return b
+def opt(s, o, data=b""):
+    s.sendall(struct.pack(">QII", MAGIC, o, len(data)) + data)
+def go(s):
+    recvn(s, 18)
+    s.sendall(struct.pack(">I", 3))
+    # NBD_OPT_EXPORT_NAME "disk" -> size (8) + flags (2), no zeroes.
+    opt(s, 1, b"disk")
+    recvn(s, 10)
+def read_req(s, cookie, off, n):
+    s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 0, cookie, off, n))
+def closed(s, timeout):
+    p = select.poll()
+    p.register(s, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    return bool(p.poll(timeout * 1000))
+if mode == "slow":
+    n = int(arg)
+    conns = []
+    for i in range(n):
+        s = connect()
+        go(s)
+        read_req(s, 1, 0, 32 << 20)
+        read_req(s, 2, 32 << 20, 32 << 20)
+        conns.append((s, time.monotonic()))
+    print("ready", flush=True)
+    def trickle(i, s, t0):
+        s.settimeout(5)
+        try:
+            # The cut is seen at once (RDHUP), not after what is buffered is read.
+            while not closed(s, 0):
+                if not s.recv(64 << 10):
+                    break
+                time.sleep(1)
+        except OSError:
+            pass
+        print(f"cut {i} {time.monotonic() - t0:.1f}", flush=True)
+    for i, (s, t0) in enumerate(conns):
+        threading.Thread(target=trickle, args=(i, s, t0), daemon=True).start()
+    time.sleep(600)
+elif mode == "unread":
+    s = connect()
+    go(s)
+    read_req(s, 1, 0, 32 << 20)
+    t0 = time.monotonic()
+    closed(s, 120)
+    print(f"{time.monotonic() - t0:.1f}", flush=True)
+elif mode == "probe":
+    s = connect()
+    go(s)
+    s.settimeout(15)
+    t_end = time.monotonic() + float(arg)
+    ops, worst = 0, 0.0
+    try:
+        while time.monotonic() < t_end:
+            for n in (4096, 1 << 20):
+                t0 = time.monotonic()
+                read_req(s, ops, 0, n)
+                magic, err, cookie = struct.unpack(">IIQ", recvn(s, 16))
+                assert magic == 0x67446698 and err == 0, (hex(magic), err)
+                recvn(s, n)
+                worst = max(worst, time.monotonic() - t0)
+                ops += 1
+            time.sleep(0.2)
+        print(f"ops {ops} max {worst:.2f}", flush=True)
+    except (OSError, EOFError) as e:
+        print(f"stuck after {ops} ops: {e}", flush=True)
+elif mode == "halfopen":
+    held = []
+    for i in range(int(arg)):
+        try:
+            s = connect()
+        except OSError:
+            continue
+        held.append(s)
+        try:
+            recvn(s, 18)
+            s.sendall(struct.pack(">I", 3))
+            opt(s, 5)
+            recvn(s, 20)
+        except (OSError, EOFError):
+            pass
+    print("ready", flush=True)
+    time.sleep(1)
+    print(f"open {sum(not closed(s, 0) for s in held)}", flush=True)
+    time.sleep(600)
+elif mode == "tlslist":
+    s = connect()
+    s.settimeout(10)
+    recvn(s, 18)
+    s.sendall(struct.pack(">I", 3))
+    opt(s, 5)
+    recvn(s, 20)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    t = ctx.wrap_socket(s)
+    opt(t, 3)
+    while True:
+        magic, o, typ, ln = struct.unpack(">QIII", recvn(t, 20))
+        data = recvn(t, ln)
+        if typ != 2:
+            break
+        print(data[4:4 + struct.unpack(">I", data[:4])[0]].decode(), flush=True)
+EOF
+}
+
+# Five clients that each ask for two 32 MiB reads and take the replies at 64 KiB/s: another
+# client's reads keep completing within 2 s all along (the slow ones hold their fair share
+# of the reply budget, not all of it), and the slow ones are cut once a reply moved less
+# than 256 KiB/s over --client-timeout (30 s).
+t_slow_readers() {
+  write_slow_client
+  truncate -s 64M "$WORK/disk.img"
+  RUST_LOG=warn,cairn_nbd=info start_cairn --control "$WORK/ctl.sock" --client-timeout 30 "$WORK/disk.img"
+  /usr/bin/python3 "$WORK/slow.py" "$CAIRN_SOCK" slow 5 >"$WORK/slow.out" 2>&1 &
+  local bad=$!
+  register pid $bad
+  wait_ready "$WORK/slow.out"
+  sleep 1
+  local probe
+  probe=$(timeout 60 /usr/bin/python3 "$WORK/slow.py" "$CAIRN_SOCK" probe 20)
+  say "NOTE: a client beside five slow readers, 20 s: $probe"
+  case $probe in
+    ops*) py -c 'import sys; ops, worst = int(sys.argv[1]), float(sys.argv[2]); assert ops >= 40 and worst <= 2, (ops, worst)' \
+      "$(echo "$probe" | cut -d' ' -f2)" "$(echo "$probe" | cut -d' ' -f4)" ||
+      fail "the probe client was starved: $probe" ;;
+    *) fail "the probe client was starved: $probe" ;;
+  esac
+  local i
+  for i in $(seq 300); do [ "$(grep -c '^cut' "$WORK/slow.out")" -ge 5 ] && break; sleep 0.1; done
+  say "NOTE: $(grep '^cut' "$WORK/slow.out" | tr '\n' ' ')"
+  [ "$(grep -c '^cut' "$WORK/slow.out")" -eq 5 ] || fail "slow readers not cut within 50 s: $(cat "$WORK/slow.out")"
+  grep '^cut' "$WORK/slow.out" | while read -r _ _ secs; do
+    py -c 'import sys; assert 28 <= float(sys.argv[1]) <= 40, sys.argv[1]' "$secs" ||
+      fail "a slow reader cut after $secs s, expected about 30"
+  done
+  grep -q "less than 256 KiB/s" "$CAIRN_LOG" || fail "the cut is not logged: $(tail -3 "$CAIRN_LOG")"
+  kill $bad
+  wait $bad 2>/dev/null || true
+  stop_cairn INT
+  expect_eq "$CAIRN_STATUS" 0 "exit status"
+}
+
+# A client that never reads a 32 MiB reply is cut after --client-timeout (3 s) over the Unix
+# socket, and after at most twice that over TCP (its buffers can take megabytes of the
+# reply in the first 3 s, and then the kernel makes room a few bytes at a time).
+t_unread_cut() {
+  write_slow_client
+  truncate -s 64M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" --client-timeout 3 "$WORK/disk.img"
+  local where secs
+  for where in "$CAIRN_SOCK" "127.0.0.1:$CAIRN_PORT"; do
+    secs=$(timeout 150 /usr/bin/python3 "$WORK/slow.py" "$where" unread)
+    say "NOTE: a client not reading over $where was cut after $secs s"
+    py -c 'import sys; assert 2.5 <= float(sys.argv[1]) <= 8, sys.argv[1]' "$secs" ||
+      fail "a client not reading over $where cut after $secs s, expected 3 to 6"
+  done
+  stop_cairn INT
+  expect_eq "$CAIRN_STATUS" 0 "exit status"
+}
+
+# 300 TLS handshakes (more than --max-connections) left half-open from 127.0.0.1 (STARTTLS acknowledged, no TLS hello):
+# the server keeps 16 of them (HANDSHAKES_PER_PEER) and closes the rest at once, so a client
+# from 127.0.0.2 still gets in, does TLS and lists the export, long before the 30 s timeout.
+t_handshakes_per_peer() {
+  need_tool certtool psktool
+  write_slow_client
+  [ -d "$WORK/creds/pki" ] || bash "$INTEROP_DIR/tls/make-creds.sh" "$WORK/creds"
+  truncate -s 16M "$WORK/disk.img"
+  start_cairn --control "$WORK/ctl.sock" --client-timeout 30 --tls-certificates "$WORK/creds/pki" \
+    "$WORK/disk.img"
+  /usr/bin/python3 "$WORK/slow.py" "127.0.0.1:$CAIRN_PORT" halfopen 300 >"$WORK/half.out" 2>&1 &
+  local bad=$!
+  register pid $bad
+  wait_ready "$WORK/half.out"
+  local t0=$SECONDS out
+  out=$(timeout 20 /usr/bin/python3 "$WORK/slow.py" "127.0.0.2/127.0.0.1:$CAIRN_PORT" tlslist 2>&1) ||
+    fail "a client from 127.0.0.2 was locked out by 300 half-open handshakes: $out"
+  expect_eq "$out" disk "the export listed over TLS from 127.0.0.2"
+  say "NOTE: listed from 127.0.0.2 in $((SECONDS - t0)) s beside 300 half-open handshakes"
+  local i
+  for i in $(seq 50); do grep -q '^open' "$WORK/half.out" && break; sleep 0.1; done
+  say "NOTE: half-open handshakes the server kept: $(grep '^open' "$WORK/half.out")"
+  expect_eq "$(grep '^open' "$WORK/half.out")" "open 16" "handshakes kept from one address"
+  kill $bad
+  wait $bad 2>/dev/null || true
+  stop_cairn INT
+  expect_eq "$CAIRN_STATUS" 0 "exit status"
+}
+
 run_test hijacked-runtime-dir t_hijacked_runtime_dir
 run_test descriptor-limit t_descriptor_limit
 run_test handshake-timeout t_handshake_timeout
 run_test unread-replies t_unread_replies
 run_test unread-small-replies t_unread_small_replies
 run_test control-deadline t_control_deadline
+run_test slow-readers t_slow_readers
+run_test unread-cut t_unread_cut
+run_test handshakes-per-peer t_handshakes_per_peer
 finish

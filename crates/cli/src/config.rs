@@ -52,8 +52,8 @@ pub struct Config {
     pub scan: Vec<PathBuf>,
     pub key_file: Option<PathBuf>,
     pub key_dir: Option<PathBuf>,
-    /// As `--tls`, `--tls-certificates`, `--tls-verify-peer`, `--tls-psk` and
-    /// `--insecure-no-tls`.
+    /// As `--tls`, `--tls-certificates`, `--tls-verify-peer`, `--tls-psk`,
+    /// `--insecure-no-tls` and `--tls-anonymous-clients`.
     pub tls: Option<TlsMode>,
     pub tls_certificates: Option<PathBuf>,
     #[serde(default)]
@@ -61,6 +61,8 @@ pub struct Config {
     pub tls_psk: Option<PathBuf>,
     #[serde(default)]
     pub insecure_no_tls: bool,
+    #[serde(default)]
+    pub tls_anonymous_clients: bool,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportEntry>,
 }

@@ -29,6 +29,10 @@ pub fn daemon_control_path(pid: u32) -> PathBuf {
 /// first, then the `control-PID.sock` of further daemons by PID. Root also looks in
 /// `/run/cairn` when its runtime directory is elsewhere: a daemon started without
 /// `$XDG_RUNTIME_DIR` (by systemd) is there, and a login shell's root has one set.
+///
+/// A directory another user could write to, and a socket there that is not this user's,
+/// are skipped without connecting: a connection alone tells a listener there that cairn
+/// looked ([`resolve_for`] says why instead).
 pub fn live_daemons() -> Vec<PathBuf> {
     let mut dirs = vec![crate::listen::runtime_dir()];
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -37,6 +41,9 @@ pub fn live_daemons() -> Vec<PathBuf> {
     }
     let mut found = Vec::new();
     for dir in dirs {
+        if crate::listen::check_private_dir(&dir).is_err() {
+            continue;
+        }
         let mut extra: Vec<(u32, PathBuf)> = std::fs::read_dir(&dir)
             .into_iter()
             .flatten()
@@ -56,7 +63,10 @@ pub fn live_daemons() -> Vec<PathBuf> {
         found.extend(
             std::iter::once(dir.join("control.sock"))
                 .chain(extra.into_iter().map(|(_, p)| p))
-                .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok()),
+                .filter(|p| {
+                    check_socket_owner(p).is_ok()
+                        && std::os::unix::net::UnixStream::connect(p).is_ok()
+                }),
         );
     }
     found
@@ -81,6 +91,8 @@ pub fn resolve_for(control: Option<&Path>, wants: Wants<'_>) -> Result<PathBuf> 
     if let Some(p) = control {
         return Ok(p.to_path_buf());
     }
+    // Refused before anything there is connected to (live_daemons skips it silently).
+    crate::listen::check_private_dir(&crate::listen::runtime_dir())?;
     let live = live_daemons();
     if live.len() <= 1 {
         return Ok(live.into_iter().next().unwrap_or_else(default_control_path));
@@ -156,6 +168,7 @@ pub fn request(
         .filter(|d| crate::listen::is_runtime_dir(d))
     {
         crate::listen::check_private_dir(dir)?;
+        check_socket_owner(control)?;
     }
     let body = body.map(|b| serde_json::to_vec(b).unwrap_or_default());
     let (status, raw) = cairn_engine::http::unix_request(control, method, path, body.as_deref())
@@ -163,6 +176,27 @@ pub fn request(
     let value = serde_json::from_slice(&raw)
         .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&raw).into()));
     Ok((status, value))
+}
+
+/// Refuses a socket in a runtime directory that is not this user's (root's daemon may
+/// serve root only): checked before connecting, so nothing of a request reaches it. A
+/// missing socket is fine here (the connect says "no cairn daemon").
+fn check_socket_owner(path: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if meta.uid() == uid {
+        return Ok(());
+    }
+    Err(CliError::new(format!(
+        "the control socket {} belongs to uid {}, not to you (uid {uid}), so another user \
+         could replace cairn's sockets there; remove it or choose a socket with --control PATH",
+        path.display(),
+        meta.uid()
+    )))
 }
 
 /// `request`, with any non-2xx answer turned into the daemon's error sentence.

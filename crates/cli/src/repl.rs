@@ -848,6 +848,8 @@ fn up(a: &UpArgs, global: &Global) -> Result<()> {
         a.tls.insecure_no_tls,
     )
     .map_err(CliError::new)?;
+    crate::serve::check_tls_clients(std::slice::from_ref(&peer_listen), tls.as_ref())
+        .map_err(CliError::new)?;
     let target = cairn_repl::target::Target::new(&node);
     let mut pcfg = ServerConfig::new(Vec::new());
     pcfg.allow_empty = true;

@@ -210,6 +210,7 @@ pub fn serve(
         opts.tls.insecure_no_tls,
     )
     .map_err(CliError::new)?;
+    check_tls_clients(&listens, tls.as_ref()).map_err(CliError::new)?;
     for l in &listens {
         match l {
             Listen::Unix(path) => listen::prepare_socket_path(path)?,
@@ -420,6 +421,10 @@ pub struct TlsInfo {
     /// `X.509` or `PSK`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credentials: Option<String>,
+    /// X.509: who must present a client certificate: `every client`, `off loopback`,
+    /// or `none` (`--tls-anonymous-clients`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_certificates: Option<&'static str>,
     /// What a libnbd URI needs to reach it (`tls-psk-file=...`), when TLS is required.
     #[serde(skip)]
     query: Option<String>,
@@ -431,6 +436,7 @@ impl TlsInfo {
             return TlsInfo {
                 mode: "off",
                 credentials: None,
+                client_certificates: None,
                 query: None,
             };
         };
@@ -446,6 +452,7 @@ impl TlsInfo {
         TlsInfo {
             mode: if t.required() { "required" } else { "on" },
             credentials: Some(t.kind().to_string()),
+            client_certificates: t.client_certificates(),
             query,
         }
     }
@@ -490,6 +497,29 @@ pub fn check_exposure(
              reach it could read and write these disks. Use --tls require with \
              --tls-psk FILE or --tls-certificates DIR (see docs/tls.md), or say \
              --insecure-no-tls on a network you trust"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Refuses X.509 without `--tls-verify-peer` on a listener off loopback when clients
+/// there could not be asked for a certificate (no `ca-cert.pem`) and
+/// `--tls-anonymous-clients` was not said: a server certificate alone lets anyone in.
+pub fn check_tls_clients(
+    listens: &[Listen],
+    tls: Option<&ServerTls>,
+) -> std::result::Result<(), String> {
+    let Some(problem) = tls.and_then(ServerTls::remote_clients_problem) else {
+        return Ok(());
+    };
+    match listens.iter().find_map(|l| match l {
+        Listen::Tcp(a) if !a.ip().is_loopback() => Some(a),
+        _ => None,
+    }) {
+        Some(a) => Err(format!(
+            "tcp:{a} is reachable from the network and {problem}: add the CA's \
+             ca-cert.pem to the directory (see docs/tls.md), or say \
+             --tls-anonymous-clients to let any client in without a certificate"
         )),
         None => Ok(()),
     }
@@ -773,6 +803,20 @@ pub fn render_text(a: &Announcement, extras: &Extras) -> String {
         (Some(c), _) => format!("TLS: on ({c}), offered; plaintext clients are served too\n"),
         _ => "TLS: off\n".to_string(),
     });
+    match a.tls.client_certificates {
+        Some("every client") => {
+            s.push_str("TLS clients: every one presents a certificate the CA signed\n")
+        }
+        Some("off loopback") => s.push_str(
+            "TLS clients: off loopback they present a certificate the CA signed; on loopback \
+             none is asked\n",
+        ),
+        Some(_) => s.push_str(
+            "TLS clients: ANONYMOUS (--tls-anonymous-clients): anyone who reaches a listener \
+             reads and writes the exports, encrypted but unauthenticated\n",
+        ),
+        None => {}
+    }
     if let Some(c) = &a.control {
         s.push_str(&format!(
             "Control socket: {} (cairn status, cairn top)\n",
@@ -904,6 +948,7 @@ fn merge(mut a: ServeArgs, c: Config) -> (ServeArgs, Vec<ExportEntry>) {
         t.tls_certificates = c.tls_certificates;
         t.tls_psk = c.tls_psk;
         t.tls_verify_peer |= c.tls_verify_peer;
+        t.tls_anonymous_clients |= c.tls_anonymous_clients;
     }
     t.tls = t.tls.or(c.tls);
     t.insecure_no_tls |= c.insecure_no_tls;
@@ -1124,8 +1169,9 @@ pub struct ServerOptions {
     pub max_connections: u32,
 
     /// Seconds a client may take to finish the NBD handshake, and may go without reading
-    /// a reply it is being sent, before it is disconnected. Such a client otherwise holds
-    /// a connection slot, and the memory of its unsent replies, for ever
+    /// a reply it is being sent, before it is disconnected (a reply still going out after
+    /// this must have been read at 256 KiB/s or more over it). Such a client otherwise
+    /// holds a connection slot, and the memory of its unsent replies, for ever
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_CLIENT_TIMEOUT,
           value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub client_timeout: u64,
@@ -1200,6 +1246,16 @@ pub struct TlsOptions {
     /// the port can read and write the exports)
     #[arg(long)]
     pub insecure_no_tls: bool,
+
+    /// With --tls-certificates and no --tls-verify-peer: serve clients off loopback
+    /// without a client certificate too (by default they must present one ca-cert.pem
+    /// signed; on loopback none is asked)
+    #[arg(
+        long,
+        requires = "tls_certificates",
+        conflicts_with = "tls_verify_peer"
+    )]
+    pub tls_anonymous_clients: bool,
 }
 
 impl TlsOptions {
@@ -1225,7 +1281,10 @@ impl TlsOptions {
             )),
             (m, Some(c)) => {
                 let c = c.map_err(|e| CliError::new(format!("TLS: {e}")))?;
-                Ok(Some(c.with_required(m == TlsMode::Require)))
+                Ok(Some(
+                    c.with_required(m == TlsMode::Require)
+                        .with_anonymous_clients(self.tls_anonymous_clients),
+                ))
             }
         }
     }
@@ -1292,6 +1351,7 @@ mod tests {
         let t = TlsInfo {
             mode: "required",
             credentials: Some("PSK".into()),
+            client_certificates: None,
             query: Some("tls-psk-file=/k.psk".into()),
         };
         assert_eq!(

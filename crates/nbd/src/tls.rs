@@ -16,8 +16,16 @@
 //! decrypts what is there, and a thread that must wait for the socket waits in `poll()`
 //! with the lock released, so a reader waiting for a request never stalls a reply.
 //!
-//! TLS 1.3 only. PSK uses OpenSSL's PSK callbacks (TLS 1.3 external PSK, with
-//! `TLS_AES_128_GCM_SHA256`); GnuTLS (libnbd, nbdkit, qemu) speaks it. Key material is
+//! TLS 1.3, and TLS 1.2 because the NBD protocol requires it of every implementation (the
+//! Linux `nbd-client` speaks nothing newer): with 1.2 only forward-secret AEAD suites
+//! (ECDHE with AES-GCM or ChaCha20-Poly1305), and for PSK the PSK suites with an AEAD
+//! ([`TLS12_PSK_SUITES`]). PSK uses OpenSSL's PSK callbacks (TLS 1.3 external PSK, with
+//! `TLS_AES_128_GCM_SHA256`); GnuTLS (libnbd, nbdkit, qemu) speaks it.
+//!
+//! With X.509 and no `verify_peer`, a client off loopback (its address is not a loopback
+//! one and not a Unix socket) must still present a certificate the CA signed, unless the
+//! server was told `anonymous_clients`: a certificate alone on the server encrypts, but
+//! lets anyone in. Key material is
 //! read from the PSK file into zeroized memory and never printed: `Debug` shows the kind of
 //! credentials and the user names only.
 
@@ -106,12 +114,26 @@ fn decode_hex(s: &str) -> Option<Zeroizing<Vec<u8>>> {
     Some(out)
 }
 
-fn builder(method: SslMethod) -> Result<SslContextBuilder, String> {
+/// TLS 1.2 suites with certificates: forward secrecy (ECDHE) and an AEAD, nothing else
+/// (no CBC, no RSA key exchange, no SHA-1 MAC).
+pub const TLS12_X509_SUITES: &str = "ECDHE+AESGCM:ECDHE+CHACHA20";
+
+/// TLS 1.2 suites with a PSK: an AEAD only. OpenSSL has ECDHE-PSK with ChaCha20 only; the
+/// plain PSK ones follow (as GnuTLS's `+PSK` offers them).
+pub const TLS12_PSK_SUITES: &str = "ECDHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256:\
+                                    PSK-AES256-GCM-SHA384:PSK-CHACHA20-POLY1305";
+
+fn builder(method: SslMethod, kind: TlsKind) -> Result<SslContextBuilder, String> {
     let mut b = SslContextBuilder::new(method).map_err(|e| format!("TLS: {e}"))?;
-    b.set_min_proto_version(Some(SslVersion::TLS1_3))
-        .map_err(|e| format!("TLS 1.3: {e}"))?;
+    b.set_min_proto_version(Some(SslVersion::TLS1_2))
+        .map_err(|e| format!("TLS 1.2: {e}"))?;
+    b.set_cipher_list(match kind {
+        TlsKind::X509 => TLS12_X509_SUITES,
+        TlsKind::Psk => TLS12_PSK_SUITES,
+    })
+    .map_err(|e| format!("TLS: {e}"))?;
     // Many NBD peers (qemu among them) close without a close_notify: that is an end of
-    // stream, not an error. Renegotiation does not exist in TLS 1.3.
+    // stream, not an error. Renegotiation (TLS 1.2) is refused.
     b.set_options(
         SslOptions::IGNORE_UNEXPECTED_EOF
             | SslOptions::NO_RENEGOTIATION
@@ -164,6 +186,13 @@ pub struct ServerTls {
     kind: TlsKind,
     required: bool,
     users: Vec<String>,
+    /// X.509: every client presents a certificate (`ctx` checks it).
+    verify_peer: bool,
+    /// X.509 without `verify_peer`: the context for clients off loopback, which checks
+    /// their certificate (`None` when there is no `ca-cert.pem`).
+    remote_ctx: Option<SslContext>,
+    /// X.509 without `verify_peer`: clients off loopback need no certificate either.
+    anonymous_clients: bool,
 }
 
 impl fmt::Debug for ServerTls {
@@ -172,8 +201,35 @@ impl fmt::Debug for ServerTls {
             .field("kind", &self.kind)
             .field("required", &self.required)
             .field("users", &self.users)
+            .field("verify_peer", &self.verify_peer)
+            .field("anonymous_clients", &self.anonymous_clients)
             .finish()
     }
+}
+
+/// An X.509 server context from `dir`; with `verify_peer`, clients must present a
+/// certificate that `ca-cert.pem` signed.
+fn x509_server_ctx(dir: &Path, verify_peer: bool) -> Result<SslContext, String> {
+    let mut b = builder(SslMethod::tls_server(), TlsKind::X509)?;
+    let cert = file_in(dir, "server-cert.pem")?;
+    let key = file_in(dir, "server-key.pem")?;
+    b.set_certificate_chain_file(&cert)
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    b.set_private_key_file(&key, SslFiletype::PEM)
+        .map_err(|e| format!("{}: {e}", key.display()))?;
+    b.check_private_key()
+        .map_err(|e| format!("{} does not match {}: {e}", key.display(), cert.display()))?;
+    if verify_peer {
+        let ca = file_in(dir, "ca-cert.pem")?;
+        b.set_ca_file(&ca)
+            .map_err(|e| format!("{}: {e}", ca.display()))?;
+        b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
+    }
+    // Resumption tickets would be written after the handshake, by whichever thread
+    // touches the session next; NBD connections are long-lived and need none.
+    b.set_num_tickets(0).map_err(|e| format!("TLS: {e}"))?;
+    b.set_options(SslOptions::NO_TICKET);
+    Ok(b.build())
 }
 
 impl ServerTls {
@@ -181,29 +237,20 @@ impl ServerTls {
     /// client certificates are checked). With `verify_peer`, a client must present a
     /// certificate the CA signed.
     pub fn x509(dir: &Path, verify_peer: bool) -> Result<ServerTls, String> {
-        let mut b = builder(SslMethod::tls_server())?;
-        let cert = file_in(dir, "server-cert.pem")?;
-        let key = file_in(dir, "server-key.pem")?;
-        b.set_certificate_chain_file(&cert)
-            .map_err(|e| format!("{}: {e}", cert.display()))?;
-        b.set_private_key_file(&key, SslFiletype::PEM)
-            .map_err(|e| format!("{}: {e}", key.display()))?;
-        b.check_private_key()
-            .map_err(|e| format!("{} does not match {}: {e}", key.display(), cert.display()))?;
-        if verify_peer {
-            let ca = file_in(dir, "ca-cert.pem")?;
-            b.set_ca_file(&ca)
-                .map_err(|e| format!("{}: {e}", ca.display()))?;
-            b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
-        }
-        // Resumption tickets would be written after the handshake, by whichever thread
-        // touches the session next; NBD connections are long-lived and need none.
-        b.set_num_tickets(0).map_err(|e| format!("TLS: {e}"))?;
+        let ctx = x509_server_ctx(dir, verify_peer)?;
+        let remote_ctx = if verify_peer || !dir.join("ca-cert.pem").is_file() {
+            None
+        } else {
+            Some(x509_server_ctx(dir, true)?)
+        };
         Ok(ServerTls {
-            ctx: b.build(),
+            ctx,
             kind: TlsKind::X509,
             required: true,
             users: Vec::new(),
+            verify_peer,
+            remote_ctx,
+            anonymous_clients: false,
         })
     }
 
@@ -212,7 +259,7 @@ impl ServerTls {
         let keys = PskKeys::read(file)?;
         let mut users: Vec<String> = keys.keys.keys().cloned().collect();
         users.sort();
-        let mut b = builder(SslMethod::tls_server())?;
+        let mut b = builder(SslMethod::tls_server(), TlsKind::Psk)?;
         b.set_num_tickets(0).map_err(|e| format!("TLS: {e}"))?;
         b.set_psk_server_callback(move |_ssl, identity, psk| {
             let Some(id) = identity.and_then(|i| std::str::from_utf8(i).ok()) else {
@@ -235,6 +282,58 @@ impl ServerTls {
             kind: TlsKind::Psk,
             required: true,
             users,
+            verify_peer: true,
+            remote_ctx: None,
+            anonymous_clients: false,
+        })
+    }
+
+    /// X.509 without `verify_peer`: `true` serves clients off loopback without a
+    /// certificate too (said out loud by the caller); `false` (the default) makes them
+    /// present one `ca-cert.pem` signed.
+    pub fn with_anonymous_clients(mut self, anonymous: bool) -> ServerTls {
+        self.anonymous_clients = anonymous;
+        self
+    }
+
+    /// Who must present a client certificate: `"every client"` (PSK clients prove their
+    /// key instead: `None`), `"off loopback"`, or `"none"` (anonymous clients allowed).
+    pub fn client_certificates(&self) -> Option<&'static str> {
+        match self.kind {
+            TlsKind::Psk => None,
+            TlsKind::X509 if self.verify_peer => Some("every client"),
+            TlsKind::X509 if self.anonymous_clients => Some("none"),
+            TlsKind::X509 => Some("off loopback"),
+        }
+    }
+
+    /// Why clients off loopback could not be served: X.509 without `verify_peer` or
+    /// `anonymous_clients`, and no `ca-cert.pem` to check their certificates with.
+    pub fn remote_clients_problem(&self) -> Option<&'static str> {
+        (self.kind == TlsKind::X509
+            && !self.verify_peer
+            && !self.anonymous_clients
+            && self.remote_ctx.is_none())
+        .then_some(
+            "clients off loopback must present a certificate, and the certificates \
+             directory has no ca-cert.pem to check them with",
+        )
+    }
+
+    /// The context a connection from `socket` is served with: one that demands a
+    /// certificate when the client is off loopback and anonymous clients are not allowed.
+    fn context_for(&self, socket: &Socket) -> Result<&SslContext, String> {
+        if self.kind != TlsKind::X509
+            || self.verify_peer
+            || self.anonymous_clients
+            || peer_is_local(socket.as_raw_fd())
+        {
+            return Ok(&self.ctx);
+        }
+        self.remote_ctx.as_ref().ok_or_else(|| {
+            "TLS: a client off loopback without a certificate check (no ca-cert.pem); \
+             refused"
+                .to_string()
         })
     }
 
@@ -281,7 +380,7 @@ impl ClientTls {
     /// default), and `client-cert.pem` + `client-key.pem`, when present, identify this
     /// client to servers that ask.
     pub fn x509(dir: &Path, verify_peer: bool) -> Result<ClientTls, String> {
-        let mut b = builder(SslMethod::tls_client())?;
+        let mut b = builder(SslMethod::tls_client(), TlsKind::X509)?;
         if verify_peer {
             let ca = file_in(dir, "ca-cert.pem")?;
             b.set_ca_file(&ca)
@@ -318,7 +417,7 @@ impl ClientTls {
                 file.display()
             )
         })?;
-        let mut b = builder(SslMethod::tls_client())?;
+        let mut b = builder(SslMethod::tls_client(), TlsKind::Psk)?;
         let identity = username.as_bytes().to_vec();
         b.set_psk_client_callback(move |_ssl, _hint, id, psk| {
             // The identity goes out NUL-terminated.
@@ -414,6 +513,35 @@ pub(crate) struct TlsConn {
     read_timeout: AtomicU64,
     write_timeout: AtomicU64,
     _socket: Socket,
+}
+
+/// Whether the peer of `fd` is on this machine's loopback: a Unix socket, 127.0.0.0/8,
+/// ::1 or ::ffff:127.0.0.0/104. An address that cannot be read counts as off loopback.
+pub(crate) fn peer_is_local(fd: RawFd) -> bool {
+    // SAFETY: an all-zero sockaddr_storage is a valid value of the type.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_storage>())
+        .expect("sockaddr_storage fits socklen_t");
+    // SAFETY: ss is a writable sockaddr_storage and len its size, as getpeername wants.
+    let r = unsafe { libc::getpeername(fd, (&raw mut ss).cast(), &raw mut len) };
+    if r != 0 {
+        return false;
+    }
+    match i32::from(ss.ss_family) {
+        libc::AF_UNIX => true,
+        libc::AF_INET => {
+            // SAFETY: the family says ss holds a sockaddr_in.
+            let sin: &libc::sockaddr_in = unsafe { &*(&raw const ss).cast() };
+            std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).is_loopback()
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says ss holds a sockaddr_in6.
+            let sin6: &libc::sockaddr_in6 = unsafe { &*(&raw const ss).cast() };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+        _ => false,
+    }
 }
 
 fn millis(t: Option<Duration>) -> u64 {
@@ -535,7 +663,7 @@ impl TlsConn {
         socket: Socket,
         timeout: Duration,
     ) -> Result<Arc<TlsConn>, String> {
-        let ssl = Ssl::new(&tls.ctx).map_err(|e| format!("TLS: {e}"))?;
+        let ssl = Ssl::new(tls.context_for(&socket)?).map_err(|e| format!("TLS: {e}"))?;
         let c = TlsConn::handshake(ssl, socket, true, Some(timeout))?;
         // A server waits for requests as long as the client likes.
         c.read_timeout.store(0, Ordering::Relaxed);
@@ -586,6 +714,17 @@ impl TlsConn {
     /// The read timeout alone (a pipeline's reader thread; senders keep theirs).
     pub(crate) fn set_read_timeout(&self, t: Option<Duration>) {
         self.read_timeout.store(millis(t), Ordering::Relaxed);
+    }
+
+    /// The protocol and suite agreed, for the log: `TLSv1.2 ECDHE-RSA-AES128-GCM-SHA256`.
+    pub(crate) fn describe(&self) -> String {
+        let s = self.lock();
+        let ssl = s.ssl();
+        format!(
+            "{} {}",
+            ssl.version_str(),
+            ssl.current_cipher().map_or("(no suite)", |c| c.name())
+        )
     }
 
     fn lock(&self) -> MutexGuard<'_, SslStream<FdIo>> {

@@ -1,5 +1,6 @@
 //! The accept loop: bound listeners, one thread per accepted connection, the connection
-//! limit, handshake deadlines, and the orderly end of a shutdown.
+//! limit and the limit of unfinished handshakes per address, handshake deadlines, replies
+//! taken too slowly (watch.rs), and the orderly end of a shutdown.
 
 use super::*;
 
@@ -52,9 +53,10 @@ impl Server {
         // Conditions logged once when they start and once when they end, not per event.
         let mut starved = false;
         let mut full = false;
+        let mut crowded = false;
         while !self.shared.shutdown.load(Ordering::SeqCst) {
             handles.retain(|h| !h.is_finished());
-            self.cut_slow_handshakes();
+            self.cut_slow_clients();
             let nfds = libc::nfds_t::try_from(fds.len()).unwrap_or(0);
             // SAFETY: fds is a live, correctly sized array of pollfd for the call.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, 200) };
@@ -92,6 +94,18 @@ impl Server {
                                 full = false;
                                 tracing::info!("below the connection limit again");
                             }
+                            if let Some(ip) = self.handshakes_crowd(&conn) {
+                                if !crowded {
+                                    crowded = true;
+                                    tracing::warn!(
+                                        "{ip} has {HANDSHAKES_PER_PEER} handshakes unfinished, \
+                                         the most one address may: closing its new \
+                                         connections until some finish"
+                                    );
+                                }
+                                continue;
+                            }
+                            crowded = false;
                             if let Some(h) = self.spawn_connection(conn) {
                                 handles.push(h);
                             }
@@ -159,9 +173,10 @@ impl Server {
         Ok(())
     }
 
-    /// Cuts connections whose handshake outlived its deadline: their threads, blocked in
-    /// a read, see the end of the stream.
-    fn cut_slow_handshakes(&self) {
+    /// Cuts connections whose handshake outlived its deadline, and those whose client
+    /// takes a reply too slowly (watch.rs): their threads, blocked reading or writing, see
+    /// the end of the stream.
+    fn cut_slow_clients(&self) {
         let now = Instant::now();
         let conns = self.shared.conns.lock().expect("conns lock");
         for c in conns.values() {
@@ -172,7 +187,27 @@ impl Server {
                 );
                 c.ctl.shutdown_both();
             }
+            if let Some(why) = c
+                .send
+                .as_ref()
+                .and_then(|s| s.overdue(self.shared.client_timeout))
+            {
+                tracing::info!("{}: the client {why}; closing", c.peer);
+                c.ctl.abort();
+            }
         }
+    }
+
+    /// The address of a new connection whose address already has
+    /// [`HANDSHAKES_PER_PEER`] handshakes unfinished.
+    fn handshakes_crowd(&self, conn: &Conn) -> Option<IpAddr> {
+        let ip = conn.ip?;
+        let conns = self.shared.conns.lock().expect("conns lock");
+        let open = conns
+            .values()
+            .filter(|c| c.peer_ip == Some(ip) && c.handshake_deadline.is_some())
+            .count();
+        (open >= HANDSHAKES_PER_PEER).then_some(ip)
     }
 
     fn spawn_connection(&self, conn: Conn) -> Option<thread::JoinHandle<()>> {
@@ -189,18 +224,23 @@ impl Server {
         }
         let shared = self.shared.clone();
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        // Listed here, before its thread runs: the next accept counts its handshake.
+        shared.conns.lock().expect("conns lock").insert(
+            id,
+            ConnEntry {
+                ctl: conn.ctl,
+                peer: conn.peer.clone(),
+                export: None,
+                since: SystemTime::now(),
+                handshake_deadline: Some(Instant::now() + shared.client_timeout),
+                peer_ip: conn.ip,
+                send: None,
+            },
+        );
         let builder = thread::Builder::new().name(format!("nbd-conn-{id}"));
+        let in_thread = shared.clone();
         let res = builder.spawn(move || {
-            shared.conns.lock().expect("conns lock").insert(
-                id,
-                ConnEntry {
-                    ctl: conn.ctl,
-                    peer: conn.peer.clone(),
-                    export: None,
-                    since: SystemTime::now(),
-                    handshake_deadline: Some(Instant::now() + shared.client_timeout),
-                },
-            );
+            let shared = in_thread;
             // A shutdown that raced with the insert would miss this connection.
             if shared.shutdown.load(Ordering::SeqCst) {
                 if let Some(c) = shared.conns.lock().expect("conns lock").get(&id) {
@@ -222,6 +262,7 @@ impl Server {
             Ok(h) => Some(h),
             Err(e) => {
                 tracing::error!("cannot start a connection thread: {e}");
+                shared.conns.lock().expect("conns lock").remove(&id);
                 None
             }
         }
@@ -234,6 +275,12 @@ pub(super) trait SocketCtl: Send + fmt::Debug {
     /// Ends the connection both ways, unblocking a worker stuck writing to a client that
     /// stopped reading.
     fn shutdown_both(&self);
+    /// Ends the connection both ways and drops what its socket still holds to send: a
+    /// client that does not read would otherwise keep it queued in the kernel, and its
+    /// end of the stream (queued behind it) from the client.
+    fn abort(&self) {
+        self.shutdown_both();
+    }
     fn set_write_timeout(&self, t: Duration) -> io::Result<()>;
     /// TCP keepalive probes after `idle` without traffic (three, `idle / 4` apart, at
     /// least a second): a peer gone without a word (a partition, a host powered off)
@@ -263,6 +310,28 @@ impl SocketCtl for TcpStream {
     }
     fn shutdown_both(&self) {
         let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+    fn abort(&self) {
+        // A zero linger: the close that follows the shutdown resets the connection
+        // instead of keeping the unsent bytes (and the FIN behind them) queued.
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        let len = libc::socklen_t::try_from(std::mem::size_of::<libc::linger>())
+            .expect("linger fits socklen_t");
+        // SAFETY: the descriptor is this live socket's; linger is a valid SO_LINGER value
+        // of `len` bytes.
+        unsafe {
+            libc::setsockopt(
+                self.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const linger).cast(),
+                len,
+            );
+        }
+        self.shutdown_both();
     }
     fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
         TcpStream::set_write_timeout(self, Some(t))
@@ -333,6 +402,8 @@ struct Conn {
     /// The socket itself, for a TLS session to take over after STARTTLS.
     pub(super) socket: tls::Socket,
     pub(super) peer: String,
+    /// The client's address (TCP).
+    pub(super) ip: Option<IpAddr>,
 }
 
 impl Conn {
@@ -349,6 +420,7 @@ impl Conn {
             ctl: Box::new(SharedSocket(s.clone())),
             socket: s,
             peer,
+            ip: None,
         })
     }
     fn tcp(s: TcpStream, addr: SocketAddr) -> io::Result<Conn> {
@@ -361,6 +433,7 @@ impl Conn {
             ctl: Box::new(SharedSocket(s.clone())),
             socket: s,
             peer: format!("tcp:{addr}"),
+            ip: Some(addr.ip().to_canonical()),
         })
     }
 }
@@ -400,6 +473,9 @@ impl<S: SocketCtl + Sync> SocketCtl for SharedSocket<S> {
     }
     fn shutdown_both(&self) {
         self.0.shutdown_both();
+    }
+    fn abort(&self) {
+        self.0.abort();
     }
     fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
         self.0.set_write_timeout(t)

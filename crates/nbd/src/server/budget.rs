@@ -48,6 +48,38 @@ impl Budget {
         }
     }
 
+    /// Takes `n` units for a connection that holds `mine` (`n` included) of its own
+    /// budget, waiting while they do not fit or while that connection holds more than
+    /// `share` and something besides this request: so one connection's first request
+    /// always gets in when there is room, but its further ones leave the rest to others.
+    /// A connection's units go back before the server's (see `Holds`), which wakes this.
+    pub(super) fn take_share(self: &Arc<Self>, n: usize, mine: &Budget, share: usize) -> Held {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let room = st.held == 0 || st.held.saturating_add(n) <= self.limit;
+            let own = mine.held_now();
+            if room && (own <= n || own <= share) {
+                break;
+            }
+            st.waiting += 1;
+            st = crate::cork::wait(&self.state, &self.freed, st);
+            st.waiting -= 1;
+        }
+        st.held += n;
+        Held {
+            budget: self.clone(),
+            n,
+        }
+    }
+
+    pub(super) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn held_now(&self) -> usize {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).held
+    }
+
     /// Waits until nothing is held.
     pub(super) fn wait_empty(&self) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -115,6 +147,38 @@ mod tests {
         assert_eq!(b.held(), 50);
         drop(h);
         assert_eq!(b.held(), 0);
+    }
+
+    #[test]
+    fn a_connection_past_its_share_waits_and_another_goes() {
+        let server = Budget::new(100);
+        let (a, b) = (Budget::new(1000), Budget::new(1000));
+        // A's first request goes whatever its size; its second would pass its share (50).
+        let a1 = a.take(40);
+        let a1s = server.take_share(40, &a, 50);
+        let a2 = a.take(40);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (server2, a2b) = (server.clone(), a.clone());
+        let t = thread::spawn(move || {
+            let h = server2.take_share(40, &a2b, 50);
+            tx.send(()).unwrap();
+            h
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "A went past its share"
+        );
+        // B gets in meanwhile: the server has room, and B holds nothing else.
+        let b1 = b.take(40);
+        let _b1s = server.take_share(40, &b, 50);
+        drop(b1);
+        // A's first reply goes out: A is back within its share.
+        drop(a1);
+        drop(a1s);
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("A's second request went");
+        drop(t.join().unwrap());
+        drop(a2);
     }
 
     #[test]

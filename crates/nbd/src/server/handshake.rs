@@ -353,6 +353,12 @@ impl Handshake<'_> {
         self.writer.flush()?;
         match tls::TlsConn::accept(&tls, socket, self.shared.client_timeout) {
             Ok(conn) => {
+                tracing::info!(
+                    "{}: TLS ({}, {}) established",
+                    self.peer,
+                    tls.kind(),
+                    conn.describe()
+                );
                 *self.reader = BufReader::with_capacity(
                     64 << 10,
                     Box::new(tls::TlsReader(conn.clone())) as Box<dyn Read + Send>,
@@ -361,7 +367,6 @@ impl Handshake<'_> {
                 self.tls_on = true;
                 self.structured = false;
                 self.meta = None;
-                tracing::debug!("{}: TLS ({}) established", self.peer, tls.kind());
                 Ok(Next::Continue)
             }
             // A client that failed to authenticate (wrong key, unknown CA) is worth a

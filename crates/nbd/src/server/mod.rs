@@ -19,12 +19,15 @@
 //! exports.rs.
 //!
 //! Nothing a client does grows the server without bound: at most `max_connections`
-//! connections (handshakes included); a handshake not finished within `client_timeout` is
-//! cut by the accept thread; a reply the client does not read for `client_timeout` ends the
-//! connection (the socket's send timeout); and request and reply buffers are reserved from
-//! a per-connection and a server-wide budget before they are filled, so clients that stop
-//! reading hold at most that budget until they are cut. When descriptors run out, accept
-//! backs off instead of spinning, and says so once.
+//! connections (handshakes included), of which at most [`HANDSHAKES_PER_PEER`] unfinished
+//! handshakes from one address; a handshake not finished within `client_timeout` is cut
+//! by the accept thread; so is a connection whose reply the client takes slower than
+//! watch.rs's minimum rate over `client_timeout` (nothing, or a trickle); and request and reply
+//! buffers are reserved from a per-connection and a server-wide budget before they are
+//! filled, where a connection past its fair share (the server's budget over the
+//! connections being served) waits on its own thread while others go, so clients that stop
+//! reading hold at most that until they are cut. When descriptors run out, accept backs
+//! off instead of spinning, and says so once.
 
 mod accept;
 mod budget;
@@ -34,11 +37,13 @@ mod fence;
 mod handshake;
 mod pool;
 mod transmission;
+mod watch;
 
 pub use accept::Listeners;
 pub use exports::{Added, ConnectionInfo, ExportsHandle, Removed};
 pub use transmission::nbd_errno;
 pub(crate) use transmission::write_all_vectored;
+pub use watch::MIN_DRAIN_RATE;
 
 use accept::SocketCtl;
 use budget::Budget;
@@ -49,12 +54,12 @@ use transmission::serve_connection;
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufReader, IoSlice, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
@@ -143,7 +148,8 @@ pub struct ServerConfig {
     /// Connections beyond this many are closed at once.
     pub max_connections: usize,
     /// How long a client may take to finish its handshake, and how long a reply write may
-    /// make no progress (a client that does not read), before the connection is cut.
+    /// make no progress (a client that does not read), before the connection is cut: a
+    /// reply still going out after this must have moved at [`MIN_DRAIN_RATE`] over it.
     pub client_timeout: Duration,
     /// TCP keepalive after this long without traffic (`None`: off): a client gone
     /// without a word (partitioned away) ends its connection within about twice this.
@@ -201,6 +207,11 @@ pub const MAX_IN_FLIGHT: usize = 256 << 20;
 /// a connection that stops reading holds this much and no more.
 const CONNECTION_IN_FLIGHT: usize = 64 << 20;
 
+/// Unfinished handshakes one address may have at once: beyond this its new connections
+/// are closed at once, so one host opening handshakes it never finishes (TLS hellos it
+/// never sends) cannot take every connection slot until they time out.
+pub const HANDSHAKES_PER_PEER: usize = 16;
+
 /// How long accept pauses when descriptors or memory run out.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -231,6 +242,8 @@ struct Shared {
     keepalive: Option<Duration>,
     /// Server-wide budget of request and reply buffers.
     in_flight: Arc<Budget>,
+    /// Connections past their handshake: the server's budget is shared fairly among them.
+    transmitting: AtomicUsize,
     grace: Duration,
     /// Where owner generations are persisted, when this server enforces them.
     fence: Option<Arc<dyn crate::fence::FenceStore>>,
@@ -253,6 +266,10 @@ struct ConnEntry {
     since: SystemTime,
     /// While the handshake runs: when the accept thread cuts the connection.
     handshake_deadline: Option<Instant>,
+    /// The client's address (TCP), for the limit of handshakes per address.
+    peer_ip: Option<IpAddr>,
+    /// Once serving: the reply being written, which the accept thread watches.
+    send: Option<Arc<watch::SendClock>>,
 }
 
 impl Shared {
@@ -345,6 +362,7 @@ impl Server {
                 client_timeout: config.client_timeout.max(Duration::from_millis(1)),
                 keepalive: config.keepalive,
                 in_flight: Budget::new(config.max_in_flight),
+                transmitting: AtomicUsize::new(0),
                 grace: config.shutdown_grace,
                 fence: config.fence,
                 extension: config.extension,

@@ -6,6 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::budget::Held;
 use super::handshake::{read_exact_or_eof, Handshake};
+use super::watch::{SendClock, Timed};
 
 /// Writes every byte of every slice, coping with short writes.
 pub(crate) fn write_all_vectored(
@@ -119,6 +120,22 @@ struct Transmission {
     /// Buffers of finished requests, reused by the next ones (a 1 MiB buffer allocated
     /// afresh costs page faults on every request).
     spare: Mutex<Spare>,
+    /// The reply being written, watched by the accept thread (watch.rs).
+    clock: Arc<SendClock>,
+}
+
+/// The server's budget is shared as if at least this many connections were served: the
+/// first ones to come (a few clients that stop reading, say) do not take it all before
+/// others arrive. With the default budget, a share is one 32 MiB request.
+const MIN_SHARES: usize = 8;
+
+/// Counts a connection among those served while it lives (the fair share's divisor).
+struct Serving<'a>(&'a AtomicUsize);
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Buffers of finished requests, and their total capacity.
@@ -234,9 +251,18 @@ pub(super) fn serve_connection(
             ""
         },
     );
+    let clock = Arc::new(SendClock::default());
+    if let Some(c) = shared.conns.lock().expect("conns lock").get_mut(&id) {
+        c.send = Some(clock.clone());
+    }
+    shared.transmitting.fetch_add(1, Ordering::AcqRel);
+    let _serving = Serving(&shared.transmitting);
     let t = Arc::new(Transmission {
         writer: Mutex::new(Out {
-            w: writer,
+            w: Box::new(Timed {
+                w: writer,
+                clock: clock.clone(),
+            }),
             pending: Vec::new(),
         }),
         export: session.export,
@@ -252,6 +278,7 @@ pub(super) fn serve_connection(
         in_flight: Budget::new(CONNECTION_IN_FLIGHT),
         running: Budget::new(shared.threads),
         spare: Mutex::new(Spare::default()),
+        clock,
     });
     // This thread reads requests and hands each to the pool; a worker executes it and
     // writes its reply, so replies go out in the order requests finish.
@@ -302,8 +329,10 @@ pub(super) fn serve_connection(
         }
     }
     if let Ok(mut out) = t.writer.lock() {
-        let _ = out.send_pending();
-        let _ = out.w.flush();
+        let _ = t.timed(&mut out, |out| {
+            out.send_pending()?;
+            out.w.flush()
+        });
     }
     if let (Some(store), Some(token)) = (&shared.fence, &t.fence) {
         store.connection_ended(&t.export.export.name, token);
@@ -391,6 +420,15 @@ impl Transmission {
         self.reply(req, result, &buf);
         self.give_back(buf);
         drop(holds);
+    }
+
+    /// Runs `f`, which writes a reply (and what is gathered) to the client, under the
+    /// accept thread's watch: it cuts the connection if the client takes it too slowly.
+    fn timed<R>(&self, out: &mut Out, f: impl FnOnce(&mut Out) -> io::Result<R>) -> io::Result<R> {
+        self.clock.begin();
+        let r = f(out);
+        self.clock.end();
+        r
     }
 
     /// Sends a request's reply; a reply that cannot be sent ends the connection.
@@ -497,8 +535,22 @@ impl Transmission {
         } else {
             0
         };
-        let bytes =
-            (need > 0).then(|| (self.in_flight.take(need), self.shared.in_flight.take(need)));
+        // The connection's bytes first, then the server's within this connection's fair
+        // share (budget.rs): a connection that holds more waits here, on its own thread.
+        let bytes = (need > 0).then(|| {
+            let mine = self.in_flight.take(need);
+            let share = self.shared.in_flight.limit()
+                / self
+                    .shared
+                    .transmitting
+                    .load(Ordering::Acquire)
+                    .max(MIN_SHARES);
+            let all = self
+                .shared
+                .in_flight
+                .take_share(need, &self.in_flight, share);
+            (mine, all)
+        });
         let holds = Holds {
             _running: running,
             _bytes: bytes,
@@ -662,8 +714,10 @@ impl Transmission {
         let holding = crate::cork::holding();
         if payload > CORK_PAYLOAD || (!holding && out.pending.is_empty()) {
             // Straight to the stream: nothing to gather it with, so no copy.
-            out.send_pending()?;
-            return self.write_reply(&mut *out.w, req, result, buf);
+            return self.timed(&mut out, |out| {
+                out.send_pending()?;
+                self.write_reply(&mut *out.w, req, result, buf)
+            });
         }
         self.write_reply(&mut out.pending, req, result, buf)?;
         if out.pending.len() < CORK_BYTES && holding {
@@ -677,7 +731,7 @@ impl Transmission {
                 .lock()
                 .map_err(|_| io::Error::other("writer lock poisoned"))?;
         }
-        out.send_pending()
+        self.timed(&mut out, Out::send_pending)
     }
 
     fn write_reply(
@@ -793,7 +847,7 @@ fn encode_block_status(
 impl crate::cork::Corked for Transmission {
     fn uncork(&self) {
         let r = match self.writer.lock() {
-            Ok(mut out) => out.send_pending(),
+            Ok(mut out) => self.timed(&mut out, Out::send_pending),
             Err(_) => Err(io::Error::other("writer lock poisoned")),
         };
         if let Err(e) = r {
