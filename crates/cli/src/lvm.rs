@@ -66,6 +66,15 @@ fn print_json(v: &impl Serialize) {
 struct OpenedPvs {
     pvs: Vec<PvDevice>,
     arrays: Vec<Arc<cairn_md::Array>>,
+    /// The remote exports used whole as PVs: their owner records are released when the
+    /// verb is done with them, whichever way it ends (a failed lvcreate included).
+    leaves: Vec<PathBuf>,
+}
+
+impl Drop for OpenedPvs {
+    fn drop(&mut self) {
+        cairn_stack::fence::release_exports(&self.leaves);
+    }
 }
 
 impl OpenedPvs {
@@ -140,6 +149,7 @@ fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<Opened
     let mut out = OpenedPvs {
         pvs: Vec::new(),
         arrays: Vec::new(),
+        leaves: Vec::new(),
     };
     for (name, spec) in &specs {
         // A file's name is its path; an empty export name skips the export-name rules.
@@ -147,6 +157,7 @@ fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<Opened
             let _ = out.close();
         })?;
         out.arrays.extend(e.arrays());
+        out.leaves.extend(e.leaves());
         out.pvs.push(PvDevice::new(name.clone(), e.device));
     }
     Ok(out)
@@ -273,7 +284,7 @@ fn pvcreate(a: &LvmPvcreateArgs, global: &Global) -> Result<()> {
     let opened = open_pvs(&a.pvs, &a.devices, false)?;
     let opts = PvCreateOptions {
         data_alignment: a.data_alignment,
-        force: a.force,
+        force: a.wipe.wipe(),
         uuid: None,
     };
     let mut made = Vec::new();
@@ -334,7 +345,8 @@ fn vgcreate(a: &LvmVgcreateArgs, global: &Global) -> Result<()> {
         Some(e) => e,
         None => default_extent_size(&opened.pvs),
     };
-    let r = Vg::create(&a.vg, opened.pvs.clone(), extent_size).map(|v| v.report());
+    let r =
+        Vg::create_with(&a.vg, opened.pvs.clone(), extent_size, a.wipe.wipe()).map(|v| v.report());
     opened.close()?;
     let r = r.map_err(|e| lvm_error(&e))?;
     if global.json {
@@ -358,7 +370,9 @@ fn vgextend(a: &LvmVgextendArgs, global: &Global) -> Result<()> {
         }
     };
     vg.set_description(format!("cairn lvm vgextend {}", a.vg));
-    let r = vg.extend(new.pvs.clone()).map(|()| vg.report());
+    let r = vg
+        .extend_with(new.pvs.clone(), a.wipe.wipe())
+        .map(|()| vg.report());
     opened.close()?;
     let r = r.map_err(|e| lvm_error(&e))?;
     if global.json {
@@ -1168,7 +1182,10 @@ one PV) or a bare --luks (each --md array holds LUKS, the PV is inside it), with
 
 pvcreate starts the data area at 1 MiB, raised to a multiple of the device's full stripe \
 (an md array's chunk x data disks), so every extent starts on a full stripe and a \
-filesystem on an LV stays aligned. Every change writes new metadata (seqno + 1) to all \
+filesystem on an LV stays aligned. pvcreate, and vgcreate and vgextend where they make \
+PVs, refuse a device that holds anything else (a filesystem, a partition table, swap, md, \
+LUKS, an LVM label), naming what they found; lvm asks, cairn does not: -y or -f (--force) \
+answers yes and the old signatures are wiped. Every change writes new metadata (seqno + 1) to all \
 PVs in lvm's commit order, so a crash leaves the old or the new VG, never a mix. \
 Nothing is activated: serve an LV with `cairn serve --lvm`.";
 
@@ -1269,9 +1286,28 @@ pub struct LvmPvcreateArgs {
     #[arg(long = "dataalignment", value_name = "SIZE", value_parser = parse_size)]
     pub data_alignment: Option<u64>,
 
-    /// Overwrite a device that holds another signature (md, LUKS, an LVM label)
+    #[command(flatten)]
+    pub wipe: WipeArgs,
+}
+
+/// The answer to "this device holds something else; overwrite it?", which lvm asks and
+/// cairn does not: without one of these, a writing verb refuses and names what it found.
+#[derive(Debug, Args)]
+pub struct WipeArgs {
+    /// Overwrite a device that holds another signature (a filesystem, a partition
+    /// table, swap, md, LUKS, an LVM label)
     #[arg(short, long)]
     pub force: bool,
+
+    /// Answer yes to overwriting a signature (lvm's -y; the same as --force here)
+    #[arg(short = 'y', long = "yes")]
+    pub yes: bool,
+}
+
+impl WipeArgs {
+    pub fn wipe(&self) -> bool {
+        self.force || self.yes
+    }
 }
 
 /// `cairn lvm pvs|vgs|lvs`.
@@ -1311,6 +1347,10 @@ pub struct LvmVgcreateArgs {
     #[arg(short = 's', long = "physicalextentsize", value_name = "SIZE",
           value_parser = parse_size)]
     pub extent_size: Option<u64>,
+
+    /// PVs are made of the devices that have no LVM label, as pvcreate makes them
+    #[command(flatten)]
+    pub wipe: WipeArgs,
 }
 
 /// `cairn lvm vgextend`.
@@ -1325,6 +1365,9 @@ pub struct LvmVgextendArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    #[command(flatten)]
+    pub wipe: WipeArgs,
 }
 
 /// `cairn lvm lvcreate`.
