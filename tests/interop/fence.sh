@@ -577,7 +577,7 @@ for i in range(8):
 # the LV export it served from them reopens one of the PVs in another shape (served
 # whole) instead of meeting its own claim; `cairn md owner` names the holder, and
 # `--release` (`--force` for an owner that did not release) gives a killed owner's
-# records up.
+# records up; the lvm verbs take over from it with --force, as serve does.
 t_owners_let_go() {
   need_tool curl
   local out st ctl=$WORK/own-ctl.sock
@@ -626,6 +626,16 @@ t_owners_let_go() {
   start_cairn --no-control --owner-id host-n --lvm "$P0,$P1"
   stop_cairn
   expect_eq "$CAIRN_STATUS" 0 "the next owner starts without --force and stops cleanly"
+  # The lvm verbs take the same --force: refused naming a killed owner, then taken over.
+  start_cairn --no-control --owner-id host-q --lvm "$P0,$P1"
+  stop_cairn KILL
+  st=0; out=$("$CAIRN" lvm lvcreate -n b -L 4M vgl "$P0" "$P1" 2>&1) || st=$?
+  [ "$st" != 0 ] || fail "lvcreate over a killed owner's PVs without --force succeeded"
+  expect_contains "$out" "owned by host-q/" "lvcreate names the owner"
+  expect_contains "$out" "--force" "lvcreate refusal"
+  "$CAIRN" lvm lvcreate --force -n b -L 4M vgl "$P0" "$P1" >/dev/null || fail "lvcreate --force"
+  out=$("$CAIRN" md owner "$P0" "$P1")
+  [ "$(printf '%s\n' "$out" | grep -c ', released$')" = 2 ] || fail "lvcreate --force left: $out"
   CAIRN_PID=$MEMBER_PID; stop_cairn
   rm -f "$SHM"/lg*.img "$SHM"/lg*.img.cairn-owner
 }

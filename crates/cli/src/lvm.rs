@@ -132,7 +132,9 @@ fn pv_specs(paths: &[PathBuf], d: &LvmDevices) -> Result<Vec<(String, Spec)>> {
     Ok(out)
 }
 
-fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<OpenedPvs> {
+/// `force`: as `cairn serve --force`, take remote PVs over from an owner that did not
+/// release them (the operator says it is gone), start a dirty degraded md array below.
+fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool, force: bool) -> Result<OpenedPvs> {
     let specs = pv_specs(paths, d)?;
     if specs.is_empty() {
         return Err(CliError::new(
@@ -142,6 +144,7 @@ fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<Opened
     }
     let opts = Options {
         read_only,
+        force,
         hooks: crate::hooks::hooks(true),
         ..Options::default()
     };
@@ -169,8 +172,9 @@ fn open_vg(
     extra: &[PathBuf],
     vg: Option<&str>,
     read_only: bool,
+    force: bool,
 ) -> Result<(Vg, OpenedPvs)> {
-    let opened = open_pvs(extra, d, read_only)?;
+    let opened = open_pvs(extra, d, read_only, force)?;
     let result = Vg::open_with(
         opened.pvs.clone(),
         cairn_lvm::OpenOptions {
@@ -281,7 +285,7 @@ fn table(head: &[&str], rows: &[Vec<String>], right: &[bool]) {
 // ---- verbs -------------------------------------------------------------------------
 
 fn pvcreate(a: &LvmPvcreateArgs, global: &Global) -> Result<()> {
-    let opened = open_pvs(&a.pvs, &a.devices, false)?;
+    let opened = open_pvs(&a.pvs, &a.devices, false, a.wipe.force)?;
     let opts = PvCreateOptions {
         data_alignment: a.data_alignment,
         force: a.wipe.wipe(),
@@ -340,7 +344,7 @@ pub fn default_extent_size(pvs: &[PvDevice]) -> u64 {
 }
 
 fn vgcreate(a: &LvmVgcreateArgs, global: &Global) -> Result<()> {
-    let opened = open_pvs(&a.pvs, &a.devices, false)?;
+    let opened = open_pvs(&a.pvs, &a.devices, false, a.wipe.force)?;
     let extent_size = match a.extent_size {
         Some(e) => e,
         None => default_extent_size(&opened.pvs),
@@ -361,8 +365,8 @@ fn vgcreate(a: &LvmVgcreateArgs, global: &Global) -> Result<()> {
 }
 
 fn vgextend(a: &LvmVgextendArgs, global: &Global) -> Result<()> {
-    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&a.vg), false)?;
-    let new = match open_pvs(&a.new_pvs, &no_devices(), false) {
+    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&a.vg), false, a.wipe.force)?;
+    let new = match open_pvs(&a.new_pvs, &no_devices(), false, a.wipe.force) {
         Ok(n) => n,
         Err(e) => {
             let _ = opened.close();
@@ -409,7 +413,7 @@ fn parse_extents(text: &str, r: &VgReport) -> Result<u64> {
 }
 
 fn lvcreate(a: &LvmLvcreateArgs, global: &Global) -> Result<()> {
-    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(&a.vg), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(&a.vg), false, a.force)?;
     let result = (|| {
         let r = vg.report();
         let mut notes = Vec::new();
@@ -539,7 +543,7 @@ fn resize_delta(a: &LvmResizeArgs, grow: bool, cur: u64, extent: u64) -> Result<
 
 fn resize(a: &LvmResizeArgs, grow: bool, global: &Global) -> Result<()> {
     let (vgn, lvn) = vg_lv(&a.lv)?;
-    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(vgn), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(vgn), false, a.force)?;
     let result = (|| {
         let r = vg.report();
         let lv = r.lvs.iter().find(|l| l.name == lvn).ok_or_else(|| {
@@ -587,7 +591,7 @@ fn lvconvert(a: &LvmLvconvertArgs, global: &Global) -> Result<()> {
     if let Some(sock) = lvconvert_daemon(a)? {
         return lvconvert_served(a, &sock, global);
     }
-    let opened = open_pvs(&a.pvs, &a.devices, false)?;
+    let opened = open_pvs(&a.pvs, &a.devices, false, a.force)?;
     // PVs may be missing: that is what a repair is for.
     let mut vg = match Vg::open_with(
         opened.pvs.clone(),
@@ -745,7 +749,7 @@ fn lvrename(a: &LvmLvrenameArgs, global: &Global) -> Result<()> {
         }
         _ => return Err(CliError::new("give VG OLD NEW, or VG/OLD NEW")),
     };
-    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&vgn), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&vgn), false, a.force)?;
     vg.set_description(format!("cairn lvm lvrename {vgn} {old} {new}"));
     let r = vg.lv_rename(&old, &new);
     opened.close()?;
@@ -762,7 +766,7 @@ fn lvrename(a: &LvmLvrenameArgs, global: &Global) -> Result<()> {
 
 fn lvremove(a: &LvmLvArgs, global: &Global) -> Result<()> {
     let (vgn, lvn) = vg_lv(&a.lv)?;
-    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(vgn), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(vgn), false, a.force)?;
     vg.set_description(format!("cairn lvm lvremove {vgn}/{lvn}"));
     let r = vg.lv_remove(lvn);
     opened.close()?;
@@ -872,7 +876,7 @@ struct PvRow {
 }
 
 fn pvs(a: &LvmReportArgs, global: &Global) -> Result<()> {
-    let opened = open_pvs(&a.pvs, &a.devices, true)?;
+    let opened = open_pvs(&a.pvs, &a.devices, true, false)?;
     let result = (|| {
         let mut rows = Vec::new();
         let mut in_vg = Vec::new();
@@ -964,7 +968,7 @@ fn report_of(a: &LvmReportArgs) -> Result<VgReport> {
     if let Some(r) = report_from_daemon(a) {
         return Ok(r);
     }
-    let (vg, opened) = open_vg(&a.devices, &a.pvs, None, true)?;
+    let (vg, opened) = open_vg(&a.devices, &a.pvs, None, true, false)?;
     let r = vg.report();
     opened.close()?;
     Ok(r)
@@ -1295,7 +1299,8 @@ pub struct LvmPvcreateArgs {
 #[derive(Debug, Args)]
 pub struct WipeArgs {
     /// Overwrite a device that holds another signature (a filesystem, a partition
-    /// table, swap, md, LUKS, an LVM label)
+    /// table, swap, md, LUKS, an LVM label); also take remote PVs over from an owner that
+    /// did not release them (it is gone for good), as `cairn serve --force`
     #[arg(short, long)]
     pub force: bool,
 
@@ -1424,6 +1429,11 @@ pub struct LvmLvcreateArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    /// Take remote PVs over from an owner that did not release them (it is gone for
+    /// good), as `cairn serve --force`; also starts a dirty degraded md array below
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 /// `cairn lvm lvextend|lvreduce`.
@@ -1453,7 +1463,8 @@ pub struct LvmResizeArgs {
     )]
     pub extents: Option<String>,
 
-    /// lvreduce: really cut the data off the end
+    /// lvreduce: really cut the data off the end. Both: take remote PVs over from an
+    /// owner that did not release them (it is gone for good), as `cairn serve --force`
     #[arg(short, long)]
     pub force: bool,
 
@@ -1475,6 +1486,11 @@ pub struct LvmLvrenameArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    /// Take remote PVs over from an owner that did not release them (it is gone for
+    /// good), as `cairn serve --force`; also starts a dirty degraded md array below
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 /// `cairn lvm lvremove`.
@@ -1491,6 +1507,11 @@ pub struct LvmLvArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    /// Take remote PVs over from an owner that did not release them (it is gone for
+    /// good), as `cairn serve --force`; also starts a dirty degraded md array below
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 /// `cairn lvm lvconvert`.
@@ -1515,6 +1536,11 @@ pub struct LvmLvconvertArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    /// Take remote PVs over from an owner that did not release them (it is gone for
+    /// good), as `cairn serve --force`; also starts a dirty degraded md array below
+    #[arg(short, long)]
+    pub force: bool,
 
     /// A served LV is repaired by the `cairn serve` serving it (found in the runtime
     /// directory, or given here), its images rebuilt in the background
