@@ -16,6 +16,7 @@ needed=(
   "qemu-nbd qemu-utils"
   "fio fio"
   "fusermount3 fuse3"
+  "sfdisk fdisk"     # tests/interop/lvm.sh: pvcreate refuses MBR and GPT tables sfdisk made
   "mkfs.ext4 e2fsprogs"
   "mkfs.xfs xfsprogs"
   "xfs_repair xfsprogs"

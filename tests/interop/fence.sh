@@ -571,6 +571,79 @@ for i in range(8):
   rm -f "$SHM/wraw.img" "$SHM/wraw.img.cairn-owner"
 }
 
+# Owner records that let go (issue 30 item 7): a failed `lvm lvcreate` over remote PVs
+# leaves both records released (it left them "owned ... not released", so the next
+# verb or host needed --force or the owner files deleted by hand); a daemon that removed
+# the LV export it served from them reopens one of the PVs in another shape (served
+# whole) instead of meeting its own claim; `cairn md owner` names the holder, and
+# `--release` (`--force` for an owner that did not release) gives a killed owner's
+# records up; the lvm verbs take over from it with --force, as serve does.
+t_owners_let_go() {
+  need_tool curl
+  local out st ctl=$WORK/own-ctl.sock
+  rm -f "$SHM"/lg*.img "$SHM"/lg*.img.cairn-owner
+  truncate -s 32M "$SHM/lg0.img" "$SHM/lg1.img"
+  member_server "$SHM/lg0.img" "$SHM/lg1.img"
+  local P0=${URIS[0]} P1=${URIS[1]} MEMBER_PID=$CAIRN_PID
+  "$CAIRN" lvm vgcreate vgl "$P0" "$P1" >/dev/null
+  "$CAIRN" lvm lvcreate -n a -L 8M vgl "$P0" "$P1" >/dev/null
+  st=0; out=$("$CAIRN" lvm lvcreate -n big -L 1G vgl "$P0" "$P1" 2>&1) || st=$?
+  [ "$st" != 0 ] || fail "lvcreate of 1G on 64M of PVs succeeded"
+  say "refused: $out"
+  out=$("$CAIRN" md owner "$P0" "$P1")
+  say "$out"
+  [ "$(printf '%s\n' "$out" | grep -c ', released$')" = 2 ] ||
+    fail "the failed lvcreate left the PVs' owner records not released: $out"
+  # A daemon serves the LV, the export is removed, and the same daemon serves a PV
+  # whole: its own claim on the PVs was given up with the export.
+  start_cairn --control "$ctl" --owner-id host-d --lvm "$P0,$P1"
+  local D_PID=$CAIRN_PID
+  out=$("$CAIRN" md owner "$P0")
+  expect_contains "$out" "owner host-d/" "the daemon holds the PV"
+  case $out in *", released") fail "the serving daemon's record says released: $out" ;; esac
+  st=$(curl -s -o "$WORK/api.json" -w '%{http_code}' --unix-socket "$ctl" -X DELETE "http://cairn/v1/exports/vgl/a")
+  [ "$st" = 200 ] || fail "DELETE vgl/a: HTTP $st: $(cat "$WORK/api.json")"
+  st=$(curl -s -o "$WORK/api.json" -w '%{http_code}' --unix-socket "$ctl" -X POST \
+    -H 'Content-Type: application/json' --data-binary "{\"name\": \"pv0\", \"path\": \"$P0\"}" \
+    "http://cairn/v1/exports")
+  [ "$st" = 201 ] || fail "the daemon could not reopen its removed LV's PV whole: HTTP $st: $(cat "$WORK/api.json")"
+  CAIRN_PID=$D_PID; stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "the daemon stops cleanly"
+  # An owner killed with SIGKILL leaves its records; `md owner --release` names it and
+  # keeps them without --force, releases them with it; the next owner needs no --force.
+  start_cairn --no-control --owner-id host-k --lvm "$P0,$P1"
+  stop_cairn KILL
+  st=0; out=$("$CAIRN" md owner --release "$P0" "$P1" 2>&1) || st=$?
+  [ "$st" != 0 ] || fail "--release of a killed owner's records without --force: $out"
+  expect_contains "$out" "owned by host-k/" "--release names the holder"
+  expect_contains "$out" "add --force" "--release without --force"
+  out=$("$CAIRN" md owner --release --force "$P0" "$P1") || fail "--release --force: $out"
+  say "$out"
+  expect_contains "$out" "$P0: released (it was owned by host-k/" "--release --force"
+  expect_contains "$out" "$P1: released (it was owned by host-k/" "--release --force"
+  out=$("$CAIRN" md owner "$P0" "$P1")
+  [ "$(printf '%s\n' "$out" | grep -c ', released$')" = 2 ] || fail "not released: $out"
+  start_cairn --no-control --owner-id host-n --lvm "$P0,$P1"
+  stop_cairn
+  expect_eq "$CAIRN_STATUS" 0 "the next owner starts without --force and stops cleanly"
+  # The lvm verbs take the same --force: refused naming a killed owner, then taken over.
+  start_cairn --no-control --owner-id host-q --lvm "$P0,$P1"
+  stop_cairn KILL
+  st=0; out=$("$CAIRN" lvm lvcreate -n b -L 4M vgl "$P0" "$P1" 2>&1) || st=$?
+  [ "$st" != 0 ] || fail "lvcreate over a killed owner's PVs without --force succeeded"
+  expect_contains "$out" "owned by host-q/" "lvcreate names the owner"
+  expect_contains "$out" "--force" "lvcreate refusal"
+  "$CAIRN" lvm lvcreate --force -n b -L 4M vgl "$P0" "$P1" >/dev/null || fail "lvcreate --force"
+  out=$("$CAIRN" md owner "$P0" "$P1")
+  [ "$(printf '%s\n' "$out" | grep -c ', released$')" = 2 ] || fail "lvcreate --force left: $out"
+  # Released exports used whole are nobody's: a plain client (md create) writes them
+  # again (it got EPERM for ever: "writes need the owner's fence token").
+  "$CAIRN" md create --level 1 --raid-devices 2 --force "$P0" "$P1" >/dev/null 2>"$WORK/mdc.err" ||
+    fail "md create over released former PVs: $(cat "$WORK/mdc.err")"
+  CAIRN_PID=$MEMBER_PID; stop_cairn
+  rm -f "$SHM"/lg*.img "$SHM"/lg*.img.cairn-owner
+}
+
 run_test member_server_fences t_member_server_fences
 run_test fence_off_and_stacks t_fence_off_and_stacks
 run_test etcd_lease t_etcd_lease
@@ -579,4 +652,5 @@ run_test etcd_takeover_over_member_servers t_etcd_takeover_over_member_servers
 run_test etcd_lease_lost_stops_md_writes t_etcd_lease_lost_stops_md_writes
 run_test whole_exports_owned t_whole_exports_owned
 run_test whole_export_etcd t_whole_export_etcd
+run_test owners_let_go t_owners_let_go
 finish

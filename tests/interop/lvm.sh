@@ -383,10 +383,127 @@ t_crash_states_lvm_agrees() {
   rm -rf "$dir"
 }
 
+# Signatures other tools left (mkfs.ext4, mkfs.xfs, mkswap, sfdisk with a DOS and a GPT
+# table): pvcreate, vgcreate and vgextend refuse each with its name, exit non-zero and
+# leave the file as it was; -y (lvm's answer) or -f goes ahead, and the old signature is
+# gone (blkid's view: cairn's own probe through `cairn scan` sees only the PV).
+t_wipe_signatures() {
+  local f err rc before kind made
+  need_tool mkfs.ext4
+  need_tool mkfs.xfs
+  need_tool mkswap
+  need_tool sfdisk
+  for kind in ext4 xfs swap dos gpt; do
+    f=$SHM/sig-$kind.img
+    rm -f "$f"
+    truncate -s 320M "$f"
+    case $kind in
+      ext4) mkfs.ext4 -q -F -L home -U 0b6f1c8e-2f6a-4b9e-9d0e-3c1a2b4d5e6f "$f" ;;
+      xfs) mkfs.xfs -q -f -L media -m uuid=5d2e3f4a-1b2c-4d3e-8f9a-0b1c2d3e4f5a "$f" ;;
+      swap) mkswap -q -L sw -U 7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d "$f" >/dev/null ;;
+      dos) printf 'label: dos\n,100M,83\n,,83\n' | sfdisk -q "$f" >/dev/null ;;
+      gpt) printf 'label: gpt\n,100M\n,\n' | sfdisk -q "$f" >/dev/null ;;
+    esac || fail "making $kind on $f"
+    before=$(sha256sum "$f")
+    case $kind in
+      ext4) made='holds an ext4 filesystem (label "home", UUID 0b6f1c8e-2f6a-4b9e-9d0e-3c1a2b4d5e6f)' ;;
+      xfs) made='holds an XFS filesystem (label "media", UUID 5d2e3f4a-1b2c-4d3e-8f9a-0b1c2d3e4f5a)' ;;
+      swap) made='holds a swap area (label "sw", UUID 7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d)' ;;
+      dos) made='holds an MBR partition table (2 partitions)' ;;
+      gpt) made='holds a GPT partition table (2 partitions)' ;;
+    esac
+    rc=0; err=$("$CAIRN" lvm pvcreate "$f" 2>&1) || rc=$?
+    [ "$rc" != 0 ] || fail "pvcreate over $kind exited 0: $err"
+    expect_contains "$err" "cairn: $f $made" "pvcreate over $kind"
+    expect_contains "$err" "--force" "pvcreate over $kind"
+    rc=0; err=$("$CAIRN" lvm vgcreate vgs$kind "$f" 2>&1) || rc=$?
+    [ "$rc" != 0 ] || fail "vgcreate over $kind exited 0: $err"
+    expect_contains "$err" "$f $made" "vgcreate over $kind"
+    expect_eq "$(sha256sum "$f")" "$before" "$kind file after the refusals"
+    if [ "$kind" = ext4 ] || [ "$kind" = gpt ]; then
+      "$CAIRN" lvm pvcreate -y "$f" >/dev/null || fail "pvcreate -y over $kind"
+    else
+      "$CAIRN" lvm pvcreate --force "$f" >/dev/null || fail "pvcreate --force over $kind"
+    fi
+    if command -v blkid >/dev/null; then
+      expect_eq "$(blkid -p -o value -s TYPE "$f" 2>/dev/null || true)" "LVM2_member" \
+        "blkid's view of the $kind file after pvcreate -y"
+    fi
+    expect_contains "$("$CAIRN" lvm pvs "$f" 2>&1)" "$f" "pvs after pvcreate over $kind"
+  done
+  # vgcreate and vgextend make PVs of unlabelled devices: refused the same way, -y goes on.
+  local a=$SHM/sig-a.img b=$SHM/sig-b.img
+  truncate -s 64M "$a" "$b"
+  mkfs.ext4 -q -F -L data "$a"
+  before=$(sha256sum "$a")
+  rc=0; err=$("$CAIRN" lvm vgcreate vgw "$a" "$b" 2>&1) || rc=$?
+  [ "$rc" != 0 ] || fail "vgcreate over ext4 exited 0"
+  expect_contains "$err" "$a holds an ext4 filesystem (label \"data\"" "vgcreate refusal"
+  expect_eq "$(sha256sum "$a")" "$before" "ext4 file after the vgcreate refusal"
+  "$CAIRN" lvm vgcreate vgw "$b" >/dev/null
+  rc=0; err=$("$CAIRN" lvm vgextend vgw "$a" --devices "$b" 2>&1) || rc=$?
+  [ "$rc" != 0 ] || fail "vgextend over ext4 exited 0"
+  expect_contains "$err" "$a holds an ext4 filesystem" "vgextend refusal"
+  expect_eq "$(sha256sum "$a")" "$before" "ext4 file after the vgextend refusal"
+  "$CAIRN" lvm vgextend -y vgw "$a" --devices "$b" >/dev/null || fail "vgextend -y"
+  expect_contains "$("$CAIRN" lvm vgs --devices "$a,$b" 2>&1)" "vgw" "vgs after vgextend -y"
+  rm -f "$SHM"/sig-*.img
+}
+
+# craft_pe_start FILE SECTORS: every "pe_start = N" in FILE's committed metadata becomes
+# SECTORS, the text's size and both checksums recomputed (as someone crafting it would).
+craft_pe_start() {
+  py - "$1" "$2" <<'PY'
+import re, struct, sys, zlib
+def crc(b):  # lvm's calc_crc via zlib (ondisk-formats.md §4.4)
+    return zlib.crc32(b, 0xf597a6cf ^ 0xffffffff) ^ 0xffffffff
+with open(sys.argv[1], "r+b") as f:
+    f.seek(4096); h = bytearray(f.read(512))
+    off, size = struct.unpack_from("<QQ", h, 40)
+    f.seek(4096 + off); t = f.read(size)
+    new, n = re.subn(rb"pe_start = \d+", b"pe_start = " + sys.argv[2].encode(), t)
+    assert n >= 1, t
+    f.seek(4096 + off); f.write(new)
+    struct.pack_into("<QI", h, 48, len(new), crc(new))
+    struct.pack_into("<I", h, 0, crc(bytes(h[4:])))
+    f.seek(4096); f.write(h)
+PY
+}
+
+# Crafted metadata whose pe_start (0, 8 or 1024 sectors) puts the first extents over the
+# PV label or inside the metadata area: `serve --lvm` refuses with the PV and the overlap
+# named, and nothing is written to any PV (before, a write to the first LV wiped the
+# label and the VG metadata of every PV).
+t_pe_start_overlap() {
+  local p0=$SHM/o0.img p1=$SHM/o1.img devs err rc before sectors
+  for sectors in 0 8 1024; do
+    rm -f "$p0" "$p1"
+    truncate -s 32M "$p0" "$p1"
+    devs="$p0,$p1"
+    "$CAIRN" lvm vgcreate vgo "$p0" "$p1" >/dev/null
+    "$CAIRN" lvm lvcreate -n first -L 8M --devices "$devs" vgo >/dev/null
+    craft_pe_start "$p0" "$sectors"
+    craft_pe_start "$p1" "$sectors"
+    before=$(sha256sum "$p0" "$p1")
+    rc=0
+    err=$(timeout 60 "$CAIRN" serve --listen "unix:$WORK/o.sock" --lvm "$devs" 2>&1) || rc=$?
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "serve --lvm with pe_start $sectors: exit $rc: $err"
+    expect_contains "$err" "the VG metadata puts the PV's extents at bytes $((sectors * 512)).." \
+      "serve --lvm refusal (pe_start $sectors)"
+    expect_contains "$err" "(pe_start $sectors sectors), over its" "serve --lvm refusal (pe_start $sectors)"
+    expect_contains "$err" "$p0" "serve --lvm refusal names the PV (pe_start $sectors)"
+    rc=0; err=$("$CAIRN" lvm lvs --devices "$devs" 2>&1) || rc=$?
+    [ "$rc" != 0 ] || fail "lvs with pe_start $sectors exited 0"
+    expect_eq "$(sha256sum "$p0" "$p1")" "$before" "PV files after the refusals (pe_start $sectors)"
+  done
+}
+
 run_test cairn_to_lvm t_cairn_to_lvm
 run_test lvm_to_cairn t_lvm_to_cairn
 run_test corrupt_metadata t_corrupt_metadata
 run_test refusals t_refusals
 run_test on_md t_on_md
 run_test crash_states_lvm_agrees t_crash_states_lvm_agrees
+run_test wipe_signatures t_wipe_signatures
+run_test pe_start_overlap t_pe_start_overlap
 finish

@@ -18,7 +18,7 @@
 
 use std::fmt;
 
-use crate::codec::{be16, le32};
+use crate::codec::{be16, le32, le64};
 use crate::{BlockDevice, Result};
 
 /// `MD_SB_MAGIC`, little-endian at the start of every md superblock.
@@ -103,14 +103,46 @@ pub struct Signature {
     pub kind: Kind,
     /// Byte offset of the magic.
     pub offset: u64,
-    /// More about it, when the bytes say (an md 1.2 member's array UUID and name, as
-    /// stored, not validated).
+    /// More about it, when the bytes say (an md 1.2 member's array UUID and name, a
+    /// filesystem's label and UUID, a partition table's partition count; as stored, not
+    /// validated).
     pub detail: Option<String>,
+    /// The precise format when the magic is shared ("ext4" for [`Kind::Ext`]).
+    pub flavour: Option<&'static str>,
+}
+
+impl Signature {
+    /// What it is, in the words users see: "ext4 filesystem", "md superblock 1.2".
+    pub fn what(&self) -> String {
+        match (self.kind, self.flavour) {
+            (Kind::Ext, Some(f)) => format!("{f} filesystem"),
+            (k, _) => k.describe().to_string(),
+        }
+    }
+
+    /// A phrase for a refusal: `an ext4 filesystem (label "data", UUID ...)`.
+    pub fn phrase(&self) -> String {
+        let what = self.what();
+        // As the words are said: "an md", "an MBR", "an XFS", "an LVM2", "a LUKS".
+        let spoken_vowel = what.starts_with(['a', 'e', 'i', 'o', 'u', 'M', 'X'])
+            || what.starts_with("md")
+            || what.starts_with("LVM");
+        let article = if spoken_vowel { "an" } else { "a" };
+        match &self.detail {
+            Some(d) => format!("{article} {what} ({d})"),
+            None => format!("{article} {what}"),
+        }
+    }
 }
 
 impl fmt::Display for Signature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "has a signature at byte {}: {}", self.offset, self.kind)?;
+        write!(
+            f,
+            "has a signature at byte {}: {}",
+            self.offset,
+            self.what()
+        )?;
         if let Some(d) = &self.detail {
             write!(f, ": {d}")?;
         }
@@ -160,6 +192,106 @@ impl Found {
 
     pub fn is_empty(&self) -> bool {
         self.signatures.is_empty()
+    }
+
+    /// The sentence a verb that writes a new format refuses with: `nbd.img holds an ext4
+    /// filesystem (label "data", UUID ...)`, every signature named; `None` when there is
+    /// none. Every writing verb (md create, luks format, pvcreate, vgcreate, vgextend)
+    /// refuses through this, so they name what they found the same way.
+    pub fn refusal(&self, name: &str) -> Option<String> {
+        if self.signatures.is_empty() {
+            return None;
+        }
+        let what: Vec<String> = self.signatures.iter().map(Signature::phrase).collect();
+        Some(format!("{name} holds {}", what.join(" and ")))
+    }
+}
+
+/// Bytes `b[at..at + len]`, NUL-trimmed, as text, or `None` when empty or out of range.
+fn text_field(b: &[u8], at: usize, len: usize) -> Option<String> {
+    let f = b.get(at..at.checked_add(len)?)?;
+    let f = &f[..f.iter().position(|&c| c == 0).unwrap_or(f.len())];
+    (!f.is_empty()).then(|| String::from_utf8_lossy(f).into_owned())
+}
+
+/// A 16-byte UUID at `at` in the dashed form blkid prints, `None` when all zero.
+fn uuid_field(b: &[u8], at: usize) -> Option<String> {
+    let u = b.get(at..at.checked_add(16)?)?;
+    if u.iter().all(|&x| x == 0) {
+        return None;
+    }
+    let mut s = String::with_capacity(36);
+    for (i, x) in u.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{x:02x}"));
+    }
+    Some(s)
+}
+
+/// `label "x", UUID y` from whichever of the two a superblock holds.
+fn label_uuid(label: Option<String>, uuid: Option<String>) -> Option<String> {
+    let parts: Vec<String> = label
+        .map(|l| format!("label {l:?}"))
+        .into_iter()
+        .chain(uuid.map(|u| format!("UUID {u}")))
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+/// ext2, ext3 or ext4, as blkid tells them apart: a journal makes ext3; an incompatible
+/// feature ext3 lacks (extents, 64bit, flex_bg, ...) makes ext4. The superblock is at
+/// 1024: s_feature_compat at +92, s_feature_incompat at +96.
+fn ext_flavour(head: &[u8]) -> &'static str {
+    const COMPAT_HAS_JOURNAL: u32 = 0x4;
+    // FILETYPE (0x2), RECOVER (0x4), JOURNAL_DEV (0x8), META_BG (0x10) are ext3's.
+    const INCOMPAT_EXT3: u32 = 0x2 | 0x4 | 0x8 | 0x10;
+    let compat = le32(head, 1024 + 92).unwrap_or(0);
+    let incompat = le32(head, 1024 + 96).unwrap_or(0);
+    if incompat & !INCOMPAT_EXT3 != 0 {
+        "ext4"
+    } else if compat & COMPAT_HAS_JOURNAL != 0 {
+        "ext3"
+    } else {
+        "ext2"
+    }
+}
+
+/// How many of a GPT's partition entries are in use (a non-zero type GUID), from the
+/// header in LBA 1: entries' LBA at +72, their count at +80, each one's size at +84.
+fn gpt_partitions(dev: &dyn BlockDevice, head: &[u8]) -> Result<Option<usize>> {
+    let (Ok(lba), Ok(count), Ok(size)) = (
+        le64(head, 512 + 72),
+        le32(head, 512 + 80),
+        le32(head, 512 + 84),
+    ) else {
+        return Ok(None);
+    };
+    // Sane headers only (parted and sfdisk write 128 entries of 128 bytes).
+    if !(1..=1024).contains(&count) || !(128..=4096).contains(&size) || lba == 0 {
+        return Ok(None);
+    }
+    let (Some(off), Ok(len)) = (lba.checked_mul(512), usize::try_from(count * size)) else {
+        return Ok(None);
+    };
+    let Some(table) = read(dev, off, len)? else {
+        return Ok(None);
+    };
+    let size = usize::try_from(size).unwrap_or(128);
+    Ok(Some(
+        table
+            .chunks(size)
+            .filter(|e| e.get(..16).is_some_and(|t| t.iter().any(|&x| x != 0)))
+            .count(),
+    ))
+}
+
+fn partitions(n: usize) -> String {
+    if n == 1 {
+        "1 partition".into()
+    } else {
+        format!("{n} partitions")
     }
 }
 
@@ -215,6 +347,7 @@ pub fn probe(dev: &dyn BlockDevice) -> Result<Found> {
             kind,
             offset,
             detail,
+            flavour: None,
         });
     };
     let head_len = usize::try_from(size.min(8192)).unwrap_or(8192);
@@ -232,7 +365,9 @@ pub fn probe(dev: &dyn BlockDevice) -> Result<Found> {
         hit(Kind::Luks { version }, 0, None);
     }
     if at(0, b"XFSB") {
-        hit(Kind::Xfs, 0, None);
+        // sb_uuid at 32, sb_fname (12 bytes) at 108.
+        let d = label_uuid(text_field(&head, 108, 12), uuid_field(&head, 32));
+        hit(Kind::Xfs, 0, d);
     }
     for sector in 0..4usize {
         if at(512 * sector, LVM_LABEL_ID) {
@@ -240,20 +375,32 @@ pub fn probe(dev: &dyn BlockDevice) -> Result<Found> {
         }
     }
     // ext2/3/4: s_magic, 56 bytes into the superblock at 1024.
+    // s_uuid at +104, s_volume_name (16 bytes) at +120.
     if at(1080, &[0x53, 0xef]) {
-        hit(Kind::Ext, 1080, None);
+        let d = label_uuid(
+            text_field(&head, 1024 + 120, 16),
+            uuid_field(&head, 1024 + 104),
+        );
+        hit(Kind::Ext, 1080, d);
     }
-    // swap: the last 10 bytes of the first 4 KiB page.
+    // swap: the last 10 bytes of the first 4 KiB page; a v1 header at 1024 has the UUID
+    // at +12 and the label (16 bytes) at +28.
     if at(4086, b"SWAPSPACE2") || at(4086, b"SWAP-SPACE") {
-        hit(Kind::Swap, 4086, None);
+        let d = label_uuid(
+            text_field(&head, 1024 + 28, 16),
+            uuid_field(&head, 1024 + 12),
+        );
+        hit(Kind::Swap, 4086, d);
     }
     // GPT: the header in LBA 1 (512-byte sectors); else an MBR with a used entry.
+    let mbr_used = (0..4)
+        .filter(|i| head.get(446 + 16 * i + 4).is_some_and(|&t| t != 0))
+        .count();
     if at(512, b"EFI PART") {
-        hit(Kind::Gpt, 512, None);
-    } else if at(510, &[0x55, 0xaa])
-        && (0..4).any(|i| head.get(446 + 16 * i + 4).is_some_and(|&t| t != 0))
-    {
-        hit(Kind::Mbr, 510, None);
+        let d = gpt_partitions(dev, &head)?.map(partitions);
+        hit(Kind::Gpt, 512, d);
+    } else if at(510, &[0x55, 0xaa]) && mbr_used > 0 {
+        hit(Kind::Mbr, 510, Some(partitions(mbr_used)));
     }
     // btrfs: the superblock at 64 KiB, its magic 64 bytes in.
     if read(dev, 65_600, 8)?.is_some_and(|b| b == b"_BHRfS_M") {
@@ -277,6 +424,11 @@ pub fn probe(dev: &dyn BlockDevice) -> Result<Found> {
         let off = ((sectors & !127) - 128) * 512;
         if read(dev, off, 4)?.is_some_and(|b| le32(&b, 0) == Ok(MD_MAGIC)) {
             hit(Kind::Md(MdVersion::V0_90), off, None);
+        }
+    }
+    for s in &mut out {
+        if s.kind == Kind::Ext {
+            s.flavour = Some(ext_flavour(&head));
         }
     }
     Ok(Found {
@@ -418,6 +570,55 @@ mod tests {
             "has a signature at byte 4096: md superblock 1.2: member of array \
              11111111:11111111:11111111:11111111 (h:vol)"
         );
+    }
+
+    /// The sentence every writing verb refuses with names the format, its label and UUID
+    /// (or its partitions), with the article said aloud.
+    #[test]
+    fn refusals_name_what_is_there() {
+        let mut ext = vec![0u8; 2048];
+        ext[1080..1082].copy_from_slice(&[0x53, 0xef]);
+        ext[1024 + 96] = 0x40; // extents: ext4
+        ext[1024 + 104..1024 + 120].copy_from_slice(&[0xab; 16]);
+        ext[1024 + 120..1024 + 124].copy_from_slice(b"home");
+        let f = probe(&disk_with(8 << 20, &[(0, &ext)])).unwrap();
+        assert_eq!(
+            f.refusal("nbd.img").unwrap(),
+            "nbd.img holds an ext4 filesystem (label \"home\", UUID \
+             abababab-abab-abab-abab-abababababab)"
+        );
+        let mut ext3 = ext.clone();
+        ext3[1024 + 96] = 0x2;
+        ext3[1024 + 92] = 0x4;
+        ext3[1024 + 120..1024 + 136].fill(0);
+        let f = probe(&disk_with(8 << 20, &[(0, &ext3)])).unwrap();
+        assert_eq!(
+            f.refusal("d").unwrap(),
+            "d holds an ext3 filesystem (UUID abababab-abab-abab-abab-abababababab)"
+        );
+        for (put, want) in [
+            (
+                vec![(0, b"LUKS\xba\xbe\x00\x02".as_slice())],
+                "d holds a LUKS header",
+            ),
+            (
+                vec![
+                    (446 + 4, &[0x83][..]),
+                    (462 + 4, &[0x82]),
+                    (510, &[0x55, 0xaa]),
+                ],
+                "d holds an MBR partition table (2 partitions)",
+            ),
+            (vec![(0, b"XFSB")], "d holds an XFS filesystem"),
+            (
+                vec![(512, b"LABELONE")],
+                "d holds an LVM2 physical volume label",
+            ),
+        ] {
+            let f = probe(&disk_with(8 << 20, &put)).unwrap();
+            assert_eq!(f.refusal("d").unwrap(), want);
+        }
+        assert_eq!(probe(&MemDisk::new(1 << 20)).unwrap().refusal("d"), None);
     }
 
     #[test]

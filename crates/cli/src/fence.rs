@@ -241,6 +241,18 @@ pub struct OwnerArgs {
     /// Members: files, block devices or NBD URIs (nbd://HOST[:PORT]/EXPORT)
     #[arg(required = true, value_name = "MEMBER")]
     pub members: Vec<String>,
+
+    /// Release each member's owner record (through its member server: give NBD URIs),
+    /// so the next owner takes over without --force: what a clean stop of the owner
+    /// does, for an owner that ended without one. An owner that did not release the
+    /// member is named and kept unless --force is given too
+    #[arg(long)]
+    pub release: bool,
+
+    /// With --release: release records whose owner did not (it is fenced: a new
+    /// generation is taken first), once you know that owner is gone for good
+    #[arg(short, long, requires = "release")]
+    pub force: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -261,6 +273,12 @@ struct OwnerLine {
     released: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     message: Option<String>,
+    /// The record as read, for --release.
+    #[serde(skip)]
+    record: Option<OwnerRecord>,
+    /// Kept beside an export used whole (not in its first 4 KiB).
+    #[serde(skip)]
+    whole: bool,
 }
 
 fn open(member: &str) -> std::result::Result<Arc<dyn BlockDevice>, String> {
@@ -296,6 +314,8 @@ fn owner_line(member: &str) -> OwnerLine {
         since: None,
         released: false,
         message: None,
+        record: None,
+        whole: false,
     };
     let rec = open(member).and_then(|d| OwnerRecord::read(&*d).map_err(|e| e.to_string()));
     match rec {
@@ -308,6 +328,7 @@ fn owner_line(member: &str) -> OwnerLine {
             l.array = Some(uuid_text(&r.token.array));
             l.since = Some(r.since);
             l.released = r.released;
+            l.record = Some(r);
         }
         Ok(Err(e)) => {
             l.state = match e {
@@ -327,6 +348,8 @@ fn owner_line(member: &str) -> OwnerLine {
                         l.since = Some(r.since);
                         l.released = r.released;
                         l.message = None;
+                        l.record = Some(r);
+                        l.whole = true;
                     }
                     Ok(None) => {}
                     Err(m) => l.message = Some(m),
@@ -366,9 +389,78 @@ fn kept_beside(member: &str) -> std::result::Result<Option<OwnerRecord>, String>
     }
 }
 
-/// Prints each member's owner record: generation, owner, array, since when.
+/// `--release`: gives `l`'s record up through its member server, as its owner's clean
+/// stop would. An owner that did not release it is named and kept without `force`;
+/// with it, a takeover at a new generation fences that owner first.
+fn release_line(l: &OwnerLine, force: bool) -> std::result::Result<String, String> {
+    let m = &l.member;
+    let Some(r) = &l.record else {
+        return match l.state {
+            "none" | "foreign" => Ok(format!("{m}: no owner record; nothing to release")),
+            _ => Err(format!(
+                "{m}: {}",
+                l.message.as_deref().unwrap_or("unreadable")
+            )),
+        };
+    };
+    let holder = format!(
+        "{} (generation {}, since {})",
+        r.token.owner, r.token.generation, r.since
+    );
+    if r.released {
+        return Ok(format!("{m}: released already (last owner {holder})"));
+    }
+    if !force {
+        return Err(format!(
+            "{m}: owned by {holder}, which has not released it; if that owner is gone for \
+             good (its process ended, its host is down), add --force to release it"
+        ));
+    }
+    if !cairn_stack::leaf::is_remote(std::path::Path::new(m)) {
+        return Err(format!(
+            "{m}: a record is released through the member server that keeps it: give the \
+             member's NBD URI"
+        ));
+    }
+    let uri = cairn_nbd::uri::NbdUri::parse(m)?;
+    let o = cairn_nbd::client::ClientOptions::from_uri(&uri).map_err(|e| e.to_string())?;
+    let me = cairn_cluster::owner::new_owner("")?;
+    let members = vec![(m.clone(), o.clone())];
+    let owned = if l.whole {
+        cairn_cluster::take_over_whole(r.token.array, &me, m, &o, true)
+    } else {
+        let rules = cairn_cluster::Rules {
+            needed: 1,
+            force_quorum: true,
+            replace_owner: true,
+        };
+        cairn_cluster::take_over(r.token.array, &me, &members, rules)
+    }
+    .map_err(|e| format!("{m}: {e}"))?;
+    let failed = cairn_cluster::release(&owned, &members);
+    if let Some((_, e)) = failed.first() {
+        return Err(format!("{m}: the record could not be released: {e}"));
+    }
+    Ok(format!("{m}: released (it was owned by {holder})"))
+}
+
+/// Prints each member's owner record: generation, owner, array, since when. With
+/// `--release`, gives the records up instead.
 pub fn owner(a: &OwnerArgs, global: &Global) -> Result<()> {
     let lines: Vec<OwnerLine> = a.members.iter().map(|m| owner_line(m)).collect();
+    if a.release {
+        let mut errors = Vec::new();
+        for l in &lines {
+            match release_line(l, a.force) {
+                Ok(said) => println!("{said}"),
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            return Ok(());
+        }
+        return Err(CliError::new(errors.join("; ")));
+    }
     if global.json {
         println!("{}", serde_json::to_string(&lines).expect("serialisable"));
     } else {

@@ -16,4 +16,10 @@ pub struct Global {
     /// Print results as one line of JSON on stdout, for scripts
     #[arg(long, global = true)]
     pub json: bool,
+
+    /// Opening LUKS: refuse a PBKDF2 key derivation that would take longer than SECONDS
+    /// at this machine's speed (a crafted header can ask for hours); 0: no limit
+    /// [default: CAIRN_MAX_KDF_TIME, else 60]
+    #[arg(long, global = true, value_name = "SECONDS")]
+    pub max_kdf_time: Option<f64>,
 }

@@ -75,6 +75,11 @@ use args::{Cli, Command};
 pub fn run(cli: Cli) -> ExitCode {
     logging::init(cli.global.verbose);
     install_panic_hook();
+    if let Some(s) = cli.global.max_kdf_time {
+        cairn_luks::set_max_kdf_time(
+            (s > 0.0 && s.is_finite()).then(|| std::time::Duration::from_secs_f64(s)),
+        );
+    }
     let result = match cli.command {
         Command::Serve(a) => serve::run(a, &cli.global),
         Command::Status(a) => status::run(a, &cli.global),
@@ -91,9 +96,13 @@ pub fn run(cli: Cli) -> ExitCode {
     };
     // A clean end gives up what this process still owns across hosts (remote exports
     // used whole; md arrays are given up as they close): the next owner takes over
-    // without --force. A failure keeps it, as a crash would.
+    // without --force. A failure gives up the remote exports used whole (nothing more is
+    // written to them; a failed lvcreate must not leave its PVs owned) and keeps the md
+    // arrays whose close failed, as a crash would.
     if result.is_ok() {
         cairn_stack::fence::release_all();
+    } else {
+        cairn_stack::fence::release_whole_exports();
     }
     match result {
         Ok(()) => ExitCode::SUCCESS,

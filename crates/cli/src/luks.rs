@@ -603,7 +603,14 @@ printf, not echo; `-` reads stdin). They are never taken from the command line, 
 other users could read them in the process list.
 
 A passphrase that opens no keyslot ends with \"No key available with this passphrase.\" \
-and exit status 2, as in cryptsetup. Serve a volume with `cairn serve --luks DEVICE`.";
+and exit status 2, as in cryptsetup. Serve a volume with `cairn serve --luks DEVICE`.
+
+Opening times each PBKDF2 derivation a header asks for (a keyslot's, the volume key \
+digest's) against this machine's speed before it starts: one of more than 3 s is \
+announced (\"keyslot 0: deriving the key with 4000000000 PBKDF2-sha256 iterations, about \
+2000 s at this machine's speed\"), and one of more than 60 s is refused as a crafted \
+header would be; --max-kdf-time SECONDS (or CAIRN_MAX_KDF_TIME; 0: no limit) moves the \
+limit, for every command, `serve` included.";
 
 pub(crate) const LUKS_EXAMPLES: &str = "\
 Examples:
@@ -659,8 +666,8 @@ encrypted payload starts at 16 MiB (aligned to 1 MiB and to an md array's full s
 a filesystem on top stays stripe-aligned); everything before it is overwritten, the \
 payload itself is not touched (it reads as random data once opened).
 
-cairn refuses a DEVICE that already carries an md superblock or a filesystem, LUKS or LVM \
-signature, naming what it found; --force overwrites it. Either way it then asks you to \
+cairn refuses a DEVICE that already carries an md superblock, a filesystem, a partition \
+table, swap, or a LUKS or LVM signature, naming what it found; --force overwrites it. Either way it then asks you to \
 type YES, unless -q (--batch-mode) is given, as cryptsetup does.
 
 The default key derivation is argon2id, benchmarked on this machine to take about 2 s \

@@ -66,6 +66,15 @@ fn print_json(v: &impl Serialize) {
 struct OpenedPvs {
     pvs: Vec<PvDevice>,
     arrays: Vec<Arc<cairn_md::Array>>,
+    /// The remote exports used whole as PVs: their owner records are released when the
+    /// verb is done with them, whichever way it ends (a failed lvcreate included).
+    leaves: Vec<PathBuf>,
+}
+
+impl Drop for OpenedPvs {
+    fn drop(&mut self) {
+        cairn_stack::fence::release_exports(&self.leaves);
+    }
 }
 
 impl OpenedPvs {
@@ -123,7 +132,9 @@ fn pv_specs(paths: &[PathBuf], d: &LvmDevices) -> Result<Vec<(String, Spec)>> {
     Ok(out)
 }
 
-fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<OpenedPvs> {
+/// `force`: as `cairn serve --force`, take remote PVs over from an owner that did not
+/// release them (the operator says it is gone), start a dirty degraded md array below.
+fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool, force: bool) -> Result<OpenedPvs> {
     let specs = pv_specs(paths, d)?;
     if specs.is_empty() {
         return Err(CliError::new(
@@ -133,6 +144,7 @@ fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<Opened
     }
     let opts = Options {
         read_only,
+        force,
         hooks: crate::hooks::hooks(true),
         ..Options::default()
     };
@@ -140,6 +152,7 @@ fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<Opened
     let mut out = OpenedPvs {
         pvs: Vec::new(),
         arrays: Vec::new(),
+        leaves: Vec::new(),
     };
     for (name, spec) in &specs {
         // A file's name is its path; an empty export name skips the export-name rules.
@@ -147,6 +160,7 @@ fn open_pvs(paths: &[PathBuf], d: &LvmDevices, read_only: bool) -> Result<Opened
             let _ = out.close();
         })?;
         out.arrays.extend(e.arrays());
+        out.leaves.extend(e.leaves());
         out.pvs.push(PvDevice::new(name.clone(), e.device));
     }
     Ok(out)
@@ -158,8 +172,9 @@ fn open_vg(
     extra: &[PathBuf],
     vg: Option<&str>,
     read_only: bool,
+    force: bool,
 ) -> Result<(Vg, OpenedPvs)> {
-    let opened = open_pvs(extra, d, read_only)?;
+    let opened = open_pvs(extra, d, read_only, force)?;
     let result = Vg::open_with(
         opened.pvs.clone(),
         cairn_lvm::OpenOptions {
@@ -270,10 +285,10 @@ fn table(head: &[&str], rows: &[Vec<String>], right: &[bool]) {
 // ---- verbs -------------------------------------------------------------------------
 
 fn pvcreate(a: &LvmPvcreateArgs, global: &Global) -> Result<()> {
-    let opened = open_pvs(&a.pvs, &a.devices, false)?;
+    let opened = open_pvs(&a.pvs, &a.devices, false, a.wipe.force)?;
     let opts = PvCreateOptions {
         data_alignment: a.data_alignment,
-        force: a.force,
+        force: a.wipe.wipe(),
         uuid: None,
     };
     let mut made = Vec::new();
@@ -329,12 +344,13 @@ pub fn default_extent_size(pvs: &[PvDevice]) -> u64 {
 }
 
 fn vgcreate(a: &LvmVgcreateArgs, global: &Global) -> Result<()> {
-    let opened = open_pvs(&a.pvs, &a.devices, false)?;
+    let opened = open_pvs(&a.pvs, &a.devices, false, a.wipe.force)?;
     let extent_size = match a.extent_size {
         Some(e) => e,
         None => default_extent_size(&opened.pvs),
     };
-    let r = Vg::create(&a.vg, opened.pvs.clone(), extent_size).map(|v| v.report());
+    let r =
+        Vg::create_with(&a.vg, opened.pvs.clone(), extent_size, a.wipe.wipe()).map(|v| v.report());
     opened.close()?;
     let r = r.map_err(|e| lvm_error(&e))?;
     if global.json {
@@ -349,8 +365,8 @@ fn vgcreate(a: &LvmVgcreateArgs, global: &Global) -> Result<()> {
 }
 
 fn vgextend(a: &LvmVgextendArgs, global: &Global) -> Result<()> {
-    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&a.vg), false)?;
-    let new = match open_pvs(&a.new_pvs, &no_devices(), false) {
+    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&a.vg), false, a.wipe.force)?;
+    let new = match open_pvs(&a.new_pvs, &no_devices(), false, a.wipe.force) {
         Ok(n) => n,
         Err(e) => {
             let _ = opened.close();
@@ -358,7 +374,9 @@ fn vgextend(a: &LvmVgextendArgs, global: &Global) -> Result<()> {
         }
     };
     vg.set_description(format!("cairn lvm vgextend {}", a.vg));
-    let r = vg.extend(new.pvs.clone()).map(|()| vg.report());
+    let r = vg
+        .extend_with(new.pvs.clone(), a.wipe.wipe())
+        .map(|()| vg.report());
     opened.close()?;
     let r = r.map_err(|e| lvm_error(&e))?;
     if global.json {
@@ -395,7 +413,7 @@ fn parse_extents(text: &str, r: &VgReport) -> Result<u64> {
 }
 
 fn lvcreate(a: &LvmLvcreateArgs, global: &Global) -> Result<()> {
-    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(&a.vg), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(&a.vg), false, a.force)?;
     let result = (|| {
         let r = vg.report();
         let mut notes = Vec::new();
@@ -525,7 +543,7 @@ fn resize_delta(a: &LvmResizeArgs, grow: bool, cur: u64, extent: u64) -> Result<
 
 fn resize(a: &LvmResizeArgs, grow: bool, global: &Global) -> Result<()> {
     let (vgn, lvn) = vg_lv(&a.lv)?;
-    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(vgn), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(vgn), false, a.force)?;
     let result = (|| {
         let r = vg.report();
         let lv = r.lvs.iter().find(|l| l.name == lvn).ok_or_else(|| {
@@ -573,7 +591,7 @@ fn lvconvert(a: &LvmLvconvertArgs, global: &Global) -> Result<()> {
     if let Some(sock) = lvconvert_daemon(a)? {
         return lvconvert_served(a, &sock, global);
     }
-    let opened = open_pvs(&a.pvs, &a.devices, false)?;
+    let opened = open_pvs(&a.pvs, &a.devices, false, a.force)?;
     // PVs may be missing: that is what a repair is for.
     let mut vg = match Vg::open_with(
         opened.pvs.clone(),
@@ -731,7 +749,7 @@ fn lvrename(a: &LvmLvrenameArgs, global: &Global) -> Result<()> {
         }
         _ => return Err(CliError::new("give VG OLD NEW, or VG/OLD NEW")),
     };
-    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&vgn), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &[], Some(&vgn), false, a.force)?;
     vg.set_description(format!("cairn lvm lvrename {vgn} {old} {new}"));
     let r = vg.lv_rename(&old, &new);
     opened.close()?;
@@ -748,7 +766,7 @@ fn lvrename(a: &LvmLvrenameArgs, global: &Global) -> Result<()> {
 
 fn lvremove(a: &LvmLvArgs, global: &Global) -> Result<()> {
     let (vgn, lvn) = vg_lv(&a.lv)?;
-    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(vgn), false)?;
+    let (mut vg, opened) = open_vg(&a.devices, &a.pvs, Some(vgn), false, a.force)?;
     vg.set_description(format!("cairn lvm lvremove {vgn}/{lvn}"));
     let r = vg.lv_remove(lvn);
     opened.close()?;
@@ -858,7 +876,7 @@ struct PvRow {
 }
 
 fn pvs(a: &LvmReportArgs, global: &Global) -> Result<()> {
-    let opened = open_pvs(&a.pvs, &a.devices, true)?;
+    let opened = open_pvs(&a.pvs, &a.devices, true, false)?;
     let result = (|| {
         let mut rows = Vec::new();
         let mut in_vg = Vec::new();
@@ -950,7 +968,7 @@ fn report_of(a: &LvmReportArgs) -> Result<VgReport> {
     if let Some(r) = report_from_daemon(a) {
         return Ok(r);
     }
-    let (vg, opened) = open_vg(&a.devices, &a.pvs, None, true)?;
+    let (vg, opened) = open_vg(&a.devices, &a.pvs, None, true, false)?;
     let r = vg.report();
     opened.close()?;
     Ok(r)
@@ -1168,7 +1186,10 @@ one PV) or a bare --luks (each --md array holds LUKS, the PV is inside it), with
 
 pvcreate starts the data area at 1 MiB, raised to a multiple of the device's full stripe \
 (an md array's chunk x data disks), so every extent starts on a full stripe and a \
-filesystem on an LV stays aligned. Every change writes new metadata (seqno + 1) to all \
+filesystem on an LV stays aligned. pvcreate, and vgcreate and vgextend where they make \
+PVs, refuse a device that holds anything else (a filesystem, a partition table, swap, md, \
+LUKS, an LVM label), naming what they found; lvm asks, cairn does not: -y or -f (--force) \
+answers yes and the old signatures are wiped. Every change writes new metadata (seqno + 1) to all \
 PVs in lvm's commit order, so a crash leaves the old or the new VG, never a mix. \
 Nothing is activated: serve an LV with `cairn serve --lvm`.";
 
@@ -1269,9 +1290,29 @@ pub struct LvmPvcreateArgs {
     #[arg(long = "dataalignment", value_name = "SIZE", value_parser = parse_size)]
     pub data_alignment: Option<u64>,
 
-    /// Overwrite a device that holds another signature (md, LUKS, an LVM label)
+    #[command(flatten)]
+    pub wipe: WipeArgs,
+}
+
+/// The answer to "this device holds something else; overwrite it?", which lvm asks and
+/// cairn does not: without one of these, a writing verb refuses and names what it found.
+#[derive(Debug, Args)]
+pub struct WipeArgs {
+    /// Overwrite a device that holds another signature (a filesystem, a partition
+    /// table, swap, md, LUKS, an LVM label); also take remote PVs over from an owner that
+    /// did not release them (it is gone for good), as `cairn serve --force`
     #[arg(short, long)]
     pub force: bool,
+
+    /// Answer yes to overwriting a signature (lvm's -y; the same as --force here)
+    #[arg(short = 'y', long = "yes")]
+    pub yes: bool,
+}
+
+impl WipeArgs {
+    pub fn wipe(&self) -> bool {
+        self.force || self.yes
+    }
 }
 
 /// `cairn lvm pvs|vgs|lvs`.
@@ -1311,6 +1352,10 @@ pub struct LvmVgcreateArgs {
     #[arg(short = 's', long = "physicalextentsize", value_name = "SIZE",
           value_parser = parse_size)]
     pub extent_size: Option<u64>,
+
+    /// PVs are made of the devices that have no LVM label, as pvcreate makes them
+    #[command(flatten)]
+    pub wipe: WipeArgs,
 }
 
 /// `cairn lvm vgextend`.
@@ -1325,6 +1370,9 @@ pub struct LvmVgextendArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    #[command(flatten)]
+    pub wipe: WipeArgs,
 }
 
 /// `cairn lvm lvcreate`.
@@ -1381,6 +1429,11 @@ pub struct LvmLvcreateArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    /// Take remote PVs over from an owner that did not release them (it is gone for
+    /// good), as `cairn serve --force`; also starts a dirty degraded md array below
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 /// `cairn lvm lvextend|lvreduce`.
@@ -1410,7 +1463,8 @@ pub struct LvmResizeArgs {
     )]
     pub extents: Option<String>,
 
-    /// lvreduce: really cut the data off the end
+    /// lvreduce: really cut the data off the end. Both: take remote PVs over from an
+    /// owner that did not release them (it is gone for good), as `cairn serve --force`
     #[arg(short, long)]
     pub force: bool,
 
@@ -1432,6 +1486,11 @@ pub struct LvmLvrenameArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    /// Take remote PVs over from an owner that did not release them (it is gone for
+    /// good), as `cairn serve --force`; also starts a dirty degraded md array below
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 /// `cairn lvm lvremove`.
@@ -1448,6 +1507,11 @@ pub struct LvmLvArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    /// Take remote PVs over from an owner that did not release them (it is gone for
+    /// good), as `cairn serve --force`; also starts a dirty degraded md array below
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 /// `cairn lvm lvconvert`.
@@ -1472,6 +1536,11 @@ pub struct LvmLvconvertArgs {
 
     #[command(flatten)]
     pub devices: LvmDevices,
+
+    /// Take remote PVs over from an owner that did not release them (it is gone for
+    /// good), as `cairn serve --force`; also starts a dirty degraded md array below
+    #[arg(short, long)]
+    pub force: bool,
 
     /// A served LV is repaired by the `cairn serve` serving it (found in the runtime
     /// directory, or given here), its images rebuilt in the background

@@ -328,6 +328,13 @@ impl FenceStore for MemberStore {
         }
     }
 
+    fn released_beside(&self, export: &str) -> Result<bool> {
+        Ok(self
+            .read_beside(export)?
+            .and_then(|b| OwnerRecord::decode(&b).ok().flatten())
+            .is_some_and(|r| r.released))
+    }
+
     fn store_beside(&self, export: &str, token: &FenceToken, released: bool) -> Result<()> {
         use std::io::Write;
         let path = self.path(export)?;

@@ -1302,6 +1302,21 @@ impl Daemon {
                 );
             }
         }
+        // The remote exports it used whole (a LUKS volume, its VG's PVs) that no export
+        // still served uses are given up: this daemon may reopen them in another shape
+        // (another LV of the VG, the PV as a plain export), and so may another host,
+        // without meeting its own unreleased claim.
+        let still: Vec<std::path::PathBuf> = self
+            .exports()
+            .iter()
+            .flat_map(OpenedExport::leaves)
+            .collect();
+        let free: Vec<std::path::PathBuf> = removed
+            .leaves()
+            .into_iter()
+            .filter(|p| !still.contains(p))
+            .collect();
+        cairn_stack::fence::release_exports(&free);
         let message = format!(
             "export {name:?} removed ({}); {closed} client connection{} closed",
             removed.path.display(),

@@ -40,6 +40,92 @@ fn unsupported(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Unsupported, msg)
 }
 
+/// The longest a PBKDF2 derivation read from a header may take at this machine's speed
+/// unless told otherwise ([`set_max_kdf_time`], `CAIRN_MAX_KDF_TIME`): cryptsetup
+/// formats for 2 s, so a minute leaves room for a header made on a much faster machine,
+/// while a crafted count (4e9 iterations: about half an hour) is refused with a sentence
+/// instead of spinning silently.
+pub const DEFAULT_MAX_KDF_TIME: Duration = Duration::from_secs(60);
+/// Derivations estimated to take longer than this are announced before they start.
+const ANNOUNCE_KDF_TIME: Duration = Duration::from_secs(3);
+/// Counts up to this are never timed or refused (cryptsetup's 2 s on a slow machine).
+const CHEAP_PBKDF2_ITERATIONS: u32 = 500_000;
+
+/// `Some(None)`: no limit; `Some(Some(d))`: `d`; `None`: the environment or the default.
+static MAX_KDF_TIME: std::sync::Mutex<Option<Option<Duration>>> = std::sync::Mutex::new(None);
+
+/// Sets the longest a PBKDF2 derivation from a header may take before opening refuses
+/// it (`None`: no limit), for the whole process (`--max-kdf-time`).
+pub fn set_max_kdf_time(limit: Option<Duration>) {
+    *MAX_KDF_TIME.lock().unwrap_or_else(|p| p.into_inner()) = Some(limit);
+}
+
+/// The limit in force: [`set_max_kdf_time`]'s, else `CAIRN_MAX_KDF_TIME` (seconds, 0:
+/// none), else [`DEFAULT_MAX_KDF_TIME`].
+pub fn max_kdf_time() -> Option<Duration> {
+    if let Some(l) = *MAX_KDF_TIME.lock().unwrap_or_else(|p| p.into_inner()) {
+        return l;
+    }
+    match std::env::var("CAIRN_MAX_KDF_TIME")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+    {
+        Some(s) if s <= 0.0 || !s.is_finite() => None,
+        Some(s) => Some(Duration::from_secs_f64(s)),
+        None => Some(DEFAULT_MAX_KDF_TIME),
+    }
+}
+
+/// PBKDF2 iterations per second of `hash` on this machine, measured once per hash.
+fn pbkdf2_rate(hash: Hash) -> f64 {
+    static RATES: std::sync::Mutex<Vec<(Hash, f64)>> = std::sync::Mutex::new(Vec::new());
+    let mut rates = RATES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(_, r)) = rates.iter().find(|(h, _)| *h == hash) {
+        return r;
+    }
+    let mut iters = 4096u32;
+    let mut out = [0u8; 32];
+    let rate = loop {
+        let t = Instant::now();
+        hash.pbkdf2(b"cairn kdf rate", &[0u8; SALT_LEN], iters, &mut out);
+        let el = t.elapsed();
+        if el >= Duration::from_millis(20) || iters >= 1 << 24 {
+            break f64::from(iters) / el.as_secs_f64().max(1e-6);
+        }
+        iters = iters.saturating_mul(4);
+    };
+    rates.push((hash, rate));
+    rate
+}
+
+/// Says what a long PBKDF2 derivation from a header is about to do, and refuses one
+/// that would take longer than [`max_kdf_time`] at this machine's speed. `what` names
+/// it ("keyslot 0", "the volume key digest").
+pub fn check_pbkdf2_cost(what: &str, hash: Hash, iterations: u32) -> Result<()> {
+    if iterations <= CHEAP_PBKDF2_ITERATIONS {
+        return Ok(());
+    }
+    let secs = f64::from(iterations) / pbkdf2_rate(hash);
+    let doing = format!(
+        "{what}: deriving the key with {iterations} PBKDF2-{} iterations, about {secs:.0} s \
+         at this machine's speed",
+        hash.name()
+    );
+    if let Some(limit) = max_kdf_time() {
+        if secs > limit.as_secs_f64() {
+            return Err(unsupported(format!(
+                "{doing}, more than the limit of {} s: refusing it (a crafted header?); \
+                 give --max-kdf-time SECONDS (0: no limit) or set CAIRN_MAX_KDF_TIME to go on",
+                limit.as_secs()
+            )));
+        }
+    }
+    if secs >= ANNOUNCE_KDF_TIME.as_secs_f64() {
+        tracing::warn!("{doing}");
+    }
+    Ok(())
+}
+
 /// Hash functions LUKS uses for PBKDF2, the AF splitter and digests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hash {
@@ -350,6 +436,9 @@ pub fn luks2_open_keyslot(
             "keyslot {id}: {area_key}-byte key for area cipher {enc}"
         )));
     }
+    if let KdfParams::Pbkdf2 { hash, iterations } = params {
+        check_pbkdf2_cost(&format!("keyslot {id}"), hash, iterations)?;
+    }
     let mut material = read_secret(dev, ks.area.offset.0, read_len)?;
     let kek = params.derive(passphrase, &salt, area_key)?;
     SectorCipher::from_spec(spec, kek.as_bytes())?.decrypt(material.as_mut_bytes(), 512, 0);
@@ -382,6 +471,7 @@ pub fn verify_digest(d: &ondisk::Digest, key: &[u8]) -> Result<bool> {
     if want.0.is_empty() || want.0.len() > 1024 {
         return Err(corrupt("digest length out of range"));
     }
+    check_pbkdf2_cost("the volume key digest", hash, iterations)?;
     let mut got = SecretBytes::zeroed(want.0.len());
     hash.pbkdf2(key, &salt.0, iterations, got.as_mut_bytes());
     Ok(ct_eq(got.as_bytes(), &want.0))

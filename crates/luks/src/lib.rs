@@ -34,7 +34,7 @@ use std::sync::Arc;
 use cairn_block::{BlockDevice, Error, ErrorKind, Result};
 
 pub use device::CryptDevice;
-pub use keyslot::{Hash, NO_KEY};
+pub use keyslot::{max_kdf_time, set_max_kdf_time, Hash, NO_KEY};
 pub use luks1::Luks1;
 pub use secret::{SecretBytes, VolumeKey};
 pub use volume::{Dump, FormatOptions, KeyslotOptions, Luks2, PbkdfKind, PbkdfOptions, Unlocked};

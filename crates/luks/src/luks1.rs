@@ -14,7 +14,7 @@ use cairn_block::{BlockDevice, Error, ErrorKind, Result};
 use serde::Serialize;
 
 use crate::device::{CryptDevice, SegmentParams};
-use crate::keyslot::{af_merge, corrupt, read_secret, Hash, NO_KEY};
+use crate::keyslot::{self, af_merge, corrupt, read_secret, Hash, NO_KEY};
 use crate::secret::{ct_eq, SecretBytes, VolumeKey};
 use crate::volume::Unlocked;
 use crate::xts::{CipherSpec, SectorCipher};
@@ -284,6 +284,7 @@ impl Luks1 {
         if slots.is_empty() {
             return Err(Error::new(ErrorKind::AuthFailed, "no usable keyslot"));
         }
+        keyslot::check_pbkdf2_cost("the volume key digest", hash, h.mk_digest_iterations)?;
         let material_len = key_len * STRIPES as usize;
         let read_len = material_len.div_ceil(512) * 512;
         for i in slots {
@@ -291,6 +292,7 @@ impl Luks1 {
             if ks.iterations == 0 {
                 continue;
             }
+            keyslot::check_pbkdf2_cost(&format!("keyslot {i}"), hash, ks.iterations)?;
             let mut kek = SecretBytes::zeroed(key_len);
             hash.pbkdf2(passphrase, &ks.salt, ks.iterations, kek.as_mut_bytes());
             let mut m = read_secret(

@@ -90,3 +90,36 @@ fn a_data_segment_of_size_zero_is_refused() {
     let e = open_any(disk(&img), PASS).err().unwrap();
     assert!(e.to_string().contains("segment 0: size 0"), "{e}");
 }
+
+/// A digest (or a keyslot) asking for 4e9 PBKDF2 iterations, about half an hour: opening
+/// refuses it before deriving anything, saying what it would do and how long that
+/// would take here, and how to go on; under a limit raised high enough it would run.
+#[test]
+fn a_pbkdf2_count_past_the_time_limit_is_refused_not_spun() {
+    for (from, to, what) in [
+        (
+            "\"segments\":[\"0\"],\"hash\":\"sha256\",\"iterations\":1000,",
+            "\"segments\":[\"0\"],\"hash\":\"sha256\",\"iterations\":4000000000,",
+            "the volume key digest",
+        ),
+        (
+            "\"type\":\"pbkdf2\",\"hash\":\"sha256\",\"iterations\":1000,",
+            "\"type\":\"pbkdf2\",\"hash\":\"sha256\",\"iterations\":4000000000,",
+            "keyslot 0",
+        ),
+    ] {
+        let mut img = formatted(4 * MIB);
+        edit_json(&mut img, from, to);
+        let t = std::time::Instant::now();
+        let e = open_any(disk(&img), PASS).err().unwrap();
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "it spun");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!(
+                "{what}: deriving the key with 4000000000 PBKDF2-sha256 iterations, about "
+            )) && msg.contains("s at this machine's speed, more than the limit of 60 s")
+                && msg.contains("--max-kdf-time"),
+            "{msg}"
+        );
+    }
+}

@@ -89,7 +89,8 @@ pub struct PvInfo {
 pub struct PvCreateOptions {
     /// Align the first extent to this many bytes instead of LCM(1 MiB, optimal I/O).
     pub data_alignment: Option<u64>,
-    /// Overwrite a device that carries another signature (md, LUKS, an LVM label).
+    /// Overwrite a device that carries another signature (a filesystem, a partition
+    /// table, swap, md, LUKS, an LVM label).
     pub force: bool,
     /// Use this uuid (dashed or not) instead of a fresh one.
     pub uuid: Option<String>,
@@ -137,42 +138,65 @@ fn gcd(a: u64, b: u64) -> u64 {
     }
 }
 
-/// Signatures pvcreate refuses to overwrite without `force`, from the shared probe: a
-/// LUKS header at 0, and md's magic at 0 or 4096 whatever the major version that follows
-/// it (a test holds it to that), on devices of 8 KiB or more.
-fn other_signature(dev: &dyn BlockDevice) -> Result<Option<String>> {
-    if dev.geometry().size < 8192 {
-        return Ok(None);
-    }
-    let found = cairn_block::probe::probe(dev)?;
-    let luks = found
+/// What pvcreate refuses to overwrite without `force`, named as the shared probe names
+/// it (`cairn_block::probe`: filesystems, partition tables, swap, md, LUKS), plus md's
+/// magic at 0 or 4096 whatever the major version that follows it (an 0.90 or damaged
+/// superblock there still says "this was an md member"). An LVM label is [`probe`]'s.
+fn other_signature(pv: &PvDevice) -> Result<Option<String>> {
+    let dev = &*pv.dev;
+    let mut found = cairn_block::probe::probe(dev)?;
+    found
         .signatures
-        .iter()
-        .any(|s| s.offset == 0 && matches!(s.kind, cairn_block::probe::Kind::Luks { .. }));
-    if luks {
-        return Ok(Some("a LUKS header".into()));
+        .retain(|s| s.kind != cairn_block::probe::Kind::LvmPv);
+    if let Some(r) = found.refusal(&pv.name) {
+        return Ok(Some(r));
     }
-    if cairn_block::probe::md_magic_at_start(dev)?.is_some() {
-        return Ok(Some("an md superblock".into()));
+    if let Some(off) = cairn_block::probe::md_magic_at_start(dev)? {
+        return Ok(Some(format!(
+            "{} holds an md superblock (its magic at byte {off})",
+            pv.name
+        )));
     }
     Ok(None)
 }
 
-/// Wipes the magics pvcreate --force replaces, so nothing finds the old format again.
+/// Wipes every signature the probe finds (as lvm's pvcreate wipes what it reports), so
+/// nothing finds the old format again: its magic bytes become zeros. The label area
+/// (sectors 0-3) is cleared by pvcreate itself.
 fn wipe_signatures(dev: &dyn BlockDevice) -> Result<()> {
+    use cairn_block::probe::Kind;
+    let found = cairn_block::probe::probe(dev)?;
+    for s in &found.signatures {
+        let len: usize = match s.kind {
+            Kind::Md(_) | Kind::Luks { .. } | Kind::Luks2Secondary | Kind::Gpt => 8,
+            Kind::LvmPv => 8,
+            Kind::Ext | Kind::Mbr => 2,
+            Kind::Xfs => 4,
+            Kind::Swap => 10,
+            Kind::Btrfs => 8,
+            _ => continue,
+        };
+        write_bytes(
+            dev,
+            s.offset,
+            &vec![0u8; len],
+            WriteFlags::NONE,
+            &format!("the old {} signature", s.what()),
+        )?;
+    }
+    // A GPT's backup header, in the last sector, would bring the table back.
     let size = dev.geometry().size;
-    let mut off: u64 = 16 << 10;
-    while off <= 4 << 20 && off + 8 <= size {
-        if read_bytes(dev, off, 6, "a LUKS2 secondary header")? == b"SKUL\xba\xbe" {
+    if found.get(Kind::Gpt).is_some() && size >= 1024 {
+        let last = size - 512;
+        if read_bytes(dev, last, 8, "a GPT backup header")? == b"EFI PART" {
             write_bytes(
                 dev,
-                off,
+                last,
                 &[0u8; 8],
                 WriteFlags::NONE,
-                "an old LUKS2 secondary header",
+                "the old GPT backup header",
             )?;
         }
-        off <<= 1;
     }
     Ok(())
 }
@@ -198,10 +222,10 @@ pub fn pvcreate(pv: &PvDevice, opts: &PvCreateOptions) -> Result<PvInfo> {
                 ),
             ));
         }
-        if let Some(sig) = other_signature(dev).map_err(ctx)? {
+        if let Some(sig) = other_signature(pv).map_err(ctx)? {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
-                format!("{} holds {sig} (pass force to overwrite it)", pv.name),
+                format!("{sig} (pass force to overwrite it)"),
             ));
         }
     }

@@ -271,12 +271,17 @@ impl VolumeGroup {
     }
 }
 
-/// Reads a PV's label for joining a VG, making it a PV first if it is blank.
-fn label_for_new(pv: &PvDevice) -> Result<(PvHeader, Scan)> {
+/// Reads a PV's label for joining a VG, making it a PV first if it has none (refused,
+/// without `force`, when it holds another signature, as pvcreate refuses).
+fn label_for_new(pv: &PvDevice, force: bool) -> Result<(PvHeader, Scan)> {
     let h = match label::read(&*pv.dev).map_err(|e| e.context(&pv.name))? {
         Some(h) => h,
         None => {
-            pvcreate(pv, &PvCreateOptions::default())?;
+            let opts = PvCreateOptions {
+                force,
+                ..PvCreateOptions::default()
+            };
+            pvcreate(pv, &opts)?;
             label::read(&*pv.dev)?.ok_or_else(|| {
                 Error::new(
                     ErrorKind::Io,
@@ -310,6 +315,55 @@ fn label_for_new(pv: &PvDevice) -> Result<(PvHeader, Scan)> {
     Ok((h, scan))
 }
 
+/// Refuses a PV whose extents (`pe_count` extents of `extent_sectors` from sector
+/// `pe_start`) would cover its label sector or one of its metadata areas: a write to an
+/// LV there would wipe the label and the VG metadata. lvm never lays a PV out so; crafted
+/// or damaged metadata may (`pe_start = 0`, 8 or 1024 sectors).
+fn check_extents_clear(
+    name: &str,
+    h: &PvHeader,
+    pe_start: u64,
+    pe_count: u64,
+    extent_sectors: u64,
+) -> Result<()> {
+    let start = pe_start.saturating_mul(512);
+    let end = pe_count
+        .saturating_mul(extent_sectors)
+        .saturating_add(pe_start)
+        .saturating_mul(512);
+    if start == end {
+        return Ok(());
+    }
+    let label = h.sector.saturating_mul(512);
+    let mut areas = vec![(
+        "its LVM label".to_string(),
+        label,
+        label.saturating_add(512),
+    )];
+    for (i, m) in h.metadata_areas.iter().enumerate() {
+        // A size of 0 would be "to the end"; the mda header itself is 512 bytes.
+        let len = m.size.max(512);
+        areas.push((
+            format!("its metadata area {}", i + 1),
+            m.offset,
+            m.offset.saturating_add(len),
+        ));
+    }
+    for (what, a, b) in areas {
+        if a < end && start < b {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{name}: the VG metadata puts the PV's extents at bytes {start}..{end} \
+                     (pe_start {pe_start} sectors), over {what} at bytes {a}..{b}; refusing \
+                     it, as a write to an LV there would destroy the PV's label and metadata"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn pv_meta_for(key: String, pv: &PvDevice, h: &PvHeader, extent_sectors: u64) -> Result<PvMeta> {
     let size = pv.dev.geometry().size;
     let pe_start = h.data_areas[0].offset;
@@ -320,6 +374,7 @@ fn pv_meta_for(key: String, pv: &PvDevice, h: &PvHeader, extent_sectors: u64) ->
         ));
     }
     let pe_count = size.saturating_sub(pe_start) / 512 / extent_sectors;
+    check_extents_clear(&pv.name, h, pe_start / 512, pe_count, extent_sectors)?;
     if pe_count == 0 {
         return Err(Error::new(
             ErrorKind::NoSpace,
@@ -344,6 +399,17 @@ impl Vg {
     /// `vgcreate`: makes a VG over `pvs` (blank devices are made PVs first) with extents of
     /// `extent_size` bytes, and commits its first metadata (seqno 1).
     pub fn create(name: &str, pvs: Vec<PvDevice>, extent_size: u64) -> Result<Vg> {
+        Vg::create_with(name, pvs, extent_size, false)
+    }
+
+    /// [`Vg::create`]; with `force`, devices without a label are made PVs even over
+    /// another signature (a filesystem, a partition table, md, LUKS), as `pvcreate -f`.
+    pub fn create_with(
+        name: &str,
+        pvs: Vec<PvDevice>,
+        extent_size: u64,
+        force: bool,
+    ) -> Result<Vg> {
         validate_name("VG", name)?;
         if !extent_size_ok(extent_size) {
             return Err(invalid(format!(
@@ -358,7 +424,7 @@ impl Vg {
         let mut meta = VolumeGroup::new(name.to_string(), format_uuid(&label::new_uuid()), es);
         let mut slots = Vec::new();
         for (i, pv) in pvs.into_iter().enumerate() {
-            let (h, scan) = label_for_new(&pv)?;
+            let (h, scan) = label_for_new(&pv, force)?;
             if meta.pvs.iter().any(|p| strip_uuid(&p.id) == h.uuid) {
                 return Err(invalid(format!(
                     "{} is given twice (same PV uuid)",
@@ -492,6 +558,14 @@ impl Vg {
                     pv.name
                 )));
             }
+            let p = &meta.pvs[idx];
+            check_extents_clear(
+                &format!("{} ({})", pv.name, p.key),
+                &h,
+                p.pe_start,
+                p.pe_count,
+                meta.extent_size,
+            )?;
             slots[idx] = Slot {
                 dev: Some(pv),
                 header: Some(h),
@@ -690,11 +764,16 @@ impl Vg {
 
     /// `vgextend`: adds PVs (blank devices are made PVs first).
     pub fn extend(&mut self, pvs: Vec<PvDevice>) -> Result<()> {
+        self.extend_with(pvs, false)
+    }
+
+    /// [`Vg::extend`]; with `force`, as [`Vg::create_with`].
+    pub fn extend_with(&mut self, pvs: Vec<PvDevice>, force: bool) -> Result<()> {
         self.check_writable()?;
         let mut new = self.meta.clone();
         let mut slots = Vec::new();
         for pv in pvs {
-            let (h, scan) = label_for_new(&pv)?;
+            let (h, scan) = label_for_new(&pv, force)?;
             if new.pvs.iter().any(|p| strip_uuid(&p.id) == h.uuid) {
                 return Err(invalid(format!(
                     "{} is already in VG {}",

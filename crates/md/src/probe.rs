@@ -54,10 +54,11 @@ pub fn probe_signatures(dev: &dyn BlockDevice) -> Result<Vec<Signature>> {
                 .ok()
                 .map(|sb| format!("member of array {} ({})", sb.set_uuid, sb.set_name))
         } else {
-            None
+            // A filesystem's label and UUID, a partition table's partitions.
+            sig.detail.clone()
         };
         out.push(Signature {
-            kind: sig.kind.describe().to_string(),
+            kind: sig.what(),
             offset: sig.offset,
             detail,
         });

@@ -299,7 +299,7 @@ fn create_refuses_signatures_without_force() {
         o
     };
     let cases: Vec<(Arc<MemDisk>, &str)> = vec![
-        (with_signature(size, 1080, &[0x53, 0xef]), "ext2/3/4"),
+        (with_signature(size, 1080, &[0x53, 0xef]), "ext2 filesystem"),
         (with_signature(size, 0, b"XFSB"), "XFS"),
         (with_signature(size, 0, b"LUKS\xba\xbe\x00\x02"), "LUKS"),
         (with_signature(size, 512, b"LABELONE"), "LVM2"),

@@ -235,6 +235,11 @@ pub trait FenceStore: Send + Sync + fmt::Debug {
     fn load_beside(&self, _export: &str) -> cairn_block::Result<Option<Stored>> {
         Ok(None)
     }
+    /// Whether the record kept beside export `export` says its owner released it (a
+    /// released export used whole is nobody's: plain clients may write it again).
+    fn released_beside(&self, _export: &str) -> cairn_block::Result<bool> {
+        Ok(false)
+    }
     /// Persists `token` beside export `export`, durable before it returns.
     fn store_beside(
         &self,

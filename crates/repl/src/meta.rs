@@ -577,6 +577,13 @@ impl Super {
                 "fence_owner is longer than {OWNER_LEN} bytes or holds a NUL"
             ));
         }
+        if self.fence_epoch == u64::MAX {
+            return Err(format!(
+                "fence_epoch is at its maximum ({}): the next connection or promotion \
+                 could not take a new one",
+                self.fence_epoch
+            ));
+        }
         if self.fence_generation > self.fence_epoch {
             return Err(format!(
                 "fence_generation {} is above fence_epoch {}",

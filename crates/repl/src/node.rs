@@ -1596,7 +1596,14 @@ impl Node {
                 self.rotate(&mut p, &away);
                 rotated = true;
             }
-            p.epoch = top_epoch + 1;
+            // A counter at its maximum is refused, not wrapped: epoch 0 would be below
+            // every token the peers admitted, and they would refuse this primary.
+            let Some(epoch) = top_epoch.checked_add(1) else {
+                drop(p);
+                self.readd_peer_export();
+                return Err(epoch_exhausted(top_epoch));
+            };
+            p.epoch = epoch;
             p.fence = Some(self.token(p.epoch));
             p.primary = true;
             if let Err(e) = self.meta.save(&p) {
@@ -1695,7 +1702,11 @@ impl Node {
         } else {
             vec![mine.as_bytes()]
         };
-        let value = format!("{} epoch {}", self.cfg.node, self.persisted().epoch + 1);
+        let value = format!(
+            "{} epoch {}",
+            self.cfg.node,
+            self.persisted().epoch.saturating_add(1)
+        );
         match Lease::acquire_with(&q.etcd, &key, value.as_bytes(), q.ttl, &also) {
             Ok(l) => Ok(l),
             Err(LeaseError::Held(kv)) if kv.create_revision != 0 => Err(format!(
@@ -3227,4 +3238,14 @@ pub(super) mod tests {
         node.demote().unwrap();
         far_stop.shutdown();
     }
+}
+
+/// The error for a fence epoch at its maximum: a new one cannot be taken (wrapped to 0,
+/// every peer would refuse it, or worse, admit an old primary's queued writes).
+pub(crate) fn epoch_exhausted(epoch: u64) -> String {
+    format!(
+        "the fence epoch is at its maximum ({epoch}); a new one cannot be taken, so this \
+         node cannot write to its peers (recreate the metadata with `cairn repl create-md \
+         --force` on every node)"
+    )
 }

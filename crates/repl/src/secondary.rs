@@ -248,6 +248,14 @@ impl Node {
                 "the token names another resource",
             ));
         }
+        // An epoch at its maximum would leave no room for the next one: refused, as the
+        // metadata refuses to load one.
+        if token.generation == u64::MAX {
+            return Err(io_err(
+                ErrorKind::InvalidArgument,
+                "the token's epoch is at its maximum",
+            ));
+        }
         let mut p = self.persisted();
         p.epoch = p.epoch.max(token.generation);
         p.fence = Some(token.clone());

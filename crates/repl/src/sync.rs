@@ -327,7 +327,10 @@ impl Node {
         // data over the same blocks.
         let epoch = {
             let mut p = self.persisted();
-            p.epoch = p.epoch.max(w.epoch) + 1;
+            let top = p.epoch.max(w.epoch);
+            p.epoch = top
+                .checked_add(1)
+                .ok_or_else(|| crate::node::epoch_exhausted(top))?;
             p.fence = Some(self.token(p.epoch));
             // A diskless node keeps it in memory: its metadata is given up.
             if !self.is_diskless() {

@@ -163,6 +163,25 @@ pub fn release_all() {
     }
 }
 
+/// Gives up the claims on remote exports used whole (a LUKS volume, a PV, an export
+/// served as it is), keeping those on md arrays: a command that failed is done writing
+/// them, and unlike an array they have no clean state to get wrong, so the next owner
+/// must not need `--force` (or a hand-deleted owner file) because a verb failed. An
+/// array whose close failed keeps its claim, as a crash would.
+pub fn release_whole_exports() {
+    let mine: Vec<Arc<Claim>> = {
+        let mut all = claims();
+        let (mine, rest): (Vec<_>, Vec<_>) = all.drain(..).partition(|c| c.export.is_some());
+        *all = rest;
+        mine
+    };
+    for c in mine {
+        for (m, e) in c.release() {
+            tracing::warn!("{m}: the owner record was not released: {e}");
+        }
+    }
+}
+
 /// Closes `array` (marks it clean) and, when that worked, gives up this host's claim on
 /// it. A failed close keeps the claim: the array needs a resync, and the next owner
 /// takes over once the lease runs out (or is told with `--force` that this one is gone).

@@ -846,6 +846,7 @@ mod tests {
         let g = Global {
             verbose: 0,
             json: false,
+            max_kdf_time: None,
         };
         let e = run(&a, &g).expect_err("refused").to_string();
         assert!(

@@ -35,6 +35,11 @@ pub(super) struct GateState {
     beside: bool,
     /// The newest owner admitted or persisted.
     current: Option<FenceToken>,
+    /// `current` released an export it used whole (`beside`): nobody owns it, so plain
+    /// clients may write it again (an `md create` over a former PV, say), as before it
+    /// was ever owned. A record in the export's first bytes (an md member) keeps its
+    /// owner's claim on them whatever it says.
+    released: bool,
     /// The record is damaged (what is wrong): nobody may write until an operator looks,
     /// but plain clients may still read (to inspect it, among others).
     damaged: Option<String>,
@@ -77,6 +82,7 @@ impl Gate {
             state.beside = true;
             if let Stored::Owner(t) = b {
                 state.current = Some(t);
+                state.released = store.released_beside(export).unwrap_or(false);
             }
             state.loaded = true;
             return Ok(());
@@ -164,6 +170,7 @@ impl Gate {
                         token.generation
                     ),
                 })?;
+                s.released = beside;
                 tracing::info!(
                     "owner {} releases generation {}",
                     token.owner,
@@ -199,6 +206,7 @@ impl Gate {
                     );
                 }
                 s.current = Some(token.clone());
+                s.released = false;
                 if beside {
                     s.beside = true;
                     s.foreign = false;
@@ -266,7 +274,7 @@ impl Gate {
                     ),
                 ));
             }
-            (None, Some(c)) if writes => {
+            (None, Some(c)) if writes && !(s.beside && s.released) => {
                 return Err((
                     EPERM,
                     format!(

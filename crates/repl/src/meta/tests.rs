@@ -186,6 +186,23 @@ fn each_bad_field_is_named() {
     assert!(s.validate().unwrap_err().contains("fence_owner"));
 }
 
+/// A fence epoch at its maximum (a crafted or worn-out superblock, with a valid checksum)
+/// is refused on load: the next connection or promotion would wrap it to 0.
+#[test]
+fn fence_epoch_at_its_maximum_is_refused() {
+    let mut s = sample();
+    s.fence_epoch = u64::MAX;
+    let e = s.validate().unwrap_err();
+    assert!(
+        e.contains("fence_epoch is at its maximum (18446744073709551615)"),
+        "{e}"
+    );
+    let e = Super::decode(&s.encode()).unwrap_err().to_string();
+    assert!(e.contains("fence_epoch is at its maximum"), "{e}");
+    s.fence_epoch = u64::MAX - 1;
+    assert_eq!(Super::decode(&s.encode()).unwrap(), s);
+}
+
 #[test]
 fn no_fence_token_and_no_uuid() {
     let mut s = sample();
