@@ -410,6 +410,9 @@ if mode == "slow":
         read_req(s, 2, 32 << 20, 32 << 20)
         conns.append((s, time.monotonic()))
     print("ready", flush=True)
+    # One lock for the threads' lines: print() writes the text and its newline apart,
+    # so two threads cut at once could run their lines together.
+    out = threading.Lock()
     def trickle(i, s, t0):
         s.settimeout(5)
         try:
@@ -420,7 +423,8 @@ if mode == "slow":
                 time.sleep(1)
         except OSError:
             pass
-        print(f"cut {i} {time.monotonic() - t0:.1f}", flush=True)
+        with out:
+            print(f"cut {i} {time.monotonic() - t0:.1f}", flush=True)
     for i, (s, t0) in enumerate(conns):
         threading.Thread(target=trickle, args=(i, s, t0), daemon=True).start()
     time.sleep(600)
