@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Runs every test cairn has: `cargo fmt --check`, `cargo test --workspace`, then the
+# Runs every test cairn has: `cargo fmt --check`, `cargo clippy -D warnings`,
+# `cargo test --workspace`, then the
 # interop tests in tests/interop/ that drive the real tools (nbdinfo, nbdcopy, nbdsh, qemu-img, fio,
 # nbdfuse + loop + mkfs) against `cairn serve`.
 #
 # Usage: scripts/test.sh [TOPIC...]     e.g. scripts/test.sh nbdinfo badreq
-#   With TOPICs, runs only those interop scripts (and skips the fmt check and cargo test).
+#   With TOPICs, runs only those interop scripts (and skips fmt, clippy and cargo test).
 #   CI=true: a missing tool fails its test instead of skipping it.
-#   SKIP_CARGO_TEST=1: interop tests only (no fmt check either).
+#   SKIP_CARGO_TEST=1: interop tests only (no fmt or clippy either).
 #
 # Installs missing system packages first (scripts/install-deps.sh, needs root or sudo).
 # Ends with one line "interop: N passed, N failed[, N skipped]" and exits non-zero if
-# the fmt check, cargo test or any interop test failed.
+# the fmt check, clippy, cargo test or any interop test failed.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,9 +35,15 @@ fi
 TOPICS=("$@")
 cargo_status=0
 fmt_status=0
+clippy_status=0
 if [ ${#TOPICS[@]} -eq 0 ] && [ "${SKIP_CARGO_TEST:-0}" != 1 ]; then
   section "cargo fmt --all -- --check"
   cargo fmt --all -- --check </dev/null || fmt_status=$?
+  section "cargo clippy --workspace --all-targets -- -D warnings"
+  if ! cargo clippy --version >/dev/null 2>&1; then
+    rustup component add clippy rustfmt </dev/null || true
+  fi
+  cargo clippy --workspace --all-targets -- -D warnings </dev/null || clippy_status=$?
   section "cargo test --workspace"
   cargo test --workspace </dev/null || cargo_status=$?
 fi
@@ -85,6 +92,7 @@ skipped=$(grep -c '^SKIP' "$RESULTS")
 
 section "summary ($(($(date +%s) - START)) s)"
 if [ "$fmt_status" -ne 0 ]; then echo "cargo fmt --check: FAILED (run cargo fmt --all)"; fi
+if [ "$clippy_status" -ne 0 ]; then echo "cargo clippy -D warnings: FAILED"; fi
 if [ "$cargo_status" -ne 0 ]; then echo "cargo test --workspace: FAILED (exit $cargo_status)"; fi
 grep -E '^(FAIL|SKIP)' "$RESULTS" | sed 's/^/  /'
 if [ "$skipped" -gt 0 ]; then
@@ -93,4 +101,4 @@ fi
 line="interop: $passed passed, $failed failed"
 [ "$skipped" -gt 0 ] && line="$line, $skipped skipped"
 echo "$line"
-[ "$failed" -eq 0 ] && [ "$cargo_status" -eq 0 ] && [ "$fmt_status" -eq 0 ]
+[ "$failed" -eq 0 ] && [ "$cargo_status" -eq 0 ] && [ "$fmt_status" -eq 0 ] && [ "$clippy_status" -eq 0 ]

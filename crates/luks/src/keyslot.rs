@@ -76,7 +76,8 @@ pub fn max_kdf_time() -> Option<Duration> {
     }
 }
 
-/// PBKDF2 iterations per second of `hash` on this machine, measured once per hash.
+/// PBKDF2 iterations per second of `hash` on this machine for one output block,
+/// measured once per hash.
 fn pbkdf2_rate(hash: Hash) -> f64 {
     static RATES: std::sync::Mutex<Vec<(Hash, f64)>> = std::sync::Mutex::new(Vec::new());
     let mut rates = RATES.lock().unwrap_or_else(|p| p.into_inner());
@@ -84,10 +85,15 @@ fn pbkdf2_rate(hash: Hash) -> f64 {
         return r;
     }
     let mut iters = 4096u32;
-    let mut out = [0u8; 32];
+    let mut out = [0u8; 64];
     let rate = loop {
         let t = Instant::now();
-        hash.pbkdf2(b"cairn kdf rate", &[0u8; SALT_LEN], iters, &mut out);
+        hash.pbkdf2(
+            b"cairn kdf rate",
+            &[0u8; SALT_LEN],
+            iters,
+            &mut out[..hash.output_len()],
+        );
         let el = t.elapsed();
         if el >= Duration::from_millis(20) || iters >= 1 << 24 {
             break f64::from(iters) / el.as_secs_f64().max(1e-6);
@@ -100,12 +106,14 @@ fn pbkdf2_rate(hash: Hash) -> f64 {
 
 /// Says what a long PBKDF2 derivation from a header is about to do, and refuses one
 /// that would take longer than [`max_kdf_time`] at this machine's speed. `what` names
-/// it ("keyslot 0", "the volume key digest").
-pub fn check_pbkdf2_cost(what: &str, hash: Hash, iterations: u32) -> Result<()> {
-    if iterations <= CHEAP_PBKDF2_ITERATIONS {
+/// it ("keyslot 0", "the volume key digest"); `out_len` is the bytes derived (PBKDF2
+/// runs all its iterations once per output block).
+pub fn check_pbkdf2_cost(what: &str, hash: Hash, iterations: u32, out_len: usize) -> Result<()> {
+    let blocks = out_len.div_ceil(hash.output_len()).max(1);
+    if u64::from(iterations).saturating_mul(blocks as u64) <= u64::from(CHEAP_PBKDF2_ITERATIONS) {
         return Ok(());
     }
-    let secs = f64::from(iterations) / pbkdf2_rate(hash);
+    let secs = f64::from(iterations) * blocks as f64 / pbkdf2_rate(hash);
     let doing = format!(
         "{what}: deriving the key with {iterations} PBKDF2-{} iterations, about {secs:.0} s \
          at this machine's speed",
@@ -155,6 +163,17 @@ impl Hash {
             Hash::Sha256 => "sha256",
             Hash::Sha384 => "sha384",
             Hash::Sha512 => "sha512",
+        }
+    }
+
+    /// Bytes of one output block (the digest's size).
+    pub fn output_len(self) -> usize {
+        match self {
+            Hash::Sha1 => 20,
+            Hash::Sha224 => 28,
+            Hash::Sha256 => 32,
+            Hash::Sha384 => 48,
+            Hash::Sha512 => 64,
         }
     }
 
@@ -437,7 +456,7 @@ pub fn luks2_open_keyslot(
         )));
     }
     if let KdfParams::Pbkdf2 { hash, iterations } = params {
-        check_pbkdf2_cost(&format!("keyslot {id}"), hash, iterations)?;
+        check_pbkdf2_cost(&format!("keyslot {id}"), hash, iterations, area_key)?;
     }
     let mut material = read_secret(dev, ks.area.offset.0, read_len)?;
     let kek = params.derive(passphrase, &salt, area_key)?;
@@ -471,7 +490,7 @@ pub fn verify_digest(d: &ondisk::Digest, key: &[u8]) -> Result<bool> {
     if want.0.is_empty() || want.0.len() > 1024 {
         return Err(corrupt("digest length out of range"));
     }
-    check_pbkdf2_cost("the volume key digest", hash, iterations)?;
+    check_pbkdf2_cost("the volume key digest", hash, iterations, want.0.len())?;
     let mut got = SecretBytes::zeroed(want.0.len());
     hash.pbkdf2(key, &salt.0, iterations, got.as_mut_bytes());
     Ok(ct_eq(got.as_bytes(), &want.0))

@@ -284,7 +284,12 @@ impl Luks1 {
         if slots.is_empty() {
             return Err(Error::new(ErrorKind::AuthFailed, "no usable keyslot"));
         }
-        keyslot::check_pbkdf2_cost("the volume key digest", hash, h.mk_digest_iterations)?;
+        keyslot::check_pbkdf2_cost(
+            "the volume key digest",
+            hash,
+            h.mk_digest_iterations,
+            h.mk_digest.len(),
+        )?;
         let material_len = key_len * STRIPES as usize;
         let read_len = material_len.div_ceil(512) * 512;
         for i in slots {
@@ -292,7 +297,7 @@ impl Luks1 {
             if ks.iterations == 0 {
                 continue;
             }
-            keyslot::check_pbkdf2_cost(&format!("keyslot {i}"), hash, ks.iterations)?;
+            keyslot::check_pbkdf2_cost(&format!("keyslot {i}"), hash, ks.iterations, key_len)?;
             let mut kek = SecretBytes::zeroed(key_len);
             hash.pbkdf2(passphrase, &ks.salt, ks.iterations, kek.as_mut_bytes());
             let mut m = read_secret(

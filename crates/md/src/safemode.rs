@@ -111,6 +111,16 @@ impl Array {
         if !self.meta_lock().sbs.iter().any(Option::is_some) {
             return Ok(None);
         }
+        // Not while a member is rebuilt: the superblocks would carry its recovery
+        // offset as it is now, past copies the rebuild has not flushed yet (it records
+        // them itself, after its flush: checkpoint_recovery).
+        if self
+            .slots
+            .iter()
+            .any(|s| s.member().is_some() && s.synced.load(Ordering::Acquire) != u64::MAX)
+        {
+            return Ok(Some(delay));
+        }
         let done = self.writes_done.load(Ordering::SeqCst);
         // md writes the clean superblock with a preflush: the data written so far is
         // durable before the superblocks say no resync is needed.

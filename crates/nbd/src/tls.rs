@@ -229,6 +229,9 @@ fn x509_server_ctx(dir: &Path, verify_peer: bool) -> Result<SslContext, String> 
     // touches the session next; NBD connections are long-lived and need none.
     b.set_num_tickets(0).map_err(|e| format!("TLS: {e}"))?;
     b.set_options(SslOptions::NO_TICKET);
+    // Nor session-ID resumption (TLS 1.2): OpenSSL fails a resumed handshake on a
+    // context that asks for client certificates and has no session ID context.
+    b.set_session_cache_mode(openssl::ssl::SslSessionCacheMode::OFF);
     Ok(b.build())
 }
 

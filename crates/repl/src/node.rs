@@ -2350,6 +2350,16 @@ impl cairn_block::Filter for DataArea {
 
 cairn_block::filter_device!(DataArea);
 
+/// The error for a fence epoch at its maximum: a new one cannot be taken (wrapped to 0,
+/// every peer would refuse it, or worse, admit an old primary's queued writes).
+pub(crate) fn epoch_exhausted(epoch: u64) -> String {
+    format!(
+        "the fence epoch is at its maximum ({epoch}); a new one cannot be taken, so this \
+         node cannot write to its peers (recreate the metadata with `cairn repl create-md \
+         --force` on every node)"
+    )
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -3238,14 +3248,4 @@ pub(super) mod tests {
         node.demote().unwrap();
         far_stop.shutdown();
     }
-}
-
-/// The error for a fence epoch at its maximum: a new one cannot be taken (wrapped to 0,
-/// every peer would refuse it, or worse, admit an old primary's queued writes).
-pub(crate) fn epoch_exhausted(epoch: u64) -> String {
-    format!(
-        "the fence epoch is at its maximum ({epoch}); a new one cannot be taken, so this \
-         node cannot write to its peers (recreate the metadata with `cairn repl create-md \
-         --force` on every node)"
-    )
 }

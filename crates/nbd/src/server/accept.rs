@@ -337,6 +337,9 @@ impl SocketCtl for TcpStream {
         TcpStream::set_write_timeout(self, Some(t))
     }
     fn set_keepalive(&self, idle: Duration) -> io::Result<()> {
+        // A c_int is 4 bytes: the length fits a socklen_t.
+        #[allow(clippy::cast_possible_truncation)]
+        const INT_LEN: libc::socklen_t = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         let secs =
             |d: Duration| libc::c_int::try_from(d.as_secs().max(1)).unwrap_or(libc::c_int::MAX);
         let fd = self.as_raw_fd();
@@ -348,15 +351,8 @@ impl SocketCtl for TcpStream {
         ] {
             // SAFETY: `fd` is this open socket; the option value is a c_int that lives
             // across the call, and its size is passed with it.
-            let r = unsafe {
-                libc::setsockopt(
-                    fd,
-                    level,
-                    name,
-                    (&raw const value).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
+            let r =
+                unsafe { libc::setsockopt(fd, level, name, (&raw const value).cast(), INT_LEN) };
             if r != 0 {
                 return Err(io::Error::last_os_error());
             }
