@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   NBD export (an LV)
-//!     LogicalVolume           lv.rs     dm-linear / dm-stripe maths over the PVs
+//!     LogicalVolume           lv.rs     an LV over its PVs (map.rs: dm-linear / dm-stripe maths)
 //!   Vg                        vg.rs     open (highest valid seqno wins), lvcreate/extend/
 //!                                       reduce/rename/remove, commit to every PV's mdas
 //!     VolumeGroup             meta.rs   the VG text as a model, unknown keys kept
@@ -21,6 +21,7 @@ pub mod crc;
 mod io;
 pub mod label;
 pub mod lv;
+mod map;
 pub mod mda;
 pub mod meta;
 pub mod raid;

@@ -297,7 +297,7 @@ fn bitmap_header(
 pub(crate) struct SubMap {
     pub(crate) name: String,
     pub(crate) pvs: Vec<(String, Arc<dyn BlockDevice>)>,
-    pub(crate) segments: Vec<crate::lv::MapSegment>,
+    pub(crate) segments: Vec<crate::map::MapSegment>,
 }
 
 impl SubMap {
