@@ -100,24 +100,13 @@ t_idle_peer_loss() {
   "$CAIRN" repl primary home --force --control "$(ctl 1)"
   wait_peer 1 Established
   node_kill 2
-  local n c start
-  for n in $(seq 30); do
-    c=$(peer_field 1 connection)
-    [ "$c" != Connected ] && break
-    sleep 0.1
-  done
-  [ "$c" != Connected ] || fail "3 s after its peer was killed the idle primary still says: $(status_text 1)"
-  say "killed peer seen by the idle primary within $((n / 10)).$((n % 10)) s: $(peer_field 1 last_error)"
+  peer_gone_within 1 30 || fail "3 s after its peer was killed the idle primary still says: $(status_text 1)"
+  say "killed peer seen by the idle primary within $GONE_AFTER s: $(peer_field 1 last_error)"
   node_up 2
   wait_peer 1 Established
   link_down
-  start=$SECONDS
-  for n in $(seq 250); do
-    c=$(peer_field 1 connection)
-    [ "$c" != Connected ] && break
-    sleep 0.1
-  done
-  [ "$c" != Connected ] || { link_up; fail "25 s into a partition the idle primary still says: $(status_text 1)"; }
+  local start=$SECONDS
+  peer_gone_within 1 250 || { link_up; fail "25 s into a partition the idle primary still says: $(status_text 1)"; }
   say "partition seen by the idle primary after $((SECONDS - start)) s (ping every 10 s, peer timeout $PEER_TIMEOUT s): $(peer_field 1 last_error)"
   link_up
   wait_peer 1 Established 300
@@ -138,26 +127,15 @@ t_secondary_sees_loss() {
   wait_peer 1 Established
   wait_peer 2 Established
   node_kill 1
-  local n c start
-  for n in $(seq 30); do
-    c=$(peer_field 2 connection)
-    [ "$c" != Connected ] && break
-    sleep 0.1
-  done
-  [ "$c" != Connected ] || fail "3 s after its primary was killed the secondary still says: $(status_text 2)"
-  say "killed primary seen by the secondary within $((n / 10)).$((n % 10)) s: $(peer_field 2 last_error)"
+  peer_gone_within 2 30 || fail "3 s after its primary was killed the secondary still says: $(status_text 2)"
+  say "killed primary seen by the secondary within $GONE_AFTER s: $(peer_field 2 last_error)"
   node_up 1
   "$CAIRN" repl primary home --force --control "$(ctl 1)"
   wait_peer 1 Established 300
   wait_peer 2 Established
   link_down
-  start=$SECONDS
-  for n in $(seq 250); do
-    c=$(peer_field 2 connection)
-    [ "$c" != Connected ] && break
-    sleep 0.1
-  done
-  [ "$c" != Connected ] || { link_up; fail "25 s into a partition the secondary still says: $(status_text 2)"; }
+  local start=$SECONDS
+  peer_gone_within 2 250 || { link_up; fail "25 s into a partition the secondary still says: $(status_text 2)"; }
   say "partition seen by the secondary after $((SECONDS - start)) s: $(peer_field 2 last_error)"
   link_up
   wait_peer 1 Established 300

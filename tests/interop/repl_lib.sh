@@ -147,6 +147,20 @@ status_json() { timeout -k 2 10 "$CAIRN" --json repl status home --control "$(ct
 status_text() { timeout -k 2 10 "$CAIRN" repl status home --control "$(ctl "$1")" 2>&1; }
 peer_field() { status_json "$1" | jq -r ".peers[0].$2"; }
 
+# peer_gone_within I TENTHS: node I stops showing its peer as Connected within TENTHS
+# tenths of a second (polled every 0.1 s); how many it took is in GONE_AFTER.
+peer_gone_within() {
+  local n
+  for n in $(seq "$2"); do
+    if [ "$(peer_field "$1" connection)" != Connected ]; then
+      GONE_AFTER="$((n / 10)).$((n % 10))"
+      return 0
+    fi
+    sleep 0.1
+  done
+  return 1
+}
+
 # wait_peer I STATE [TENTHS]: node I sees its peer in replication state STATE.
 wait_peer() {
   local n s
