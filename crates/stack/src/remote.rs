@@ -103,6 +103,27 @@ struct Retry {
     said: Option<String>,
 }
 
+impl Retry {
+    fn new(now: Instant) -> Retry {
+        Retry {
+            next: now,
+            wait: FIRST_RETRY,
+            said: None,
+        }
+    }
+
+    /// Whether a try is due at `now`; if so, the next one waits twice as long (at most
+    /// [`LONGEST_RETRY`]).
+    fn due(&mut self, now: Instant) -> bool {
+        if now < self.next {
+            return false;
+        }
+        self.next = now + self.wait;
+        self.wait = (self.wait * 2).min(LONGEST_RETRY);
+        true
+    }
+}
+
 fn run(weak: &Weak<Array>, remote: &[String], opts: &Options, claim: Option<&crate::fence::Claim>) {
     let mut retries: HashMap<&str, Retry> = HashMap::new();
     let mut said_failed = false;
@@ -137,16 +158,12 @@ fn run(weak: &Weak<Array>, remote: &[String], opts: &Options, claim: Option<&cra
                 }
                 Standing::Failed | Standing::Out => {}
             }
-            let r = retries.entry(name.as_str()).or_insert(Retry {
-                next: now,
-                wait: FIRST_RETRY,
-                said: None,
-            });
-            if now < r.next {
+            let r = retries
+                .entry(name.as_str())
+                .or_insert_with(|| Retry::new(now));
+            if !r.due(now) {
                 continue;
             }
-            r.next = now + r.wait;
-            r.wait = (r.wait * 2).min(LONGEST_RETRY);
             let path = PathBuf::from(name);
             // A claimed array's members are reconnected under the same owner generation,
             // and checked against the same lease.
@@ -231,16 +248,12 @@ fn run_lv(weak: &Weak<cairn_lvm::LogicalVolume>, remote: &[String], opts: &Optio
                 continue;
             }
             let now = Instant::now();
-            let r = retries.entry(name.as_str()).or_insert(Retry {
-                next: now,
-                wait: FIRST_RETRY,
-                said: None,
-            });
-            if now < r.next {
+            let r = retries
+                .entry(name.as_str())
+                .or_insert_with(|| Retry::new(now));
+            if !r.due(now) {
                 continue;
             }
-            r.next = now + r.wait;
-            r.wait = (r.wait * 2).min(LONGEST_RETRY);
             let path = PathBuf::from(name);
             // A PV used whole was claimed: the new connection declares the same owner
             // generation and sits behind the same lease check.
