@@ -388,3 +388,31 @@ detach_export() {
   losetup -d "$LOOP"
   fusermount3 -u "$WORK/fuse"
 }
+
+# ns_star N OCTET LETTER ARRAY: a hub namespace ${TAG}h (its name in H) and N namespaces
+# ${TAG}LETTER1..N (their names in ARRAY[1..N]), each joined to the hub by a veth pair:
+# the hub at 10.OCTET.i.1, namespace i at 10.OCTET.i.2 (/24). All removed at cleanup.
+ns_star() {
+  local -n star=$4
+  need_root
+  need_tool ip
+  H=${TAG}h
+  ip netns add "$H" || fail "ip netns add $H"
+  register netns "$H"
+  ip -n "$H" link set lo up
+  star=()
+  local i m
+  for i in $(seq 1 "$1"); do
+    m=${TAG}$3$i
+    ip netns add "$m" || fail "ip netns add $m"
+    register netns "$m"
+    star[i]=$m
+    ip -n "$m" link set lo up
+    ip link add "${TAG}a$i" netns "$H" type veth peer name "${TAG}b$i" netns "$m" ||
+      fail "veth pair $i"
+    ip -n "$H" addr add "10.$2.$i.1/24" dev "${TAG}a$i"
+    ip -n "$H" link set "${TAG}a$i" up
+    ip -n "$m" addr add "10.$2.$i.2/24" dev "${TAG}b$i"
+    ip -n "$m" link set "${TAG}b$i" up
+  done
+}

@@ -16,27 +16,8 @@ TAG=lv$$
 # netns_up: the joining host ($H) and a disk host per PV ($DNS[i]); disk host i is at
 # 10.233.i.2, the joining host at 10.233.i.1 on the same veth pair.
 netns_up() {
-  need_root
-  need_tool ip nsenter
-  H=${TAG}h
-  ip netns add "$H" || fail "ip netns add $H"
-  register netns "$H"
-  ip -n "$H" link set lo up
-  DNS=()
-  local i d
-  for i in 1 2; do
-    d=${TAG}d$i
-    ip netns add "$d" || fail "ip netns add $d"
-    register netns "$d"
-    DNS[$i]=$d
-    ip -n "$d" link set lo up
-    ip link add "${TAG}a$i" netns "$H" type veth peer name "${TAG}b$i" netns "$d" ||
-      fail "veth pair $i"
-    ip -n "$H" addr add "10.233.$i.1/24" dev "${TAG}a$i"
-    ip -n "$H" link set "${TAG}a$i" up
-    ip -n "$d" addr add "10.233.$i.2/24" dev "${TAG}b$i"
-    ip -n "$d" link set "${TAG}b$i" up
-  done
+  need_tool nsenter
+  ns_star 2 233 d DNS
 }
 
 # in_ns NS COMMAND...: runs COMMAND in network namespace NS only. Not `ip netns exec`,

@@ -17,27 +17,7 @@ TAG=cr$$
 # netns_up N: a namespace for the array host ($H) and one per member ($MNS[i]); member i
 # is at 10.231.i.2, the host at 10.231.i.1 on the same veth pair.
 netns_up() {
-  need_root
-  need_tool ip
-  H=${TAG}h
-  ip netns add "$H" || fail "ip netns add $H"
-  register netns "$H"
-  ip -n "$H" link set lo up
-  MNS=()
-  local i m
-  for i in $(seq 1 "$1"); do
-    m=${TAG}m$i
-    ip netns add "$m" || fail "ip netns add $m"
-    register netns "$m"
-    MNS[$i]=$m
-    ip -n "$m" link set lo up
-    ip link add "${TAG}a$i" netns "$H" type veth peer name "${TAG}b$i" netns "$m" ||
-      fail "veth pair $i"
-    ip -n "$H" addr add "10.231.$i.1/24" dev "${TAG}a$i"
-    ip -n "$H" link set "${TAG}a$i" up
-    ip -n "$m" addr add "10.231.$i.2/24" dev "${TAG}b$i"
-    ip -n "$m" link set "${TAG}b$i" up
-  done
+  ns_star "$1" 231 m MNS
 }
 
 # Which server serves member i: cairn, nbdkit or qemu-nbd in plaintext, or cairn-tls or
